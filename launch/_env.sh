@@ -1,0 +1,42 @@
+# Sourced by launch/train.sh and launch/test.sh: find or make a Python where video_dit imports.
+# Uses the active Python when `import video_dit` (with the dev extra, for tests) already works;
+# otherwise creates .venv next to the repository and installs into it. Idempotent.
+# torch is installed first and explicitly (TORCH_SPEC, default torch==2.13.0) only when no torch
+# is importable, so the bare `torch` requirement never pulls a second, multi-GB build.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+
+_vd_imports() {  # $1 = python, $2 = extra modules to import
+  "$1" - "$2" >/dev/null 2>&1 <<'PY'
+import importlib, sys
+import video_dit  # noqa: F401
+for name in filter(None, sys.argv[1].split(",")):
+    importlib.import_module(name)
+PY
+}
+
+vd_python() {  # $1 = "dev" to also require the test extra; prints the python to use
+  local need="deepspeed,peft,av,yaml"
+  [ "${1:-}" = "dev" ] && need="$need,pytest,diffusers"
+  local active
+  active="$(command -v python3 || command -v python)"
+  if [ -x "$ROOT/.venv/bin/python" ] && _vd_imports "$ROOT/.venv/bin/python" "$need"; then
+    echo "$ROOT/.venv/bin/python"; return
+  fi
+  if (cd "$ROOT" && _vd_imports "$active" "$need"); then echo "$active"; return; fi
+  if [ ! -x "$ROOT/.venv/bin/python" ]; then
+    echo "[video_dit] creating $ROOT/.venv" >&2
+    "$active" -m venv "$ROOT/.venv" >&2
+  fi
+  local py="$ROOT/.venv/bin/python"
+  if ! "$py" -c "import torch" >/dev/null 2>&1; then
+    echo "[video_dit] installing $TORCH_SPEC" >&2
+    "$py" -m pip install -q "$TORCH_SPEC" >&2
+  fi
+  local extra=""
+  [ "${1:-}" = "dev" ] && extra="[dev]"
+  echo "[video_dit] installing video_dit$extra into .venv" >&2
+  "$py" -m pip install -q -e "$ROOT$extra" >&2
+  echo "$py"
+}

@@ -1,0 +1,98 @@
+"""Named model sizes: one registry, each entry bundling the DiT, VAE and text-encoder configs that
+belong together (like DiT's `DiT_models`). Numbers are those of the public Wan 2.1 / 2.2 releases.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+
+from video_dit.models.dit import DiTConfig
+from video_dit.models.text_encoder import TextEncoderConfig
+from video_dit.models.vae import VAEConfig
+
+# Wan 2.1 VAE latent statistics (16 channels), from the Wan 2.1 release.
+WAN21_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+              0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
+WAN21_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+             3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+
+VAE_PRESETS: dict[str, VAEConfig] = {
+    # 8x spatial, 4x temporal, 16 channels; trained by `video-dit train-vae` for the demo.
+    "tiny": VAEConfig(dim=16, z_dim=16, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
+                      mean=(0.0,) * 16, std=(1.0,) * 16),
+    "wan2.1": VAEConfig(dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
+                        mean=WAN21_MEAN, std=WAN21_STD),
+    # 16x spatial (2x2 patchify + 8x), 48 channels, residual up/down blocks.
+    # TODO(issue 3): the VAE owner fills the exact Wan 2.2 48-channel mean/std here.
+    "wan2.2": VAEConfig(dim=160, dec_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
+                        is_residual=True, patch_size=2, mean=(0.0,) * 48, std=(1.0,) * 48),
+}
+
+UMT5_XXL = TextEncoderConfig()
+TINY_TE = TextEncoderConfig(vocab_size=384, d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                            text_len=64, tokenizer="byt5")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    dit: DiTConfig
+    vae: VAEConfig
+    vae_name: str
+    text_encoder: TextEncoderConfig
+    sample_shift: float = 5.0  # flow-matching shift for sampling (Wan: 3.0 at 480p, 5.0 at 720p)
+    train_shift: float = 3.0
+    per_token_timesteps: bool = False  # Wan 2.2 TI2V: conditioned first-frame tokens get t = 0
+    i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
+    fps: int = 16
+
+    @property
+    def vae_spatial(self) -> int:
+        """Pixels per latent cell: 8 for the Wan 2.1 VAE, 16 for the patchified Wan 2.2 VAE."""
+        return 2 ** sum(1 for _ in self.vae.dim_mult[1:]) * self.vae.patch_size
+
+    @property
+    def divisibility(self) -> int:
+        """Pixel multiple every frame side must have: VAE factor x DiT spatial patch."""
+        return self.vae_spatial * self.dit.patch_size[1]
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset("tiny",
+               DiTConfig(in_dim=16, dim=128, ffn_dim=384, freq_dim=64, text_dim=64, out_dim=16,
+                         num_heads=4, num_layers=4, text_len=64),
+               VAE_PRESETS["tiny"], "tiny", TINY_TE, sample_shift=3.0, train_shift=3.0),
+        Preset("wan2.1-t2v-1.3b",
+               DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0),
+        Preset("wan2.1-t2v-14b",
+               DiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0),
+        Preset("wan2.2-ti2v-5b",
+               DiTConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
+               VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
+               per_token_timesteps=True, i2v_mode="replace", fps=24),
+        # Two experts of this shape (high-noise and low-noise); one is loaded and trained at a time.
+        Preset("wan2.2-i2v-a14b",
+               DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
+               i2v_mode="concat"),
+    ]
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called `name`; an unknown name is an error listing the valid ones."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown preset {name!r}{hint}; valid presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def with_dit(preset: Preset, **changes) -> Preset:
+    """A copy of `preset` with DiT config fields changed (tests, shallow benchmark configs)."""
+    return replace(preset, dit=replace(preset.dit, **changes))
