@@ -1,0 +1,191 @@
+"""`video-dit plot OUTPUT_DIR`: loss, throughput and memory curves from `OUTPUT_DIR/metrics.jsonl`.
+
+Writes `loss.png` (raw loss and an exponentially smoothed line), `throughput.png` (samples/s and
+tokens/s on twin axes) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
+A line that is not a JSON object with a `step` (a half-written last line of a running job, say) is
+skipped with a warning naming the file and line. After a resume, a step logged twice keeps its
+last record. matplotlib is an optional dependency (`pip install video_dit[plot]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import warnings
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output_dir", metavar="OUTPUT_DIR",
+                        help=f"a training output folder holding {METRICS_FILE} (or the file itself)")
+    parser.add_argument("--out", default=None, help="folder for the PNGs (default: next to the metrics)")
+    parser.add_argument("--smooth", type=float, default=0.9,
+                        help="EMA weight of the smoothed loss line, in [0, 1) (default 0.9)")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Records of a metrics.jsonl, sorted by step, one per step (the last one logged wins)."""
+    path = Path(path)
+    by_step: dict[int, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                warnings.warn(f"{path}:{lineno}: skipped, not valid JSON ({exc.msg})", stacklevel=2)
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)) \
+                    or isinstance(record.get("step"), bool):
+                warnings.warn(f"{path}:{lineno}: skipped, expected a JSON object with a numeric 'step'",
+                              stacklevel=2)
+                continue
+            by_step[int(record["step"])] = record
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def ema(values: list[float], weight: float) -> list[float]:
+    """TensorBoard-style smoothing: an EMA with bias correction, so the first points are not pulled
+    towards 0. Non-finite values are passed through and do not enter the average."""
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smoothing weight {weight} is outside [0, 1)")
+    out, avg, norm = [], 0.0, 0.0
+    for v in values:
+        if not math.isfinite(v):
+            out.append(v)
+            continue
+        avg = weight * avg + (1.0 - weight) * v
+        norm = weight * norm + (1.0 - weight)
+        out.append(avg / norm)
+    return out
+
+
+def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the records that carry a number under `key`."""
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            xs.append(int(r["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _rank_series(records: list[dict], key: str) -> dict[str, tuple[list[int], list[float]]]:
+    """`key` as one series, or one per rank when the trainer logs a list (one value per rank)."""
+    if any(isinstance(r.get(key), list) for r in records):
+        ranks: dict[str, tuple[list[int], list[float]]] = {}
+        for r in records:
+            for i, v in enumerate(r.get(key) or []):
+                if isinstance(v, (int, float)):
+                    xs, ys = ranks.setdefault(f"rank {i}", ([], []))
+                    xs.append(int(r["step"]))
+                    ys.append(float(v))
+        return ranks
+    xs, ys = _series(records, key)
+    return {key: (xs, ys)} if xs else {}
+
+
+def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
+                 smooth: float = 0.9) -> dict[Path, dict[str, tuple[list[float], list[float]]]]:
+    """Draw the curves of `metrics` (a metrics.jsonl or the folder holding it) to PNGs.
+
+    Returns {png path: {curve label: (x, y)}}, the data actually drawn, read back from the axes.
+    A figure whose keys appear in no record is not written (a warning says which).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless servers: never open a window
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RuntimeError("video-dit plot needs matplotlib: pip install matplotlib "
+                           "(or pip install 'video_dit[plot]')") from exc
+
+    metrics = Path(metrics)
+    if metrics.is_dir():
+        metrics = metrics / METRICS_FILE
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{metrics}: no such file (a training output folder has {METRICS_FILE})")
+    records = read_metrics(metrics)
+    if not records:
+        raise ValueError(f"{metrics}: no usable records (each line must be a JSON object with a 'step')")
+    out_dir = Path(out_dir) if out_dir is not None else metrics.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    title = metrics.parent.name
+    drawn: dict[Path, dict[str, tuple[list[float], list[float]]]] = {}
+
+    def save(fig, axes, name: str) -> None:
+        path = out_dir / name
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        drawn[path] = {line.get_label(): (list(map(float, line.get_xdata())), list(map(float, line.get_ydata())))
+                       for ax in axes for line in ax.get_lines()}
+
+    # 1. loss: raw (faint) and smoothed
+    xs, ys = _series(records, "loss")
+    if xs:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1, label="loss")
+        ax.plot(xs, ema(ys, smooth), color="tab:blue", linewidth=2, label=f"loss (EMA {smooth:g})")
+        ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
+        if all(y > 0 for y in ys if math.isfinite(y)):
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        save(fig, [ax], "loss.png")
+    else:
+        warnings.warn(f"{metrics}: no 'loss' values; loss.png not written", stacklevel=2)
+
+    # 2. throughput: samples/s (left axis) and tokens/s (right axis), different scales
+    sx, sy = _series(records, "samples_per_s")
+    tx, ty = _series(records, "tokens_per_s")
+    if sx or tx:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        axes = [ax]
+        if sx:
+            ax.plot(sx, sy, color="tab:green", label="samples_per_s")
+            ax.set_ylabel("samples / s", color="tab:green")
+        if tx:
+            ax2 = ax.twinx() if sx else ax
+            ax2.plot(tx, ty, color="tab:orange", label="tokens_per_s")
+            ax2.set_ylabel("tokens / s", color="tab:orange")
+            if ax2 is not ax:
+                axes.append(ax2)
+        ax.set(xlabel="step", title=f"{title}: throughput")
+        ax.grid(alpha=0.3)
+        save(fig, axes, "throughput.png")
+    else:
+        warnings.warn(f"{metrics}: no 'samples_per_s' / 'tokens_per_s' values; throughput.png not written",
+                      stacklevel=2)
+
+    # 3. memory: peak GB, per rank when logged as a list
+    mem = _rank_series(records, "peak_mem_gb")
+    if mem:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, (x, y) in mem.items():
+            ax.plot(x, y, label=label)
+        ax.set(xlabel="step", ylabel="GB", title=f"{title}: peak memory")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        save(fig, [ax], "memory.png")
+    else:
+        warnings.warn(f"{metrics}: no 'peak_mem_gb' values; memory.png not written", stacklevel=2)
+    return drawn
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        drawn = plot_metrics(args.output_dir, args.out, smooth=args.smooth)
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
+        print(f"video-dit plot: {exc}")
+        return 2
+    for path in drawn:
+        print(path)
+    return 0
