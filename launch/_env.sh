@@ -8,9 +8,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 
 _vd_imports() {  # $1 = python, $2 = extra modules to import
-  "$1" - "$2" >/dev/null 2>&1 <<'PY'
-import importlib, sys
-import video_dit  # noqa: F401
+  (cd / && "$1" - "$2" "$ROOT") >/dev/null 2>&1 <<'PY'
+import importlib, os, sys
+import video_dit
+# the package must be this checkout's (an editable install), not another copy
+assert os.path.realpath(video_dit.__file__).startswith(os.path.realpath(sys.argv[2]) + os.sep)
 for name in filter(None, sys.argv[1].split(",")):
     importlib.import_module(name)
 PY
@@ -24,7 +26,7 @@ vd_python() {  # $1 = "dev" to also require the test extra; prints the python to
   if [ -x "$ROOT/.venv/bin/python" ] && _vd_imports "$ROOT/.venv/bin/python" "$need"; then
     echo "$ROOT/.venv/bin/python"; return
   fi
-  if (cd "$ROOT" && _vd_imports "$active" "$need"); then echo "$active"; return; fi
+  if _vd_imports "$active" "$need"; then echo "$active"; return; fi
   if [ ! -x "$ROOT/.venv/bin/python" ]; then
     echo "[video_dit] creating $ROOT/.venv" >&2
     "$active" -m venv "$ROOT/.venv" >&2

@@ -152,7 +152,7 @@ def read_video(path, num_frames: int | None = None, *, sample: Literal["even", "
 
 def array_to_tensor(array: np.ndarray) -> torch.Tensor:
     """`(F, H, W, 3)` uint8 -> `(F, 3, H, W)` float32 in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(array)).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+    return torch.from_numpy(np.array(array, copy=not array.flags.writeable, order="C")).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
 
 
 def tensor_to_array(frames: torch.Tensor) -> np.ndarray:

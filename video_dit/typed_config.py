@@ -70,12 +70,21 @@ def convert(tp, value: Any, path: str):
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        if len(options) == 1:  # Optional[X]: X's own error is the useful one
+            return convert(options[0], value, path)
         errors = []
-        for arg in get_args(tp):
+        for arg in options:
             try:
                 return convert(arg, value, path)
             except ConfigError as exc:
                 errors.append(exc)
+        deepest = max(errors, key=lambda e: len(e.path))
+        if deepest.path != path:  # the value matched a structured option but failed inside it
+            raise deepest
         raise ConfigError(path, f"expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         if value in get_args(tp):
