@@ -1,8 +1,23 @@
-"""The umT5 text encoder wrapper. Body: see issue 4 (being written)."""
+"""The umT5 text encoder wrapper: prompts -> one (Lt_i, D) embedding per prompt.
+
+    prompts [str] --clean (html unescape, collapse whitespace)--> tokenizer (pad to text_len, truncate)
+      --> UMT5EncoderModel (B, text_len) -> (B, text_len, D) --cut each row at its token count--> [(Lt_i, D)]
+
+Wan pads every prompt to `text_len` (512) with an attention mask and keeps only the real tokens; we
+do the same, so a prompt's embedding has its natural length (no padding stored) and, because every
+row is computed at the same padded shape, is the same alone or in any batch. The DiT zero-pads the
+list back to `text_len`, exactly as the pretrained models saw it.
+File loading lives in `loading.load_text_encoder`; this file holds only the network wrapper.
+"""
 
 from __future__ import annotations
 
+import html
+import re
 from dataclasses import dataclass
+
+import torch
+from torch import nn
 
 
 @dataclass
@@ -23,3 +38,90 @@ class TextEncoderConfig:
     feed_forward_proj: str = "gated-gelu"
     text_len: int = 512
     tokenizer: str = "umt5"
+
+
+def umt5_config(config: TextEncoderConfig):
+    """The transformers `UMT5Config` of an encoder-only umT5 described by `config`."""
+    from transformers import UMT5Config
+
+    return UMT5Config(vocab_size=config.vocab_size, d_model=config.d_model, d_ff=config.d_ff,
+                      num_layers=config.num_layers, num_heads=config.num_heads, d_kv=config.d_kv,
+                      relative_attention_num_buckets=config.relative_attention_num_buckets,
+                      feed_forward_proj=config.feed_forward_proj, is_encoder_decoder=False,
+                      pad_token_id=0, eos_token_id=1)
+
+
+def build_umt5(config: TextEncoderConfig, seed: int | None = 0, device: str | torch.device | None = None):
+    """A `UMT5EncoderModel` in eval mode: randomly initialised from `seed` (transformers' T5 init,
+    same weights for the same seed, global RNG untouched), or on the meta device when `device="meta"`
+    (for loading a state dict with `assign=True`)."""
+    from transformers import UMT5EncoderModel
+
+    if device is not None and torch.device(device).type == "meta":
+        with torch.device("meta"):
+            return UMT5EncoderModel(umt5_config(config)).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0 if seed is None else seed)
+        model = UMT5EncoderModel(umt5_config(config))
+    return model.to(device).eval() if device is not None else model.eval()
+
+
+def byte_tokenizer():
+    """transformers' byte-level ByT5 tokenizer: needs no vocabulary file (ids 0 pad, 1 eos, 2 unk,
+    3..258 bytes, 384 ids in all with its extra ids), for the tiny preset."""
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+def clean_prompt(text: str) -> str:
+    """Wan's prompt cleaning without ftfy: HTML entities unescaped, whitespace collapsed and stripped."""
+    return re.sub(r"\s+", " ", html.unescape(html.unescape(text))).strip()
+
+
+class TextEncoder(nn.Module):
+    """A umT5 encoder and its tokenizer: `encode(prompts) -> [(Lt_i, D)]`.
+
+    model: a transformers `UMT5EncoderModel` (possibly quantized); tokenizer: a transformers
+    tokenizer (umT5's, or ByT5's for the tiny preset); text_len: tokens per prompt at most (Wan: 512;
+    longer prompts are truncated, as in Wan).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, text_len: int = 512):
+        super().__init__()
+        if text_len < 1:
+            raise ValueError(f"text_len must be >= 1, got {text_len}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.text_len = text_len
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activation dtype (a quantized model reports its non-quantized parameters' dtype)."""
+        return next(p for p in self.model.parameters() if p.is_floating_point()).dtype
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.d_model
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str] | str) -> list[torch.Tensor]:
+        """One (Lt_i, D) tensor per prompt, Lt_i = its token count with EOS (1 <= Lt_i <= text_len),
+        in the model's dtype and on its device. A bare string is treated as a list of one."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise TypeError(f"prompts[{i}] must be a string, got {type(p).__name__}")
+        if not prompts:
+            return []
+        batch = self.tokenizer([clean_prompt(p) for p in prompts], padding="max_length", truncation=True,
+                               max_length=self.text_len, add_special_tokens=True,
+                               return_attention_mask=True, return_tensors="pt")
+        ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, text_len, D)
+        return [h[:n] for h, n in zip(hidden, mask.sum(dim=1).tolist())]

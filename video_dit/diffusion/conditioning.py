@@ -1,0 +1,169 @@
+"""First-frame (image-to-video) conditioning: one object, used identically in training and sampling.
+
+Two styles (`mode`):
+
+1. "replace" (Wan 2.2 TI2V style; works with any t2v model, in_dim == out_dim):
+       model_input = noisy, with latent frame 0 overwritten by the clean normalized first-frame latent
+       timestep    = (B, L) per token, 0 on frame-0 tokens and t elsewhere   (per_token_timesteps=True)
+                     or (B,) = t                                            (per_token_timesteps=False)
+       loss_mask   = 1 everywhere but latent frame 0
+   Per-token timesteps are the right default for EVERY model in replace mode, Wan 2.1 t2v included:
+   frame 0 is clean, so t = 0 is the truth for its tokens, and our DiT accepts (B, L) for any config.
+   `per_token_timesteps=False` (frame 0 clean but labelled with the clip's t) is kept only to
+   reproduce setups trained that way; presets say which (`Preset.per_token_timesteps`).
+
+2. "concat" (Wan 2.1 / 2.2 I2V, in_dim 36 = 16 + 4 + 16):
+       model_input = [noisy 16 | mask 4 | normalized VAE(first frame, zero frames...) 16]  (B, 36, F', h, w)
+       timestep    = (B,) = t (frame 0 of `noisy` is noisy here, so per-token t = 0 would be wrong)
+       loss_mask   = 1 everywhere but latent frame 0 (the model reproduces a given frame there)
+   The 4 mask channels are Wan's packing of the per-pixel-frame mask: latent frame 0 stands for pixel
+   frame 0 (repeated 4x), latent frame f > 0 for pixel frames 4f-3..4f (one channel each).
+
+Conditioning tensors come from `encode_conditioning(vae, frames, mode, num_frames)`, called by the
+data cache and by the pipeline, so both see exactly the same latents.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+I2VMode = Literal["replace", "concat"]
+I2V_MODES: tuple[str, ...] = ("replace", "concat")
+MASK_CHANNELS = 4  # Wan packs 4 pixel frames per latent frame into the concat mask
+
+
+def pack_frame_mask(frame_mask: torch.Tensor, temporal_factor: int = MASK_CHANNELS) -> torch.Tensor:
+    """Wan's temporal packing of a per-pixel-frame mask (B, F, h, w) -> (B, 4, F', h, w).
+
+    F = 4k + 1 and F' = k + 1: pixel frame 0 is repeated 4 times to fill latent frame 0, then every 4
+    consecutive pixel frames fill the 4 channels of one latent frame.
+    """
+    B, F, h, w = frame_mask.shape
+    if (F - 1) % temporal_factor:
+        raise ValueError(f"frame mask has {F} frames; need {temporal_factor}k + 1")
+    m = torch.cat([frame_mask[:, :1].repeat_interleave(temporal_factor, dim=1), frame_mask[:, 1:]], dim=1)
+    return m.view(B, -1, temporal_factor, h, w).transpose(1, 2)  # (B, 4, F', h, w)
+
+
+class FirstFrameConditioning:
+    """Apply first-frame conditioning to a noisy latent; see the module docstring for both modes.
+
+    `patch_size` is the DiT's (pt, ph, pw): per-token timesteps follow the DiT's token order
+    (frame, y, x) with L = F'/pt * h/ph * w/pw.
+    """
+
+    def __init__(self, mode: I2VMode, per_token_timesteps: bool = True,
+                 patch_size: tuple[int, int, int] = (1, 2, 2)):
+        if mode not in I2V_MODES:
+            raise ValueError(f"unknown i2v mode {mode!r}; accepted: {', '.join(I2V_MODES)}")
+        if mode == "concat" and per_token_timesteps:
+            raise ValueError("i2v mode 'concat' keeps frame 0 noisy, so per-token timesteps (t = 0 on "
+                             "frame 0) do not apply; use per_token_timesteps=False")
+        if patch_size[0] != 1:
+            raise ValueError(f"first-frame conditioning needs a temporal patch of 1, got {patch_size}")
+        self.mode, self.per_token_timesteps, self.patch_size = mode, per_token_timesteps, tuple(patch_size)
+
+    def __repr__(self) -> str:
+        return (f"FirstFrameConditioning(mode={self.mode!r}, per_token_timesteps={self.per_token_timesteps}, "
+                f"patch_size={self.patch_size})")
+
+    def apply(self, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]):
+        """Conditioned model input, the DiT timestep and the loss mask.
+
+        noisy (B, C, F', h, w): normalized noisy latents x_t; t (B,) on 0..1000;
+        cond: {"first_frame_latents": (B, C, 1, h, w)} for replace, {"cond_latents": (B, 16, F', h, w)}
+        for concat, as made by `encode_conditioning`.
+        Returns (model_input, timestep (B,) or (B, L), loss_mask (B, 1, F', h, w) float, 0 on frame 0).
+        """
+        B, C, Fl, h, w = noisy.shape
+        if t.shape != (B,):
+            raise ValueError(f"t must have shape (B,) = ({B},), got {tuple(t.shape)}")
+        loss_mask = torch.ones(B, 1, Fl, h, w, device=noisy.device, dtype=torch.float32)
+        loss_mask[:, :, 0] = 0.0
+        if self.mode == "replace":
+            first = _get(cond, "first_frame_latents", (B, C, 1, h, w))
+            model_input = torch.cat([first.to(noisy.dtype), noisy[:, :, 1:]], dim=2)  # (B, C, F', h, w)
+            if not self.per_token_timesteps:
+                return model_input, t, loss_mask
+            _, ph, pw = self.patch_size
+            per_frame = t.float()[:, None].repeat(1, Fl)  # (B, F')
+            per_frame[:, 0] = 0.0
+            timestep = per_frame[:, :, None].expand(B, Fl, (h // ph) * (w // pw)).reshape(B, -1)  # (B, L)
+            return model_input, timestep, loss_mask
+        cond_latents = _get(cond, "cond_latents", (B, None, Fl, h, w))
+        frame_mask = torch.zeros(B, 4 * (Fl - 1) + 1, h, w, device=noisy.device, dtype=noisy.dtype)
+        frame_mask[:, 0] = 1.0  # only pixel frame 0 is given
+        mask = pack_frame_mask(frame_mask)  # (B, 4, F', h, w)
+        model_input = torch.cat([noisy, mask, cond_latents.to(noisy.dtype)], dim=1)  # (B, C + 4 + 16, F', h, w)
+        return model_input, t, loss_mask
+
+    def restore(self, x: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The final latent as the decoder should see it: replace mode puts the clean first-frame
+        latent back into frame 0 (the solver's last update moved it); concat returns `x` unchanged."""
+        if self.mode != "replace":
+            return x
+        first = _get(cond, "first_frame_latents", (x.shape[0], x.shape[1], 1, *x.shape[3:]))
+        return torch.cat([first.to(x.dtype), x[:, :, 1:]], dim=2)
+
+
+def _get(cond: dict[str, torch.Tensor], key: str, shape: tuple) -> torch.Tensor:
+    if key not in cond:
+        raise KeyError(f"conditioning needs cond[{key!r}]; got keys {sorted(cond)}")
+    value = cond[key]
+    if value.ndim != len(shape) or any(s is not None and s != v for s, v in zip(shape, value.shape)):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"cond[{key!r}] has shape {tuple(value.shape)}; expected {want}")
+    return value
+
+
+@torch.no_grad()
+def encode_conditioning(vae, frames: torch.Tensor, mode: I2VMode, num_frames: int) -> dict[str, torch.Tensor]:
+    """Conditioning latents from pixels, for `FirstFrameConditioning.apply`.
+
+    vae: a `CausalVideoVAE` (encode -> posterior with .mode(); normalize). frames: the first frame
+    (B, 3, H, W) or a clip (B, 3, F, H, W) whose frame 0 is used, in [-1, 1]. num_frames: pixel frames
+    of the clip to generate (4k + 1; used by concat). The posterior mode is used (deterministic).
+    Returns {"first_frame_latents": (B, C, 1, h, w)} (replace) or {"cond_latents": (B, C, F', h, w)}
+    (concat: VAE of [first frame, num_frames - 1 zero frames]), normalized, float32.
+    """
+    if mode not in I2V_MODES:
+        raise ValueError(f"unknown i2v mode {mode!r}; accepted: {', '.join(I2V_MODES)}")
+    if frames.ndim == 4:
+        frames = frames[:, :, None]  # (B, 3, 1, H, W)
+    if frames.ndim != 5 or frames.shape[1] != 3:
+        raise ValueError(f"frames must be (B, 3, H, W) or (B, 3, F, H, W), got {tuple(frames.shape)}")
+    lo, hi = float(frames.min()), float(frames.max())
+    if lo < -1.001 or hi > 1.001:
+        raise ValueError(f"frames must lie in [-1, 1] (rescale [0, 1] images with x * 2 - 1); got [{lo:.3g}, {hi:.3g}]")
+    first = frames[:, :, :1]  # (B, 3, 1, H, W)
+    param = next(vae.parameters(), None)
+    if param is not None:
+        first = first.to(device=param.device, dtype=param.dtype)
+    if mode == "replace":
+        z = vae.encode(first).mode()  # (B, C, 1, h, w)
+        return {"first_frame_latents": vae.normalize(z).float()}
+    if (num_frames - 1) % 4:
+        raise ValueError(f"num_frames must be 4k + 1, got {num_frames}")
+    B, _, _, H, W = first.shape
+    clip = torch.cat([first, first.new_zeros(B, 3, num_frames - 1, H, W)], dim=2)  # (B, 3, F, H, W)
+    z = vae.encode(clip).mode()  # (B, C, F', h, w)
+    return {"cond_latents": vae.normalize(z).float()}
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error over the positions where `mask` is 1, computed in float32.
+
+    pred, target: (B, C, F', h, w); mask: (B, 1, F', h, w) (broadcast over channels) or None (plain
+    mean). Normalised by the mask's sum x C, so conditioned (masked-out) tokens contribute nothing,
+    neither to the numerator nor to the count.
+    """
+    err = (pred.float() - target.float()) ** 2
+    if mask is None:
+        return err.mean()
+    mask = mask.to(device=err.device, dtype=torch.float32).expand_as(err)
+    count = mask.sum()
+    if count == 0:
+        raise ValueError("loss mask is all zeros: nothing to train on")
+    return (err * mask).sum() / count

@@ -1,0 +1,130 @@
+"""Flow-matching conventions, written down once for the whole package.
+
+- Time crosses every API on the 0..1000 scale, float, 1000 = pure noise, 0 = clean data.
+- Interpolation (rectified flow): x_t = (1 - t/1000) * x0 + (t/1000) * noise.
+- The network predicts the velocity dx_t/d(t/1000) = noise - x0 (the training target).
+- Shift (SD3 / Wan): s' = shift * s / (1 + (shift - 1) * s) on s = t/1000; shift > 1 spends more time
+  at high noise. Wan trains and samples with shift 3 (480p) to 5 (720p); presets carry the value.
+
+Training step in four lines (the trainer's whole use of this module):
+    t = sampler.sample(B, generator, device)                   # (B,) on 0..1000
+    noise = torch.randn_like(x0)
+    x_t, target = add_noise(x0, noise, t), velocity_target(x0, noise)
+    loss = masked_mse(dit(x_t, t, context), target, mask) * sampler.loss_weight(t) (optional)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+NUM_TRAIN_TIMESTEPS = 1000.0
+
+TimestepKind = Literal["uniform", "logit_normal", "shift", "sigmoid", "weighted", "linear"]
+TIMESTEP_KINDS: tuple[str, ...] = ("uniform", "logit_normal", "shift", "sigmoid", "weighted", "linear")
+
+
+def _per_sample(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`t` (B,) on 0..1000 as s = t/1000 shaped (B, 1, ..., 1) to broadcast over `like` (any rank)."""
+    if t.ndim != 1 or t.shape[0] != like.shape[0]:
+        raise ValueError(f"timesteps must have shape (B,) = ({like.shape[0]},), got {tuple(t.shape)}")
+    s = t.to(device=like.device, dtype=torch.float32) / NUM_TRAIN_TIMESTEPS
+    return s.view(-1, *([1] * (like.ndim - 1)))
+
+
+def add_noise(x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """x_t = (1 - t/1000) * x0 + (t/1000) * noise.
+
+    x0, noise: same shape (B, ...) of any rank (latents are (B, C, F', h, w)); t: (B,) float on
+    0..1000. The blend is computed in float32 and returned in x0's dtype.
+    """
+    if noise.shape != x0.shape:
+        raise ValueError(f"noise shape {tuple(noise.shape)} differs from x0 shape {tuple(x0.shape)}")
+    s = _per_sample(t, x0)
+    return ((1.0 - s) * x0.float() + s * noise.float()).to(x0.dtype)
+
+
+def velocity_target(x0: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The flow-matching training target, the velocity d x_t / d(t/1000) = noise - x0."""
+    return noise - x0
+
+
+def shift_timesteps(t: torch.Tensor, shift: float) -> torch.Tensor:
+    """Apply the SD3/Wan time shift to `t` on 0..1000: s' = shift*s / (1 + (shift-1)*s), s = t/1000.
+
+    shift = 1 is the identity; 0 and 1000 are fixed points; shift > 1 moves mass toward 1000.
+    """
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    s = t / NUM_TRAIN_TIMESTEPS
+    return NUM_TRAIN_TIMESTEPS * (shift * s / (1.0 + (shift - 1.0) * s))
+
+
+def sampling_schedule(steps: int, shift: float) -> torch.Tensor:
+    """Float32 timesteps (steps + 1,) from exactly 1000 down to exactly 0: a linear grid, shifted.
+
+    The solver takes one step from schedule[i] to schedule[i + 1] for i < steps.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    t = torch.linspace(NUM_TRAIN_TIMESTEPS, 0.0, steps + 1, dtype=torch.float64)
+    return shift_timesteps(t, shift).float()
+
+
+class TimestepSampler:
+    """Training timesteps, float (B,) on [min_t, max_t] within 0..1000.
+
+    Every kind draws s on 0..1 and returns `min_t + (max_t - min_t) * s`:
+    - "uniform" / "linear": s ~ U(0, 1). ("linear" is ai-toolkit's name for uniform over its linear grid.)
+    - "logit_normal": s = sigmoid(N(mean, std)) (SD3's logit-normal).
+    - "sigmoid": ai-toolkit's name for logit-normal: identical to "logit_normal" (mean, std apply).
+    - "shift": s = shift(u, shift), u ~ U(0, 1) (Wan's training schedule; ai-toolkit "shift").
+    - "weighted": s ~ U(0, 1) like "uniform"; `loss_weight(t)` then returns ai-toolkit's bell-shaped
+      weight exp(-2 (s - 1/2)^2), shifted to a minimum of 0 and normalised to mean 1 over U(0, 1).
+    `loss_weight(t)` is 1 for every other kind, so a trainer can always multiply by it.
+    """
+
+    def __init__(self, kind: TimestepKind = "uniform", shift: float = 3.0, min_t: float = 0.0,
+                 max_t: float = 1000.0, mean: float = 0.0, std: float = 1.0):
+        if kind not in TIMESTEP_KINDS:
+            raise ValueError(f"unknown timestep kind {kind!r}; accepted: {', '.join(TIMESTEP_KINDS)}")
+        if not 0.0 <= min_t < max_t <= NUM_TRAIN_TIMESTEPS:
+            raise ValueError(f"need 0 <= min_t < max_t <= 1000, got min_t={min_t}, max_t={max_t}")
+        if shift <= 0:
+            raise ValueError(f"shift must be > 0, got {shift}")
+        if std <= 0:
+            raise ValueError(f"std must be > 0, got {std}")
+        self.kind, self.shift, self.min_t, self.max_t = kind, float(shift), float(min_t), float(max_t)
+        self.mean, self.std = float(mean), float(std)
+
+    def __repr__(self) -> str:
+        return (f"TimestepSampler(kind={self.kind!r}, shift={self.shift}, min_t={self.min_t}, "
+                f"max_t={self.max_t}, mean={self.mean}, std={self.std})")
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None,
+               device: torch.device | str | None = None) -> torch.Tensor:
+        """(batch_size,) float32 timesteps on [min_t, max_t], drawn with `generator` on its device
+        (CPU when None), then moved to `device`."""
+        gen_device = generator.device if generator is not None else "cpu"
+        if self.kind in ("logit_normal", "sigmoid"):
+            z = torch.randn(batch_size, generator=generator, device=gen_device)
+            s = torch.sigmoid(z * self.std + self.mean)
+        else:
+            s = torch.rand(batch_size, generator=generator, device=gen_device)
+            if self.kind == "shift":
+                s = shift_timesteps(s * NUM_TRAIN_TIMESTEPS, self.shift) / NUM_TRAIN_TIMESTEPS
+        t = self.min_t + (self.max_t - self.min_t) * s
+        return t.to(device=device if device is not None else gen_device, dtype=torch.float32)
+
+    def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
+        """Per-sample loss weight (B,) for timesteps `t` (B,): the bell curve for "weighted", else 1."""
+        if self.kind != "weighted":
+            return torch.ones_like(t, dtype=torch.float32)
+        s = t.float() / NUM_TRAIN_TIMESTEPS
+        bell = torch.exp(-2.0 * (s - 0.5) ** 2)
+        low = math.exp(-0.5)  # the bell's minimum on [0, 1], at s = 0 and s = 1
+        # mean of (bell - low) over U(0, 1): integral of exp(-2 (s - 1/2)^2) ds minus `low`
+        mean = math.sqrt(math.pi / 2.0) * math.erf(1.0 / math.sqrt(2.0)) - low
+        return (bell - low) / mean
