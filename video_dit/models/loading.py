@@ -96,3 +96,102 @@ def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model."
 # ---------------------------------------------------------------- VAE (issue 3)
 
 # ---------------------------------------------------------------- text encoder (issue 4)
+
+TEXT_ENCODER_DOWNLOAD = (
+    "download the umT5 text encoder and its tokenizer (no network is used here), e.g.\n"
+    "  huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'text_encoder/*' 'tokenizer/*' "
+    "--local-dir MODELS/wan2.1\n"
+    "and pass MODELS/wan2.1 (the folder holding text_encoder/ and tokenizer/)")
+TEXT_ENCODER_QUANTIZE = ("qfloat8", "qint8")
+
+
+def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                      quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
+    """A `TextEncoder` (umT5 encoder + tokenizer), from local files only; nothing is fetched.
+
+    source: `preset:NAME` (only presets whose tokenizer needs no files, i.e. `tiny`: ByT5 bytes and a
+    seeded random umT5); a diffusers-style folder with `text_encoder/` (config.json + safetensors,
+    sharded or not) and `tokenizer/`; or one `.safetensors` file with transformers (HF) umT5 encoder
+    keys (`shared.weight`, `encoder.block.N...`; `decoder.*` keys of a full umT5 are dropped), whose
+    config is inferred from the shapes, plus `tokenizer=` a tokenizer folder.
+    dtype / device: where the weights go (None: the stored dtype, CPU); quantize: None, "qfloat8" or
+    "qint8" (optimum-quanto weights, frozen). text_len is 512 (Wan) for files and the preset's for presets.
+    """
+    from transformers import AutoTokenizer, UMT5EncoderModel
+
+    from video_dit.models.text_encoder import TextEncoder, build_umt5, byte_tokenizer
+
+    if quantize is not None and quantize not in TEXT_ENCODER_QUANTIZE:
+        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(TEXT_ENCODER_QUANTIZE)}")
+    text_len = 512
+    src = str(source)
+    if src.startswith("preset:"):
+        from video_dit.models.presets import get_preset
+
+        config = get_preset(src[len("preset:"):]).text_encoder
+        if config.tokenizer != "byt5":
+            raise WeightsError(f"{src}: this preset's text encoder is umT5-XXL, which is never random-initialised "
+                               f"or downloaded here; {TEXT_ENCODER_DOWNLOAD}")
+        model, tok, text_len = build_umt5(config, seed=0), byte_tokenizer(), config.text_len
+    else:
+        path = Path(src)
+        if not path.exists():
+            raise WeightsError(f"{path}: no such file or folder; {TEXT_ENCODER_DOWNLOAD}")
+        if path.is_dir():
+            te_dir = path / "text_encoder" if (path / "text_encoder").is_dir() else path
+            tok_dir = Path(tokenizer) if tokenizer is not None else path / "tokenizer"
+            if not (te_dir / "config.json").is_file():
+                raise WeightsError(f"{path}: expected a folder holding text_encoder/config.json (and its "
+                                   f"safetensors) and tokenizer/; {TEXT_ENCODER_DOWNLOAD}")
+            model = UMT5EncoderModel.from_pretrained(str(te_dir), local_files_only=True,
+                                                     dtype=dtype if dtype is not None else "auto")
+        else:
+            if tokenizer is None:
+                raise WeightsError(f"{path}: a single weights file needs tokenizer=FOLDER (the umT5 "
+                                   f"tokenizer/ folder); {TEXT_ENCODER_DOWNLOAD}")
+            tok_dir = Path(tokenizer)
+            model = _umt5_from_file(path)
+        if not tok_dir.is_dir():
+            raise WeightsError(f"{tok_dir}: no tokenizer folder; {TEXT_ENCODER_DOWNLOAD}")
+        tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+    if quantize is not None:
+        from optimum import quanto
+
+        quanto.quantize(model, weights=getattr(quanto, quantize))
+        quanto.freeze(model)
+    return TextEncoder(model, tok, text_len)
+
+
+def _umt5_from_file(path: Path):
+    """A `UMT5EncoderModel` from one HF-named safetensors file, its config inferred from the shapes."""
+    import re
+
+    from video_dit.models.text_encoder import TextEncoderConfig, build_umt5
+
+    sd = {k: v for k, v in read_state_dict(path).items() if not k.startswith(("decoder.", "lm_head."))}
+    if "shared.weight" not in sd and "encoder.embed_tokens.weight" in sd:
+        sd["shared.weight"] = sd["encoder.embed_tokens.weight"]
+    if "shared.weight" not in sd:
+        raise WeightsError(f"{path}: no 'shared.weight' / 'encoder.embed_tokens.weight': not a transformers "
+                           f"umT5 encoder file (first keys: {', '.join(list(sd)[:5])})")
+    sd.setdefault("encoder.embed_tokens.weight", sd["shared.weight"])  # tied input embedding
+    layers = {int(m.group(1)) for k in sd if (m := re.match(r"encoder\.block\.(\d+)\.", k))}
+    attn = "encoder.block.0.layer.0.SelfAttention."
+    bias = sd.get(attn + "relative_attention_bias.weight")
+    if not layers or bias is None or (len(layers) > 1 and
+                                      "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight" not in sd):
+        raise WeightsError(f"{path}: not a umT5 encoder (needs encoder.block.N with a relative attention bias "
+                           f"in every layer)")
+    gated = "encoder.block.0.layer.1.DenseReluDense.wi_0.weight" in sd
+    ff = sd["encoder.block.0.layer.1.DenseReluDense." + ("wi_0" if gated else "wi") + ".weight"]
+    vocab, d_model = sd["shared.weight"].shape
+    config = TextEncoderConfig(vocab_size=vocab, d_model=d_model, d_ff=ff.shape[0], num_layers=max(layers) + 1,
+                               num_heads=bias.shape[1], d_kv=sd[attn + "q.weight"].shape[0] // bias.shape[1],
+                               relative_attention_num_buckets=bias.shape[0],
+                               feed_forward_proj="gated-gelu" if gated else "relu")
+    model = build_umt5(config, device="meta")
+    check_state_dict(model, sd, str(path))
+    model.load_state_dict(sd, assign=True)
+    return model.eval()
