@@ -1,0 +1,113 @@
+"""`video-dit inspect-data CONFIG`: what a job's datasets will train on, before renting GPUs.
+
+Reads `config.process[0].datasets` of an ai-toolkit-format job YAML (each entry parsed as a
+`DatasetConfig`) and the model preset (`config.process[0].model.preset`, or `name_or_path:
+preset:NAME`) for the bucket divisibility. Prints per dataset the counts, the bucket histogram,
+every skipped file with its reason, and how many items already have cached latents (per latent
+space version found on disk) and cached caption embeds. Exit status 1 when a dataset is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import yaml
+
+from video_dit.data.cache import cache_root_of, cache_status, text_cached_any
+from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
+from video_dit.models.presets import get_preset
+from video_dit.typed_config import ConfigError, parse
+
+PROCESS = "config.process[0]"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG", help="job YAML (ai-toolkit format: config.process[0].datasets)")
+    parser.add_argument("--preset", default=None, help="model preset for the divisibility (default: from the job's model)")
+
+
+def _process(doc, path: str) -> dict:
+    try:
+        process = doc["config"]["process"][0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise ConfigError(PROCESS, f"{path} has no config.process[0] mapping ({exc!r})") from exc
+    if not isinstance(process, dict):
+        raise ConfigError(PROCESS, f"expected a mapping, got {type(process).__name__}")
+    return process
+
+
+def preset_name(process: dict) -> str:
+    """The preset a job's model names: `model.preset`, or `model.name_or_path: preset:NAME`."""
+    model = process.get("model") or {}
+    if not isinstance(model, dict):
+        raise ConfigError(f"{PROCESS}.model", "expected a mapping")
+    if model.get("preset"):
+        return str(model["preset"])
+    nop = str(model.get("name_or_path") or "")
+    if nop.startswith("preset:"):
+        return nop[len("preset:"):]
+    raise ConfigError(f"{PROCESS}.model", "names no preset: set model.preset or name_or_path: 'preset:NAME' "
+                                          "(or pass --preset)")
+
+
+def _bar(n: int, top: int, width: int = 30) -> str:
+    return "#" * max(1, round(width * n / top)) if n else ""
+
+
+def inspect(config_path: str, preset: str | None = None) -> int:
+    with open(config_path, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    process = _process(doc, config_path)
+    name = preset or preset_name(process)
+    divisibility = get_preset(name).divisibility
+    entries = process.get("datasets")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{PROCESS}.datasets", "expected a non-empty list of datasets")
+    print(f"model preset {name}: frame sides must be multiples of {divisibility}")
+    status = 0
+    for i, entry in enumerate(entries):
+        key = f"{PROCESS}.datasets[{i}]"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                cfg = parse(DatasetConfig, entry, key)
+                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False)
+            except (ConfigError, DataError) as exc:
+                print(f"\ndataset {i}: UNUSABLE: {exc}")
+                status = 1
+                continue
+        for w in caught:
+            if "skipped" not in str(w.message):
+                print(f"warning: {w.message}")
+        print(f"\ndataset {i}: {cfg.folder_path}  (num_frames {cfg.num_frames}, resolution {cfg.resolution}, "
+              f"repeats {cfg.num_repeats})")
+        print(f"  {len(scan.items)} items, {len(scan.skipped)} files skipped, "
+              f"{scan.missing_captions} without caption, {scan.ignored} other files ignored")
+        counts = scan.bucket_counts()
+        top = max(counts.values())
+        print("  buckets (F x H x W: items per epoch)")
+        for b, n in sorted(counts.items()):
+            print(f"    {b[0]:>4} x {b[1]:>4} x {b[2]:>4}: {n:>6} {_bar(n, top)}")
+        for p, reason in scan.skipped:
+            print(f"  skipped {p}: {reason}")
+        total, spaces, failed = cache_status(scan)
+        if spaces:
+            for _, (version, n) in sorted(spaces.items(), key=lambda kv: -kv[1][1]):
+                print(f"  latent cache: {n}/{total} items cached ({100 * n / total:.0f}%) for space {version!r}")
+        else:
+            print(f"  latent cache: 0/{total} items cached (0%)")
+        if failed:
+            print(f"  latent cache: {failed} items failed to decode at a previous caching")
+        captions = {(str(cache_root_of(it, None)), it.caption) for it in scan.items}
+        have = sum(1 for root, c in captions if text_cached_any(root, c))
+        print(f"  text cache: {have}/{len(captions)} distinct captions have cached embeds (any space)")
+    return status
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return inspect(args.config, args.preset)
+    except (ConfigError, KeyError, OSError, yaml.YAMLError) as exc:
+        print(f"error: {exc}")
+        return 1

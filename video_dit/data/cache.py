@@ -1,0 +1,344 @@
+"""On-disk caches of latents and text embeds, built once (split across ranks), read every step.
+
+Layout (next to the data, or under `cache_dir`), following ai-toolkit's `_latent_cache/` convention:
+  <root>/_latent_cache/<file name>_<item key>_<space key>.safetensors   whatever `encode_fn` returned
+                                                                        (e.g. `latents`, `first_frame_latents`)
+  <root>/_latent_cache/<file name>_<item key>.skip.json                 a file that failed to decode
+  <root>/_text_cache/<caption key>_<space key>.safetensors              `text_embeds` (Lt, D)
+The item key hashes the file identity (absolute path, size, mtime), the frame selection, the
+bucket/resize/crop and `do_i2v`; the space key hashes `space_version` (the trainer passes a string
+naming the VAE and its weights; the text key uses `text_space_version`, default the same string).
+Touching or replacing a file changes its key, so exactly that entry is recomputed; old entries are
+left in place (another job with other settings may still use them). Every write is atomic: a temp
+file in the same folder, then `os.replace`.
+
+The empty prompt is cached in every root: caption dropout happens per step in `CachedDataset`
+(the item's caption is swapped for "" by a generator seeded with (seed, epoch, index)), so it is
+random across epochs yet exact on resume.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from video_dit import media
+from video_dit.data.dataset import DataError, DataItem, DataWarning, ScanResult
+from video_dit.data.frames import load_item_pixels
+
+LATENT_DIR = "_latent_cache"
+TEXT_DIR = "_text_cache"
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def item_key(item: DataItem) -> str:
+    """16 hex digits over everything that decides the pixels fed to the VAE."""
+    return _sha([item.path, item.size, item.mtime_ns, item.kind, list(item.frames), list(item.bucket),
+                 list(item.resize), list(item.crop), item.do_i2v])[:16]
+
+
+def space_key(space_version: str) -> str:
+    return _sha(["space", space_version])[:8]
+
+
+def cache_root_of(item: DataItem, cache_dir=None) -> Path:
+    """Where `_latent_cache/` and `_text_cache/` of `item` live (`cache_dir` overrides its dataset's)."""
+    return Path(cache_dir) if cache_dir is not None else Path(item.cache_root)
+
+
+def latent_path(item: DataItem, space_version: str, cache_dir=None) -> Path:
+    name = f"{Path(item.path).name}_{item_key(item)}_{space_key(space_version)}.safetensors"
+    return cache_root_of(item, cache_dir) / LATENT_DIR / name
+
+
+def skip_path(item: DataItem, cache_dir=None) -> Path:
+    return cache_root_of(item, cache_dir) / LATENT_DIR / f"{Path(item.path).name}_{item_key(item)}.skip.json"
+
+
+def caption_key(caption: str) -> str:
+    return _sha(["caption", caption])[:16]
+
+
+def text_path(root, caption: str, text_space_version: str) -> Path:
+    return Path(root) / TEXT_DIR / f"{caption_key(caption)}_{space_key(text_space_version)}.safetensors"
+
+
+def text_cached_any(root, caption: str) -> bool:
+    """Whether `caption` has cached embeds under `root` for any text space version (inspect-data)."""
+    folder = Path(root) / TEXT_DIR
+    return folder.is_dir() and any(folder.glob(f"{caption_key(caption)}_*.safetensors"))
+
+
+def _valid_entry(path: Path) -> bool:
+    """The file exists and its safetensors header parses (cheap: the tensors are not read)."""
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return len(list(f.keys())) > 0
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
+def _atomic_save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@dataclass
+class CacheReport:
+    """What one rank did: `hits`/`misses` count latent entries (a miss is one `encode_fn` call),
+    `text_hits`/`text_misses` count captions (misses were sent to `text_fn`), `skipped` lists the
+    files that failed to decode on this rank, `(path, reason)`."""
+
+    hits: int = 0
+    misses: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    text_hits: int = 0
+    text_misses: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def hit_ratio(self) -> float:
+        total = self.hits + self.misses + len(self.skipped)
+        return self.hits / total if total else 1.0
+
+
+def _unique_latent_jobs(scan: ScanResult, space_version: str, cache_dir) -> list[tuple[Path, DataItem]]:
+    jobs = {}
+    for item in scan.items:
+        jobs.setdefault(latent_path(item, space_version, cache_dir), item)
+    return sorted(jobs.items(), key=lambda kv: str(kv[0]))
+
+
+def _text_jobs(scan: ScanResult, text_space_version: str, cache_dir) -> list[tuple[Path, str]]:
+    jobs = {}
+    for item in scan.items:
+        root = cache_root_of(item, cache_dir)
+        for caption in (item.caption, ""):
+            jobs.setdefault(text_path(root, caption, text_space_version), caption)
+    return sorted(jobs.items(), key=lambda kv: str(kv[0]))
+
+
+def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+                text_fn: Callable[[list[str]], list[torch.Tensor]], rank: int = 0, world_size: int = 1,
+                cache_dir=None, *, space_version: str, text_space_version: str | None = None,
+                barrier: Callable[[], None] | None = None, text_batch_size: int = 16,
+                verbose: bool = True) -> CacheReport:
+    """Compute the missing latent and text entries of `scan`; this rank does entries `rank::world_size`.
+
+    `encode_fn(video)`: `video` is `(1, 3, F, H, W)` float32 in [-1, 1] on CPU; returns a dict of
+    tensors with a leading batch dim of 1 (e.g. `latents` `(1, C, F', h, w)`, and with `do_i2v`
+    `first_frame_latents`); every key is stored, without the batch dim. `text_fn(captions)` returns
+    one `(Lt, D)` tensor per caption. `cache_dir` overrides every dataset's own cache root. A file
+    that fails to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
+    other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
+    that every rank sees every entry before building its `CachedDataset`.
+    """
+    text_space_version = space_version if text_space_version is None else text_space_version
+    report = CacheReport(rank=rank, world_size=world_size)
+    jobs = _unique_latent_jobs(scan, space_version, cache_dir)[rank::world_size]
+    for n, (path, item) in enumerate(jobs):
+        if _valid_entry(path):
+            report.hits += 1
+            continue
+        marker = skip_path(item, cache_dir)
+        if marker.is_file():
+            report.skipped.append((item.path, json.loads(marker.read_text(encoding="utf-8"))["reason"]))
+            continue
+        try:
+            pixels = load_item_pixels(item)  # (F, 3, H, W)
+        except media.MediaError as exc:
+            report.skipped.append((item.path, exc.reason))
+            _atomic_write_text(json.dumps({"path": item.path, "reason": exc.reason}), marker)
+            if verbose:
+                warnings.warn(f"{item.path}: skipped at caching: {exc.reason}", DataWarning, stacklevel=2)
+            continue
+        with torch.no_grad():
+            out = encode_fn(pixels.permute(1, 0, 2, 3).unsqueeze(0))  # (1, 3, F, H, W)
+        if not isinstance(out, dict) or not out:
+            raise TypeError(f"encode_fn must return a non-empty dict of tensors, got {type(out).__name__}")
+        for key, t in out.items():
+            if not isinstance(t, torch.Tensor) or t.ndim < 1 or t.shape[0] != 1:
+                raise ValueError(f"encode_fn returned {key!r} with shape {getattr(t, 'shape', None)}; "
+                                 f"expected a tensor with a leading batch dim of 1")
+        meta = {"path": item.path, "bucket": json.dumps(item.bucket), "frames": json.dumps(item.frames),
+                "space_version": space_version, "format": "video_dit.latents.v1"}
+        _atomic_save({k: t[0] for k, t in out.items()}, path, meta)
+        report.misses += 1
+        if verbose and (n + 1) % 50 == 0:
+            print(f"cache: rank {rank}: {n + 1}/{len(jobs)} latent entries checked", flush=True)
+
+    text_jobs = [(p, c) for p, c in _text_jobs(scan, text_space_version, cache_dir)[rank::world_size]]
+    todo = []
+    for path, caption in text_jobs:
+        if _valid_entry(path):
+            report.text_hits += 1
+        else:
+            todo.append((path, caption))
+    for i in range(0, len(todo), text_batch_size):
+        chunk = todo[i:i + text_batch_size]
+        with torch.no_grad():
+            embeds = text_fn([c for _, c in chunk])
+        if len(embeds) != len(chunk):
+            raise ValueError(f"text_fn returned {len(embeds)} embeddings for {len(chunk)} captions")
+        for (path, caption), e in zip(chunk, embeds):
+            if not isinstance(e, torch.Tensor) or e.ndim != 2:
+                raise ValueError(f"text_fn must return (Lt, D) tensors, got shape {getattr(e, 'shape', None)}")
+            _atomic_save({"text_embeds": e}, path, {"caption": caption, "space_version": text_space_version,
+                                                    "format": "video_dit.text.v1"})
+        report.text_misses += len(chunk)
+    if verbose:
+        print(f"cache: rank {rank}/{world_size}: latents {report.hits} hit, {report.misses} computed, "
+              f"{len(report.skipped)} skipped; text {report.text_hits} hit, {report.text_misses} computed",
+              flush=True)
+    if barrier is not None:
+        barrier()
+    return report
+
+
+class CachedDataset(torch.utils.data.Dataset):
+    """Cached tensors of a scan, read per step. Build it on every rank AFTER `build_cache` (and its
+    barrier), with the same `cache_dir` and space versions.
+
+    `ds[i]` -> `{"latents": (C, F', h, w), "text_embeds": (Lt, D), <other cached keys>,
+    "caption": str (as used: "" when dropped), "caption_dropped": bool, "index": i}`.
+    Indices run over items x `num_repeats`; `buckets` maps `(F, H, W)` to indices (feed it to
+    `BucketBatchSampler`). Items whose decode failed at caching are dropped and listed in `skipped`.
+    Call `set_epoch(e)` before each epoch's DataLoader iterator is created (caption dropout depends
+    on it; with `num_workers > 0` do not use `persistent_workers`, which would keep an old epoch).
+    """
+
+    def __init__(self, scan: ScanResult, cache_dir=None, *, space_version: str,
+                 text_space_version: str | None = None, seed: int = 0):
+        self.cache_dir = cache_dir
+        self.space_version = space_version
+        self.text_space_version = space_version if text_space_version is None else text_space_version
+        self.seed, self.epoch = seed, 0
+        self.items: list[DataItem] = []
+        self.skipped = list(scan.skipped)
+        for item in scan.items:
+            if not latent_path(item, space_version, cache_dir).is_file():
+                marker = skip_path(item, cache_dir)
+                if marker.is_file():
+                    self.skipped.append((item.path, json.loads(marker.read_text(encoding="utf-8"))["reason"]))
+                    continue
+                raise DataError(f"{item.path}: no latent cache entry {latent_path(item, space_version, cache_dir)}; "
+                                f"run build_cache on every rank (same cache_dir and space_version) first")
+            for caption in (item.caption, ""):
+                tp = text_path(cache_root_of(item, cache_dir), caption, self.text_space_version)
+                if not tp.is_file():
+                    raise DataError(f"{item.path}: no text cache entry {tp} for caption {caption!r}; "
+                                    f"run build_cache first")
+            self.items.append(item)
+        if not self.items:
+            raise DataError("no usable item left after caching: "
+                            + "; ".join(f"{Path(p).name}: {r}" for p, r in self.skipped[:5]))
+        self.index_map = [k for k, it in enumerate(self.items) for _ in range(it.num_repeats)]
+        self.buckets: dict[tuple[int, int, int], list[int]] = {}
+        for i, k in enumerate(self.index_map):
+            self.buckets.setdefault(self.items[k].bucket, []).append(i)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.index_map)
+
+    def item(self, index: int) -> DataItem:
+        return self.items[self.index_map[index]]
+
+    def caption_dropped(self, index: int, epoch: int | None = None) -> bool:
+        """Whether sample `index` trains with the empty prompt in `epoch` (pure function of seed, epoch, index)."""
+        rate = self.item(index).caption_dropout_rate
+        epoch = self.epoch if epoch is None else epoch
+        return rate > 0 and random.Random(f"caption-dropout:{self.seed}:{epoch}:{index}").random() < rate
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.item(index)
+        out: dict = dict(load_file(str(latent_path(item, self.space_version, self.cache_dir))))
+        dropped = self.caption_dropped(index)
+        caption = "" if dropped else item.caption
+        tp = text_path(cache_root_of(item, self.cache_dir), caption, self.text_space_version)
+        out["text_embeds"] = load_file(str(tp))["text_embeds"]
+        out.update(caption=caption, caption_dropped=dropped, index=index)
+        return out
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack a batch from one bucket: cached tensors -> `(B, ...)`; `text_embeds` stay a list of
+    `(Lt, D)` (lengths may differ); `caption` a list; `index` and `caption_dropped` 1D tensors."""
+    keys = list(samples[0])
+    for s in samples[1:]:
+        if list(s) != keys:
+            raise ValueError(f"samples {samples[0]['index']} and {s['index']} have different cached keys "
+                             f"({sorted(keys)} vs {sorted(s)}); a batch must come from one bucket and one "
+                             f"dataset configuration (do_i2v)")
+    batch: dict = {}
+    for key in keys:
+        values = [s[key] for s in samples]
+        if key in ("text_embeds", "caption"):
+            batch[key] = values
+        elif key == "index":
+            batch[key] = torch.tensor(values, dtype=torch.long)
+        elif key == "caption_dropped":
+            batch[key] = torch.tensor(values, dtype=torch.bool)
+        else:
+            shapes = {tuple(v.shape) for v in values}
+            if len(shapes) != 1:
+                raise ValueError(f"cannot stack {key!r}: shapes {sorted(shapes)} differ within the batch "
+                                 f"(indices {[s['index'] for s in samples]})")
+            batch[key] = torch.stack(values)
+    return batch
+
+
+def cache_status(scan: ScanResult, cache_dir=None) -> tuple[int, dict[str, tuple[str, int]], int]:
+    """For `inspect-data`, without knowing the trainer's space version: `(items, {space key:
+    (space_version, items cached)}, items with a skip marker)`."""
+    by_space: dict[str, list] = {}
+    skipped = 0
+    for item in scan.items:
+        folder = cache_root_of(item, cache_dir) / LATENT_DIR
+        prefix = f"{Path(item.path).name}_{item_key(item)}_"
+        found = sorted(folder.glob(glob.escape(prefix) + "*.safetensors")) if folder.is_dir() else []
+        for f in found:
+            key = f.name[len(prefix):-len(".safetensors")]
+            entry = by_space.setdefault(key, [None, 0])
+            entry[1] += 1
+            if entry[0] is None:
+                try:
+                    with safe_open(str(f), framework="pt") as sf:
+                        entry[0] = (sf.metadata() or {}).get("space_version", "?")
+                except (SafetensorError, OSError) as exc:
+                    entry[0] = f"unreadable ({exc})"
+        if not found and skip_path(item, cache_dir).is_file():
+            skipped += 1
+    return len(scan.items), {k: (v[0], v[1]) for k, v in by_space.items()}, skipped

@@ -1,0 +1,297 @@
+"""Dataset config (ai-toolkit's keys) and the folder scan: files -> items with caption, bucket and frames.
+
+A dataset folder holds videos (`.mp4 .mov .webm .mkv .avi .m4v`) and images (`.png .jpg .jpeg .webp`),
+each with an optional same-name caption (`<stem>.<caption_ext>`); a missing caption is the empty
+prompt (one warning for the whole folder). The folder is read flat (no sub-folders: `holdout/` of the
+demo data and the `_latent_cache/`, `_text_cache/` folders are not items); dot-files are ignored.
+
+`scan_dataset` probes every file cheaply (container header plus one seek near the last needed
+frame; nothing is decoded) and turns each good file into one `DataItem` per `resolution`. A file
+that cannot be used (zero bytes, not a video, corrupt, truncated, too short, unreadable caption) is
+skipped with ONE warning naming it and the reason, and counted in the summary printed at the start.
+No usable item left -> `DataError` before any training starts.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from PIL import Image, UnidentifiedImageError
+
+from video_dit import media
+from video_dit.data import frames as frames_mod
+from video_dit.data.buckets import bucket_size
+from video_dit.typed_config import ConfigError
+
+VIDEO_EXTS = media.VIDEO_EXTS
+IMAGE_EXTS = media.IMAGE_EXTS
+
+
+class DataError(ValueError):
+    """No usable data (or a dataset that cannot be used as configured); the message says which folder."""
+
+
+class DataWarning(UserWarning):
+    """One per skipped file (naming it and why), and one per folder for missing captions."""
+
+
+@dataclass
+class DatasetConfig:
+    """One entry of `config.process[0].datasets` (ai-toolkit's dataset keys plus a few of ours).
+
+    ai-toolkit keys: `folder_path` (required), `caption_ext`, `caption_dropout_rate` (per step, see
+    `CachedDataset`), `num_frames` (4k+1; snapped down with a warning), `shrink_video_to_frames`
+    (spread frames over the whole clip; false: consecutive frames at `fps`), `fps`, `do_i2v` (cache
+    the first frame's latents too), `resolution` (one or several target sides; an item is used once
+    per resolution), `cache_latents_to_disk` and `cache_text_embeddings` (must be true: training
+    reads only cached tensors), `num_repeats` (each item appears this many times per epoch),
+    `default_caption` (prompt of files without a caption file, instead of the empty prompt).
+    Accepted for ai-toolkit files, with this meaning here: `cache_latents` (ai-toolkit's in-memory
+    latent cache; latents here are always cached on disk and read per step, either value is
+    accepted), `buckets` (true: aspect buckets; false: every item center-cropped to one square
+    bucket of side `resolution`).
+    Ours: `short_clip` (`skip` or `stretch` a clip shorter than `num_frames`), `cache_dir` (where
+    `_latent_cache/` and `_text_cache/` go; default: inside `folder_path`), `num_workers`
+    (DataLoader worker processes the trainer uses to read cached tensors).
+    """
+
+    folder_path: str
+    caption_ext: str = "txt"
+    caption_dropout_rate: float = 0.0
+    num_frames: int = 1
+    shrink_video_to_frames: bool = True
+    fps: int = 24
+    do_i2v: bool = False
+    resolution: list[int] | int = field(default_factory=lambda: [512])
+    cache_latents_to_disk: bool = True
+    cache_text_embeddings: bool = True
+    num_repeats: int = 1
+    default_caption: str | None = None
+    cache_latents: bool | None = None
+    buckets: bool = True
+    short_clip: Literal["skip", "stretch"] = "skip"
+    cache_dir: str | None = None
+    num_workers: int = 0
+    config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
+
+    def validate(self, path: str) -> None:
+        self.config_path = path
+        if isinstance(self.resolution, int):
+            self.resolution = [self.resolution]
+        if not self.resolution or any(r < 1 for r in self.resolution):
+            raise ConfigError(f"{path}.resolution", f"expected one or more positive sides, got {self.resolution}")
+        if self.num_frames < 1:
+            raise ConfigError(f"{path}.num_frames", f"must be >= 1 (a 4k+1 count such as 1, 17, 81), "
+                                                    f"got {self.num_frames}")
+        snapped = frames_mod.snap_num_frames(self.num_frames)
+        if snapped != self.num_frames:
+            warnings.warn(f"{path}.num_frames: {self.num_frames} is not 4k+1; using {snapped}", DataWarning,
+                          stacklevel=2)
+            self.num_frames = snapped
+        if not 0.0 <= self.caption_dropout_rate <= 1.0:
+            raise ConfigError(f"{path}.caption_dropout_rate", f"must be in [0, 1], got {self.caption_dropout_rate}")
+        if self.fps <= 0:
+            raise ConfigError(f"{path}.fps", f"must be > 0, got {self.fps}")
+        if self.num_repeats < 1:
+            raise ConfigError(f"{path}.num_repeats", f"must be >= 1, got {self.num_repeats}")
+        if self.num_workers < 0:
+            raise ConfigError(f"{path}.num_workers", f"must be >= 0, got {self.num_workers}")
+        if not self.caption_ext or "/" in self.caption_ext:
+            raise ConfigError(f"{path}.caption_ext", f"expected an extension such as 'txt', got {self.caption_ext!r}")
+        for key in ("cache_latents_to_disk", "cache_text_embeddings"):
+            if not getattr(self, key):
+                raise ConfigError(f"{path}.{key}", "video_dit trains on cached latents and text embeds only; "
+                                                   "set it to true (or leave it out)")
+        folder = Path(self.folder_path)
+        if not folder.is_dir():
+            raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} is not a directory")
+        exts = VIDEO_EXTS + IMAGE_EXTS
+        if not any(p.suffix.lower() in exts and not p.name.startswith(".") for p in folder.iterdir()):
+            raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} holds no video or image "
+                                                     f"({' '.join(exts)})")
+
+    @property
+    def is_video(self) -> bool:
+        return self.num_frames > 1
+
+    @property
+    def cache_root(self) -> str:
+        return os.path.abspath(self.cache_dir or self.folder_path)
+
+    def check_divisibility(self, divisibility: int) -> None:
+        """Every `resolution` must hold at least one `divisibility`-sided cell (ConfigError otherwise)."""
+        for r in self.resolution:
+            if r < divisibility:
+                raise ConfigError(f"{self.config_path}.resolution",
+                                  f"{r} is below the model's divisibility {divisibility}; "
+                                  f"use a multiple of {divisibility} (e.g. {max(divisibility, 512)})")
+
+
+@dataclass(frozen=True)
+class DataItem:
+    """One training item: a file at one resolution, with its caption, bucket and frame selection."""
+
+    path: str                       # absolute path of the video or image
+    kind: Literal["video", "image"]
+    caption: str
+    bucket: tuple[int, int, int]    # (F, H, W) in pixels
+    frames: tuple[int, ...]         # source frame indices, len F (images: (0,))
+    resize: tuple[int, int]         # (h, w) the source is scaled to (aspect kept) ...
+    crop: tuple[int, int]           # ... then cropped at (top, left) to (H, W)
+    source: tuple[int, int, int, float]  # (num_frames, width, height, fps) of the file
+    size: int                       # file identity for the cache key: bytes ...
+    mtime_ns: int                   # ... and modification time
+    dataset: int = 0                # index in the job's datasets list
+    do_i2v: bool = False
+    caption_dropout_rate: float = 0.0
+    num_repeats: int = 1
+    cache_root: str = ""            # `_latent_cache/` and `_text_cache/` live here
+
+
+@dataclass
+class ScanResult:
+    items: list[DataItem]
+    skipped: list[tuple[str, str]]  # (path, reason)
+    missing_captions: int = 0
+    ignored: int = 0                # other files (captions excluded)
+    folders: list[str] = field(default_factory=list)
+
+    def bucket_counts(self) -> Counter:
+        """`(F, H, W) -> items per epoch` (repeats counted)."""
+        c: Counter = Counter()
+        for it in self.items:
+            c[it.bucket] += it.num_repeats
+        return c
+
+    def summary(self) -> str:
+        reasons = Counter(_reason_kind(r) for _, r in self.skipped)
+        lines = [f"data: {', '.join(self.folders)}: {len(self.items)} items in {len(self.bucket_counts())} "
+                 f"buckets, {len(self.skipped)} files skipped"
+                 + (f" ({', '.join(f'{n} {k}' for k, n in reasons.most_common())})" if reasons else "")
+                 + (f", {self.missing_captions} without caption (empty prompt)" if self.missing_captions else "")]
+        for b, n in sorted(self.bucket_counts().items()):
+            lines.append(f"  bucket F={b[0]} H={b[1]} W={b[2]}: {n} per epoch")
+        for p, r in self.skipped:
+            lines.append(f"  skipped {p}: {r}")
+        return "\n".join(lines)
+
+    @staticmethod
+    def merge(scans: list["ScanResult"]) -> "ScanResult":
+        """One scan of several datasets (a job's `datasets` list), items in list order."""
+        return ScanResult(items=[it for s in scans for it in s.items],
+                          skipped=[x for s in scans for x in s.skipped],
+                          missing_captions=sum(s.missing_captions for s in scans),
+                          ignored=sum(s.ignored for s in scans),
+                          folders=[f for s in scans for f in s.folders])
+
+
+def _reason_kind(reason: str) -> str:
+    for key in ("empty", "truncated", "too short", "frames <", "span less", "not a readable",
+                "caption", "image dataset", "decod"):
+        if key in reason:
+            return {"frames <": "too short", "span less": "too short", "not a readable": "not readable",
+                    "decod": "undecodable", "image dataset": "video in an image dataset"}.get(key, key)
+    return "unreadable"
+
+
+def _read_caption(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise DataError(f"unreadable caption {path.name} (not UTF-8: {exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise DataError(f"unreadable caption {path.name} ({exc.strerror or exc})") from exc
+
+
+def _probe_image(path: Path) -> tuple[int, int]:
+    if path.stat().st_size == 0:
+        raise media.MediaError(path, "empty file (0 bytes)")
+    try:
+        with Image.open(path) as img:
+            img.verify()  # header and structure; no full decode
+            return img.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise media.MediaError(path, f"not a readable image ({exc})") from exc
+
+
+def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
+                 verbose: bool = True) -> ScanResult:
+    """Items of one dataset folder (see module docstring). `verbose`: warn per skipped file and
+    print the summary (pass `rank == 0` in multi-rank jobs). Raises `DataError` if no item is usable."""
+    cfg.check_divisibility(divisibility)
+    folder = Path(cfg.folder_path)
+    exts_video = VIDEO_EXTS if cfg.is_video else ()
+    items: list[DataItem] = []
+    skipped: list[tuple[str, str]] = []
+    missing: list[str] = []
+    ignored = 0
+    caption_suffix = "." + cfg.caption_ext.lstrip(".")
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        ext = path.suffix.lower()
+        if ext not in VIDEO_EXTS + IMAGE_EXTS:
+            if ext != caption_suffix.lower():
+                ignored += 1
+            continue
+        path = path.absolute()
+        try:
+            if ext in VIDEO_EXTS and ext not in exts_video:
+                raise DataError("video in an image dataset (num_frames: 1); set num_frames > 1 to use videos")
+            stat = path.stat()
+            if stat.st_size == 0:
+                raise media.MediaError(path, "empty file (0 bytes)")
+            if ext in VIDEO_EXTS:
+                info = media.probe_video(path)
+                if info.num_frames < 1:
+                    raise media.MediaError(path, "the header gives no frame count")
+                idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
+                                               src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
+                frames_mod.check_frames_present(path, max(idx))
+                kind, (w, h), source = "video", (info.width, info.height), (info.num_frames, info.width,
+                                                                             info.height, info.fps)
+            else:
+                w, h = _probe_image(path)
+                kind, idx, source = "image", [0], (1, w, h, 0.0)
+            cap_path = path.with_suffix(caption_suffix)
+            if cap_path.exists():
+                caption = _read_caption(cap_path)
+            else:
+                caption = cfg.default_caption if cfg.default_caption is not None else ""
+                missing.append(path.name)
+        except (media.MediaError, frames_mod.ClipTooShort, DataError) as exc:
+            reason = exc.reason if isinstance(exc, media.MediaError) else str(exc)
+            skipped.append((str(path), reason))
+            if verbose:
+                warnings.warn(f"{path}: skipped: {reason}", DataWarning, stacklevel=2)
+            continue
+        for res in cfg.resolution:
+            H, W = bucket_size(w, h, res, divisibility, square=not cfg.buckets)
+            resize, crop = frames_mod.crop_plan(w, h, W, H)
+            items.append(DataItem(path=str(path), kind=kind, caption=caption, bucket=(len(idx), H, W),
+                                  frames=tuple(idx), resize=resize, crop=crop, source=source,
+                                  size=stat.st_size, mtime_ns=stat.st_mtime_ns, dataset=dataset_index,
+                                  do_i2v=cfg.do_i2v, caption_dropout_rate=cfg.caption_dropout_rate,
+                                  num_repeats=cfg.num_repeats, cache_root=cfg.cache_root))
+    if missing and verbose:
+        warnings.warn(f"{folder}: {len(missing)} files have no .{cfg.caption_ext.lstrip('.')} caption and train "
+                      f"with {'default_caption' if cfg.default_caption is not None else 'the empty prompt'} "
+                      f"(first: {missing[0]})", DataWarning, stacklevel=2)
+    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)])
+    if verbose:
+        print(result.summary(), flush=True)
+    if not items:
+        raise DataError(f"{cfg.config_path}.folder_path {str(folder)!r}: no usable item "
+                        f"({len(skipped)} files skipped: "
+                        + "; ".join(f"{Path(p).name}: {r}" for p, r in skipped[:5])
+                        + (" ..." if len(skipped) > 5 else "") + ")")
+    return result
+
+
+def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool = True) -> ScanResult:
+    """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index)."""
+    return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose)
+                             for i, c in enumerate(cfgs)])
