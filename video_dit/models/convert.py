@@ -3,8 +3,171 @@ names, both ways, for the DiT and the VAE. Pure functions over dicts of tensors.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 # ---------------------------------------------------------------- DiT (issue 2)
 
 # ---------------------------------------------------------------- VAE (issue 3)
+
+# Names inside one residual block, (native, diffusers).
+_VAE_RES = (("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
+            ("residual.6.", "conv2."), ("shortcut.", "conv_shortcut."))
+# Fixed module names, (native, diffusers), matched as key prefixes.
+_VAE_FIXED = (("conv1.", "quant_conv."), ("conv2.", "post_quant_conv."),
+              *[(f"{p}.{a}", f"{p}.{b}") for p in ("encoder", "decoder")
+                for a, b in (("conv1.", "conv_in."), ("head.0.", "norm_out."), ("head.2.", "conv_out."),
+                             ("middle.0.", "mid_block.resnets.0."), ("middle.1.", "mid_block.attentions.0."),
+                             ("middle.2.", "mid_block.resnets.1."))])
+_VAE_RESAMPLE = ("resample.", "time_conv.")
+_VAE_LEVEL = re.compile(r"(encoder\.downsamples|decoder\.upsamples)\.(\d+)\.(?:(?:downsamples|upsamples)\.(\d+)\.)?(.*)")
+_VAE_DIFF_LEVEL = re.compile(
+    r"(encoder\.down_blocks|decoder\.up_blocks)\.(\d+)\.(?:(resnets)\.(\d+)\.|(downsampler|upsampler|upsamplers\.0)\.)?(.*)")
+
+
+def _vae_rename_tail(tail: str, pairs) -> str:
+    for a, b in pairs:
+        if tail.startswith(a):
+            return b + tail[len(a):]
+    return tail
+
+
+def vae_key_layout(sd: dict[str, torch.Tensor]) -> str:
+    """"native" (original Wan VAE) or "diffusers" (`AutoencoderKLWan`) from the key names."""
+    if any(k.startswith(("quant_conv.", "encoder.conv_in.", "decoder.mid_block.")) for k in sd):
+        return "diffusers"
+    if any(k.startswith(("encoder.conv1.", "decoder.middle.", "conv1.")) for k in sd):
+        return "native"
+    raise ValueError("not a Wan VAE state dict (neither original Wan nor diffusers AutoencoderKLWan "
+                     f"key names); first keys: {', '.join(sorted(sd)[:5])}")
+
+
+def _flat_decoder_kinds(indices_to_tails: dict[int, list[str]]) -> dict[int, str]:
+    return {i: ("resample" if any(t.startswith(_VAE_RESAMPLE) for t in tails)
+                else "attention" if any(t.startswith("to_qkv.") for t in tails) else "res")
+            for i, tails in indices_to_tails.items()}
+
+
+def vae_to_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Native (original Wan 2.1 / 2.2 VAE) keys -> diffusers `AutoencoderKLWan` keys; tensors unchanged.
+
+    Wan 2.1 keeps flat `decoder.upsamples.N` lists that diffusers groups into `up_blocks.i.resnets.j`
+    and `up_blocks.i.upsamplers.0` (a group ends at each resample); Wan 2.2 nests
+    `upsamples.i.upsamples.j`, which maps to `resnets.j` or the block's `upsampler`.
+    """
+    flat: dict[int, list[str]] = {}
+    for k in sd:
+        m = _VAE_LEVEL.fullmatch(k)
+        if m and m.group(1) == "decoder.upsamples" and m.group(3) is None:
+            flat.setdefault(int(m.group(2)), []).append(m.group(4))
+    groups: dict[int, str] = {}  # flat decoder index -> diffusers prefix
+    block, j = 0, 0
+    for i, kind in sorted(_flat_decoder_kinds(flat).items()):
+        if kind == "attention":
+            raise ValueError(f"decoder.upsamples.{i} is an attention block; diffusers' AutoencoderKLWan "
+                             "has no attention in its up blocks, so this VAE has no diffusers layout")
+        if kind == "resample":
+            groups[i], block, j = f"decoder.up_blocks.{block}.upsamplers.0.", block + 1, 0
+        else:
+            groups[i], j = f"decoder.up_blocks.{block}.resnets.{j}.", j + 1
+    out = {}
+    for k, v in sd.items():
+        m = _VAE_LEVEL.fullmatch(k)
+        if m is None:
+            new = k
+            for a, b in _VAE_FIXED:
+                if k.startswith(a):
+                    new = b + _vae_rename_tail(k[len(a):], _VAE_RES)
+                    break
+        else:
+            where, i, j, tail = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+            is_resample = tail.startswith(_VAE_RESAMPLE)
+            tail = tail if is_resample else _vae_rename_tail(tail, _VAE_RES)
+            if j is not None:  # Wan 2.2 nested level
+                name = "down_blocks" if where.startswith("encoder") else "up_blocks"
+                sub = ("downsampler." if name == "down_blocks" else "upsampler.") if is_resample else f"resnets.{j}."
+                new = f"{where.split('.')[0]}.{name}.{i}.{sub}{tail}"
+            elif where == "encoder.downsamples":  # Wan 2.1 encoder: flat in both layouts
+                new = f"encoder.down_blocks.{i}.{tail}"
+            else:
+                new = groups[i] + tail
+        out[new] = v
+    return out
+
+
+def vae_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers `AutoencoderKLWan` keys -> native (original Wan 2.1 / 2.2 VAE) keys; tensors unchanged."""
+    residual = any(".down_blocks.0.resnets." in k for k in sd)  # Wan 2.2 layout
+    n_res: dict[tuple[str, int], int] = {}  # (where, block) -> number of resnets
+    for k in sd:
+        m = _VAE_DIFF_LEVEL.fullmatch(k)
+        if m and m.group(3):
+            key = (m.group(1), int(m.group(2)))
+            n_res[key] = max(n_res.get(key, 0), int(m.group(4)) + 1)
+    offsets, total = {}, 0  # Wan 2.1 decoder: flat index of each block's first resnet
+    for (where, b) in sorted(k for k in n_res if k[0] == "decoder.up_blocks"):
+        has_up = any(k.startswith(f"decoder.up_blocks.{b}.upsamplers.0.") for k in sd)
+        offsets[b], total = total, total + n_res[(where, b)] + int(has_up)
+    fixed_back = [(b, a) for a, b in _VAE_FIXED]
+    res_back = [(b, a) for a, b in _VAE_RES]
+    out = {}
+    for k, v in sd.items():
+        m = _VAE_DIFF_LEVEL.fullmatch(k)
+        if m is None:
+            new = k
+            for a, b in fixed_back:
+                if k.startswith(a):
+                    new = b + _vae_rename_tail(k[len(a):], res_back)
+                    break
+        else:
+            where, i, resnet, j, sampler, tail = m.groups()
+            i = int(i)
+            native = "encoder.downsamples" if where.startswith("encoder") else "decoder.upsamples"
+            inner = native.split(".")[1]
+            if resnet is None and sampler is None:  # Wan 2.1 encoder: flat in both layouts
+                new = f"{native}.{i}.{_vae_rename_tail(tail, res_back)}"
+            elif residual:
+                j = int(j) if resnet else n_res.get((where, i), 0)
+                new = f"{native}.{i}.{inner}.{j}.{tail if sampler else _vae_rename_tail(tail, res_back)}"
+            else:  # Wan 2.1 decoder: back to the flat list
+                flat = offsets.get(i, 0) + (int(j) if resnet else n_res.get((where, i), 0))
+                new = f"{native}.{flat}.{tail if sampler else _vae_rename_tail(tail, res_back)}"
+        out[new] = v
+    return out
+
+
+def vae_config_from_diffusers(cfg: dict):
+    """A diffusers `AutoencoderKLWan` config.json dict -> `VAEConfig`; unknown keys are errors."""
+    from video_dit.models.vae import VAEConfig
+
+    known = {"base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks", "attn_scales",
+             "temperal_downsample", "dropout", "latents_mean", "latents_std", "is_residual", "in_channels",
+             "out_channels", "patch_size", "scale_factor_temporal", "scale_factor_spatial"}
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}  # _class_name, _diffusers_version
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ValueError(f"AutoencoderKLWan config: unknown keys {unknown}; known: {sorted(known)}")
+    p = cfg.get("patch_size") or 1
+    if cfg.get("in_channels", 3 * p * p) != 3 * p * p:
+        raise ValueError(f"AutoencoderKLWan config: in_channels={cfg['in_channels']} with patch_size={p}; "
+                         f"expected {3 * p * p} (RGB, patchified)")
+    return VAEConfig(dim=cfg.get("base_dim", 96), dec_dim=cfg.get("decoder_base_dim"), z_dim=cfg.get("z_dim", 16),
+                     dim_mult=tuple(cfg.get("dim_mult", (1, 2, 4, 4))),
+                     num_res_blocks=cfg.get("num_res_blocks", 2), attn_scales=tuple(cfg.get("attn_scales", ())),
+                     temperal_downsample=tuple(cfg.get("temperal_downsample", (False, True, True))),
+                     dropout=cfg.get("dropout", 0.0), is_residual=cfg.get("is_residual", False), patch_size=p,
+                     mean=tuple(cfg.get("latents_mean") or ()), std=tuple(cfg.get("latents_std") or ()))
+
+
+def vae_config_to_diffusers(config) -> dict:
+    """`VAEConfig` -> `AutoencoderKLWan(**kwargs)` constructor arguments."""
+    p = config.patch_size
+    return dict(base_dim=config.dim, decoder_base_dim=config.dec_dim, z_dim=config.z_dim,
+                dim_mult=list(config.dim_mult), num_res_blocks=config.num_res_blocks,
+                attn_scales=list(config.attn_scales), temperal_downsample=list(config.temperal_downsample),
+                dropout=config.dropout, is_residual=config.is_residual,
+                in_channels=3 * p * p, out_channels=3 * p * p, patch_size=p if p > 1 else None,
+                latents_mean=list(config.mean) or [0.0] * config.z_dim,
+                latents_std=list(config.std) or [1.0] * config.z_dim,
+                scale_factor_temporal=config.temporal_compression, scale_factor_spatial=config.spatial_compression)

@@ -95,6 +95,72 @@ def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model."
 
 # ---------------------------------------------------------------- VAE (issue 3)
 
+def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
+    """A `CausalVideoVAE` from
+      `preset:NAME`                 seeded random init (`seed`) of `VAE_PRESETS[NAME]` (tiny, wan2.1, wan2.2);
+      a diffusers folder            `vae/` (or a pipeline folder holding one): config.json + safetensors;
+      an original Wan file          `Wan2.1_VAE.pth` / `Wan2.2_VAE.pth` (read with weights_only=True);
+      a `.safetensors` file         original or diffusers key names, the layout detected from the names.
+    The config comes from `config`, else the folder's config.json, else the VAE preset whose
+    parameter shapes equal the file's (latent mean / std come from that preset). dtype None keeps
+    the stored dtype (which must then be uniform). A mismatch raises `WeightsError` listing the
+    first missing / unexpected / wrong-shape keys.
+    """
+    from video_dit.models.convert import vae_config_from_diffusers, vae_from_diffusers, vae_key_layout
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+
+    src = str(source)
+    if src.startswith("preset:"):
+        name = src[len("preset:"):]
+        if config is None and name not in VAE_PRESETS:
+            raise WeightsError(f"{src}: unknown VAE preset {name!r}; valid: {', '.join(VAE_PRESETS)}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            with torch.device(device or "cpu"):
+                model = CausalVideoVAE(config or VAE_PRESETS[name])
+        return model.to(dtype=dtype) if dtype is not None else model
+
+    path = Path(src)
+    if path.is_dir() and (path / "vae").is_dir():
+        path = path / "vae"
+    sd = read_state_dict(path)
+    try:
+        layout = vae_key_layout(sd)
+    except ValueError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+    if layout == "diffusers":
+        sd = vae_from_diffusers(sd)
+    if config is None and path.is_dir() and (path / "config.json").is_file():
+        try:
+            config = vae_config_from_diffusers(json.loads((path / "config.json").read_text()))
+        except (ValueError, TypeError) as exc:
+            raise WeightsError(f"{path / 'config.json'}: {exc}") from exc
+    if config is None:
+        shapes = {k: tuple(v.shape) for k, v in sd.items()}
+        for candidate in VAE_PRESETS.values():
+            with torch.device("meta"):
+                expected = {k: tuple(v.shape) for k, v in CausalVideoVAE(candidate).state_dict().items()}
+            if expected == shapes:
+                config = candidate
+                break
+        else:
+            raise WeightsError(f"{path}: the weights' shapes match no VAE preset ({', '.join(VAE_PRESETS)}); "
+                               "pass config=VAEConfig(...)")
+
+    if dtype is None:
+        dtypes = {v.dtype for v in sd.values()}
+        if len(dtypes) > 1:
+            raise WeightsError(f"{path}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
+        dtype = dtypes.pop()
+    with torch.device("meta"):
+        model = CausalVideoVAE(config)
+    check_state_dict(model, sd, f"{path} ({layout} layout)")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, assign=True)
+    model.reset_latent_stats(device)  # non-persistent buffers, still on meta after assign
+    return model
+
+
 # ---------------------------------------------------------------- text encoder (issue 4)
 
 TEXT_ENCODER_DOWNLOAD = (

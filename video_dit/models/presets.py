@@ -23,10 +23,22 @@ VAE_PRESETS: dict[str, VAEConfig] = {
                       mean=(0.0,) * 16, std=(1.0,) * 16),
     "wan2.1": VAEConfig(dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
                         mean=WAN21_MEAN, std=WAN21_STD),
-    # 16x spatial (2x2 patchify + 8x), 48 channels, residual up/down blocks.
-    # TODO(issue 3): the VAE owner fills the exact Wan 2.2 48-channel mean/std here.
-    "wan2.2": VAEConfig(dim=160, dec_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2,
-                        is_residual=True, patch_size=2, mean=(0.0,) * 48, std=(1.0,) * 48),
+    # 16x spatial (2x2 patchify + 8x), 48 channels, residual up/down blocks. Latent statistics
+    # from the Wan 2.2 release (`Wan2_2_VAE` in wan/modules/vae2_2.py; diffusers' TI2V-5B vae config).
+    "wan2.2": VAEConfig(
+        dim=160, dec_dim=256, z_dim=48, dim_mult=(1, 2, 4, 4), num_res_blocks=2, is_residual=True, patch_size=2,
+        mean=(-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+              -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+              -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+              -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+              -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+              0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667),
+        std=(0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+             0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+             0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+             0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+             0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+             0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744)),
 }
 
 UMT5_XXL = TextEncoderConfig()

@@ -1,8 +1,37 @@
-"""The causal video VAE (Wan 2.1 / 2.2). Network body: see issue 3 (being written)."""
+"""The causal video VAE (Wan 2.1 / Wan 2.2), weight-compatible with the original checkpoints.
+
+Dataflow (Wan 2.1 sizes: dim 96, z 16, 8x space, 4x time; Wan 2.2: 2x2 patchify first, z 48, 16x space)
+
+    video (B, 3, F, H, W) in [-1, 1], F = 4k + 1
+      -> patchify p x p                        (B, 3p^2, F, H/p, W/p)          Wan 2.2 only
+      -> chunks of 1, 4, 4, ... frames, each through the encoder with one CausalCache:
+         conv1 -> downsamples (res blocks, 2x space / 2x time) -> middle (res, attn, res) -> head
+                                               (B, 2z, 1 per chunk, h, w)
+      -> conv1 (1x1)                           (B, 2z, F', h, w)  F' = (F - 1) // 4 + 1
+      -> posterior: mean, logvar               (B, z, F', h, w)
+    z (B, z, F', h, w)
+      -> conv2 (1x1) -> latent frames one at a time through the decoder with one CausalCache:
+         conv1 -> middle -> upsamples (res blocks, 2x space / 2x time) -> head
+                                               (B, 3p^2, 1 then 4 per latent frame, H/p, W/p)
+      -> unpatchify, clamp                     (B, 3, F, H, W) in [-1, 1]
+
+Causality is a property of one layer: `CausalConv3d` sees only past frames, which come either
+from zero padding (the clip start) or from the `CausalCache` (the previous chunk). Every module
+takes `(x, cache)`; the cache is the only state carried between chunks. Parameter names are the
+original Wan checkpoint names (`encoder.downsamples.0.residual.2.weight`, `conv1`, `conv2`, ...).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ---------------------------------------------------------------- configuration
 
 
 @dataclass
@@ -23,3 +52,664 @@ class VAEConfig:
     # Per-channel latent statistics: the DiT sees (z - mean) / std.
     mean: tuple[float, ...] = field(default_factory=tuple)
     std: tuple[float, ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        for name in ("dim_mult", "attn_scales", "temperal_downsample", "mean", "std"):
+            setattr(self, name, tuple(getattr(self, name)))
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ValueError(f"VAEConfig.temperal_downsample has {len(self.temperal_downsample)} entries; "
+                             f"expected len(dim_mult) - 1 = {len(self.dim_mult) - 1}")
+        for name in ("mean", "std"):
+            if getattr(self, name) and len(getattr(self, name)) != self.z_dim:
+                raise ValueError(f"VAEConfig.{name} has {len(getattr(self, name))} entries; "
+                                 f"expected z_dim = {self.z_dim} (or none)")
+        if self.std and min(self.std) <= 0:
+            raise ValueError(f"VAEConfig.std must be positive, got min {min(self.std)}")
+        if self.patch_size not in (1, 2, 4):
+            raise ValueError(f"VAEConfig.patch_size={self.patch_size}; accepted: 1, 2, 4")
+        if self.is_residual and self.attn_scales:
+            raise ValueError("VAEConfig.attn_scales must be empty when is_residual=True "
+                             "(the Wan 2.2 layout has attention only in the middle blocks)")
+
+    @property
+    def decoder_dim(self) -> int:
+        return self.dim if self.dec_dim is None else self.dec_dim
+
+    @property
+    def spatial_compression(self) -> int:
+        """Pixels per latent cell along H and W: 8 (Wan 2.1) or 16 (Wan 2.2, 2x2 patchify)."""
+        return 2 ** (len(self.dim_mult) - 1) * self.patch_size
+
+    @property
+    def temporal_compression(self) -> int:
+        """Pixel frames per latent frame after the first: 4 for both Wan VAEs."""
+        return 2 ** sum(bool(t) for t in self.temperal_downsample)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "VAEConfig":
+        """Build from a dict of constructor names; an unknown key is an error naming the nearest one."""
+        names = [f.name for f in fields(cls)]
+        for key in d:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown VAEConfig key {key!r}{hint}; valid keys: {', '.join(names)}")
+        return cls(**d)
+
+
+# ---------------------------------------------------------------- the chunk cache
+
+
+class CausalCache:
+    """The past frames each causal layer needs from earlier chunks, for ONE encode or decode pass.
+
+    A layer asks `with_past(layer, x, n)` for its input with the `n` frames that precede `x`
+    prepended: zeros before the first chunk (the causal zero padding), the tail of the previous
+    chunk afterwards. Without autograd the frames live in one buffer per layer, `(B, C, n + T, H,
+    W)`, allocated once (grown once, when the chunk length goes from 1 to 4) and reused: the new
+    chunk is copied in behind the kept frames, no per-chunk concatenation or padding copies.
+    With autograd on, it concatenates instead (in-place reuse would break the backward pass).
+    """
+
+    def __init__(self, memory_format: torch.memory_format = torch.contiguous_format):
+        self.memory_format = memory_format
+        self._slots: dict[int, tuple[torch.Tensor, int]] = {}  # id(layer) -> (buffer, frames of last chunk)
+        self._seen: set[int] = set()
+
+    def first_visit(self, layer: nn.Module) -> bool:
+        """True the first time `layer` asks (its first chunk holds the clip's first frame)."""
+        key = id(layer)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def with_past(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        """`[n past frames | x]` along time, (B, C, n + T, H, W); remembers the last n for next time."""
+        key, (B, C, T, H, W) = id(layer), x.shape
+        slot = self._slots.get(key)
+        if torch.is_grad_enabled():
+            past = x.new_zeros(B, C, n, H, W) if slot is None else slot[0]
+            out = torch.cat([past, x], 2)
+            self._slots[key] = (out[:, :, -n:], 0)
+            return out
+        if slot is None:
+            buf = torch.empty(B, C, n + T, H, W, dtype=x.dtype, device=x.device,
+                              memory_format=self.memory_format).zero_()
+        else:
+            buf, last = slot
+            if buf.shape[1] != C or buf.shape[3:] != (H, W) or buf.shape[0] != B:
+                raise ValueError(f"CausalCache: chunk of shape {tuple(x.shape)} does not continue "
+                                 f"the stream of shape {tuple(buf.shape)} for {type(layer).__name__}")
+            for i in range(n):  # keep the last n frames; frame by frame, so overlapping moves are safe
+                buf[:, :, i].copy_(buf[:, :, last + i])
+            if buf.shape[2] < n + T:  # grows once per stream (first chunk 1 frame, then 4)
+                grown = torch.empty(B, C, n + T, H, W, dtype=x.dtype, device=x.device,
+                                    memory_format=self.memory_format)
+                grown[:, :, :n].copy_(buf[:, :, :n])
+                buf = grown
+        buf[:, :, n:n + T].copy_(x)
+        self._slots[key] = (buf, T)
+        return buf[:, :, :n + T]
+
+
+def _inplace() -> bool:
+    """In-place activations are safe only when no backward pass needs the overwritten input."""
+    return not torch.is_grad_enabled()
+
+
+# ---------------------------------------------------------------- layers
+
+
+class CausalConv3d(nn.Conv3d):
+    """Conv3d whose time padding is all on the past side: output frame t sees input frames <= t.
+
+    `padding=(p, ph, pw)` means `2p` past frames in time (zeros at the clip start, cached frames
+    of the previous chunk later) and symmetric zero padding `ph, pw` in space, done by the conv.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, kernel_size, stride=1, padding=0):
+        super().__init__(in_dim, out_dim, kernel_size, stride=stride, padding=padding)
+        self.past = 2 * self.padding[0]
+        self.padding = (0, self.padding[1], self.padding[2])
+
+    def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        """x (B, C, T, H, W) -> (B, C', T', H', W'); T' = T for the stride-1 convs."""
+        if self.past:
+            x = (cache.with_past(self, x, self.past) if cache is not None
+                 else F.pad(x, (0, 0, 0, 0, self.past, 0)))  # (B, C, past + T, H, W)
+        return super().forward(x)
+
+
+class RMS_norm(nn.Module):
+    """x / ||x||_channels * sqrt(C) * gamma (Wan's RMS norm over the channel dim); fp32 math for
+    half-precision inputs, since the channel sum of squares overflows fp16 and loses bits in bf16."""
+
+    def __init__(self, dim: int, images: bool = True):
+        super().__init__()
+        self.scale = dim ** 0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
+
+    def forward(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+        """x (B, C, ...) -> same shape; `silu=True` fuses the following SiLU (in place when safe)."""
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(1e-12)  # (B, 1, ...); not in place: backward needs the norm
+        gain = (self.gamma * self.scale).view(-1, *(1,) * (x.ndim - 2))  # (C, 1, ...)
+        if _inplace():
+            y = torch.div(xf, norm).mul_(gain)
+            y = F.silu(y, inplace=True) if silu else y
+        else:
+            y = xf / norm * gain
+            y = F.silu(y) if silu else y
+        return y.to(x.dtype)
+
+
+class ResidualBlock(nn.Module):
+    """norm -> SiLU -> causal conv -> norm -> SiLU -> dropout -> causal conv, plus a 1x1 shortcut."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float = 0.0):
+        super().__init__()
+        # Sequential only to keep the checkpoint names (residual.0/2/3/6); forward below.
+        self.residual = nn.Sequential(
+            RMS_norm(in_dim, images=False), nn.SiLU(), CausalConv3d(in_dim, out_dim, 3, padding=1),
+            RMS_norm(out_dim, images=False), nn.SiLU(), nn.Dropout(dropout),
+            CausalConv3d(out_dim, out_dim, 3, padding=1))
+        self.shortcut = CausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """x (B, C_in, T, H, W) -> (B, C_out, T, H, W)."""
+        norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
+        h = self.shortcut(x)
+        y = conv1(norm1(x, silu=True), cache)
+        y = conv2(dropout(norm2(y, silu=True)), cache)
+        return y.add_(h) if _inplace() else y + h
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the H x W positions of each frame (no mixing in time)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.norm = RMS_norm(dim)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
+        """x (B, C, T, H, W) -> same shape."""
+        B, C, T, H, W = x.shape
+        t = self.norm(x).permute(0, 2, 3, 4, 1).reshape(B * T, H * W, C)  # (BT, HW, C)
+        q, k, v = F.linear(t, self.to_qkv.weight.view(3 * C, C), self.to_qkv.bias).chunk(3, dim=-1)
+        t = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+        t = F.linear(t, self.proj.weight.view(C, C), self.proj.bias)  # (BT, HW, C)
+        t = t.view(B, T, H, W, C).permute(0, 4, 1, 2, 3)  # (B, C, T, H, W), channels-last strides
+        return t.add_(x) if _inplace() else t + x
+
+
+def _frame_conv(conv: nn.Conv2d, x: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
+    """A 2D conv applied to every frame, as a (1, k, k) Conv3d (no (B T) reshape copies)."""
+    return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, stride=(1, stride, stride),
+                    padding=(0, padding, padding))
+
+
+class Resample(nn.Module):
+    """2x spatial up/down sampling per frame, optionally with 2x temporal up/down sampling.
+
+    Time, causally: `downsample3d` keeps frame 0 and maps frames (2j-2, 2j-1, 2j) to frame j;
+    `upsample3d` keeps frame 0 and turns each later frame into two (a causal conv to 2C channels,
+    then channel halves interleaved in time). So F = 1 + 4k pixel frames <-> 1 + k latent frames.
+    """
+
+    MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+
+    def __init__(self, dim: int, mode: str, out_dim: int | None = None):
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"Resample mode {mode!r}; accepted: {', '.join(self.MODES)}")
+        self.mode = mode
+        if mode.startswith("up"):
+            # Index 0 was Wan's nearest-exact 2x Upsample (no weights); done in forward.
+            self.resample = nn.Sequential(nn.Identity(), nn.Conv2d(dim, out_dim or dim, 3, padding=1))
+            if mode == "upsample3d":
+                self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        else:
+            # Index 0 was Wan's ZeroPad2d((0, 1, 0, 1)); done in forward.
+            self.resample = nn.Sequential(nn.Identity(), nn.Conv2d(dim, dim, 3, stride=2))
+            if mode == "downsample3d":
+                self.time_conv = CausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """up: (B, C, T, H, W) -> (B, C', T or 1 + 2(T-1) on the first chunk / 2T after, 2H, 2W);
+        down: (B, C, T, H, W) -> (B, C, T or 1 + (T-1)/2 / T/2, H/2, W/2)."""
+        if self.mode == "upsample3d":
+            x = self._time_up(x, cache)
+        if self.mode.startswith("up"):
+            # nearest 2x (equal to Wan's nearest-exact at integer scale) then 3x3 conv
+            x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, C, T, 2H, 2W)
+            return _frame_conv(self.resample[1], x, padding=1)
+        x = _frame_conv(self.resample[1], F.pad(x, (0, 1, 0, 1)), stride=2)  # (B, C, T, H/2, W/2)
+        if self.mode == "downsample3d":
+            first = cache.first_visit(self)
+            xin = cache.with_past(self, x, 1)  # (B, C, 1 + T, h, w): last frame of the previous chunk
+            if not first:
+                return self.time_conv(xin)  # (B, C, T/2, h, w)
+            if x.shape[2] == 1:
+                return x
+            return torch.cat([x[:, :, :1], self.time_conv(x)], 2)  # (B, C, 1 + (T-1)/2, h, w)
+        return x
+
+    def _time_up(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        first = cache.first_visit(self)
+        rest = x[:, :, 1:] if first else x  # the clip's first frame is not doubled
+        B, C, T, H, W = rest.shape
+        head = 1 if first else 0
+        out = torch.empty(B, C, head + 2 * T, H, W, dtype=x.dtype, device=x.device,
+                          memory_format=cache.memory_format)
+        if first:
+            out[:, :, :1].copy_(x[:, :, :1])
+        if T:
+            y = self.time_conv(rest, cache)  # (B, 2C, T, H, W)
+            out[:, :, head::2].copy_(y[:, :C])
+            out[:, :, head + 1::2].copy_(y[:, C:])
+        return out
+
+
+def _avg_down(x: torch.Tensor, out_dim: int, ft: int, fs: int) -> torch.Tensor:
+    """Parameter-free shortcut: fold ft x fs x fs neighbours into channels, average channel groups.
+    (B, C, T, H, W) -> (B, out_dim, ceil(T / ft), H / fs, W / fs); T is zero-padded at the front."""
+    x = F.pad(x, (0, 0, 0, 0, (-x.shape[2]) % ft, 0))
+    B, C, T, H, W = x.shape
+    x = x.view(B, C, T // ft, ft, H // fs, fs, W // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    x = x.reshape(B, out_dim, C * ft * fs * fs // out_dim, T // ft, H // fs, W // fs)
+    return x.mean(dim=2)
+
+
+def _dup_up(x: torch.Tensor, out_dim: int, ft: int, fs: int, first: bool) -> torch.Tensor:
+    """Parameter-free shortcut, the inverse layout of `_avg_down`: repeat channels, unfold them into
+    ft x fs x fs neighbours. (B, C, T, H, W) -> (B, out_dim, ft T (- ft + 1 if first), fs H, fs W)."""
+    B, C, T, H, W = x.shape
+    x = x.repeat_interleave(out_dim * ft * fs * fs // C, dim=1)
+    x = x.view(B, out_dim, ft, fs, fs, T, H, W).permute(0, 1, 5, 2, 6, 3, 7, 4)
+    x = x.reshape(B, out_dim, T * ft, H * fs, W * fs)
+    return x[:, :, ft - 1:] if first else x
+
+
+class Down_ResidualBlock(nn.Module):
+    """Wan 2.2: res blocks + Resample, plus a parameter-free space/time-to-channel average shortcut."""
+
+    def __init__(self, in_dim, out_dim, dropout, mult, temperal_downsample=False, down_flag=False):
+        super().__init__()
+        self.out_dim = out_dim
+        self.ft, self.fs = (2 if temperal_downsample else 1), (2 if down_flag else 1)
+        blocks = [ResidualBlock(in_dim if i == 0 else out_dim, out_dim, dropout) for i in range(mult)]
+        if down_flag:
+            blocks.append(Resample(out_dim, "downsample3d" if temperal_downsample else "downsample2d"))
+        self.downsamples = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """x (B, C, T, H, W) -> (B, C', T / ft, H / fs, W / fs) (first chunk: 1 frame stays 1)."""
+        shortcut = _avg_down(x, self.out_dim, self.ft, self.fs)
+        for block in self.downsamples:
+            x = block(x, cache)
+        return x.add_(shortcut) if _inplace() else x + shortcut
+
+
+class Up_ResidualBlock(nn.Module):
+    """Wan 2.2: res blocks + Resample, plus a parameter-free channel-to-space/time duplicate shortcut."""
+
+    def __init__(self, in_dim, out_dim, dropout, mult, temperal_upsample=False, up_flag=False):
+        super().__init__()
+        self.out_dim, self.up = out_dim, up_flag
+        self.ft = 2 if temperal_upsample else 1
+        blocks = [ResidualBlock(in_dim if i == 0 else out_dim, out_dim, dropout) for i in range(mult)]
+        if up_flag:
+            blocks.append(Resample(out_dim, "upsample3d" if temperal_upsample else "upsample2d", out_dim))
+        self.upsamples = nn.Sequential(*blocks)
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """x (B, C, T, H, W) -> (B, C', T * ft (first chunk: 1 + ft (T - 1)), 2H, 2W) or same size."""
+        first = cache.first_visit(self)
+        shortcut = _dup_up(x, self.out_dim, self.ft, 2, first) if self.up else None
+        for block in self.upsamples:
+            x = block(x, cache)
+        if shortcut is None:
+            return x
+        return x.add_(shortcut) if _inplace() else x + shortcut
+
+
+# ---------------------------------------------------------------- encoder / decoder
+
+
+class Encoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        dims = [cfg.dim * u for u in (1, *cfg.dim_mult)]
+        self.conv1 = CausalConv3d(3 * cfg.patch_size ** 2, dims[0], 3, padding=1)
+        blocks, scale, last = [], 1.0, len(cfg.dim_mult) - 1
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            if cfg.is_residual:  # Wan 2.2: one residual down block per level
+                blocks.append(Down_ResidualBlock(in_dim, out_dim, cfg.dropout, cfg.num_res_blocks,
+                                                 temperal_downsample=i != last and cfg.temperal_downsample[i],
+                                                 down_flag=i != last))
+                continue
+            for _ in range(cfg.num_res_blocks):  # Wan 2.1: a flat list
+                blocks.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i != last:
+                blocks.append(Resample(out_dim, "downsample3d" if cfg.temperal_downsample[i] else "downsample2d"))
+                scale /= 2.0
+        self.downsamples = nn.Sequential(*blocks)
+        self.middle = nn.Sequential(ResidualBlock(dims[-1], dims[-1], cfg.dropout), AttentionBlock(dims[-1]),
+                                    ResidualBlock(dims[-1], dims[-1], cfg.dropout))
+        self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(),
+                                  CausalConv3d(dims[-1], cfg.z_dim * 2, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """x (B, 3p^2, T, H/p, W/p), T = 1 or 4 per chunk -> (B, 2z, 1, h, w) per chunk (whole clip: F')."""
+        x = self.conv1(x, cache)
+        for block in (*self.downsamples, *self.middle):
+            x = block(x, cache)
+        return self.head[2](self.head[0](x, silu=True), cache)
+
+
+class Decoder3d(nn.Module):
+    def __init__(self, cfg: VAEConfig):
+        super().__init__()
+        dim, mult = cfg.decoder_dim, cfg.dim_mult
+        dims = [dim * u for u in (mult[-1], *mult[::-1])]
+        temperal_upsample = cfg.temperal_downsample[::-1]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3, padding=1)
+        self.middle = nn.Sequential(ResidualBlock(dims[0], dims[0], cfg.dropout), AttentionBlock(dims[0]),
+                                    ResidualBlock(dims[0], dims[0], cfg.dropout))
+        blocks, scale, last = [], 1.0 / 2 ** (len(mult) - 2), len(mult) - 1
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            up_mode = None if i == last else ("upsample3d" if temperal_upsample[i] else "upsample2d")
+            if cfg.is_residual:  # Wan 2.2: one residual up block per level
+                blocks.append(Up_ResidualBlock(in_dim, out_dim, cfg.dropout, cfg.num_res_blocks + 1,
+                                               temperal_upsample=up_mode == "upsample3d",
+                                               up_flag=up_mode is not None))
+                continue
+            if i > 0:  # Wan 2.1: the previous Resample halved the channels
+                in_dim //= 2
+            for _ in range(cfg.num_res_blocks + 1):
+                blocks.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    blocks.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if up_mode is not None:
+                blocks.append(Resample(out_dim, up_mode, out_dim // 2))
+                scale *= 2.0
+        self.upsamples = nn.Sequential(*blocks)
+        self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(),
+                                  CausalConv3d(dims[-1], 3 * cfg.patch_size ** 2, 3, padding=1))
+
+    def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        """x (B, z, T', h, w) -> (B, 3p^2, 1 + 4 (T' - 1) on the first chunk / 4 T' after, H/p, W/p)."""
+        x = self.conv1(x, cache)
+        for block in (*self.middle, *self.upsamples):
+            x = block(x, cache)
+        return self.head[2](self.head[0](x, silu=True), cache)
+
+
+# ---------------------------------------------------------------- posterior
+
+
+class DiagonalGaussian:
+    """The encoder's posterior: per-element mean and log-variance, (B, z, F', h, w) each."""
+
+    def __init__(self, mean: torch.Tensor, logvar: torch.Tensor):
+        self.mean = mean
+        self.logvar = logvar.clamp(-30.0, 20.0)
+
+    @property
+    def std(self) -> torch.Tensor:
+        return torch.exp(0.5 * self.logvar)
+
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype,
+                            device=self.mean.device if generator is None else generator.device)
+        return self.mean + self.std * noise.to(self.mean.device)
+
+    def kl(self) -> torch.Tensor:
+        """KL(q || N(0, 1)) summed over all but the batch dim: (B,)."""
+        return 0.5 * (self.mean.pow(2) + self.logvar.exp() - 1.0 - self.logvar).flatten(1).sum(1)
+
+
+# ---------------------------------------------------------------- the VAE
+
+
+def _patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C, F, H, W) -> (B, C p p, F, H/p, W/p), channel order (c, r, q) as in Wan 2.2."""
+    if p == 1:
+        return x
+    B, C, T, H, W = x.shape
+    x = x.view(B, C, T, H // p, p, W // p, p).permute(0, 1, 6, 4, 2, 3, 5)  # (B, C, r, q, T, h, w)
+    return x.reshape(B, C * p * p, T, H // p, W // p)
+
+
+class CausalVideoVAE(nn.Module):
+    """Wan 2.1 / 2.2 causal video VAE. `encode(video)` -> posterior, `decode(z)` -> video.
+
+    Both process the clip in the causal chunks the model was trained with (encode: 1 frame, then
+    4 at a time; decode: 1 latent frame at a time), so peak memory is set by the chunk, not the
+    clip length. `enable_tiling` adds spatial tiling with linear overlap blending.
+    """
+
+    def __init__(self, config: VAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder3d(config)
+        self.conv1 = CausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)  # diffusers: quant_conv
+        self.conv2 = CausalConv3d(config.z_dim, config.z_dim, 1)  # diffusers: post_quant_conv
+        self.decoder = Decoder3d(config)
+        # Latent statistics: buffers so they follow .to(device), not saved (checkpoint keys stay Wan's).
+        self.reset_latent_stats()
+        self.channels_last = False
+        self.tile_size: int | None = None  # pixels; None = no tiling
+        self.tile_overlap = 0
+        self.initialize_weights()
+
+    def reset_latent_stats(self, device=None) -> None:
+        """(Re)create the latent mean / std buffers from the config: non-persistent, so the state
+        dict keys stay the checkpoint's, and they follow `.to(device)`."""
+        cfg = self.config
+        stats = (cfg.mean, cfg.std) if cfg.mean else ((0.0,) * cfg.z_dim, (1.0,) * cfg.z_dim)
+        for name, values in zip(("latent_mean", "latent_std"), stats):
+            self.register_buffer(name, torch.tensor(values, device=device).view(1, -1, 1, 1, 1), persistent=False)
+
+    def initialize_weights(self) -> None:
+        """Wan's init: PyTorch's default (Kaiming-uniform) for every conv, RMS gammas at one, and
+        each attention block's output projection weight zeroed (attention starts as identity + bias)."""
+        for m in self.modules():
+            if isinstance(m, AttentionBlock):
+                nn.init.zeros_(m.proj.weight)
+
+    # -------------------------------------------------------- shapes
+
+    def latent_shape(self, video_shape) -> tuple[int, ...]:
+        B, _, T, H, W = video_shape
+        s, t = self.config.spatial_compression, self.config.temporal_compression
+        return (B, self.config.z_dim, (T - 1) // t + 1, H // s, W // s)
+
+    def _check_video(self, video: torch.Tensor) -> None:
+        t, s = self.config.temporal_compression, self.config.spatial_compression
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise ValueError(f"VAE.encode expects video (B, 3, F, H, W), got {tuple(video.shape)}")
+        T, H, W = video.shape[2:]
+        if (T - 1) % t:
+            raise ValueError(f"VAE.encode: F={T} frames; F must be {t}k + 1 "
+                             f"(accepted: 1, {1 + t}, {1 + 2 * t}, {1 + 3 * t}, ...; nearest: "
+                             f"{(T - 1) // t * t + 1} or {((T - 1) // t + 1) * t + 1})")
+        if H % s or W % s:
+            raise ValueError(f"VAE.encode: H x W = {H} x {W}; both must be multiples of {s}")
+
+    def _memory_format(self) -> torch.memory_format:
+        return torch.channels_last_3d if self.channels_last else torch.contiguous_format
+
+    # -------------------------------------------------------- encode / decode
+
+    def encode(self, video: torch.Tensor, chunked: bool = True) -> DiagonalGaussian:
+        """video (B, 3, F, H, W) in [-1, 1], F = 4k + 1 -> posterior with mean/logvar (B, z, F', h, w),
+        F' = (F - 1) // 4 + 1, h, w = H / 8, W / 8 (Wan 2.2: / 16). `chunked=False` runs the whole
+        clip at once (same result, memory grows with F)."""
+        self._check_video(video)
+        s = self.config.spatial_compression
+        if self._use_tiles(video.shape[-2] // s, video.shape[-1] // s):
+            B, _, T, h, w = self.latent_shape(video.shape)
+            h = self._tiled(lambda v: self._encode(v, chunked), video, (B, 2 * self.config.z_dim, T, h, w),
+                            cell_in=s, cell_out=1)
+        else:
+            h = self._encode(video, chunked)
+        mean, logvar = self.conv1(h).chunk(2, dim=1)  # (B, z, F', h, w) each
+        return DiagonalGaussian(mean, logvar)
+
+    def _encode(self, video: torch.Tensor, chunked: bool) -> torch.Tensor:
+        """(B, 3, F, H, W) -> encoder output before conv1, (B, 2z, F', h, w)."""
+        x = _patchify(video, self.config.patch_size)  # (B, 3p^2, F, H/p, W/p)
+        t, T = self.config.temporal_compression, x.shape[2]
+        bounds = [0, 1, *range(1 + t, T + 1, t)] if chunked else [0, T]
+        chunks = [x[:, :, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        cache = CausalCache(self._memory_format())
+        if torch.is_grad_enabled():  # training: keep the autograd graph, concatenate once
+            return torch.cat([self.encoder(c, cache) for c in chunks], 2)
+        out, frame = None, 0
+        for c in chunks:
+            y = self.encoder(c, cache)  # (B, 2z, 1, h, w) per chunk
+            if out is None:  # allocated once; every chunk writes its latent frame in place
+                out = y.new_empty(*y.shape[:2], (T - 1) // t + 1, *y.shape[3:])
+            out[:, :, frame:frame + y.shape[2]] = y
+            frame += y.shape[2]
+        return out
+
+    def decode(self, z: torch.Tensor, chunked: bool = True, clamp: bool = True) -> torch.Tensor:
+        """z (B, z, F', h, w) (VAE latents: `denormalize` DiT latents first) -> video (B, 3, F, H, W),
+        F = 4 (F' - 1) + 1, in [-1, 1] unless `clamp=False` (VAE training: the clamp has no
+        gradient outside the range). `chunked=False` decodes all latent frames at once."""
+        if z.ndim != 5 or z.shape[1] != self.config.z_dim:
+            raise ValueError(f"VAE.decode expects latents (B, {self.config.z_dim}, F', h, w), "
+                             f"got {tuple(z.shape)}")
+        x = self.conv2(z)
+        if not self._use_tiles(*z.shape[-2:]):
+            return self._decode(x, chunked, clamp)
+        s = self.config.spatial_compression
+        B, _, T, h, w = z.shape
+        out_shape = (B, 3, (T - 1) * self.config.temporal_compression + 1, h * s, w * s)
+        return self._tiled(lambda v: self._decode(v, chunked, clamp), x, out_shape, cell_in=1, cell_out=s)
+
+    def _decode(self, x: torch.Tensor, chunked: bool, clamp: bool) -> torch.Tensor:
+        """(B, z, F', h, w) after conv2 -> video (B, 3, F, H, W)."""
+        cfg, (B, _, T, h, w) = self.config, x.shape
+        p, s, t = cfg.patch_size, cfg.spatial_compression, cfg.temporal_compression
+        chunks = [x[:, :, i:i + 1] for i in range(T)] if chunked else [x]
+        cache = CausalCache(self._memory_format())
+        if torch.is_grad_enabled():  # training: keep the autograd graph, concatenate once
+            y = _unpatchify(torch.cat([self.decoder(c, cache) for c in chunks], 2), p)
+            return y.clamp(-1.0, 1.0) if clamp else y
+        out = torch.empty(B, 3, (T - 1) * t + 1, h * s, w * s, dtype=x.dtype, device=x.device)
+        # Chunks are written straight into `out`; for p > 1 through a (B, 3, r, q, F, H/p, W/p) view
+        # of it, which is the unpatchify, so there is no separate whole-clip copy.
+        dst = out if p == 1 else out.view(B, 3, -1, h * s // p, p, w * s // p, p).permute(0, 1, 6, 4, 2, 3, 5)
+        frame = 0
+        for c in chunks:
+            y = self.decoder(c, cache)  # (B, 3p^2, 1 then 4, H/p, W/p)
+            if clamp:
+                y.clamp_(-1.0, 1.0)
+            n = y.shape[2]
+            if p == 1:
+                dst[:, :, frame:frame + n] = y
+            else:
+                dst[:, :, :, :, frame:frame + n] = y.view(B, 3, p, p, *y.shape[2:])
+            frame += n
+        return out
+
+    def forward(self, video: torch.Tensor, generator: torch.Generator | None = None, sample: bool = False):
+        """Reconstruction: (video (B, 3, F, H, W), posterior) -> (recon (B, 3, F, H, W), posterior)."""
+        posterior = self.encode(video)
+        z = posterior.sample(generator) if sample else posterior.mode()
+        return self.decode(z), posterior
+
+    # -------------------------------------------------------- latent statistics
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """VAE latents -> DiT latents: (z - mean) / std per channel. (B, z, F', h, w)."""
+        self._check_stats()
+        return (z - self.latent_mean.to(z.dtype)) / self.latent_std.to(z.dtype)
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor:
+        """DiT latents -> VAE latents: z * std + mean per channel. (B, z, F', h, w)."""
+        self._check_stats()
+        return z * self.latent_std.to(z.dtype) + self.latent_mean.to(z.dtype)
+
+    def _check_stats(self) -> None:
+        if not self.config.mean or not self.config.std:
+            raise ValueError("VAEConfig.mean / std are empty: this VAE has no latent statistics; "
+                             "set them (one per latent channel, z_dim values) in the preset")
+
+    # -------------------------------------------------------- spatial tiling
+
+    def enable_tiling(self, tile_size: int = 256, overlap: int = 64) -> None:
+        """Encode / decode frames larger than `tile_size` pixels in overlapping tiles blended with
+        linear ramps over `overlap` pixels. Both must be multiples of the spatial compression."""
+        s = self.config.spatial_compression
+        if tile_size % s or overlap % s or not 0 <= overlap < tile_size:
+            raise ValueError(f"enable_tiling(tile_size={tile_size}, overlap={overlap}): both must be "
+                             f"multiples of {s} with 0 <= overlap < tile_size")
+        self.tile_size, self.tile_overlap = tile_size, overlap
+
+    def disable_tiling(self) -> None:
+        self.tile_size = None
+
+    def _use_tiles(self, h: int, w: int) -> bool:
+        """Whether a latent grid of h x w cells is larger than one tile."""
+        return self.tile_size is not None and max(h, w) > self.tile_size // self.config.spatial_compression
+
+    def _tiled(self, fn, x: torch.Tensor, out_shape, cell_in: int, cell_out: int) -> torch.Tensor:
+        """Run `fn` on overlapping spatial tiles of x and blend: out = sum(w_i y_i) / sum(w_i), w_i a
+        linear ramp over the overlap on every side that touches another tile. Tiles are laid out on
+        the latent grid; one latent cell is `cell_in` units of x and `cell_out` units of the output."""
+        s = self.config.spatial_compression
+        tile, ov = self.tile_size // s, self.tile_overlap // s  # latent cells
+        H, W = x.shape[-2] // cell_in, x.shape[-1] // cell_in
+        out = x.new_zeros(out_shape)
+        weight = x.new_zeros(out_shape[-2:])
+        o = ov * cell_out
+        for i0, i1 in _spans(H, tile, ov):
+            for j0, j1 in _spans(W, tile, ov):
+                y = fn(x[..., i0 * cell_in:i1 * cell_in, j0 * cell_in:j1 * cell_in])
+                ramp = (_ramp(y.shape[-2], o if i0 else 0, o if i1 < H else 0, y)[:, None]
+                        * _ramp(y.shape[-1], o if j0 else 0, o if j1 < W else 0, y)[None, :])
+                out[..., i0 * cell_out:i1 * cell_out, j0 * cell_out:j1 * cell_out].addcmul_(y, ramp)
+                weight[i0 * cell_out:i1 * cell_out, j0 * cell_out:j1 * cell_out] += ramp
+        return out.div_(weight)
+
+
+def _spans(total: int, tile: int, overlap: int) -> list[tuple[int, int]]:
+    """Tile start/end pairs covering [0, total); consecutive tiles overlap by at least `overlap`."""
+    if total <= tile:
+        return [(0, total)]
+    n = math.ceil((total - overlap) / (tile - overlap))
+    starts = [round(k * (total - tile) / (n - 1)) for k in range(n)]
+    return [(a, a + tile) for a in starts]
+
+
+def _ramp(n: int, left: int, right: int, like: torch.Tensor) -> torch.Tensor:
+    """Weights (n,): rising over `left` samples, falling over `right`, 1 elsewhere; never zero."""
+    w = torch.ones(n, dtype=like.dtype, device=like.device)
+    if left:
+        w[:left] = torch.arange(1, left + 1, dtype=like.dtype, device=like.device) / (left + 1)
+    if right:
+        w[n - right:] = torch.arange(right, 0, -1, dtype=like.dtype, device=like.device) / (right + 1)
+    return w
+
+
+def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """(B, C p p, F, h, w) -> (B, C, F, h p, w p), inverse of `_patchify`."""
+    if p == 1:
+        return x
+    B, Cpp, T, h, w = x.shape
+    x = x.view(B, Cpp // (p * p), p, p, T, h, w).permute(0, 1, 4, 5, 3, 6, 2)  # (B, C, T, h, q, w, r)
+    return x.reshape(B, Cpp // (p * p), T, h * p, w * p)
