@@ -1,8 +1,35 @@
-"""The 3D-latent video DiT (Wan 2.x transformer family). Network body: see issue 2 (being written)."""
+"""The 3D-latent video DiT: the Wan 2.1 / 2.2 transformer, written from the math.
+
+    x (B, in_dim, F', h, w) latents        timestep (B,) or (B, L) on 0..1000     context (B, Lt, text_dim)
+      -> patch_embedding Conv3d (1,2,2)     -> sinusoid(freq_dim) -> time_embedding  -> text_embedding MLP
+      -> tokens (B, L, D), L = F'*h/2*w/2      e (B, T, D), T = 1 or L (fp32)          -> (B, Lt, D)
+         RoPE tables (1, L, 1, Dh/2)        -> time_projection -> e0 (B, T, 6, D)
+      -> num_layers x Block:
+           x += gate1 * self_attn(LN(x) * (1 + scale1) + shift1)   q/k RMSNorm across heads, 3D RoPE
+           x += cross_attn(LN_affine(x), context)                   q/k RMSNorm, no RoPE
+           x += gate2 * ffn(LN(x) * (1 + scale2) + shift2)          Linear -> GELU(tanh) -> Linear
+      -> head: LN(x) * (1 + scale) + shift -> Linear(D, out_dim * 1*2*2)      (B, L, out_dim*4)
+      -> unpatchify                                                             (B, out_dim, F', h, w)
+
+Parameter names are the original Wan checkpoint names, so a LoRA on these modules maps 1:1 to the
+ComfyUI `diffusion_model.` convention. Sequence parallelism plugs in through `VideoDiT.seq_parallel`
+(see `VideoDiT.forward`); this file holds no distributed code.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import difflib
+import math
+import weakref
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from video_dit.models.attention import attention, set_attention_backend
 
 
 @dataclass
@@ -22,3 +49,391 @@ class DiTConfig:
     qk_norm: bool = True
     cross_attn_norm: bool = True
     eps: float = 1e-6
+
+    def __post_init__(self):
+        self.patch_size = tuple(int(p) for p in self.patch_size)
+        if len(self.patch_size) != 3 or min(self.patch_size) < 1:
+            raise ValueError(f"DiTConfig.patch_size must be 3 positive ints (t, h, w), got {self.patch_size}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"DiTConfig.dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        if self.head_dim % 2 or self.head_dim < 6:
+            raise ValueError(f"DiTConfig head dim dim/num_heads={self.head_dim} must be even and >= 6 (3D RoPE)")
+        if self.freq_dim % 2:
+            raise ValueError(f"DiTConfig.freq_dim={self.freq_dim} must be even")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DiTConfig":
+        """Build from a dict (e.g. an original Wan `config.json`); unknown keys are rejected with the
+        nearest valid name. Keys Wan stores that do not change the network are ignored, by name."""
+        ignored = {"_class_name", "_diffusers_version", "model_type", "window_size", "__name__"}
+        names = [f.name for f in fields(cls)]
+        for key in d:
+            if key not in names and key not in ignored:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown DiTConfig key {key!r}{hint}; valid keys: {', '.join(names)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# ---------------------------------------------------------------- embeddings and RoPE
+
+
+def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """(N,) timesteps on 0..1000 -> (N, dim) float32 [cos | sin], frequencies 10000^(-i/half)."""
+    half = dim // 2
+    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
+    angles = torch.outer(t.to(torch.float64), freqs)  # (N, half)
+    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
+
+
+def rope_tables(grid: tuple[int, int, int], head_dim: int, device=None, theta: float = 10000.0):
+    """Real RoPE tables for a (F', h, w) token grid: (cos, sin), each (1, L, 1, Dh/2) float32.
+
+    The head dim is split into frame / height / width bands as Wan does (height and width get
+    2*(Dh//6) channels each, frames the rest), each band with its own frequency ladder. Row i is
+    the token at row-major position i of the grid, so the tables can be split along tokens (dim 1).
+    """
+    d_hw = 2 * (head_dim // 6)
+    bands = (head_dim - 2 * d_hw, d_hw, d_hw)
+    parts = []
+    for axis, (n, d) in enumerate(zip(grid, bands)):
+        inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
+        angle = torch.outer(torch.arange(n, dtype=torch.float64, device=device), inv_freq)  # (n, d/2)
+        shape = [1, 1, 1, d // 2]
+        shape[axis] = n
+        parts.append(angle.view(shape).expand(*grid, d // 2))
+    angles = torch.cat(parts, dim=-1).reshape(1, math.prod(grid), 1, head_dim // 2)  # (1, L, 1, Dh/2)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent channel pairs of x (B, L, H, Dh) by the (1, L, 1, Dh/2) tables (Wan's pairing)."""
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # (B, L, H, Dh/2) each, strided views
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (B, L, H, Dh/2, 2)
+    return out.flatten(-2).to(x.dtype)
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, rc=None) -> torch.Tensor:
+    """LayerNorm(x) * (1 + scale) + shift; x (B, L, D), shift/scale (B, T, D) float32, T in {1, L}.
+    The adaLN math runs in float32 (bf16 here visibly degrades the pretrained Wan models); the
+    result goes back to x's dtype. `rc`: a RecomputeSaved that stores the normed x as a recipe."""
+    normed = F.layer_norm(x, x.shape[-1:], eps=eps)
+    if rc is not None:
+        rc.add(normed, F.layer_norm, x, x.shape[-1:], None, None, eps)
+    return torch.addcmul(shift, normed, 1 + scale).to(x.dtype)
+
+
+def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x + y * gate with a float32 gate (B, T, D); result in x's dtype."""
+    return torch.addcmul(x, y, gate).to(x.dtype)
+
+
+# ---------------------------------------------------------------- activation memory
+
+
+class RecomputeSaved:
+    """Autograd saves some cheap elementwise results for backward (the GELU output that `ffn.2`
+    keeps for its weight gradient, the adaLN-modulated inputs the Linears keep). Registered
+    tensors are saved as a recipe (function + its inputs, which autograd keeps anyway) and
+    recomputed during backward: the same math, a fraction of the activation memory. Works with
+    any module (LoRA, quanto) because it only swaps what autograd stores, not what runs.
+
+    Only active outside activation checkpointing (which already stores nothing inside a block).
+    """
+
+    def __init__(self):
+        self.entries: list[tuple[weakref.ref, object, tuple]] = []
+
+    def add(self, out: torch.Tensor, fn, *inputs) -> torch.Tensor:
+        self.entries.append((weakref.ref(out), fn, inputs))
+        return out
+
+    def pack(self, t: torch.Tensor):
+        if type(t) not in (torch.Tensor, nn.Parameter):  # tensor subclasses (quantized weights) as they are
+            return t
+        for ref, fn, inputs in self.entries:
+            out = ref()
+            if (out is not None and t.dtype == out.dtype and t.device == out.device
+                    and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()):
+                view = (t.size(), t.stride(), t.storage_offset() - out.storage_offset())
+                return (fn, inputs, out.stride(), view)
+        return t
+
+    @staticmethod
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        fn, inputs, stride, (size, view_stride, offset) = packed
+        with torch.no_grad():
+            out = fn(*inputs)
+        if out.stride() != stride:
+            raise RuntimeError(f"recomputed activation has strides {out.stride()}, saved one had {stride}")
+        return out.as_strided(size, view_stride, out.storage_offset() + offset)
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+# ---------------------------------------------------------------- network
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.norm_q = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()  # across all heads
+        self.norm_k = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.attention_backend = "native"
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seq_parallel=None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); rope = (cos, sin) (1, L, 1, Dh/2) for exactly these L tokens."""
+        q = apply_rope(self.norm_q(self.q(x)).unflatten(2, (self.num_heads, -1)), *rope)  # (B, L, H, Dh)
+        k = apply_rope(self.norm_k(self.k(x)).unflatten(2, (self.num_heads, -1)), *rope)
+        v = self.v(x).unflatten(2, (self.num_heads, -1))
+        # The sequence-parallel seam: with tokens split over ranks, the parallel layer's attention
+        # sees this rank's (B, L_local, H, Dh) q/k/v (already normed and rotated) and returns the same shape.
+        if seq_parallel is not None:
+            out = seq_parallel.attention(q, k, v)
+        else:
+            out = attention(q, k, v, backend=self.attention_backend)
+        return self.o(out.flatten(2))  # (B, L, D)
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
+        self.norm_q = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_k = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.attention_backend = "native"
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None):
+        """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None -> (B, L, D)."""
+        q = self.norm_q(self.q(x)).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
+        k = self.norm_k(self.k(context)).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
+        v = self.v(context).unflatten(2, (self.num_heads, -1))
+        out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)
+        return self.o(out.flatten(2))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.eps = cfg.eps
+        self.self_attn = SelfAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps)
+        # Wan's names: norm1 before self-attn, norm3 (affine) before cross-attn, norm2 before the FFN.
+        self.norm3 = nn.LayerNorm(cfg.dim, eps=cfg.eps) if cfg.cross_attn_norm else nn.Identity()
+        self.cross_attn = CrossAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps)
+        self.ffn = nn.Sequential(nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"),
+                                 nn.Linear(cfg.ffn_dim, cfg.dim))
+        self.modulation = nn.Parameter(torch.empty(1, 6, cfg.dim))
+        self.recompute = True  # RecomputeSaved inside the block; VideoDiT turns it off under checkpointing
+
+    def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None):
+        """x (B, L, D); e0 (B, T, 6, D) float32, T in {1, L}; context (B, Lt, D) -> (B, L, D)."""
+        # float32 region: the six adaLN vectors (Wan computes them in fp32 under autocast too)
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float().unsqueeze(1) + e0).unbind(2)
+        eps, rc = self.eps, RecomputeSaved()
+        with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
+            h = rc.add(modulate(x, shift1, scale1, eps, rc), modulate, x, shift1, scale1, eps)
+            x = gated_add(x, self.self_attn(h, rope, seq_parallel), gate1)
+            c = self.norm3(x)
+            if isinstance(self.norm3, nn.LayerNorm):
+                rc.add(c, self.norm3, x)
+            x = x + self.cross_attn(c, context, context_mask)
+            h = rc.add(modulate(x, shift2, scale2, eps, rc), modulate, x, shift2, scale2, eps)
+            h = self.ffn[0](h)  # (B, L, ffn_dim)
+            g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
+            x = gated_add(x, self.ffn[2](g), gate2)
+        return x
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        self.eps = cfg.eps
+        self.head = nn.Linear(cfg.dim, cfg.out_dim * math.prod(cfg.patch_size))
+        self.modulation = nn.Parameter(torch.empty(1, 2, cfg.dim))
+
+    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """x (B, L, D), e (B, T, D) float32 -> (B, L, out_dim * pt*ph*pw)."""
+        shift, scale = (self.modulation.float().unsqueeze(1) + e.unsqueeze(2)).unbind(2)  # (B, T, D) each
+        return self.head(modulate(x, shift, scale, self.eps))
+
+
+class VideoDiT(nn.Module):
+    def __init__(self, config: DiTConfig):
+        super().__init__()
+        cfg = self.config = config
+        self.patch_embedding = nn.Conv3d(cfg.in_dim, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.text_embedding = nn.Sequential(nn.Linear(cfg.text_dim, cfg.dim), nn.GELU(approximate="tanh"),
+                                            nn.Linear(cfg.dim, cfg.dim))
+        self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(cfg.dim, 6 * cfg.dim))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.head = Head(cfg)
+        self.gradient_checkpointing = False
+        self.offload_checkpoints = False
+        self.seq_parallel = None  # set from outside (video_dit/parallel); see forward()
+        self._rope_cache: dict = {}
+        self.initialize_weights()
+
+    # -------------------------------------------------------------- set-up
+
+    @torch.no_grad()
+    def initialize_weights(self) -> None:
+        """Wan's initialisation (a no-op on the meta device)."""
+        cfg = self.config
+        # Every Linear: Xavier-uniform weights, zero bias.
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)) and m.weight is not None:
+                nn.init.ones_(m.weight)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+        # Patch embedding: Xavier over the flattened (in_dim * patch) fan-in, like a Linear.
+        nn.init.xavier_uniform_(self.patch_embedding.weight.flatten(1))
+        nn.init.zeros_(self.patch_embedding.bias)
+        # Text and time MLPs: small normal weights.
+        for seq in (self.text_embedding, self.time_embedding):
+            for m in seq:
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, std=0.02)
+        # adaLN tables: random unit-scale per channel (added to the time projection).
+        for block in self.blocks:
+            block.modulation.normal_(std=cfg.dim ** -0.5)
+        self.head.modulation.normal_(std=cfg.dim ** -0.5)
+        # Output layer zeroed: a fresh model predicts 0.
+        nn.init.zeros_(self.head.head.weight)
+
+    @property
+    def device(self) -> torch.device:
+        return self.patch_embedding.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.patch_embedding.weight.dtype
+
+    def enable_gradient_checkpointing(self, offload: bool = False) -> None:
+        """Re-run each block in backward (when grad is enabled). `offload`: keep the saved block
+        inputs in CPU memory (pinned on CUDA) instead of on the device, for long videos."""
+        self.gradient_checkpointing = True
+        self.offload_checkpoints = offload
+        for block in self.blocks:  # a checkpointed block stores nothing inside, so nothing to recompute
+            block.recompute = False
+
+    def disable_gradient_checkpointing(self) -> None:
+        self.gradient_checkpointing = False
+        self.offload_checkpoints = False
+        for block in self.blocks:
+            block.recompute = True
+
+    def set_attention_backend(self, backend: str) -> "VideoDiT":
+        """"native" (torch SDPA) or "flash" (flash-attn; a clear error when it is not installed)."""
+        return set_attention_backend(self, backend)
+
+    # -------------------------------------------------------------- forward
+
+    def _rope(self, grid: tuple[int, int, int], device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (grid, str(device))
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_tables(grid, self.config.head_dim, device=device)
+        return self._rope_cache[key]
+
+    def _pad_context(self, context) -> torch.Tensor:
+        cfg = self.config
+        if isinstance(context, (list, tuple)):
+            for i, u in enumerate(context):
+                if u.dim() != 2 or u.shape[1] != cfg.text_dim or u.shape[0] > cfg.text_len:
+                    raise ValueError(f"context[{i}] has shape {tuple(u.shape)}; expected (L_i <= text_len="
+                                     f"{cfg.text_len}, text_dim={cfg.text_dim})")
+            # Zero-pad each prompt to text_len, as the pretrained Wan models were trained.
+            context = torch.stack([F.pad(u, (0, 0, 0, cfg.text_len - u.shape[0])) for u in context])
+        if context.dim() != 3 or context.shape[-1] != cfg.text_dim:
+            raise ValueError(f"context has shape {tuple(context.shape)}; expected (B, Lt, text_dim={cfg.text_dim}) "
+                             "or a list of (L_i, text_dim) tensors")
+        return context.to(self.dtype)
+
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor, context, context_mask: torch.Tensor | None = None):
+        """Velocity prediction of the Wan models.
+
+        x: (B, in_dim, F', h, w) latents, h and w divisible by the spatial patch; cast to the model dtype.
+        timestep: (B,) or per-token (B, L) on the 0..1000 scale (1000 = pure noise); L = F' * h/2 * w/2.
+        context: (B, Lt, text_dim) or a list of B (L_i, text_dim) tensors, zero-padded to text_len.
+        context_mask: optional (B, Lt) bool, True = attend (for models trained with it; pretrained Wan
+            models were trained without a mask).
+        Returns (B, out_dim, F', h, w) in the model dtype.
+        """
+        cfg = self.config
+        B, C, Fr, H, W = x.shape
+        pt, ph, pw = cfg.patch_size
+        if C != cfg.in_dim or Fr % pt or H % ph or W % pw:
+            raise ValueError(f"x has shape {tuple(x.shape)}; expected (B, in_dim={cfg.in_dim}, F', h, w) with "
+                             f"F', h, w divisible by patch_size={cfg.patch_size}")
+        grid = (Fr // pt, H // ph, W // pw)
+        L = math.prod(grid)
+
+        x = self.patch_embedding(x.to(self.dtype)).flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
+        rope = self._rope(grid, x.device)  # (cos, sin), each (1, L, 1, Dh/2)
+
+        t = timestep.reshape(B, -1)  # (B, T)
+        T = t.shape[1]
+        if T not in (1, L):
+            raise ValueError(f"timestep has shape {tuple(timestep.shape)}; expected ({B},) or per-token ({B}, {L})")
+        e = self.time_embedding(sinusoidal_embedding(t.flatten(), cfg.freq_dim).to(self.dtype))  # (B*T, D)
+        e0 = self.time_projection(e).float().view(B, T, 6, cfg.dim)  # (B, T, 6, D) fp32
+        e = e.float().view(B, T, cfg.dim)  # (B, T, D) fp32
+
+        context = self.text_embedding(self._pad_context(context))  # (B, Lt, D)
+
+        sp = self.seq_parallel
+        if sp is not None:  # tokens, their RoPE rows and per-token time vectors go to their rank
+            x = sp.split(x, dim=1)  # (B, L_local, D)
+            rope = tuple(sp.split(r, dim=1) for r in rope)
+            if T > 1:
+                e, e0 = sp.split(e, dim=1), sp.split(e0, dim=1)
+
+        for block in self.blocks:
+            args = (x, e0, context, rope, context_mask, sp)
+            if self.gradient_checkpointing and torch.is_grad_enabled():
+                # save_on_cpu moves the checkpoint's saved inputs (this block's x) to host memory.
+                offload = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if self.offload_checkpoints \
+                    else contextlib.nullcontext()
+                with offload:
+                    x = checkpoint(block, *args, use_reentrant=False)
+            else:
+                x = block(*args)
+
+        x = self.head(x, e)  # (B, L_local, out_dim * pt*ph*pw)
+        if sp is not None:
+            x = sp.gather(x, dim=1)  # (B, L, out_dim * pt*ph*pw)
+
+        x = x.view(B, *grid, pt, ph, pw, cfg.out_dim)  # unpatchify
+        x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, F', pt, h', ph, w', pw)
+        return x.reshape(B, cfg.out_dim, Fr, H, W)
+
+
+def dit_flops(config: DiTConfig, num_tokens: int, text_len: int, batch: int = 1) -> float:
+    """Analytic forward FLOPs (2 per multiply-add) of matmuls and attention; backward is ~2x this."""
+    D, Fd, L, Lt = config.dim, config.ffn_dim, num_tokens, text_len
+    patch = math.prod(config.patch_size)
+    per_block = (
+        2 * L * D * 4 * D  # self-attn q, k, v, o
+        + 4 * L * L * D  # self-attn scores and weighted sum
+        + 2 * L * D * 2 * D + 2 * Lt * D * 2 * D  # cross-attn q, o on video; k, v on text
+        + 4 * L * Lt * D  # cross-attn scores and weighted sum
+        + 2 * L * D * Fd * 2  # FFN
+    )
+    embed = (2 * L * D * config.in_dim * patch  # patch embedding
+             + 2 * Lt * D * (config.text_dim + D)  # text MLP
+             + 2 * D * (config.freq_dim + D + 6 * D)  # time MLP + projection (one timestep)
+             + 2 * L * D * config.out_dim * patch)  # head
+    return float(batch * (config.num_layers * per_block + embed))

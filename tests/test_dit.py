@@ -1,0 +1,256 @@
+"""VideoDiT: parity with diffusers' WanTransformer3DModel, conversions, the sequence-parallel seam,
+gradient checkpointing, activation memory, quantization and the attention entry point."""
+
+import threading
+
+import pytest
+import torch
+
+from video_dit.bench.dit import activation_peak
+from video_dit.models.attention import attention, flash_available, set_attention_backend
+from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
+from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
+
+diffusers = pytest.importorskip("diffusers")
+
+HEADS, HEAD_DIM, TEXT_DIM, TEXT_LEN = 2, 16, 24, 10
+
+
+def reference(in_dim=4, out_dim=4, seed=0):
+    """A small random diffusers Wan transformer, norms perturbed so their weights matter too."""
+    torch.manual_seed(seed)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=in_dim,
+        out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return ref
+
+
+def ours_from(ref) -> VideoDiT:
+    c = ref.config
+    cfg = DiTConfig(in_dim=c.in_channels, out_dim=c.out_channels, dim=HEADS * HEAD_DIM, ffn_dim=c.ffn_dim,
+                    freq_dim=c.freq_dim, text_dim=c.text_dim, num_heads=HEADS, num_layers=c.num_layers,
+                    text_len=TEXT_LEN)
+    with torch.device("meta"):
+        model = VideoDiT(cfg)
+    model.load_state_dict(dit_from_diffusers(ref.state_dict()), assign=True)
+    return model.eval()
+
+
+def tiny(seed=0, **changes) -> VideoDiT:
+    """A tiny random VideoDiT with every weight non-trivial (the zero-initialised head randomised)."""
+    cfg = DiTConfig(**{**dict(in_dim=4, out_dim=4, dim=32, ffn_dim=64, freq_dim=16, text_dim=TEXT_DIM,
+                              num_heads=2, num_layers=2, text_len=TEXT_LEN), **changes})
+    torch.manual_seed(seed)
+    model = VideoDiT(cfg)
+    with torch.no_grad():
+        model.head.head.weight.normal_(std=0.1)
+    return model
+
+
+def inputs(model, B=2, frames=3, h=4, w=6, seed=1):
+    torch.manual_seed(seed)
+    c = model.config
+    x = torch.randn(B, c.in_dim, frames, h, w)
+    context = torch.randn(B, c.text_len, c.text_dim)
+    return x, torch.tensor([999.0, 250.0])[:B], context
+
+
+@pytest.mark.parametrize("case", ["t2v", "per_token", "in_dim_36"])
+def test_parity_with_diffusers(case):
+    ref = reference(in_dim=36, out_dim=16) if case == "in_dim_36" else reference()
+    ours = ours_from(ref)
+    x, t, context = inputs(ours)
+    if case == "per_token":  # Wan 2.2 TI2V: (B, L) timesteps, first-frame tokens at 0
+        L = 3 * 2 * 3
+        t = torch.rand(2, L) * 1000
+        t[:, :6] = 0
+    with torch.no_grad():
+        expected = ref(x, t, context, return_dict=False)[0]
+        got = ours(x, t, context)
+    assert got.shape == expected.shape == (2, ours.config.out_dim, 3, 4, 6)
+    assert (got - expected).abs().max().item() <= 1e-4
+
+
+def test_conversion_round_trips_exactly():
+    sd = reference(in_dim=36, out_dim=16).state_dict()
+    native = dit_from_diffusers(sd)
+    assert set(native) == set(ours_from(reference(in_dim=36, out_dim=16)).state_dict())
+    back = dit_to_diffusers(native)
+    assert list(back) == list(sd) and all(back[k] is sd[k] for k in sd)
+    comfy = {"model.diffusion_model." + k: v for k, v in native.items()}
+    assert dit_to_diffusers(comfy).keys() == sd.keys()
+    assert dit_from_diffusers(dit_to_diffusers(comfy)).keys() == native.keys()
+
+
+def test_list_context_is_zero_padded_to_text_len():
+    model = tiny().eval()
+    x, t, _ = inputs(model)
+    prompts = [torch.randn(3, TEXT_DIM), torch.randn(7, TEXT_DIM)]
+    padded = torch.zeros(2, TEXT_LEN, TEXT_DIM)
+    padded[0, :3], padded[1, :7] = prompts
+    with torch.no_grad():
+        assert torch.equal(model(x, t, prompts), model(x, t, padded))
+        # a mask over the padding changes the result (the pretrained behaviour attends to it)
+        mask = padded.abs().sum(-1) > 0
+        assert not torch.allclose(model(x, t, padded, context_mask=mask), model(x, t, padded))
+    with pytest.raises(ValueError, match="text_len"):
+        model(x, t, [torch.randn(TEXT_LEN + 1, TEXT_DIM)] * 2)
+
+
+def test_per_token_timesteps_equal_to_broadcast_when_uniform():
+    model = tiny().eval()
+    x, t, context = inputs(model)
+    with torch.no_grad():
+        a = model(x, t, context)
+        b = model(x, t[:, None].expand(2, 18), context)
+    assert (a - b).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="per-token"):
+        model(x, torch.zeros(2, 5), context)
+
+
+class ThreadSeqParallel:
+    """Two ranks as two threads: split takes this rank's half; attention all-gathers k/v; gather
+    concatenates the halves. Records the token counts the blocks saw."""
+
+    def __init__(self, rank, shared):
+        self.rank, self.shared, self.seen = rank, shared, []
+
+    def split(self, t, dim):
+        return t.chunk(2, dim=dim)[self.rank]
+
+    def _all_gather(self, t, dim):
+        s = self.shared
+        s["slots"][self.rank] = t
+        s["barrier"].wait()
+        out = torch.cat(s["slots"], dim=dim)
+        s["barrier"].wait()
+        return out
+
+    def attention(self, q, k, v):
+        self.seen.append(q.shape[1])
+        return attention(q, self._all_gather(k, 1), self._all_gather(v, 1))
+
+    def gather(self, t, dim):
+        return self._all_gather(t, dim)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_sequence_parallel_seam(per_token):
+    models = [tiny().eval(), tiny().eval()]  # one replica per "rank"
+    x, t, context = inputs(models[0])
+    if per_token:
+        t = torch.rand(2, 18) * 1000
+    with torch.no_grad():
+        expected = models[0](x, t, context)
+    shared = {"slots": [None, None], "barrier": threading.Barrier(2)}
+    results, errors = [None, None], []
+
+    def rank(r):
+        try:
+            models[r].seq_parallel = ThreadSeqParallel(r, shared)
+            with torch.no_grad():
+                results[r] = models[r](x, t, context)
+        except Exception as exc:  # surfaced below, with the rank
+            errors.append((r, exc))
+            shared["barrier"].abort()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not errors, errors
+    for r in range(2):
+        assert models[r].seq_parallel.seen == [9, 9]  # each block attended over half of the 18 tokens
+        assert (results[r] - expected).abs().max() < 1e-5
+
+
+def test_gradient_checkpointing_same_grads_and_less_memory():
+    model = tiny(dim=64, ffn_dim=256, num_heads=4)
+    x, t, context = inputs(model, B=1, frames=4, h=16, w=16)  # 256 tokens
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(x, t, context).square().mean().backward()
+
+    base_peak = activation_peak(step)
+    base = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.enable_gradient_checkpointing()
+    ckpt_peak = activation_peak(step)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, base[n], rtol=1e-5, atol=1e-6, msg=n)
+    model.enable_gradient_checkpointing(offload=True)
+    step()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, base[n], rtol=1e-5, atol=1e-6, msg=n)
+    model.disable_gradient_checkpointing()
+    assert ckpt_peak < 0.8 * base_peak, (ckpt_peak, base_peak)
+
+
+def test_recomputed_activations_give_the_same_grads_as_stock_autograd():
+    model = tiny()
+    x, t, context = inputs(model)
+    grads = []
+    for recompute in (True, False):
+        for block in model.blocks:
+            block.recompute = recompute
+        model.zero_grad(set_to_none=True)
+        model(x, t[:, None].expand(2, 18), context).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for n in grads[0]:
+        torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_qfloat8_quantized_forward_and_backward():
+    quanto = pytest.importorskip("optimum.quanto")
+    model = tiny()
+    x, t, context = inputs(model)
+    with torch.no_grad():
+        full = model(x, t, context)
+    quanto.quantize(model, weights=quanto.qfloat8)
+    quanto.freeze(model)
+    assert type(model.blocks[0].ffn[2]).__name__ == "QLinear"  # every Linear replaced, names kept
+    x.requires_grad_(True)
+    out = model(x, t, context)
+    out.square().mean().backward()
+    assert out.shape == full.shape and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    assert model.blocks[0].modulation.grad is not None
+    rel = (out.detach() - full).norm() / full.norm()
+    assert 0 < rel < 0.1  # fp8 weights: close to, not equal to, the full-precision output
+
+
+def test_meta_build_device_dtype_and_backend_flag():
+    with torch.device("meta"):
+        model = VideoDiT(DiTConfig(dim=32, ffn_dim=64, freq_dim=16, text_dim=TEXT_DIM, num_heads=2,
+                                   num_layers=1, text_len=TEXT_LEN))
+    assert model.device.type == "meta"
+    sd = {k: torch.randn(v.shape) for k, v in model.state_dict().items()}
+    model.load_state_dict(sd, assign=True)
+    assert model.device.type == "cpu" and model.dtype == torch.float32
+    assert model.to(torch.bfloat16).dtype == torch.bfloat16
+    if not flash_available():
+        with pytest.raises(RuntimeError, match="flash_attn"):
+            set_attention_backend(model, "flash")
+    with pytest.raises(ValueError, match="accepted"):
+        set_attention_backend(model, "xformers")
+    set_attention_backend(model, "native")
+    assert model.blocks[0].self_attn.attention_backend == "native"
+
+
+def test_config_validation_and_flops():
+    with pytest.raises(ValueError, match="num_heads"):
+        DiTConfig(dim=100, num_heads=12)
+    with pytest.raises(ValueError, match="did you mean 'num_heads'"):
+        DiTConfig.from_dict({"num_head": 12})
+    cfg = DiTConfig(dim=64, ffn_dim=128, num_heads=4, num_layers=2, text_dim=32, freq_dim=16)
+    # doubling tokens more than doubles the FLOPs (attention is quadratic); batch is linear
+    assert dit_flops(cfg, 2048, 16) > 2 * dit_flops(cfg, 1024, 16)
+    assert dit_flops(cfg, 1024, 16, batch=3) == 3 * dit_flops(cfg, 1024, 16)
+    # the block matmuls alone: 2 * L * (params of one block's Linears) per block, the bulk of the total
+    linears = 4 * 64 * 64 * 2 + 2 * 64 * 128
+    assert dit_flops(cfg, 1024, 16) > 2 * 1024 * linears * 2

@@ -1,0 +1,203 @@
+"""DiT benchmark: forward+backward of our VideoDiT against diffusers' WanTransformer3DModel.
+
+Both models hold identical weights (ours converted from diffusers' state dict) and run side by
+side in one process with the same threads, alternating, so machine noise hits both alike; the
+ratio of medians is the figure. Activation memory of each is measured in a fresh subprocess
+(no allocator history): `saved` = bytes alive after forward (what autograd keeps), `peak` = the
+highest extra bytes during forward+backward (grad buffers pre-allocated, so they do not count).
+
+    python -m video_dit.bench.dit [--repeats 3] [--small] [--device cpu]
+    video-dit bench --suite dit
+
+Default shape: Wan 2.1 1.3B widths (dim 1536, 12 heads, ffn 8960, text 512 x 4096) but 2 blocks,
+2304 video tokens (latents 16 x 9 x 32 x 32), fp32. diffusers is a test/bench-only dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)
+SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
+
+
+def activation_peak(fn) -> int:
+    """Peak bytes allocated on the CPU by `fn()` above what was alive when it started.
+
+    torch has no CPU allocator statistics; the profiler's per-op memory records give the
+    allocation timeline (scratch space inside a single kernel is not seen)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def _live_after(fn) -> int:
+    """Bytes allocated by `fn()` and still alive when it returns (CPU, profiler timeline)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    del out  # the result's memory counts (it was allocated inside); freeing it afterwards is not seen
+    return sum(e.self_cpu_memory_usage for e in prof.events())
+
+
+def build(shape: dict, device: str, seed: int = 0):
+    """(ours, reference, inputs) with identical weights."""
+    from diffusers import WanTransformer3DModel
+
+    from video_dit.models.convert import dit_from_diffusers
+    from video_dit.models.dit import DiTConfig, VideoDiT
+
+    torch.manual_seed(seed)
+    ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=shape["heads"],
+                                attention_head_dim=shape["dim"] // shape["heads"], in_channels=shape["latents"][0],
+                                out_channels=16, text_dim=shape["text_dim"], freq_dim=256, ffn_dim=shape["ffn_dim"],
+                                num_layers=shape["layers"], cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                eps=1e-6).to(device)
+    cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"], freq_dim=256,
+                    text_dim=shape["text_dim"], num_heads=shape["heads"], num_layers=shape["layers"],
+                    text_len=shape["text_len"])
+    with torch.device("meta"):
+        ours = VideoDiT(cfg)
+    ours.load_state_dict({k: v.clone() for k, v in dit_from_diffusers(ref.state_dict()).items()}, assign=True)
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, *shape["latents"], generator=g).to(device)
+    t = torch.tensor([700.0], device=device)
+    context = torch.randn(1, shape["text_len"], shape["text_dim"], generator=g).to(device)
+    return ours, ref, (x, t, context)
+
+
+def _step_fn(model, inputs, is_ref: bool):
+    def step():
+        out = model(*inputs, return_dict=False)[0] if is_ref else model(*inputs)
+        out.float().square().mean().backward()
+    return step
+
+
+def _forward_fn(model, inputs, is_ref: bool):
+    def forward():
+        out = model(*inputs, return_dict=False)[0] if is_ref else model(*inputs)
+        return out.float().square().mean()
+    return forward
+
+
+def _measure_memory(which: str, small: bool, device: str) -> dict:
+    """In this (fresh) process: saved activations and fwd+bwd peak of one model."""
+    ours, ref, inputs = build(SMALL if small else FULL, device)
+    model, is_ref = (ref, True) if which == "diffusers" else (ours, False)
+    del ours, ref
+    step = _step_fn(model, inputs, is_ref)
+    step()  # warm-up; leaves .grad buffers allocated, so backward adds into them
+    model.zero_grad(set_to_none=False)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = _forward_fn(model, inputs, is_ref)()
+        saved = torch.cuda.memory_allocated() - base
+        loss.backward()
+        peak = torch.cuda.max_memory_allocated() - base
+        return {"saved": saved, "peak": peak}
+    saved = _live_after(_forward_fn(model, inputs, is_ref))
+    return {"saved": saved, "peak": activation_peak(step)}
+
+
+def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None) -> dict:
+    """Time both models side by side, then measure each one's memory in a fresh process; print a
+    table and return the figures."""
+    if threads:
+        torch.set_num_threads(threads)
+    shape = SMALL if small else FULL
+    ours, ref, inputs = build(shape, device)
+    steps = {"ours": _step_fn(ours, inputs, False), "diffusers": _step_fn(ref, inputs, True)}
+    for step in steps.values():  # warm-up (allocator, kernels, RoPE cache)
+        step()
+    times: dict[str, list[float]] = {"ours": [], "diffusers": []}
+    for r in range(repeats):
+        for name in (("ours", "diffusers") if r % 2 == 0 else ("diffusers", "ours")):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            steps[name]()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    del ours, ref, steps
+
+    memory = {}
+    for name in ("ours", "diffusers"):
+        cmd = [sys.executable, "-m", "video_dit.bench.dit", "--memory-of", name, "--device", device]
+        cmd += ["--small"] if small else []
+        cmd += ["--threads", str(torch.get_num_threads())]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"memory subprocess for {name} failed:\n{proc.stderr[-3000:]}")
+        memory[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    from video_dit.models.dit import DiTConfig, dit_flops
+
+    tokens = shape["latents"][1] * shape["latents"][2] * shape["latents"][3] // 4
+    cfg = DiTConfig(dim=shape["dim"], ffn_dim=shape["ffn_dim"], num_heads=shape["heads"], num_layers=shape["layers"],
+                    text_dim=shape["text_dim"], text_len=shape["text_len"])
+    flops = 3 * dit_flops(cfg, tokens, shape["text_len"])  # forward + backward
+    res = {
+        "config": {**shape, "tokens": tokens, "device": device, "threads": torch.get_num_threads(),
+                   "repeats": repeats, "dtype": "float32"},
+        "step_s": {k: statistics.median(v) for k, v in times.items()},
+        "step_s_all": times,
+        "memory_bytes": memory,
+    }
+    res["time_ratio"] = res["step_s"]["ours"] / res["step_s"]["diffusers"]
+    res["saved_ratio"] = memory["ours"]["saved"] / memory["diffusers"]["saved"]
+    res["peak_ratio"] = memory["ours"]["peak"] / memory["diffusers"]["peak"]
+    res["tflops"] = {k: flops / v / 1e12 for k, v in res["step_s"].items()}
+
+    mib = 2 ** 20
+    print(f"DiT fwd+bwd, dim {shape['dim']}, {shape['heads']} heads, {shape['layers']} blocks, {tokens} tokens, "
+          f"fp32, {device}, {torch.get_num_threads()} threads, median of {repeats}")
+    print(f"{'':12}{'step s':>10}{'TFLOP/s':>10}{'saved MiB':>12}{'peak MiB':>12}")
+    for name in ("ours", "diffusers"):
+        print(f"{name:12}{res['step_s'][name]:10.3f}{res['tflops'][name]:10.3f}"
+              f"{memory[name]['saved'] / mib:12.1f}{memory[name]['peak'] / mib:12.1f}")
+    print(f"{'ours/diff.':12}{res['time_ratio']:10.3f}{'':10}{res['saved_ratio']:12.3f}{res['peak_ratio']:12.3f}"
+          "   (targets: time <= 1.0, peak <= 0.8)")
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--small", action="store_true", help="a small shape for a quick smoke run")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--memory-of", choices=("ours", "diffusers"), help=argparse.SUPPRESS)  # subprocess mode
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if args.memory_of:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        print(json.dumps(_measure_memory(args.memory_of, args.small, args.device)))
+        return 0
+    res = run(args.device, args.repeats, args.small, args.threads)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
