@@ -83,7 +83,10 @@ def check_frames_present(path, last_index: int) -> None:
             target = None
             if tb and rate:
                 target = start + int(last_index / float(rate) / float(tb))
-                container.seek(target, stream=stream, backward=True, any_frame=False)
+                try:
+                    container.seek(target, stream=stream, backward=True, any_frame=False)
+                except av.error.FFmpegError:  # not seekable (no index): demux from the start instead
+                    pass
             # Demux (no decode) until decode order passes the target: every packet a frame <= target
             # depends on has then been seen (dts <= pts). A packet cut short by the end of the file is
             # flagged corrupt by the demuxer, or ends past the file size.
