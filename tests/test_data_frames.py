@@ -8,9 +8,10 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from video_dit.data.buckets import bucket_size, candidate_buckets
-from video_dit.data.dataset import DatasetConfig, DataWarning
+from video_dit.data.dataset import DatasetConfig, DataWarning, scan_dataset
 from video_dit.data.frames import ClipTooShort, crop_plan, fit_frames, select_frames, snap_num_frames
 from video_dit.typed_config import ConfigError, parse
 
@@ -61,7 +62,8 @@ def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):
     bad = [({"num_frames": 0}, "ds.num_frames"), ({"num_frame": 17}, "did you mean 'num_frames'"),
            ({"caption_dropout_rate": 1.5}, "ds.caption_dropout_rate"),
            ({"cache_latents_to_disk": False}, "ds.cache_latents_to_disk"),
-           ({"short_clip": "pad"}, "ds.short_clip"), ({"folder_path": str(tmp_path / "nope")}, "ds.folder_path")]
+           ({"short_clip": "pad"}, "ds.short_clip"), ({"shuffle_tokens": True}, "ds.shuffle_tokens"),
+           ({"folder_path": str(tmp_path / "nope")}, "ds.folder_path")]
     for extra, match in bad:
         with pytest.raises(ConfigError, match=match):
             parse(DatasetConfig, {"folder_path": str(tmp_path), **extra}, "ds")
@@ -73,6 +75,15 @@ def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):
     cfg = parse(DatasetConfig, {"folder_path": str(tmp_path), "resolution": [24]}, "ds")
     with pytest.raises(ConfigError, match="ds.resolution: 24 is below the model's divisibility 32"):
         cfg.check_divisibility(32)
+
+
+def test_accepted_aitk_keys_have_their_documented_meaning(tmp_path):
+    Image.new("RGB", (96, 48)).save(tmp_path / "wide.png")
+    base = {"folder_path": str(tmp_path), "resolution": [32], "cache_latents": True, "shuffle_tokens": False}
+    aspect = scan_dataset(parse(DatasetConfig, base, "ds"), 16, verbose=False)
+    square = scan_dataset(parse(DatasetConfig, {**base, "buckets": False}, "ds"), 16, verbose=False)
+    assert aspect.items[0].bucket == (1, 16, 48) and square.items[0].bucket == (1, 32, 32)
+    assert square.items[0].resize == (32, 64) and square.items[0].crop == (0, 16)
 
 
 @pytest.mark.parametrize("res,d", [(512, 16), (480, 16), (64, 16), (512, 32), (720, 32)])

@@ -54,7 +54,8 @@ class DatasetConfig:
     Accepted for ai-toolkit files, with this meaning here: `cache_latents` (ai-toolkit's in-memory
     latent cache; latents here are always cached on disk and read per step, either value is
     accepted), `buckets` (true: aspect buckets; false: every item center-cropped to one square
-    bucket of side `resolution`).
+    bucket of side `resolution`), `shuffle_tokens` (false only: text embeds are cached per caption,
+    so comma-separated tags cannot be reshuffled per step).
     Ours: `short_clip` (`skip` or `stretch` a clip shorter than `num_frames`), `cache_dir` (where
     `_latent_cache/` and `_text_cache/` go; default: inside `folder_path`), `num_workers`
     (DataLoader worker processes the trainer uses to read cached tensors).
@@ -74,6 +75,7 @@ class DatasetConfig:
     default_caption: str | None = None
     cache_latents: bool | None = None
     buckets: bool = True
+    shuffle_tokens: bool = False
     short_clip: Literal["skip", "stretch"] = "skip"
     cache_dir: str | None = None
     num_workers: int = 0
@@ -107,6 +109,9 @@ class DatasetConfig:
             if not getattr(self, key):
                 raise ConfigError(f"{path}.{key}", "video_dit trains on cached latents and text embeds only; "
                                                    "set it to true (or leave it out)")
+        if self.shuffle_tokens:
+            raise ConfigError(f"{path}.shuffle_tokens", "only false is supported: text embeds are cached per "
+                                                      "caption, so tags cannot be reshuffled each step")
         folder = Path(self.folder_path)
         if not folder.is_dir():
             raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} is not a directory")
