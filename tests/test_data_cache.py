@@ -207,3 +207,45 @@ def test_cached_dataset_batches_i2v_keys_and_caption_dropout(tmp_path):
     assert sorted(seen) == list(range(20))
     by_index = {i: d for b in loader for i, d in zip(b["index"].tolist(), b["caption_dropped"].tolist())}
     assert [by_index[i] for i in range(20)] == pattern1
+
+
+def _rank_main(rank, world_size, port, root, out_q):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        scan = scan_dataset(_cfg(root), DIV, verbose=False)
+        enc = Counting()
+        report = build_cache(scan, enc.encode, enc.text, rank=rank, world_size=world_size, space_version="v",
+                             barrier=dist.barrier, verbose=False)
+        ds = CachedDataset(scan, space_version="v")  # needs every rank's entries: the barrier ran
+        sampler = BucketBatchSampler(ds, 2, world_size=world_size, rank=rank, seed=1)
+        seen = [i for b in sampler for i in collate([ds[j] for j in b])["index"].tolist()]
+        out_q.put((rank, enc.vae_calls, report.misses, seen))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.multirank
+def test_two_ranks_build_disjoint_halves_then_share_the_cache(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    root = _good_folder(tmp_path / "data", n=6)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, 2, port, root, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert [r[1] for r in results] == [3, 3]  # VAE calls split 3 + 3
+    seen = results[0][3] + results[1][3]
+    assert sorted(seen) == list(range(6))  # every item once across the two ranks
