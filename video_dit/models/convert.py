@@ -9,6 +9,76 @@ import torch
 
 # ---------------------------------------------------------------- DiT (issue 2)
 
+# (native, diffusers) module or parameter names; `#` is a block index. Native names are the
+# original Wan checkpoint names; a key's tail (`.weight`, `.bias`) is carried over unchanged.
+_DIT_NAMES = [
+    ("patch_embedding", "patch_embedding"),
+    ("text_embedding.0", "condition_embedder.text_embedder.linear_1"),
+    ("text_embedding.2", "condition_embedder.text_embedder.linear_2"),
+    ("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
+    ("time_embedding.2", "condition_embedder.time_embedder.linear_2"),
+    ("time_projection.1", "condition_embedder.time_proj"),
+    *[(f"blocks.#.{ours}.{a}", f"blocks.#.{theirs}.{b}")
+      for ours, theirs in (("self_attn", "attn1"), ("cross_attn", "attn2"))
+      for a, b in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"),
+                   ("norm_q", "norm_q"), ("norm_k", "norm_k"))],
+    ("blocks.#.norm3", "blocks.#.norm2"),  # the affine LayerNorm before cross-attention
+    ("blocks.#.ffn.0", "blocks.#.ffn.net.0.proj"),
+    ("blocks.#.ffn.2", "blocks.#.ffn.net.2"),
+    ("blocks.#.modulation", "blocks.#.scale_shift_table"),
+    ("head.head", "proj_out"),
+    ("head.modulation", "scale_shift_table"),
+]
+_TO_DIFFUSERS = _DIT_NAMES
+_FROM_DIFFUSERS = [(d, n) for n, d in _DIT_NAMES]
+_BLOCK = re.compile(r"blocks\.(\d+)\.")
+_DIT_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
+
+
+def strip_dit_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop a `model.diffusion_model.` / `diffusion_model.` (ComfyUI) or `transformer.` prefix
+    carried by every key."""
+    for prefix in _DIT_PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            return {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def _rename_key(key: str, pairs) -> str:
+    m = _BLOCK.match(key)
+    generic = "blocks.#." + key[m.end():] if m else key
+    for src, dst in pairs:
+        if generic == src or generic.startswith(src + "."):
+            renamed = dst + generic[len(src):]
+            return renamed.replace("#", m.group(1), 1) if m else renamed
+    return key  # a key no rule knows passes through unchanged; loading reports it as unexpected
+
+
+def _rename(sd: dict[str, torch.Tensor], pairs) -> dict[str, torch.Tensor]:
+    return {_rename_key(k, pairs): v for k, v in strip_dit_prefix(sd).items()}
+
+
+def dit_to_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Native (original Wan) DiT keys -> diffusers `WanTransformer3DModel` keys; tensors unchanged."""
+    return _rename(sd, _TO_DIFFUSERS)
+
+
+def dit_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Diffusers `WanTransformer3DModel` keys -> native (original Wan) keys; tensors unchanged."""
+    return _rename(sd, _FROM_DIFFUSERS)
+
+
+def dit_key_layout(sd: dict[str, torch.Tensor]) -> str:
+    """"native" or "diffusers" from the key names (after prefix stripping); error when neither."""
+    keys = strip_dit_prefix(sd).keys()
+    if any(k.startswith(("condition_embedder.", "proj_out.")) or ".attn1." in k for k in keys):
+        return "diffusers"
+    if any(k.startswith(("text_embedding.", "time_embedding.", "head.head.")) or ".self_attn." in k for k in keys):
+        return "native"
+    sample = ", ".join(sorted(keys)[:5])
+    raise ValueError(f"not a Wan DiT state dict (neither original Wan nor diffusers key names); first keys: {sample}")
+
+
 # ---------------------------------------------------------------- VAE (issue 3)
 
 # Names inside one residual block, (native, diffusers).

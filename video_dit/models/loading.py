@@ -93,6 +93,114 @@ def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model."
 
 # ---------------------------------------------------------------- DiT (issue 2)
 
+WAN_HEAD_DIM = 128  # every released Wan 2.x DiT uses 128-channel heads
+
+
+def infer_dit_config(sd: dict[str, torch.Tensor]):
+    """A `DiTConfig` from native-keyed DiT weights' shapes. Shapes do not carry num_heads and
+    text_len: they come from the preset of the same widths when one matches, else Wan's
+    convention (head dim 128, text_len 512)."""
+    from video_dit.models.dit import DiTConfig
+    from video_dit.models.presets import PRESETS
+
+    import math
+    import re
+
+    try:
+        patch = sd["patch_embedding.weight"]
+        dim, in_dim, patch_size = patch.shape[0], patch.shape[1], tuple(patch.shape[2:])
+        shape = dict(dim=dim, in_dim=in_dim, patch_size=patch_size,
+                     ffn_dim=sd["blocks.0.ffn.0.weight"].shape[0],
+                     freq_dim=sd["time_embedding.0.weight"].shape[1],
+                     text_dim=sd["text_embedding.0.weight"].shape[1],
+                     out_dim=sd["head.head.weight"].shape[0] // math.prod(patch_size))
+    except KeyError as exc:
+        raise WeightsError(f"cannot infer the DiT config: key {exc} missing (first keys: "
+                           f"{', '.join(list(sd)[:5])})") from exc
+    shape["num_layers"] = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
+    shape["qk_norm"] = "blocks.0.self_attn.norm_q.weight" in sd
+    shape["cross_attn_norm"] = "blocks.0.norm3.weight" in sd
+    for preset in PRESETS.values():
+        p = preset.dit
+        if (p.dim, p.ffn_dim, p.freq_dim, p.text_dim) == (dim, shape["ffn_dim"], shape["freq_dim"], shape["text_dim"]):
+            return DiTConfig(**shape, num_heads=p.num_heads, text_len=p.text_len)
+    if dim % WAN_HEAD_DIM:
+        raise WeightsError(f"cannot infer num_heads for dim={dim} (no preset has these widths and dim is not a "
+                           f"multiple of Wan's head dim {WAN_HEAD_DIM}); pass config=DiTConfig(...)")
+    return DiTConfig(**shape, num_heads=dim // WAN_HEAD_DIM, text_len=512)
+
+
+def _dit_config_from_json(path: Path):
+    """DiTConfig from an original Wan config.json (WanModel names) or a diffusers one."""
+    from video_dit.models.dit import DiTConfig
+
+    d = json.loads(path.read_text())
+    if d.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in d:
+        unsupported = {k: d[k] for k in ("image_dim", "added_kv_proj_dim") if d.get(k) is not None}
+        if unsupported:
+            raise WeightsError(f"{path}: Wan 2.1 CLIP-image i2v models are not supported ({unsupported})")
+        return DiTConfig(patch_size=tuple(d["patch_size"]), in_dim=d["in_channels"],
+                         out_dim=d["out_channels"] or d["in_channels"],
+                         dim=d["num_attention_heads"] * d["attention_head_dim"], ffn_dim=d["ffn_dim"],
+                         freq_dim=d["freq_dim"], text_dim=d["text_dim"], num_heads=d["num_attention_heads"],
+                         num_layers=d["num_layers"], qk_norm=d.get("qk_norm") is not None,
+                         cross_attn_norm=d["cross_attn_norm"], eps=d["eps"], text_len=512)
+    try:
+        return DiTConfig.from_dict(d)
+    except ValueError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+
+
+def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
+    """A `VideoDiT` from
+      `preset:NAME`                 seeded random init (`seed`) of the preset's DiT config;
+      a diffusers folder            `transformer/` (or the folder itself): sharded safetensors + index + config.json;
+      an original Wan folder        safetensors (sharded or not) with Wan key names (+ its config.json);
+      a single weights file         original, diffusers or ComfyUI (`model.diffusion_model.` / `diffusion_model.`)
+                                    keys, the layout detected from the names.
+    The config comes from `config`, else a config.json next to the weights, else the weights' shapes
+    (`infer_dit_config`). dtype None keeps the stored dtype (which must then be uniform).
+    A mismatch raises `WeightsError` listing the first missing / unexpected / wrong-shape keys.
+    """
+    from video_dit.models.convert import dit_from_diffusers, dit_key_layout, strip_dit_prefix
+    from video_dit.models.dit import VideoDiT
+    from video_dit.models.presets import get_preset
+
+    src = str(source)
+    if src.startswith("preset:"):
+        config = config or get_preset(src[len("preset:"):]).dit
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            with torch.device(device or "cpu"):
+                model = VideoDiT(config)
+        return model.to(dtype=dtype) if dtype is not None else model
+
+    path = Path(src)
+    if path.is_dir() and (path / "transformer").is_dir():
+        path = path / "transformer"
+    sd = strip_dit_prefix(read_state_dict(path))
+    try:
+        layout = dit_key_layout(sd)
+    except ValueError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+    if layout == "diffusers":
+        sd = dit_from_diffusers(sd)
+    if config is None and path.is_dir() and (path / "config.json").is_file():
+        config = _dit_config_from_json(path / "config.json")
+    if config is None:
+        config = infer_dit_config(sd)
+
+    if dtype is None:
+        dtypes = {v.dtype for v in sd.values()}
+        if len(dtypes) > 1:
+            raise WeightsError(f"{path}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
+        dtype = dtypes.pop()
+    with torch.device("meta"):
+        model = VideoDiT(config)
+    check_state_dict(model, sd, f"{path} ({layout} layout)")
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, assign=True)
+    return model
+
 # ---------------------------------------------------------------- VAE (issue 3)
 
 def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):

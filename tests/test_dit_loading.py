@@ -1,0 +1,126 @@
+"""load_dit from every layout, each written by the test into a temp folder; config inference and
+mismatch errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from video_dit.models.convert import dit_to_diffusers
+from video_dit.models.dit import DiTConfig
+from video_dit.models.loading import WeightsError, infer_dit_config, load_dit
+from video_dit.models.presets import get_preset
+
+diffusers = pytest.importorskip("diffusers")
+
+
+def run(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    c = model.config
+    x = torch.randn(1, c.in_dim, 2, 4, 4, generator=g)
+    context = torch.randn(1, 7, c.text_dim, generator=g)
+    with torch.no_grad():
+        return model(x.to(model.dtype), torch.tensor([500.0]), context.to(model.dtype)).float()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = load_dit("preset:tiny")
+    with torch.no_grad():  # the fresh head is zero; make the output depend on every weight
+        model.head.head.weight.normal_(std=0.05)
+    return model
+
+
+def native_sd(model):
+    return {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
+def test_preset_is_seeded_random_init(tiny):
+    a, b, c = load_dit("preset:tiny"), load_dit("preset:tiny"), load_dit("preset:tiny", seed=1)
+    assert a.config == get_preset("tiny").dit
+    assert all(torch.equal(a.state_dict()[k], b.state_dict()[k]) for k in a.state_dict())
+    assert not torch.equal(a.blocks[0].self_attn.q.weight, c.blocks[0].self_attn.q.weight)
+    assert load_dit("preset:tiny", dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("layout", ["native", "diffusers", "comfyui"])
+def test_single_safetensors_file_layout_detected_and_config_inferred(tmp_path, tiny, layout):
+    sd = native_sd(tiny)
+    if layout == "diffusers":
+        sd = dit_to_diffusers(sd)
+    elif layout == "comfyui":
+        sd = {"model.diffusion_model." + k: v for k, v in sd.items()}
+    save_file(sd, tmp_path / "dit.safetensors")
+    loaded = load_dit(tmp_path / "dit.safetensors")
+    assert loaded.config == tiny.config  # widths from shapes, heads / text_len from the matching preset
+    torch.testing.assert_close(run(loaded), run(tiny), rtol=0, atol=1e-6)
+
+
+def test_diffusers_folder_with_sharded_transformer(tmp_path):
+    torch.manual_seed(0)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2).eval()
+    ref.save_pretrained(tmp_path / "transformer", max_shard_size="20KB", safe_serialization=True)
+    assert len(list((tmp_path / "transformer").glob("*.safetensors"))) > 1
+    assert list((tmp_path / "transformer").glob("*.index.json"))
+    model = load_dit(tmp_path)
+    assert (model.config.num_heads, model.config.dim, model.config.in_dim) == (2, 32, 4)
+    g = torch.Generator().manual_seed(0)
+    x, context, t = torch.randn(1, 4, 2, 4, 4, generator=g), torch.randn(1, 7, 24, generator=g), torch.tensor([500.0])
+    with torch.no_grad():
+        expected = ref(x, t, context, return_dict=False)[0]
+        assert (model(x, t, context) - expected).abs().max() <= 1e-4
+
+
+def test_original_wan_folder_with_config_json(tmp_path, tiny):
+    sd = native_sd(tiny)
+    keys = sorted(sd)
+    shards = {"diffusion_pytorch_model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+              "diffusion_pytorch_model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    weight_map = {}
+    for name, names in shards.items():
+        save_file({k: sd[k] for k in names}, tmp_path / name)
+        weight_map.update({k: name for k in names})
+    (tmp_path / "diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    c = tiny.config
+    wan_config = {"_class_name": "WanModel", "_diffusers_version": "0.30.0", "model_type": "t2v",
+                  "patch_size": list(c.patch_size), "dim": c.dim, "eps": c.eps, "ffn_dim": c.ffn_dim,
+                  "freq_dim": c.freq_dim, "in_dim": c.in_dim, "num_heads": c.num_heads, "num_layers": c.num_layers,
+                  "out_dim": c.out_dim, "text_len": c.text_len, "text_dim": c.text_dim}
+    (tmp_path / "config.json").write_text(json.dumps(wan_config))
+    loaded = load_dit(tmp_path, dtype=torch.float32)
+    assert loaded.config == c
+    torch.testing.assert_close(run(loaded), run(tiny), rtol=0, atol=1e-6)
+    (tmp_path / "config.json").write_text(json.dumps({**wan_config, "num_head": 4}))
+    with pytest.raises(WeightsError, match="did you mean 'num_heads'"):
+        load_dit(tmp_path)
+
+
+def test_infer_config_without_a_matching_preset():
+    cfg = DiTConfig(dim=256, ffn_dim=512, freq_dim=32, text_dim=48, num_heads=2, num_layers=3, in_dim=36)
+    with torch.device("meta"):
+        from video_dit.models.dit import VideoDiT
+
+        sd = VideoDiT(cfg).state_dict()
+    inferred = infer_dit_config(sd)
+    assert inferred == DiTConfig(**{**cfg.__dict__, "text_len": 512})  # Wan convention: head dim 128
+
+
+def test_mismatch_lists_missing_unexpected_and_wrong_shape_keys(tmp_path, tiny):
+    sd = native_sd(tiny)
+    sd.pop("blocks.1.self_attn.o.weight")
+    sd["blocks.0.self_attn.k_img.weight"] = torch.zeros(3)
+    sd["blocks.2.ffn.0.weight"] = torch.zeros(7, 128)
+    save_file(sd, tmp_path / "bad.safetensors")
+    with pytest.raises(WeightsError) as err:
+        load_dit(tmp_path / "bad.safetensors", config=tiny.config)
+    msg = str(err.value)
+    assert "bad.safetensors" in msg
+    assert "1 missing: blocks.1.self_attn.o.weight" in msg
+    assert "1 unexpected: blocks.0.self_attn.k_img.weight" in msg
+    assert "blocks.2.ffn.0.weight: file (7, 128) vs model (384, 128)" in msg
+    save_file({"encoder.weight": torch.zeros(2)}, tmp_path / "other.safetensors")
+    with pytest.raises(WeightsError, match="not a Wan DiT"):
+        load_dit(tmp_path / "other.safetensors")
