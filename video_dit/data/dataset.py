@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -80,6 +81,7 @@ class DatasetConfig:
     cache_dir: str | None = None
     num_workers: int = 0
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
+    validated: bool = field(default=False, init=False, repr=False, compare=False)
 
     def validate(self, path: str) -> None:
         self.config_path = path
@@ -119,6 +121,7 @@ class DatasetConfig:
         if not any(p.suffix.lower() in exts and not p.name.startswith(".") for p in folder.iterdir()):
             raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} holds no video or image "
                                                      f"({' '.join(exts)})")
+        self.validated = True
 
     @property
     def is_video(self) -> bool:
@@ -181,9 +184,7 @@ class ScanResult:
                  + (f", {self.missing_captions} without caption (empty prompt)" if self.missing_captions else "")]
         for b, n in sorted(self.bucket_counts().items()):
             lines.append(f"  bucket F={b[0]} H={b[1]} W={b[2]}: {n} per epoch")
-        for p, r in self.skipped:
-            lines.append(f"  skipped {p}: {r}")
-        return "\n".join(lines)
+        return "\n".join(lines)  # the skipped files themselves were named in one warning each
 
     @staticmethod
     def merge(scans: list["ScanResult"]) -> "ScanResult":
@@ -224,55 +225,74 @@ def _probe_image(path: Path) -> tuple[int, int]:
         raise media.MediaError(path, f"not a readable image ({exc})") from exc
 
 
+def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
+    """`(kind, (w, h), frame indices, source, stat, caption or None)` of one file, or the reason
+    it is unusable (raised as MediaError / ClipTooShort / DataError). Runs in a worker thread."""
+    ext = path.suffix.lower()
+    if ext in VIDEO_EXTS and not cfg.is_video:
+        raise DataError("video in an image dataset (num_frames: 1); set num_frames > 1 to use videos")
+    stat = path.stat()
+    if stat.st_size == 0:
+        raise media.MediaError(path, "empty file (0 bytes)")
+    if ext in VIDEO_EXTS:
+        info = media.probe_video(path)
+        if info.num_frames < 1:
+            raise media.MediaError(path, "the header gives no frame count")
+        idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
+                                       src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
+        frames_mod.check_frames_present(path, max(idx))
+        kind, size, source = "video", (info.width, info.height), (info.num_frames, info.width, info.height, info.fps)
+    else:
+        size = _probe_image(path)
+        kind, idx, source = "image", [0], (1, size[0], size[1], 0.0)
+    cap_path = path.with_suffix(caption_suffix)
+    caption = _read_caption(cap_path) if cap_path.exists() else None
+    return kind, size, idx, source, stat, caption
+
+
 def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
-                 verbose: bool = True) -> ScanResult:
+                 verbose: bool = True, probe_threads: int | None = None) -> ScanResult:
     """Items of one dataset folder (see module docstring). `verbose`: warn per skipped file and
-    print the summary (pass `rank == 0` in multi-rank jobs). Raises `DataError` if no item is usable."""
+    print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
+    threads (default min(8, cpus); PyAV releases the GIL while it reads). Raises `DataError` if no
+    item is usable."""
+    if not cfg.validated or isinstance(cfg.resolution, int):
+        cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
     cfg.check_divisibility(divisibility)
     folder = Path(cfg.folder_path)
-    exts_video = VIDEO_EXTS if cfg.is_video else ()
+    caption_suffix = "." + cfg.caption_ext.lstrip(".")
+    paths, ignored = [], 0
+    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+        ext = path.suffix.lower()
+        if ext in VIDEO_EXTS + IMAGE_EXTS:
+            paths.append(path.absolute())
+        elif ext != caption_suffix.lower():
+            ignored += 1
+
+    def probe(path):
+        try:
+            return _probe(path, cfg, caption_suffix)
+        except media.MediaError as exc:
+            return exc.reason
+        except (frames_mod.ClipTooShort, DataError) as exc:
+            return str(exc)
+
+    threads = probe_threads or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        results = list(pool.map(probe, paths))  # in file order: the scan is deterministic
     items: list[DataItem] = []
     skipped: list[tuple[str, str]] = []
     missing: list[str] = []
-    ignored = 0
-    caption_suffix = "." + cfg.caption_ext.lstrip(".")
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
-        ext = path.suffix.lower()
-        if ext not in VIDEO_EXTS + IMAGE_EXTS:
-            if ext != caption_suffix.lower():
-                ignored += 1
-            continue
-        path = path.absolute()
-        try:
-            if ext in VIDEO_EXTS and ext not in exts_video:
-                raise DataError("video in an image dataset (num_frames: 1); set num_frames > 1 to use videos")
-            stat = path.stat()
-            if stat.st_size == 0:
-                raise media.MediaError(path, "empty file (0 bytes)")
-            if ext in VIDEO_EXTS:
-                info = media.probe_video(path)
-                if info.num_frames < 1:
-                    raise media.MediaError(path, "the header gives no frame count")
-                idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
-                                               src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
-                frames_mod.check_frames_present(path, max(idx))
-                kind, (w, h), source = "video", (info.width, info.height), (info.num_frames, info.width,
-                                                                             info.height, info.fps)
-            else:
-                w, h = _probe_image(path)
-                kind, idx, source = "image", [0], (1, w, h, 0.0)
-            cap_path = path.with_suffix(caption_suffix)
-            if cap_path.exists():
-                caption = _read_caption(cap_path)
-            else:
-                caption = cfg.default_caption if cfg.default_caption is not None else ""
-                missing.append(path.name)
-        except (media.MediaError, frames_mod.ClipTooShort, DataError) as exc:
-            reason = exc.reason if isinstance(exc, media.MediaError) else str(exc)
-            skipped.append((str(path), reason))
+    for path, result in zip(paths, results):
+        if isinstance(result, str):
+            skipped.append((str(path), result))
             if verbose:
-                warnings.warn(f"{path}: skipped: {reason}", DataWarning, stacklevel=2)
+                warnings.warn(f"{path}: skipped: {result}", DataWarning, stacklevel=2)
             continue
+        kind, (w, h), idx, source, stat, caption = result
+        if caption is None:
+            caption = cfg.default_caption if cfg.default_caption is not None else ""
+            missing.append(path.name)
         for res in cfg.resolution:
             H, W = bucket_size(w, h, res, divisibility, square=not cfg.buckets)
             resize, crop = frames_mod.crop_plan(w, h, W, H)
