@@ -24,8 +24,10 @@ def run_ranks(world_size, batch_size=3, seed=0, epoch=0, states=None, steps=None
         s.set_epoch(epoch)
         if states is not None:
             s.load_state_dict(states)
+        remaining = len(s)
         it = iter(s)
         batches = [next(it) for _ in range(steps)] if steps is not None else list(it)
+        assert steps is not None or len(batches) == remaining  # __len__ = what this __iter__ yields
         out.append(batches)
         samplers.append(s)
     return out, samplers
