@@ -1,0 +1,126 @@
+"""First-frame conditioning: both i2v layouts against diffusers' Wan pipelines' construction (the
+per-token timestep order is the one diffusers feeds its WanTransformer3DModel, with which our DiT has
+parity), the VAE conditioning latents and the masked loss."""
+
+import pytest
+import torch
+
+from video_dit.diffusion.conditioning import (FirstFrameConditioning, encode_conditioning, masked_mse,
+                                              pack_frame_mask)
+from video_dit.models.presets import get_preset
+from video_dit.models.vae import CausalVideoVAE
+
+B, C, FL, H, W = 2, 16, 3, 4, 6  # latents (B, C, F', h, w)
+
+
+@pytest.fixture(scope="module")
+def vae():
+    torch.manual_seed(0)
+    return CausalVideoVAE(get_preset("tiny").vae).eval()
+
+
+def _latents(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, C, FL, H, W, generator=g), torch.randn(B, C, 1, H, W, generator=g)
+
+
+def test_replace_with_per_token_timesteps_matches_wan22_ti2v_layout():
+    noisy, first = _latents()
+    t = torch.tensor([800.0, 300.0])
+    x, ts, mask = FirstFrameConditioning("replace", True).apply(noisy, t, {"first_frame_latents": first})
+    assert torch.equal(x[:, :, :1], first) and torch.equal(x[:, :, 1:], noisy[:, :, 1:])
+    # diffusers' WanPipeline (expand_timesteps, Wan 2.2 TI2V): mask[:, :, 0] = 0, then
+    # (mask[0][0][:, ::2, ::2] * t).flatten() over the (F', h/2, w/2) token grid.
+    ref_mask = torch.ones(1, 1, FL, H, W)
+    ref_mask[:, :, 0] = 0
+    ref = torch.stack([(ref_mask[0][0][:, ::2, ::2] * ti).flatten() for ti in t])
+    assert ts.shape == (B, FL * (H // 2) * (W // 2)) and torch.equal(ts, ref)
+    assert mask.shape == (B, 1, FL, H, W)
+    assert torch.equal(mask, ref_mask.expand(B, 1, FL, H, W))
+
+
+def test_replace_scalar_timesteps_and_restore():
+    noisy, first = _latents()
+    t = torch.tensor([800.0, 300.0])
+    cond = FirstFrameConditioning("replace", per_token_timesteps=False)
+    x, ts, mask = cond.apply(noisy, t, {"first_frame_latents": first})
+    assert torch.equal(ts, t) and torch.equal(x[:, :, :1], first)
+    restored = cond.restore(noisy, {"first_frame_latents": first})
+    assert torch.equal(restored[:, :, 0:1], first) and torch.equal(restored[:, :, 1:], noisy[:, :, 1:])
+
+
+def _diffusers_i2v_mask(batch, num_frames, h, w, temporal=4, given=(0,)):
+    """The mask construction of diffusers' WanImageToVideoPipeline.prepare_latents, generalised to
+    any given pixel frames (the pipeline gives frame 0, and the last frame for first-last-frame)."""
+    mask = torch.ones(batch, 1, num_frames, h, w)
+    keep = [i for i in range(num_frames) if i not in given]
+    mask[:, :, keep] = 0
+    first = torch.repeat_interleave(mask[:, :, 0:1], dim=2, repeats=temporal)
+    mask = torch.concat([first, mask[:, :, 1:, :]], dim=2)
+    mask = mask.view(batch, -1, temporal, h, w)
+    return mask.transpose(1, 2)
+
+
+def test_concat_layout_matches_wan_i2v():
+    noisy, _ = _latents()
+    cond_latents = torch.randn(B, 16, FL, H, W)
+    t = torch.tensor([800.0, 300.0])
+    x, ts, mask = FirstFrameConditioning("concat", per_token_timesteps=False).apply(
+        noisy, t, {"cond_latents": cond_latents})
+    assert x.shape == (B, 36, FL, H, W) and torch.equal(ts, t)
+    num_frames = 4 * (FL - 1) + 1
+    ref = torch.cat([noisy, _diffusers_i2v_mask(B, num_frames, H, W), cond_latents], dim=1)
+    assert torch.equal(x, ref)
+    assert torch.equal(mask[:, :, 0], torch.zeros(B, 1, H, W)) and bool((mask[:, :, 1:] == 1).all())
+    # the packing itself, with a mask that is not constant per latent frame (first + last frame given)
+    frame_mask = torch.zeros(B, num_frames, H, W)
+    frame_mask[:, 0] = frame_mask[:, -1] = 1
+    assert torch.equal(pack_frame_mask(frame_mask),
+                       _diffusers_i2v_mask(B, num_frames, H, W, given=(0, num_frames - 1)))
+
+
+def test_encode_conditioning_is_the_normalized_vae_latent(vae):
+    g = torch.Generator().manual_seed(1)
+    frame = torch.rand(1, 3, 16, 32, generator=g) * 2 - 1
+    rep = encode_conditioning(vae, frame, "replace", num_frames=5)["first_frame_latents"]
+    with torch.no_grad():
+        ref = vae.normalize(vae.encode(frame[:, :, None]).mode())
+    assert rep.shape == (1, 16, 1, 2, 4) and torch.equal(rep, ref)
+    # a clip gives the same latents as its first frame
+    clip = torch.cat([frame[:, :, None], torch.rand(1, 3, 4, 16, 32, generator=g) * 2 - 1], dim=2)
+    assert torch.equal(encode_conditioning(vae, clip, "replace", 5)["first_frame_latents"], rep)
+    cat = encode_conditioning(vae, frame, "concat", num_frames=5)["cond_latents"]
+    with torch.no_grad():
+        video = torch.cat([frame[:, :, None], torch.zeros(1, 3, 4, 16, 32)], dim=2)
+        ref = vae.normalize(vae.encode(video).mode())
+    assert cat.shape == (1, 16, 2, 2, 4) and torch.equal(cat, ref)
+    torch.testing.assert_close(cat[:, :, :1], rep, atol=1e-5, rtol=1e-5)  # causal: frame 0 alone
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        encode_conditioning(vae, frame * 3, "replace", 5)
+    with pytest.raises(ValueError, match="4k \\+ 1"):
+        encode_conditioning(vae, frame, "concat", 8)
+
+
+def test_masked_mse_ignores_conditioned_tokens():
+    pred, target = _latents(1)[0], _latents(2)[0]
+    _, _, mask = FirstFrameConditioning("replace", True).apply(pred, torch.ones(B), {"first_frame_latents": pred[:, :, :1]})
+    loss = masked_mse(pred, target, mask)
+    torch.testing.assert_close(loss, ((pred[:, :, 1:] - target[:, :, 1:]) ** 2).mean())
+    changed = pred.clone()
+    changed[:, :, 0] += 100.0
+    assert torch.equal(masked_mse(changed, target, mask), loss)
+    torch.testing.assert_close(masked_mse(pred, target), ((pred - target) ** 2).mean())
+    with pytest.raises(ValueError, match="all zeros"):
+        masked_mse(pred, target, torch.zeros_like(mask))
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="accepted: replace, concat"):
+        FirstFrameConditioning("inpaint", False)
+    with pytest.raises(ValueError, match="per_token_timesteps=False"):
+        FirstFrameConditioning("concat", True)
+    noisy, first = _latents()
+    with pytest.raises(KeyError, match="first_frame_latents"):
+        FirstFrameConditioning("replace", True).apply(noisy, torch.ones(B), {})
+    with pytest.raises(ValueError, match="expected"):
+        FirstFrameConditioning("replace", True).apply(noisy, torch.ones(B), {"first_frame_latents": noisy})

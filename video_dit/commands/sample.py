@@ -1,0 +1,166 @@
+"""`video-dit sample`: render a text-to-video or image-to-video clip to MP4 (or .webp / .gif).
+
+    video-dit sample --model preset:tiny --prompt "a red ball bouncing" --frames 17 --height 64 --width 64 \\
+        --steps 20 --cfg 5 --seed 0 --out out.mp4
+    video-dit sample --model MODELS/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --image first.png --out i2v.mp4
+
+--model: `preset:NAME` (seeded random weights; the tiny preset needs no files) or PATH, a folder holding
+the DiT weights (diffusers `transformer/`, or weight files) and the VAE (`vae/` or a `*vae*` file; or
+pass --vae), plus `text_encoder/` + `tokenizer/` (or pass --text-encoder). Order of work: the prompts
+are encoded and the text encoder freed before the DiT is loaded, so the two never share memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+OUT_EXTS = (".mp4", ".mov", ".mkv", ".webp", ".gif")
+DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_EXTS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _float_in(lo: float, strict: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < lo or (strict and value == lo):
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if strict else '>='} {lo}, got {value}")
+        return value
+    return parse
+
+
+def _out_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix.lower() not in OUT_EXTS:
+        raise argparse.ArgumentTypeError(f"{text}: unsupported extension; accepted: {' '.join(OUT_EXTS)}")
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="preset:NAME (random weights; tiny needs no files) or a model folder/file")
+    parser.add_argument("--vae", default=None, help="VAE weights (default: the preset's, or PATH/vae/ or a *vae* file in PATH)")
+    parser.add_argument("--text-encoder", default=None,
+                        help="text encoder: preset:NAME, a folder with text_encoder/ + tokenizer/, or an HF-named "
+                             ".safetensors file with --tokenizer (default: the model's)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder for a single-file --text-encoder")
+    parser.add_argument("--quantize-text-encoder", choices=("qfloat8", "qint8"), default=None,
+                        help="quantize the text encoder's weights with optimum-quanto")
+    parser.add_argument("--preset", default=None,
+                        help="preset whose defaults (shift, fps) apply to a PATH model (default: the model's preset)")
+    parser.add_argument("--lora", default=None, help="a LoRA file (video_dit / ComfyUI format) applied to the DiT")
+    parser.add_argument("--prompt", required=True, help="the text prompt")
+    parser.add_argument("--negative", default="", help="negative prompt for classifier-free guidance (default: '')")
+    parser.add_argument("--image", default=None, help="first frame (image-to-video); resized to cover and centre-cropped")
+    parser.add_argument("--frames", type=_positive_int, default=17, help="frames, snapped to 4k + 1 (default 17)")
+    parser.add_argument("--height", type=_positive_int, default=480, help="pixels, snapped to the model's multiple (default 480)")
+    parser.add_argument("--width", type=_positive_int, default=832, help="pixels, snapped to the model's multiple (default 832)")
+    parser.add_argument("--steps", type=_positive_int, default=30, help="Euler steps (default 30)")
+    parser.add_argument("--cfg", type=_float_in(0.0, strict=False), default=5.0,
+                        help="classifier-free guidance scale; 1 disables guidance (default 5)")
+    parser.add_argument("--shift", type=_float_in(0.0, strict=True), default=None,
+                        help="flow-matching shift of the schedule (default: the preset's sample_shift, else 5)")
+    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weights dtype (default float32)")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--out", type=_out_path, required=True, help=f"output file ({' '.join(OUT_EXTS)})")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in WEIGHT_EXTS)
+
+
+def _is_vae_file(path: Path) -> bool:
+    return re.search(r"vae", path.name, re.IGNORECASE) is not None
+
+
+def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tuple[str, str, str]:
+    """(dit source, vae source, text encoder source) for `load_dit` / `load_vae` / `load_text_encoder`."""
+    from video_dit.models.presets import get_preset
+
+    if model.startswith("preset:"):
+        preset = get_preset(model[len("preset:"):])
+        return model, vae or f"preset:{preset.vae_name}", text_encoder or model
+    path = Path(model)
+    if not path.exists():
+        raise FileNotFoundError(f"--model {model}: no such file or folder (or use preset:NAME)")
+    if path.is_file():
+        if vae is None or text_encoder is None:
+            raise ValueError(f"--model {model} is a single DiT file: pass --vae and --text-encoder too")
+        return str(path), vae, text_encoder
+    dit = str(path)
+    if not (path / "transformer").is_dir():
+        files = [f for f in _weight_files(path) if not _is_vae_file(f)]
+        if len(files) == 1:
+            dit = str(files[0])
+        elif not files:
+            raise ValueError(f"--model {model}: no transformer/ folder and no DiT weight files "
+                             f"({', '.join(WEIGHT_EXTS)}) in it")
+        # several files: sharded DiT weights, read as a folder by load_dit
+    if vae is None:
+        candidates = [path / "vae"] if (path / "vae").is_dir() else [f for f in _weight_files(path) if _is_vae_file(f)]
+        if len(candidates) != 1:
+            raise ValueError(f"--model {model}: cannot tell which VAE to use (found "
+                             f"{[c.name for c in candidates] or 'no vae/ folder and no *vae* file'}); pass --vae")
+        vae = str(candidates[0])
+    if text_encoder is None:
+        if not (path / "text_encoder").is_dir():
+            raise ValueError(f"--model {model}: no text_encoder/ folder in it; pass --text-encoder")
+        text_encoder = str(path)
+    return dit, vae, text_encoder
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from video_dit.lora import load_lora
+    from video_dit.media import load_image, write_video
+    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
+    from video_dit.models.presets import get_preset
+    from video_dit.pipeline import VideoPipeline
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = getattr(torch, args.dtype)
+    preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:") else None)
+    preset = get_preset(preset_name) if preset_name else None
+    shift = args.shift if args.shift is not None else (preset.sample_shift if preset else 5.0)
+    fps = args.fps if args.fps is not None else (preset.fps if preset else 16)
+    dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)
+    image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
+
+    # 1. prompts -> embeds, then the text encoder is freed
+    te = load_text_encoder(te_src, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
+                           tokenizer=args.tokenizer)
+    guided = args.cfg != 1.0
+    embeds = te.encode([args.prompt, args.negative] if guided else [args.prompt])
+    del te
+    # 2. the DiT (+ LoRA) and the VAE
+    dit = load_dit(dit_src, dtype=dtype, device=device).eval()
+    if args.lora:
+        load_lora(args.lora, dit)
+        dit.to(device=device, dtype=dtype)
+    vae = load_vae(vae_src, dtype=dtype, device=device).eval()
+    pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
+    # 3. sample, decode, write
+    generator = torch.Generator("cpu").manual_seed(args.seed)
+    frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,
+                           width=args.width, steps=args.steps, guidance_scale=args.cfg, shift=shift,
+                           generator=generator, first_frame=image, progress=True)
+    write_video(frames, args.out, fps=fps)
+    kind = "i2v" if image is not None else "t2v"
+    print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps)")
+    return 0

@@ -1,0 +1,205 @@
+"""Embeds in, PIL frames out: text-to-video and image-to-video sampling.
+
+    prompt embeds [(Lt_i, D)] --+
+    noise (B, C, F', h, w) -----+--> Euler steps: conditioning -> dit(x, t, context) -> guidance -> step
+    first frame (B, 3, H, W) -> encode_conditioning (VAE) --^                    |
+                                                             VAE decode (B, 3, F, H, W) -> PIL frames
+
+The pipeline never sees text: encode prompts with `TextEncoder.encode` (or read cached embeds).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F_
+from PIL import Image
+from torch import nn
+
+from video_dit.diffusion.conditioning import FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, encode_conditioning
+from video_dit.diffusion.flow import sampling_schedule
+from video_dit.diffusion.sampler import euler_sample, module_dtype_device
+
+
+def vae_factors(vae_config) -> tuple[int, int]:
+    """(temporal, spatial) compression of a Wan-style VAE config: (4, 8) for Wan 2.1, (4, 16) for 2.2."""
+    temporal = 2 ** sum(bool(d) for d in vae_config.temperal_downsample)
+    spatial = 2 ** (len(vae_config.dim_mult) - 1) * vae_config.patch_size
+    return temporal, spatial
+
+
+def _config_of(module: nn.Module, what: str):
+    """`module.config`, looking through one wrapper level (`.module`, as DeepSpeed engines have)."""
+    for m in (module, getattr(module, "module", None)):
+        config = getattr(m, "config", None)
+        if config is not None:
+            return config
+    raise ValueError(f"cannot find the {what} config on {type(module).__name__}; pass {what}_config=")
+
+
+class VideoPipeline:
+    """Sample videos from a DiT and a VAE.
+
+    dit: a `VideoDiT` (or any module called as `dit(x, t, context)`, e.g. a DeepSpeed engine; then
+    pass `dit_config`). vae: a `CausalVideoVAE`. per_token_timesteps: for i2v in replace mode, give
+    the clean first-frame tokens t = 0 (the right choice for every model; see conditioning.py).
+    i2v_mode: "replace" or "concat"; None picks from the DiT config: in_dim == out_dim + 4 + z_dim is
+    concat (Wan I2V, in_dim 36), in_dim == out_dim is replace.
+    """
+
+    def __init__(self, dit: nn.Module, vae: nn.Module, *, per_token_timesteps: bool = True,
+                 i2v_mode: str | None = None, dit_config=None):
+        self.dit, self.vae = dit, vae
+        self.dit_config = dit_config if dit_config is not None else _config_of(dit, "dit")
+        self.vae_config = _config_of(vae, "vae")
+        self.per_token_timesteps = per_token_timesteps
+        cfg, z = self.dit_config, self.vae_config.z_dim
+        if cfg.out_dim != z:
+            raise ValueError(f"DiT out_dim {cfg.out_dim} does not match the VAE's z_dim {z}")
+        if cfg.in_dim == cfg.out_dim:
+            natural = "replace"
+        elif cfg.in_dim == cfg.out_dim + MASK_CHANNELS + z:
+            natural = "concat"
+        else:
+            raise ValueError(f"DiT in_dim {cfg.in_dim} fits neither t2v/replace ({cfg.out_dim}) "
+                             f"nor concat i2v ({cfg.out_dim + MASK_CHANNELS + z})")
+        if i2v_mode is not None and i2v_mode not in I2V_MODES:
+            raise ValueError(f"unknown i2v_mode {i2v_mode!r}; accepted: {', '.join(I2V_MODES)}")
+        if i2v_mode is not None and i2v_mode != natural:
+            raise ValueError(f"i2v_mode {i2v_mode!r} does not fit a DiT with in_dim {cfg.in_dim} "
+                             f"(that DiT takes {natural!r})")
+        self.i2v_mode = natural
+        self.temporal, self.spatial = vae_factors(self.vae_config)
+        self.divisibility = self.spatial * cfg.patch_size[1]
+
+    # ---------------------------------------------------------------- sizes
+    def snap(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """`num_frames` down to 4k + 1 and height/width down to the divisibility (VAE x patch), with a
+        warning when anything changed; never below one latent frame / one patch."""
+        t, d = self.temporal, self.divisibility
+        if min(num_frames, height, width) < 1:
+            raise ValueError(f"num_frames, height and width must be >= 1, got {num_frames}, {height}, {width}")
+        snapped = ((num_frames - 1) // t * t + 1, max(d, height // d * d), max(d, width // d * d))
+        if snapped != (num_frames, height, width):
+            warnings.warn(f"snapped (frames, height, width) {(num_frames, height, width)} -> {snapped}: "
+                          f"frames must be {t}k + 1 and sides multiples of {d}", stacklevel=2)
+        return snapped
+
+    # ---------------------------------------------------------------- sampling
+    @torch.no_grad()
+    def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
+                         width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
+                         generator: torch.Generator | None = None, first_frame=None,
+                         i2v_mode: str | None = None, progress: bool = False) -> torch.Tensor:
+        """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
+        prompts = _as_list(prompt_embeds, "prompt_embeds")
+        B = len(prompts)
+        negatives = None
+        if negative_embeds is not None:
+            negatives = _as_list(negative_embeds, "negative_embeds")
+            if len(negatives) == 1 and B > 1:
+                negatives = negatives * B
+            if len(negatives) != B:
+                raise ValueError(f"{len(negatives)} negative embeds for {B} prompts (give 1 or {B})")
+        if i2v_mode is not None and i2v_mode != self.i2v_mode:
+            raise ValueError(f"i2v_mode {i2v_mode!r} does not fit this DiT (in_dim {self.dit_config.in_dim} "
+                             f"takes {self.i2v_mode!r})")
+        if first_frame is None and self.i2v_mode == "concat":
+            raise ValueError(f"this DiT (in_dim {self.dit_config.in_dim}) is image-to-video: pass first_frame")
+        num_frames, height, width = self.snap(num_frames, height, width)
+
+        # 1. noise, drawn on the generator's device (CPU by default) so a seed means the same video anywhere
+        _, device = module_dtype_device(self.dit)
+        shape = (B, self.vae_config.z_dim, (num_frames - 1) // self.temporal + 1,
+                 height // self.spatial, width // self.spatial)
+        noise = torch.randn(shape, generator=generator,
+                            device=generator.device if generator is not None else "cpu").to(device)
+        # 2. first-frame conditioning latents, computed once
+        conditioning = cond = None
+        if first_frame is not None:
+            pixels = _first_frames(first_frame, B, height, width)  # (B, 3, H, W)
+            conditioning = FirstFrameConditioning(
+                self.i2v_mode, per_token_timesteps=self.per_token_timesteps and self.i2v_mode == "replace",
+                patch_size=tuple(self.dit_config.patch_size))
+            cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
+        # 3. the solver
+        return euler_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
+                            guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
+        """Normalized latents (B, C, F', h, w) -> B lists of F PIL frames (VAE decode, one video at a time)."""
+        from video_dit.media import tensor_to_pil
+
+        dtype, device = module_dtype_device(self.vae)
+        videos = []
+        for z in latents:
+            z = self.vae.denormalize(z[None].to(device=device, dtype=dtype))
+            video = self.vae.decode(z)[0].float().clamp(-1, 1)  # (3, F, H, W)
+            videos.append(tensor_to_pil(video.transpose(0, 1)))
+        return videos
+
+    def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
+                 width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
+                 generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
+                 progress: bool = False):
+        """Render videos as PIL frames.
+
+        prompt_embeds: one (Lt, D) tensor -> returns list[PIL.Image] (F frames); or a list of B (Lt_i, D)
+        tensors -> returns B such lists. negative_embeds: one (Lt, D) for all prompts or B of them;
+        required when guidance_scale != 1 (guidance 1 runs the conditional pass alone).
+        num_frames (snapped to 4k + 1), height, width (snapped to the divisibility), steps Euler steps
+        on `sampling_schedule(steps, shift)`. generator: seeds the noise. first_frame: a PIL image, a
+        (3, H, W) / (B, 3, H, W) tensor in [-1, 1], or a list of B PIL images; resized to cover
+        height x width and centre-cropped; makes it image-to-video in the DiT's i2v mode.
+        """
+        latents = self.generate_latents(prompt_embeds, negative_embeds, num_frames, height, width, steps,
+                                        guidance_scale, shift, generator, first_frame, i2v_mode, progress)
+        videos = self.decode(latents)
+        return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
+
+
+def _as_list(embeds, name: str) -> list[torch.Tensor]:
+    items = [embeds] if isinstance(embeds, torch.Tensor) else list(embeds)
+    if not items:
+        raise ValueError(f"{name} is empty")
+    for i, e in enumerate(items):
+        if not isinstance(e, torch.Tensor) or e.ndim != 2:
+            raise ValueError(f"{name}[{i}] must be a 2D (Lt, D) tensor, got "
+                             f"{tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__}")
+    return items
+
+
+def fit_frame(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """(B, 3, H0, W0) -> (B, 3, height, width): resize to cover, then centre-crop (aspect kept)."""
+    h0, w0 = pixels.shape[-2:]
+    if (h0, w0) == (height, width):
+        return pixels
+    scale = max(height / h0, width / w0)
+    h1, w1 = max(height, math.ceil(h0 * scale)), max(width, math.ceil(w0 * scale))
+    x = F_.interpolate(pixels.float(), size=(h1, w1), mode="bicubic", align_corners=False, antialias=True)
+    top, left = (h1 - height) // 2, (w1 - width) // 2
+    return x[:, :, top:top + height, left:left + width].clamp(-1, 1)
+
+
+def _first_frames(first_frame, batch: int, height: int, width: int) -> torch.Tensor:
+    """First frame(s) as (batch, 3, height, width) in [-1, 1]."""
+    from video_dit.media import pil_to_tensor
+
+    if isinstance(first_frame, Image.Image):
+        first_frame = [first_frame]
+    if isinstance(first_frame, (list, tuple)):
+        first_frame = torch.stack([fit_frame(pil_to_tensor(im)[None], height, width)[0] for im in first_frame])
+    if not isinstance(first_frame, torch.Tensor):
+        raise TypeError(f"first_frame must be a PIL image, a list of them or a tensor, got {type(first_frame).__name__}")
+    x = first_frame[None] if first_frame.ndim == 3 else first_frame
+    if x.ndim != 4 or x.shape[1] != 3:
+        raise ValueError(f"first_frame tensor must be (3, H, W) or (B, 3, H, W), got {tuple(first_frame.shape)}")
+    if x.shape[0] == 1 and batch > 1:
+        x = x.expand(batch, -1, -1, -1)
+    if x.shape[0] != batch:
+        raise ValueError(f"{x.shape[0]} first frames for {batch} prompts (give 1 or {batch})")
+    return fit_frame(x, height, width)
