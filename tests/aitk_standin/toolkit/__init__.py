@@ -1,0 +1,1 @@
+"""Stand-in for ai-toolkit's `toolkit` package (tests only; see ../README.md)."""

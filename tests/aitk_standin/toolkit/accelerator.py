@@ -1,0 +1,2 @@
+def unwrap_model(model):
+    return getattr(model, "module", model)

@@ -1,0 +1,332 @@
+"""The ai-toolkit adapter against a stand-in of the ai-toolkit types it touches (tests/aitk_standin,
+written from aitk-contract.md): one training step in the contract's call order, the i2v paths and
+their guards, a preview written as MP4, and LoRA files shared with our DeepSpeed trainer."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import aitk_standin
+from video_dit.diffusion.conditioning import masked_mse
+from video_dit.diffusion.flow import add_noise
+from video_dit.lora import add_lora, lora_state_dict, save_lora
+from video_dit.models.loading import WeightsError, read_state_dict
+from video_dit.typed_config import ConfigError
+
+B, T, H, W = 2, 5, 16, 16  # pixels (B, T, 3, H, W) -> latents (B, 16, 2, 2, 2) with the tiny preset
+
+
+@pytest.fixture(scope="module")
+def aitk():
+    yield aitk_standin.activate()
+    aitk_standin.deactivate()
+
+
+def build(aitk, **model):
+    from toolkit.config_modules import ModelConfig
+
+    cfg = ModelConfig(**{"name_or_path": "preset:tiny", "arch": "video_dit", "dtype": "fp32", **model})
+    # as BaseSDTrainProcess.run: the scheduler comes from the class, before the model exists
+    return aitk.VideoDiTModel(device="cpu", model_config=cfg, dtype="fp32",
+                              noise_scheduler=aitk.VideoDiTModel.get_train_scheduler())
+
+
+@pytest.fixture(scope="module")
+def sd(aitk):
+    """The loaded tiny model, its head randomised (the zero-initialised head of a fresh DiT predicts
+    0 and passes no gradient back to the blocks' LoRA)."""
+    model = build(aitk)
+    model.load_model()
+    with torch.no_grad():
+        model.model.head.head.weight.normal_(std=0.05)
+    return model
+
+
+def video_batch(seed=0, **kw):
+    from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
+
+    g = torch.Generator().manual_seed(seed)
+    # smooth-ish frames in [-1, 1], as ai-toolkit's loader delivers them: (B, T, 3, H, W) float32 CPU
+    base = torch.rand(B, 1, 3, H // 4, W // 4, generator=g)
+    drift = torch.linspace(0, 1, T).view(1, T, 1, 1, 1) * torch.rand(B, 1, 3, 1, 1, generator=g)
+    small = (base + drift).clamp(0, 1) * 2 - 1
+    tensor = F.interpolate(small.flatten(0, 1), size=(H, W), mode="bilinear").view(B, T, 3, H, W)
+    return DataLoaderBatchDTO(tensor=tensor, num_frames=T, **kw)
+
+
+def per_token(t, frames, tokens_per_frame, first=0.0):
+    """(B,) -> (B, L): the clip's t on every token, `first` on latent frame 0's tokens."""
+    tt = t.view(-1, 1).repeat(1, frames * tokens_per_frame).clone()
+    tt[:, :tokens_per_frame] = first
+    return tt
+
+
+def test_flags_are_instance_attributes_set_after_base_init(aitk):
+    model = build(aitk)
+    # BaseModel.__init__ assigns these; a class attribute would have been shadowed
+    assert model.is_flow_matching and model.is_transformer and model.use_old_lokr_format is False
+    assert model.target_lora_modules == ["VideoDiT"] and model.arch == "video_dit"
+    assert model.get_transformer_block_names() == ["blocks"]
+    assert model.get_bucket_divisibility() == 16 and model.get_frame_count_snapper()(20) == 17
+    assert build(aitk, arch="video_dit:tiny").arch == "video_dit"  # the UI's arch:tag form
+
+
+def test_model_kwargs_are_checked(aitk):
+    with pytest.raises(ConfigError, match=r"model\.model_kwargs\.i2v_mod.*did you mean 'i2v_mode'"):
+        build(aitk, model_kwargs={"i2v_mod": "replace"})
+    with pytest.raises(ConfigError, match=r"model\.model_kwargs\.i2v_mode.*'concat' does not fit preset 'tiny'"):
+        build(aitk, model_kwargs={"i2v_mode": "concat"})
+    with pytest.raises(ConfigError, match=r"model\.model_kwargs\.preset.*required when model\.name_or_path is a weights path"):
+        build(aitk, name_or_path="/weights/dit.safetensors")
+    with pytest.raises(ConfigError, match=r"contradicts"):
+        build(aitk, model_kwargs={"preset": "wan2.1-t2v-1.3b"})
+    assert build(aitk, name_or_path="preset:wan2.2-i2v-a14b").i2v_mode == "concat"
+
+
+def test_training_step_in_contract_order(sd):
+    """encode_images -> get_prompt_embeds -> add noise -> predict_noise(batch=...) -> get_loss_target
+    -> scale_loss -> backward, with a peft LoRA on the DiT standing in for ai-toolkit's network."""
+    dit = sd.model
+    base = copy.deepcopy(dit.state_dict())
+    add_lora(dit, rank=4)
+    try:
+        batch = video_batch(do_i2v=True)
+        # 1. latents from pixels (the uncached path: BaseSDTrainProcess calls encode_images(batch.tensor))
+        batch.latents = sd.encode_images(batch.tensor)
+        assert batch.latents.shape == (B, 16, 2, 2, 2)
+        # 2. per-prompt 2D embeds, each at its own length
+        embeds = sd.get_prompt_embeds(["a red square moving right", ""])
+        assert [e.ndim for e in embeds.text_embeds] == [2, 2]
+        assert embeds.text_embeds[0].shape[0] > embeds.text_embeds[1].shape[0]
+        # 3. ai-toolkit's flowmatch timesteps (0..1000 floats) and noise: the same x_t as our flow module
+        timesteps = sd.noise_scheduler.set_train_timesteps(1000, "cpu")[torch.tensor([150, 700])]
+        noise = torch.randn_like(batch.latents)
+        noisy = sd.noise_scheduler.add_noise(batch.latents, noise, timesteps)
+        assert torch.allclose(noisy, add_noise(batch.latents, noise, timesteps), atol=1e-6)
+        # 4. the prediction, through BaseModel.predict_noise (which passes batch= only if it is declared)
+        pred = sd.predict_noise(noisy, text_embeddings=embeds, timestep=timesteps, batch=batch)
+        assert pred.shape == batch.latents.shape
+        mask = sd._i2v_loss_mask
+        assert mask.shape == (B, 1, 2, 2, 2) and mask[:, :, 0].abs().sum() == 0 and mask[:, :, 1:].min() == 1
+        # the conditioning, re-derived by hand: clean latent frame 0 (the causal VAE encodes frame 0
+        # alone), t = 0 on its tokens
+        first = sd.encode_images(batch.tensor[:, :1])
+        assert torch.allclose(first, batch.latents[:, :, :1], atol=1e-5)
+        with torch.no_grad():
+            by_hand = dit(torch.cat([first, noisy[:, :, 1:]], dim=2), per_token(timesteps, 2, 1), embeds.text_embeds)
+        assert torch.allclose(pred, by_hand, atol=1e-5)
+        # 5.-6. the loss as SDTrainer.calculate_loss computes it equals our trainer's masked MSE
+        target = sd.get_loss_target(noise=noise, batch=batch, timesteps=timesteps)
+        assert torch.equal(target, noise - batch.latents)
+        loss = F.mse_loss(pred.float(), target.float(), reduction="none")
+        loss = sd.scale_loss(loss).mean([1, 2, 3, 4]).mean()
+        assert sd._i2v_loss_mask is None  # consumed
+        assert torch.allclose(loss, masked_mse(pred, target, mask), rtol=1e-5)
+        # 7. backward reaches the LoRA only
+        loss.backward()
+        grads = {n: p.grad for n, p in dit.named_parameters() if p.grad is not None}
+        assert grads and all(".lora_" in n for n in grads)
+        assert any(g.abs().sum() > 0 for n, g in grads.items() if "lora_B" in n)
+        assert sd.get_model_has_grad() is False and sd.get_te_has_grad() is False
+    finally:
+        sd.model = type(dit)(dit.config)
+        sd.model.load_state_dict(base)
+        sd.pipeline = sd.get_generation_pipeline()
+
+
+def test_cached_first_frame_latents_condition_like_pixels(sd):
+    """Cached latents + do_i2v give batch.first_frame_latents (no pixels): same prediction."""
+    from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
+
+    pixels = video_batch(seed=1, do_i2v=True)
+    latents = sd.encode_images(pixels.tensor)
+    cached = DataLoaderBatchDTO(latents=latents, first_frame_latents=sd.encode_images(pixels.tensor[:, 0]),
+                                do_i2v=True, num_frames=T)
+    assert cached.first_frame_latents.shape == (B, 16, 1, 2, 2)
+    embeds = sd.get_prompt_embeds(["a", "b"])
+    t = torch.tensor([300.0, 900.0])
+    noisy = add_noise(latents, torch.randn_like(latents), t)
+    with torch.no_grad():
+        a = sd.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=pixels)
+        b = sd.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=cached)
+        plain = sd.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=None)
+    assert torch.allclose(a, b, atol=1e-5)
+    assert not torch.allclose(a, plain, atol=1e-3)  # the conditioning changed the prediction
+
+
+def test_guards_no_batch_images_t2v_cfg(sd):
+    from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
+
+    embeds = sd.get_prompt_embeds(["a", "b"])
+    t = torch.tensor([500.0, 500.0])
+    video = sd.encode_images(video_batch(seed=2).tensor)
+    with torch.no_grad():
+        # batch=None (validate() calls predict_noise without one): plain t2v, no loss mask
+        plain = sd.get_noise_prediction(video, t, embeds, batch=None)
+        assert sd._i2v_loss_mask is None
+        assert torch.allclose(plain, sd.model(video, t, embeds.text_embeds), atol=1e-6)
+        # a t2v dataset (do_i2v false): the same
+        assert torch.allclose(sd.get_noise_prediction(video, t, embeds, batch=DataLoaderBatchDTO(do_i2v=False)), plain)
+        # image items in a do_i2v dataset with cached latents: no first_frame_latents, no pixels,
+        # one latent frame -> trained unconditioned instead of raising on frames.shape
+        image_latents = torch.randn(B, 16, 1, 2, 2)
+        images = DataLoaderBatchDTO(latents=image_latents, do_i2v=True)
+        out = sd.get_noise_prediction(image_latents, t, embeds, batch=images)
+        assert out.shape == image_latents.shape and sd._i2v_loss_mask is None
+        assert sd.scale_loss(torch.ones(B, 16, 1, 2, 2)).eq(1).all()
+        # image items with pixels (B, 3, H, W): encode_images makes one latent frame; same guard
+        pix = DataLoaderBatchDTO(tensor=torch.rand(B, 3, H, W) * 2 - 1, do_i2v=True)
+        lat = sd.encode_images(pix.tensor)
+        assert lat.shape == (B, 16, 1, 2, 2)
+        sd.get_noise_prediction(lat, t, embeds, batch=pix)
+        assert sd._i2v_loss_mask is None
+        # CFG: predict_noise doubles the latents; the first frames are doubled to match
+        cfg_embeds = sd.get_prompt_embeds(["", "", "a", "b"])
+        i2v = video_batch(seed=2, do_i2v=True)
+        guided = sd.predict_noise(video, text_embeddings=cfg_embeds, timestep=t, batch=i2v, guidance_scale=3.0)
+        assert guided.shape == video.shape and sd._i2v_loss_mask.shape[0] == 2 * B
+    # a video item with neither cached first frame nor pixels cannot be conditioned: say how to fix it
+    with pytest.raises(ValueError, match="cache_tensors_to_disk"):
+        sd.get_noise_prediction(video, t, embeds, batch=DataLoaderBatchDTO(latents=video, do_i2v=True))
+    with pytest.raises(TypeError, match="down_block_additional_residuals"):
+        sd.get_noise_prediction(video, t, embeds, batch=None, down_block_additional_residuals=[])
+    with pytest.raises(ValueError, match="4k \\+ 1"):
+        sd.encode_images(torch.zeros(1, 8, 3, H, W))
+
+
+def test_preview_is_an_mp4_of_snapped_frames_from_the_control_image(sd, tmp_path):
+    """generate_images' calls: get_generation_pipeline -> embeds -> generate_single_image ->
+    gen_config.save_image_atomic (which our replaced save_image serves, as LTX2's does)."""
+    from PIL import Image
+    from toolkit.config_modules import GenerateImageConfig
+
+    from video_dit.media import probe_video, read_video
+
+    ctrl = tmp_path / "first.png"
+    yy, xx = torch.meshgrid(torch.linspace(0, 1, 48), torch.linspace(0, 1, 48), indexing="ij")
+    rgb = torch.stack([xx, yy, 1 - xx]).mul(255).byte().permute(1, 2, 0).numpy()
+    Image.fromarray(rgb).save(ctrl)
+
+    def preview(ctrl_img, num_frames=7):
+        # the real config rounds sizes down to multiples of 8, at least 64: 72 x 64 -> (snapped) 64 x 64
+        gen_config = GenerateImageConfig(prompt="a red square moving right", width=72, height=64,
+                                         num_inference_steps=2, guidance_scale=2.0, seed=3, ctrl_img=ctrl_img,
+                                         num_frames=num_frames, fps=8, output_folder=str(tmp_path / "samples"),
+                                         output_ext="webp")
+        pipeline = sd.get_generation_pipeline()
+        cond, uncond = sd.get_prompt_embeds([gen_config.prompt]), sd.get_prompt_embeds([""])
+        img = sd.generate_single_image(pipeline, gen_config, cond, uncond, torch.manual_seed(3), {})
+        return gen_config, img
+
+    gen_config, frames = preview(str(ctrl))
+    assert gen_config.num_frames == 5 and (gen_config.width, gen_config.height) == (64, 64)
+    assert isinstance(frames, list) and len(frames) == 5 and frames[0].size == (64, 64)
+    gen_config.save_image_atomic(frames, 0)
+    (mp4,) = (tmp_path / "samples").glob("*.mp4")
+    assert not list((tmp_path / "samples").glob("*.webp"))
+    info = probe_video(mp4)
+    assert (info.num_frames, info.width, info.height) == (5, 64, 64)
+    # i2v: frame 0 is the VAE round trip of the control image (resized to 64x64)
+    from video_dit.media import load_image, pil_to_tensor
+    from video_dit.pipeline import fit_frame
+
+    pixels = fit_frame(pil_to_tensor(load_image(ctrl))[None], 64, 64)  # (1, 3, 64, 64)
+    round_trip = sd.decode_latents(sd.encode_images(pixels))[0, :, 0]  # (3, 64, 64)
+    frame0 = pil_to_tensor(frames[0])
+    assert (frame0 - round_trip).abs().mean() < 0.02
+    assert (read_video(mp4)[0] - round_trip).abs().mean() < 0.1  # through H.264
+    # one frame: one PIL image, ai-toolkit's own writer untouched
+    single_config, single = preview(str(ctrl), num_frames=1)
+    assert isinstance(single, Image.Image) and single_config.output_ext == "webp"
+
+
+def aitk_lora_state_dict(sd, dit, rank, gen):
+    """What ai-toolkit's LoRASpecialNetwork saves for this model, before the model's conversion:
+    every Linear inside a module whose class is in `target_lora_modules` whose dotted name contains
+    one of `get_transformer_block_names()` (transformer_only), peft format, no alpha
+    (toolkit/lora_special.py, toolkit/network_mixins.py at the contract's commit)."""
+    out = {}
+    for name, module in dit.named_modules():
+        if type(module).__name__ not in sd.target_lora_modules:
+            continue
+        for child_name, child in module.named_modules():
+            clean = ".".join(x for x in ("transformer", name, child_name) if x)
+            if type(child).__name__ != "Linear" or not any(b in clean for b in sd.get_transformer_block_names()):
+                continue
+            out[f"{clean}.lora_A.weight"] = torch.randn(rank, child.in_features, generator=gen) * 0.1
+            out[f"{clean}.lora_B.weight"] = torch.randn(child.out_features, rank, generator=gen) * 0.1
+    return out
+
+
+def merged(dit, peft_sd):
+    """A copy of `dit` with ai-toolkit's update W + B @ A (scale 1) merged in."""
+    out = copy.deepcopy(dit)
+    params = dict(out.named_parameters())
+    with torch.no_grad():
+        for key, a in peft_sd.items():
+            if key.endswith(".lora_A.weight"):
+                module = key[len("transformer."):-len(".lora_A.weight")]
+                params[module + ".weight"] += peft_sd[key.replace("lora_A", "lora_B")] @ a
+    return out
+
+
+def test_lora_files_are_shared_with_the_deepspeed_trainer(sd, tmp_path):
+    from video_dit.lora import load_lora
+
+    dit = type(sd.model)(sd.model.config)
+    dit.load_state_dict(sd.model.state_dict())
+    x, t = torch.randn(1, 16, 2, 2, 2), torch.tensor([400.0])
+    ctx = sd.get_prompt_embeds(["a"]).text_embeds
+    gen = torch.Generator().manual_seed(0)
+
+    # ai-toolkit -> file: the keys are exactly those our trainer exports for the same rank
+    ai_sd = aitk_lora_state_dict(sd, dit, rank=4, gen=gen)
+    saved = sd.convert_lora_weights_before_save(ai_sd)
+    trainer = add_lora(copy.deepcopy(dit), rank=4, alpha=4)
+    trainer_file = save_lora(tmp_path / "trainer.safetensors", trainer, alpha=4)
+    assert set(saved) == set(read_state_dict(trainer_file))
+    # ... and our loader reproduces ai-toolkit's model from it
+    from safetensors.torch import save_file
+
+    save_file(saved, str(tmp_path / "aitk.safetensors"))
+    ours = load_lora(tmp_path / "aitk.safetensors", copy.deepcopy(dit))
+    with torch.no_grad():
+        assert torch.allclose(ours(x, t, ctx), merged(dit, ai_sd)(x, t, ctx), atol=1e-5)
+
+    # file (trained with alpha != rank) -> ai-toolkit: the same key set ai-toolkit builds, and with
+    # ai-toolkit's scale of 1 the same model as our trainer's
+    trained = add_lora(copy.deepcopy(dit), rank=4, alpha=8)
+    with torch.no_grad():
+        for n, p in trained.named_parameters():
+            if "lora_" in n:
+                p.normal_(std=0.1, generator=gen)
+    path = save_lora(tmp_path / "alpha8.safetensors", trained, alpha=8)
+    loaded = sd.convert_lora_weights_before_load(read_state_dict(path))
+    assert set(loaded) == set(ai_sd)
+    with torch.no_grad():
+        assert torch.allclose(merged(dit, loaded)(x, t, ctx), trained(x, t, ctx), atol=1e-5)
+    # round trip: what ai-toolkit saves after loading is the file's update again (alpha = rank now)
+    again = sd.convert_lora_weights_before_load(sd.convert_lora_weights_before_save(loaded))
+    assert all(torch.allclose(again[k], loaded[k]) for k in loaded)
+    assert lora_state_dict(trained).keys() == {k[len("transformer."):] for k in loaded}
+
+    with pytest.raises(WeightsError, match="lokr_w1"):
+        sd.convert_lora_weights_before_save({"transformer.blocks.0.self_attn.q.lokr_w1": torch.zeros(2, 2)})
+
+
+def test_full_fine_tune_save_reloads_alone(aitk, sd, tmp_path):
+    out = tmp_path / "aitk_tiny_000000010"
+    sd.save_model(str(out), {"name": "test"}, torch.float32)
+    again = build(aitk, name_or_path=str(out))  # ai-toolkit's resume points name_or_path at the save
+    again.load_model()
+    x, t = torch.randn(1, 16, 2, 2, 2), torch.tensor([250.0])
+    ctx = sd.get_prompt_embeds(["a"]).text_embeds
+    reloaded, trained = again.model.state_dict(), sd.model.state_dict()
+    assert reloaded.keys() == trained.keys() and all(torch.equal(reloaded[k], trained[k]) for k in trained)
+    with torch.no_grad():
+        assert torch.allclose(again.model(x, t, ctx), sd.model(x, t, ctx), atol=1e-6)
+    assert again.sources == sd.sources

@@ -1,0 +1,469 @@
+"""`model.arch: video_dit`: our DiT, VAE, text encoder and conditioning inside ai-toolkit's trainer.
+
+    ai-toolkit (SDTrainer, BaseModel)            this adapter (our components, unchanged)
+    -------------------------------------------  -----------------------------------------------------
+    batch.tensor (B, F, 3, H, W) in [-1, 1]  ->  encode_images: VAE encode (mode) + normalize
+                                                 -> latents (B, C, F', h, w)
+    captions list[str]                       ->  get_prompt_embeds: TextEncoder -> [(Lt_i, D)] per prompt
+    scheduler.add_noise(x0, noise, t)            x_t = (1 - t/1000) x0 + t/1000 noise, t on 0..1000
+    predict_noise(x_t, t, embeds, batch)     ->  get_noise_prediction: FirstFrameConditioning (the object
+                                                 our DeepSpeed trainer uses) -> VideoDiT -> (B, C, F', h, w)
+    target                                   <-  get_loss_target: noise - x0
+    mse(reduction="none") (B, C, F', h, w)   ->  scale_loss: i2v loss mask, renormalised to a masked mean
+    LoRA state dict (`transformer.` peft)   <->  convert_lora_weights_before_save/load: our one LoRA file
+    sample(): GenerateImageConfig            ->  generate_single_image: VideoPipeline -> PIL frames -> MP4
+
+This is the only module that imports ai-toolkit (`toolkit`); `import video_dit` never does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
+
+try:
+    from toolkit.advanced_prompt_embeds import AdvancedPromptEmbeds
+    from toolkit.models.base_model import BaseModel
+    from toolkit.samplers.custom_flowmatch_sampler import CustomFlowMatchEulerDiscreteScheduler
+except ImportError as exc:  # ai-toolkit's registration catches ImportError and skips the package
+    raise ImportError("video_dit.integrations.ai_toolkit runs inside ai-toolkit: its `toolkit` package must "
+                      "be importable (run from an ai-toolkit checkout registered with `video-dit "
+                      f"aitk-install AITK_DIR`): {exc}") from exc
+
+from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
+from video_dit.diffusion.flow import velocity_target
+from video_dit.models.loading import WeightsError
+from video_dit.models.presets import PRESETS, Preset, get_preset
+from video_dit.typed_config import ConfigError, parse
+
+ARCH = "video_dit"
+# ai-toolkit builds the training scheduler from the class, before any preset is known, so it is static.
+# It only draws training timesteps and adds noise there (shift applies with `timestep_type: shift`);
+# previews use our own sampler with the preset's `sample_shift`.
+TRAIN_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
+# Bump when get_prompt_embeds / encode_images change what they compute: the numbers are part of
+# ai-toolkit's text-embedding and latent cache keys, so old caches are recomputed, never reused.
+TEXT_EMBEDDING_VERSION = 1
+LATENT_VERSION = 1
+TEMPORAL = 4  # pixel frames per latent frame after the first (Wan VAEs)
+PEFT_PREFIX = "transformer."  # ai-toolkit's LoRA key prefix for `is_transformer` models (peft format)
+SAVED_SOURCES = "video_dit_sources.json"  # written by save_model beside full fine-tune weights
+
+
+def snap_num_frames(num_frames: int) -> int:
+    """Frame count down to the 4k + 1 the VAE encodes (module level: ai-toolkit pickles it)."""
+    return max(1, (int(num_frames) - 1) // TEMPORAL * TEMPORAL + 1)
+
+
+@dataclass
+class ModelKwargs:
+    """`model.model_kwargs` of the job file, which ai-toolkit hands to the model untouched.
+
+    preset: names the DiT/VAE/text-encoder family; required when `name_or_path` is a weights path
+        (`preset:NAME` implies it). i2v_mode: first-frame conditioning for `do_i2v` datasets; default:
+        the preset's, else "replace" for a t2v DiT. attention_backend: "native" (SDPA) or "flash".
+    """
+
+    preset: str | None = None
+    i2v_mode: Literal["replace", "concat"] | None = None
+    attention_backend: Literal["native", "flash"] = "native"
+
+    def validate(self, path: str) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
+
+
+def saved_sources(name_or_path: str) -> dict:
+    """What `save_model` recorded next to full fine-tune weights (ai-toolkit resumes a fine-tune by
+    pointing `name_or_path` at its last save): {"preset", "vae", "text_encoder"}, or {}."""
+    path = os.path.join(name_or_path, SAVED_SOURCES)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def resolve_preset(name_or_path: str | None, options: ModelKwargs) -> Preset:
+    """The preset a job means: `preset:NAME` in `model.name_or_path`, `model.model_kwargs.preset`, or
+    the one recorded by `save_model` in the weights folder."""
+    if not name_or_path:
+        raise ConfigError("model.name_or_path", "required: `preset:NAME` or a path to DiT weights")
+    if name_or_path.startswith("preset:"):
+        name = name_or_path[len("preset:"):]
+        if options.preset is not None and options.preset != name:
+            raise ConfigError("model.model_kwargs.preset", f"{options.preset!r} contradicts "
+                                                           f"model.name_or_path {name_or_path!r}")
+        path = "model.name_or_path"
+    else:
+        if options.preset is None and saved_sources(name_or_path):
+            return get_preset(saved_sources(name_or_path)["preset"])
+        if options.preset is None:
+            raise ConfigError("model.model_kwargs.preset", "required when model.name_or_path is a weights path "
+                                                           f"(it names the VAE and text encoder); accepted: {', '.join(PRESETS)}")
+        name, path = options.preset, "model.model_kwargs.preset"
+    try:
+        return get_preset(name)
+    except KeyError as exc:
+        raise ConfigError(path, exc.args[0]) from exc
+
+
+def resolve_i2v_mode(preset: Preset, requested: str | None) -> str:
+    """"replace" for a DiT whose input is its output (t2v, TI2V), "concat" for in_dim = out + 4 + z."""
+    cfg = preset.dit
+    natural = {cfg.out_dim: "replace", cfg.out_dim + MASK_CHANNELS + preset.vae.z_dim: "concat"}.get(cfg.in_dim)
+    if natural is None:
+        raise ConfigError("model.model_kwargs.preset", f"{preset.name}: DiT in_dim {cfg.in_dim} fits neither "
+                                                       "i2v mode (replace: in_dim == out_dim; concat: out_dim + 4 + z_dim)")
+    if requested is not None and requested != natural:
+        raise ConfigError("model.model_kwargs.i2v_mode", f"{requested!r} does not fit preset {preset.name!r} "
+                                                         f"(DiT in_dim {cfg.in_dim}); accepted: {natural!r}")
+    return natural
+
+
+def _device_of(module) -> torch.device:
+    for p in module.parameters():
+        return p.device
+    raise ValueError(f"{type(module).__name__} has no parameters")
+
+
+def _ensure_on(module, device: torch.device) -> None:
+    """ai-toolkit parks components on the CPU (latent caching, low_vram); each hook moves its own back."""
+    if _device_of(module) != device:
+        module.to(device)
+
+
+def _save_video(gen_config, frames, count: int = 0, max_count: int = 0, **kwargs) -> None:
+    """Replaces `GenerateImageConfig.save_image` for video previews (as LTX2 does): H.264 MP4, not WebP.
+    `save_image_atomic` points `output_folder` at its tmp folder around this call; honour it."""
+    from video_dit.media import write_video
+
+    path = gen_config.get_image_path(count, max_count)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_video(frames, path, fps=gen_config.fps)
+
+
+def _skip_log(gen_config, *args, **kwargs) -> None:
+    """Replaces `GenerateImageConfig.log_image` for video previews: ai-toolkit's loggers take one image."""
+
+
+class VideoDiTModel(BaseModel):
+    """ai-toolkit model class for `model.arch: video_dit` (UI: `video_dit:<preset>`)."""
+
+    arch = ARCH
+
+    def __init__(self, device, model_config, dtype="bf16", custom_pipeline=None, noise_scheduler=None, **kwargs):
+        super().__init__(device, model_config, dtype, custom_pipeline, noise_scheduler, **kwargs)
+        # BaseModel.__init__ assigns these as instance attributes, so they are set here, after it.
+        self.is_flow_matching = True  # target noise - x0; timestep weighting
+        self.is_transformer = True  # LoRA keys `transformer.<path>.lora_A/B.weight`, peft format (scale 1)
+        self.target_lora_modules = ["VideoDiT"]  # compared with type(module).__name__
+        self.use_old_lokr_format = False
+        self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
+        self._configure(resolve_preset(model_config.name_or_path, self.options))
+        self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
+
+    def _configure(self, preset: Preset) -> None:
+        """Preset-derived settings; redone in load_model with the DiT config the weights carry."""
+        self.preset = preset
+        self.i2v_mode = resolve_i2v_mode(preset, self.options.i2v_mode or preset.i2v_mode)
+        # Replace mode: the clean first-frame tokens get t = 0 (see diffusion/conditioning.py); concat
+        # keeps frame 0 noisy, so one t per sample.
+        self.conditioning = FirstFrameConditioning(self.i2v_mode, per_token_timesteps=self.i2v_mode == "replace",
+                                                   patch_size=tuple(preset.dit.patch_size))
+
+    # ---------------------------------------------------------------- identity and sizes
+
+    @staticmethod
+    def get_train_scheduler():
+        return CustomFlowMatchEulerDiscreteScheduler(**TRAIN_SCHEDULER_CONFIG)
+
+    @property
+    def text_embedding_space_version(self) -> str:
+        te = self.preset.text_encoder
+        return f"{ARCH}.te{TEXT_EMBEDDING_VERSION}.{te.tokenizer}.{te.d_model}x{te.num_layers}"
+
+    def get_bucket_divisibility(self) -> int:
+        return self.preset.divisibility  # VAE factor x DiT patch: 16 (Wan 2.1 VAE) or 32 (Wan 2.2 VAE)
+
+    def get_frame_count_snapper(self):
+        return snap_num_frames
+
+    def get_base_model_version(self) -> str:
+        return f"{ARCH}:{self.preset.name}"
+
+    def get_transformer_block_names(self) -> list[str]:
+        return ["blocks"]
+
+    def get_quantization_exclude_modules(self) -> list[str]:
+        # the time/text embedders and the head feed every modulation; keep them in full precision
+        return ["patch_embedding*", "text_embedding*", "time_embedding*", "time_projection*", "head*"]
+
+    def get_model_has_grad(self) -> bool:
+        return any(p.requires_grad for n, p in self.model.named_parameters() if ".lora_" not in n)
+
+    def get_te_has_grad(self) -> bool:
+        return any(p.requires_grad for p in self.text_encoder.parameters())
+
+    # ---------------------------------------------------------------- loading
+
+    def _sources(self) -> tuple[str, str, str]:
+        """(DiT, VAE, text encoder) sources: all `preset:NAME` for a preset job; for a weights path the
+        VAE and text encoder come from `model.vae_path` / `model.te_name_or_path`, else from the
+        `vae/` and `text_encoder/` subfolders of a diffusers-style folder."""
+        cfg, name = self.model_config, self.model_config.name_or_path
+        if name.startswith("preset:"):
+            return (name, cfg.vae_path or f"preset:{self.preset.vae_name}",
+                    cfg.te_name_or_path or f"preset:{self.preset.name}")
+        out, saved = [name], saved_sources(name)
+        for key, given, sub in (("model.vae_path", cfg.vae_path, "vae"),
+                                ("model.te_name_or_path", cfg.te_name_or_path, "text_encoder")):
+            if given or sub in saved:
+                out.append(given or saved[sub])
+            elif os.path.isdir(os.path.join(name, sub)):
+                out.append(os.path.join(name, sub) if sub == "vae" else name)
+            else:
+                raise ConfigError(key, f"required: {name!r} has no {sub}/ subfolder; give the path of the "
+                                       f"{self.preset.name} {'VAE' if sub == 'vae' else 'text encoder'} weights")
+        return tuple(out)
+
+    def load_model(self):
+        from video_dit.models.loading import load_dit, load_text_encoder, load_vae
+
+        cfg = self.model_config
+        dit_src, vae_src, te_src = self._sources()
+        self.print_and_status_update(f"Loading video_dit DiT ({self.preset.name}) from {dit_src}")
+        dit = load_dit(dit_src, dtype=self.torch_dtype, device="cpu")
+        self._configure(dataclasses.replace(self.preset, dit=dit.config))  # a weights path may differ in depth
+        dit.set_attention_backend(self.options.attention_backend)
+        if cfg.quantize:
+            from toolkit.util.quantize import quantize_model
+
+            quantize_model(self, dit)  # ai-toolkit's qtype handling and our exclusions
+        dit.to("cpu" if cfg.low_vram else self.device_torch)
+
+        self.print_and_status_update(f"Loading video_dit VAE from {vae_src}")
+        vae = load_vae(vae_src, dtype=self.vae_torch_dtype, device=self.vae_device_torch)
+        vae.eval().requires_grad_(False)
+
+        self.print_and_status_update(f"Loading video_dit text encoder from {te_src}")
+        te = load_text_encoder(te_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
+                               quantize=cfg.qtype_te if cfg.quantize_te else None)  # qfloat8 | qint8
+        te.eval().requires_grad_(False)
+
+        self.noise_scheduler = VideoDiTModel.get_train_scheduler()
+        self.model, self.vae, self.text_encoder = dit, vae, te
+        self.tokenizer = te.tokenizer
+        self.sources = {"preset": self.preset.name, "vae": vae_src, "text_encoder": te_src}
+        self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}.{self.preset.vae_name}:{vae_src}"
+        self.pipeline = self.get_generation_pipeline()
+        self.print_and_status_update("video_dit model loaded")
+
+    # ---------------------------------------------------------------- VAE and text encoder
+
+    @torch.no_grad()
+    def encode_images(self, image_list, device=None, dtype=None) -> torch.Tensor:
+        """Pixels in [-1, 1] -> normalized latents (B, C, F', h, w).
+
+        image_list: ai-toolkit's layouts: a tensor (B, F, 3, H, W) (video) or (B, 3, H, W) (images), or a
+        list of (F, 3, H, W) / (3, H, W) tensors. An image becomes one latent frame. F must be 4k + 1.
+        """
+        device = device or self.vae_device_torch
+        dtype = dtype or self.vae_torch_dtype
+        x = torch.stack(list(image_list)) if isinstance(image_list, (list, tuple)) else image_list
+        if x.ndim == 4 and x.shape[1] == 3:
+            x = x[:, :, None]  # (B, 3, 1, H, W)
+        elif x.ndim == 5 and x.shape[2] == 3:
+            x = x.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W) -> (B, 3, F, H, W)
+        else:
+            raise ValueError(f"encode_images takes (B, F, 3, H, W) or (B, 3, H, W) pixels, got {tuple(x.shape)}")
+        frames = x.shape[2]
+        if snap_num_frames(frames) != frames:
+            raise ValueError(f"a clip of {frames} frames cannot be encoded: the VAE takes 4k + 1 frames; set "
+                             f"datasets[].num_frames to {snap_num_frames(frames)} (or use auto_frame_count)")
+        _ensure_on(self.vae, self.vae_device_torch)
+        vae_dtype = next(self.vae.parameters()).dtype
+        z = self.vae.encode(x.to(self.vae_device_torch, vae_dtype)).mode()  # (B, C, F', h, w)
+        return self.vae.normalize(z).to(device, dtype)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor, device=None, dtype=None) -> torch.Tensor:
+        """Normalized latents (B, C, F', h, w) -> pixels (B, 3, F, H, W) in [-1, 1]."""
+        _ensure_on(self.vae, self.vae_device_torch)
+        vae_dtype = next(self.vae.parameters()).dtype
+        video = self.vae.decode(self.vae.denormalize(latents.to(self.vae_device_torch, vae_dtype)))
+        return video.to(device or self.vae_device_torch, dtype or self.vae_torch_dtype)
+
+    @torch.no_grad()
+    def get_prompt_embeds(self, prompt) -> AdvancedPromptEmbeds:
+        """Prompts -> `text_embeds`: one 2D (Lt_i, D) tensor per prompt at its natural length, so
+        ai-toolkit caches stay small and any prompts share a batch (padding happens in the DiT)."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        _ensure_on(self.text_encoder, self.te_device_torch)
+        embeds = self.text_encoder.encode(prompts)
+        return AdvancedPromptEmbeds(text_embeds=[e.to(self.te_device_torch, self.torch_dtype) for e in embeds])
+
+    # ---------------------------------------------------------------- training step
+
+    def _first_frame_condition(self, batch, x: torch.Tensor) -> dict | None:
+        """Conditioning latents for this batch, or None (plain t2v / image items / no batch).
+
+        ai-toolkit gives the first frame as `batch.first_frame_latents` (cached latents + do_i2v) or as
+        pixels in `batch.tensor[:, 0]`; image items (one latent frame) train unconditioned, since
+        conditioning their only frame would leave nothing to learn.
+        """
+        if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
+            if self.i2v_mode == "concat":
+                raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it trains "
+                                 "on video items of datasets with `do_i2v: true` only")
+            return None
+        B, num_frames = x.shape[0], (x.shape[2] - 1) * TEMPORAL + 1
+        if self.i2v_mode == "replace" and batch.first_frame_latents is not None:
+            cond = {"first_frame_latents": batch.first_frame_latents}
+        else:
+            frames = batch.tensor
+            if frames is None or frames.ndim != 5:
+                need = ("VAE(first frame + zero frames), from pixels" if self.i2v_mode == "concat"
+                        else "the first frame's latent or pixels")
+                raise ValueError(f"i2v_mode {self.i2v_mode!r} needs {need}, but this batch has neither "
+                                 "first_frame_latents nor video pixels: set datasets[].cache_tensors_to_disk: true "
+                                 "or load_image_when_caching_latents: true (or turn off cache_latents_to_disk)")
+            _ensure_on(self.vae, self.vae_device_torch)
+            cond = encode_conditioning(self.vae, frames[:, 0].to(self.vae_device_torch), self.i2v_mode, num_frames)
+        cond = {k: v.to(x.device, torch.float32) for k, v in cond.items()}
+        n = next(iter(cond.values())).shape[0]
+        if n * 2 == B:  # predict_noise doubles the latents for CFG (uncond, cond)
+            cond = {k: torch.cat([v, v]) for k, v in cond.items()}
+        elif n != B:
+            raise ValueError(f"{n} first frames for a batch of {B} latents")
+        return cond
+
+    def get_noise_prediction(self, latent_model_input: torch.Tensor, timestep: torch.Tensor, text_embeddings,
+                             batch=None, **kwargs) -> torch.Tensor:
+        """The DiT's velocity prediction (B, C, F', h, w) for noisy latents (B, C, F', h, w).
+
+        timestep: (B,) float on 0..1000 (1000 = noise). text_embeddings: `text_embeds` = B (Lt_i, D).
+        batch: ai-toolkit's DataLoaderBatchDTO or None (validation, sampling): with `do_i2v`, the
+        first frame is conditioned exactly as in our trainer and the loss mask kept for `scale_loss`.
+        """
+        if kwargs:
+            raise TypeError(f"video_dit takes no adapter inputs in get_noise_prediction; got {sorted(kwargs)}")
+        self._i2v_loss_mask = None
+        _ensure_on(self.model, self.device_torch)
+        x = latent_model_input.to(self.device_torch, self.torch_dtype)
+        t = timestep.to(self.device_torch, torch.float32).reshape(-1).expand(x.shape[0])
+        te = text_embeddings.text_embeds
+        context = [e.to(self.device_torch, self.torch_dtype) for e in te] if isinstance(te, (list, tuple)) \
+            else te.to(self.device_torch, self.torch_dtype)
+        cond = self._first_frame_condition(batch, x)
+        if cond is not None:
+            x, t, self._i2v_loss_mask = self.conditioning.apply(x, t, cond)  # t: (B,) or per token (B, L)
+        return self.model(x, t, context)  # (B, C, F', h, w)
+
+    def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
+        return velocity_target(batch.latents, noise).detach()
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """Element-wise loss (B, C, F', h, w) -> masked: conditioned first-frame positions contribute
+        nothing, and dividing by the mask's mean makes ai-toolkit's plain mean a masked mean (the same
+        loss as our trainer's `masked_mse`)."""
+        mask, self._i2v_loss_mask = self._i2v_loss_mask, None
+        if mask is None:
+            return loss
+        if mask.shape[0] != loss.shape[0] or mask.shape[2:] != loss.shape[2:]:
+            raise ValueError(f"i2v loss mask {tuple(mask.shape)} does not fit the loss {tuple(loss.shape)}")
+        m = mask.to(loss.device, loss.dtype)
+        return loss * m / m.mean().clamp(min=1e-8)
+
+    # ---------------------------------------------------------------- previews
+
+    def get_generation_pipeline(self):
+        from video_dit.pipeline import VideoPipeline
+
+        return VideoPipeline(self.model, self.vae, per_token_timesteps=self.conditioning.per_token_timesteps,
+                             i2v_mode=self.i2v_mode, dit_config=self.preset.dit)
+
+    def generate_single_image(self, pipeline, gen_config, conditional_embeds, unconditional_embeds, generator,
+                              extra):
+        """One preview: a list of PIL frames (saved as MP4) or, for `num_frames: 1`, one PIL image.
+
+        `gen_config.ctrl_img` (a path) makes it image-to-video; ai-toolkit leaves opening it to us.
+        num_frames is snapped to 4k + 1 and width/height to the bucket divisibility, in place.
+        """
+        if extra:
+            raise TypeError(f"video_dit previews take no adapter inputs; got {sorted(extra)}")
+        gen_config.num_frames = snap_num_frames(gen_config.num_frames)
+        d = self.get_bucket_divisibility()
+        gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
+        first_frame = None
+        if gen_config.ctrl_img is not None:
+            from video_dit.media import load_image
+
+            first_frame = load_image(gen_config.ctrl_img)  # resized to cover W x H and centre-cropped
+        _ensure_on(self.model, self.device_torch)
+        _ensure_on(self.vae, self.vae_device_torch)
+        negative = unconditional_embeds.text_embeds if unconditional_embeds is not None else None
+        frames = pipeline.generate(
+            list(conditional_embeds.text_embeds), negative, num_frames=gen_config.num_frames,
+            height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
+            guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
+            first_frame=first_frame, i2v_mode=self.i2v_mode)[0]
+        if gen_config.num_frames == 1:
+            return frames[0]
+        # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does
+        gen_config.output_ext = "mp4"
+        gen_config.save_image = functools.partial(_save_video, gen_config)
+        gen_config.log_image = functools.partial(_skip_log, gen_config)
+        return frames
+
+    # ---------------------------------------------------------------- saving
+
+    def convert_lora_weights_before_save(self, state_dict: dict) -> dict:
+        """ai-toolkit's peft LoRA (`transformer.<module>.lora_A/B.weight`, no alpha, update B @ A) ->
+        our file format (`diffusion_model.<module>.lora_A/B.weight` + `.alpha`), the file our DeepSpeed
+        trainer exports; alpha = rank states ai-toolkit's scale of 1."""
+        from video_dit.lora import from_comfy, to_comfy
+
+        for key in state_dict:
+            if not key.startswith(PEFT_PREFIX) or not key.endswith((".lora_A.weight", ".lora_B.weight")):
+                raise WeightsError(f"ai-toolkit LoRA key {key!r}: video_dit's LoRA file holds plain LoRA "
+                                   f"(network.type: lora) under {PEFT_PREFIX}<module>.lora_A/lora_B.weight")
+        native, _, rank = from_comfy(state_dict, source="ai-toolkit LoRA state dict")
+        return to_comfy(native, alpha=float(rank))
+
+    def convert_lora_weights_before_load(self, state_dict: dict) -> dict:
+        """Our LoRA file (or a ComfyUI / peft one) -> ai-toolkit's peft keys. ai-toolkit applies B @ A
+        with scale 1 and drops alphas, so alpha / rank is folded into lora_B: same update, any alpha."""
+        from video_dit.lora import from_comfy
+
+        native, alpha, rank = from_comfy(state_dict, source="LoRA file")
+        scale = alpha / rank
+        out = {}
+        for key, value in native.items():
+            if key.endswith(".lora_B.weight") and scale != 1.0:
+                value = (value.float() * scale).to(value.dtype)
+            out[PEFT_PREFIX + key] = value
+        return out
+
+    def save_model(self, output_path, meta, save_dtype):
+        """Full fine-tune: native DiT weights (`model.safetensors`) + `config.json`, read by `load_dit`,
+        and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone."""
+        import yaml
+        from safetensors.torch import save_file
+
+        dit = getattr(self.model, "module", self.model)
+        os.makedirs(output_path, exist_ok=True)
+        sd = {k: v.detach().to("cpu", save_dtype).contiguous() for k, v in dit.state_dict().items()
+              if ".lora_" not in k}
+        save_file(sd, os.path.join(output_path, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(output_path, "config.json"), "w") as f:
+            json.dump(asdict(dit.config), f, indent=2)
+        with open(os.path.join(output_path, SAVED_SOURCES), "w") as f:
+            json.dump(self.sources, f, indent=2)
+        with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:
+            yaml.safe_dump(meta, f)
