@@ -18,15 +18,7 @@ This is the only module that imports ai-toolkit (`toolkit`); `import video_dit` 
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import os
-from dataclasses import asdict, dataclass
-from typing import Literal
-
-import torch
-
+# ai-toolkit first: without it this fails at once, before importing torch
 try:
     from toolkit.advanced_prompt_embeds import AdvancedPromptEmbeds
     from toolkit.models.base_model import BaseModel
@@ -35,6 +27,15 @@ except ImportError as exc:  # ai-toolkit's registration catches ImportError and 
     raise ImportError("video_dit.integrations.ai_toolkit runs inside ai-toolkit: its `toolkit` package must "
                       "be importable (run from an ai-toolkit checkout registered with `video-dit "
                       f"aitk-install AITK_DIR`): {exc}") from exc
+
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import torch
 
 from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
 from video_dit.diffusion.flow import velocity_target

@@ -1,0 +1,82 @@
+// ai-toolkit UI entries for the `video_dit` arch, one per preset.
+//
+// ai-toolkit's UI has no plug-in point, so this file is copied next to its model list:
+//   cp video_dit/integrations/ai_toolkit/ui.tsx AITK_DIR/ui/src/app/jobs/new/video_dit.tsx
+// and two lines are added to AITK_DIR/ui/src/app/jobs/new/options.tsx:
+//   import { videoDitModelArchs } from './video_dit';
+//   ...videoDitModelArchs,            // inside `export const modelArchs: ModelArch[] = [`
+// `name` is `video_dit:<preset>`: ModelConfig strips the `:tag`, so every entry runs `arch: video_dit`.
+// A `preset:NAME` path builds that preset (random weights; only `tiny` needs no files). For a real
+// model, give the local folder of the Wan weights (diffusers layout: transformer/, vae/,
+// text_encoder/, tokenizer/) and keep `model_kwargs.preset`: nothing is downloaded from a hub.
+import type { ModelArch } from './options';
+
+const flowmatch = {
+  'config.process[0].sample.sampler': ['flowmatch', 'flowmatch'],
+  'config.process[0].train.noise_scheduler': ['flowmatch', 'flowmatch'],
+  'config.process[0].train.timestep_type': ['shift', 'sigmoid'],
+};
+
+// [selected, unselected] values, as in options.tsx
+function presetDefaults(preset: string, o: { frames: number; fps: number; size: number; quantize: boolean; i2v: boolean }) {
+  return {
+    ...flowmatch,
+    'config.process[0].model.name_or_path': [preset === 'tiny' ? 'preset:tiny' : '', ''],
+    'config.process[0].model.model_kwargs': [preset === 'tiny' ? {} : { preset }, {}],
+    'config.process[0].model.quantize': [o.quantize, false],
+    'config.process[0].model.quantize_te': [o.quantize, false],
+    'config.process[0].sample.num_frames': [o.frames, 1],
+    'config.process[0].sample.fps': [o.fps, 1],
+    'config.process[0].sample.width': [o.size, 1024],
+    'config.process[0].sample.height': [o.size, 1024],
+    'config.process[0].datasets[x].num_frames': [o.frames, 1],
+    'config.process[0].datasets[x].fps': [o.fps, undefined],
+    'config.process[0].datasets[x].do_i2v': [o.i2v ? true : undefined, undefined],
+  };
+}
+
+const video = {
+  group: 'video' as const,
+  isVideoModel: true,
+  disableSections: ['network.conv' as const], // Conv3d is never LoRA-targeted
+  additionalSections: [
+    'sample.ctrl_img' as const,
+    'datasets.num_frames' as const,
+    'datasets.do_i2v' as const,
+    'model.low_vram' as const,
+    'datasets.auto_frame_count' as const,
+  ],
+};
+
+export const videoDitModelArchs: ModelArch[] = [
+  {
+    name: 'video_dit:tiny',
+    label: 'video_dit tiny (CPU smoke test, i2v)',
+    ...video,
+    defaults: presetDefaults('tiny', { frames: 17, fps: 16, size: 64, quantize: false, i2v: true }),
+  },
+  {
+    name: 'video_dit:wan2.1-t2v-1.3b',
+    label: 'video_dit Wan 2.1 T2V 1.3B',
+    ...video,
+    defaults: presetDefaults('wan2.1-t2v-1.3b', { frames: 41, fps: 16, size: 480, quantize: false, i2v: false }),
+  },
+  {
+    name: 'video_dit:wan2.1-t2v-14b',
+    label: 'video_dit Wan 2.1 T2V 14B',
+    ...video,
+    defaults: presetDefaults('wan2.1-t2v-14b', { frames: 41, fps: 16, size: 480, quantize: true, i2v: false }),
+  },
+  {
+    name: 'video_dit:wan2.2-ti2v-5b',
+    label: 'video_dit Wan 2.2 TI2V 5B (latent-replace i2v)',
+    ...video,
+    defaults: presetDefaults('wan2.2-ti2v-5b', { frames: 121, fps: 24, size: 704, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:wan2.2-i2v-a14b',
+    label: 'video_dit Wan 2.2 I2V A14B (one expert, channel-concat i2v)',
+    ...video,
+    defaults: presetDefaults('wan2.2-i2v-a14b', { frames: 81, fps: 16, size: 480, quantize: true, i2v: true }),
+  },
+];
