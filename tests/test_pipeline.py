@@ -176,3 +176,42 @@ def test_sample_command_rejects_bad_values(tmp_path, capsys):
         cli(["sample", "--model", str(tmp_path / "nope"), "--prompt", "x", "--out", str(tmp_path / "a.mp4")])
     with pytest.raises(KeyError, match="did you mean 'tiny'"):
         cli(["sample", "--model", "preset:tinny", "--prompt", "x", "--out", str(tmp_path / "a.mp4")])
+
+
+def test_sample_command_from_a_model_folder_with_lora(tmp_path):
+    """A folder holding DiT + VAE weight files, text_encoder/ and tokenizer/ renders the same MP4 as the
+    pipeline run in-process on those weights; a LoRA then changes it."""
+    from safetensors.torch import save_file
+    from transformers import ByT5Tokenizer
+
+    from video_dit.lora import add_lora, save_lora
+    from video_dit.media import write_video
+    from video_dit.models.text_encoder import TextEncoder, build_umt5
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    dit, vae = _models(seed=5)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(folder / "dit.safetensors"))
+    save_file(vae.state_dict(), str(folder / "vae.safetensors"))
+    umt5 = build_umt5(get_preset("tiny").text_encoder, seed=2)
+    umt5.save_pretrained(folder / "text_encoder")
+    ByT5Tokenizer().save_pretrained(folder / "tokenizer")
+
+    common = ["--prompt", "a red ball", "--negative", "blurry", "--frames", "5", "--height", "32", "--width", "32",
+              "--steps", "2", "--cfg", "2", "--shift", "3", "--seed", "4"]
+    assert cli(["sample", "--model", str(folder), *common, "--out", str(tmp_path / "folder.mp4")]) == 0
+    embeds = TextEncoder(umt5, ByT5Tokenizer()).encode(["a red ball", "blurry"])
+    frames = VideoPipeline(dit, vae).generate(embeds[0], embeds[1], num_frames=5, height=32, width=32, steps=2,
+                                              guidance_scale=2.0, shift=3.0, generator=_gen(4))
+    write_video(frames, tmp_path / "direct.mp4", fps=16)
+    assert (tmp_path / "folder.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
+
+    add_lora(dit, rank=4)
+    with torch.no_grad():
+        for name, p in dit.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    save_lora(tmp_path / "style.safetensors", dit, alpha=4.0)
+    assert cli(["sample", "--model", str(folder), "--lora", str(tmp_path / "style.safetensors"), *common,
+                "--out", str(tmp_path / "lora.mp4")]) == 0
+    assert not torch.equal(read_video(tmp_path / "folder.mp4"), read_video(tmp_path / "lora.mp4"))
