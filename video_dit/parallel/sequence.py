@@ -1,0 +1,174 @@
+"""Sequence parallelism (DeepSpeed-Ulysses) for the video DiT, applied through its one seam.
+
+    rank layout (world W, sequence-parallel size N):   ranks [0..N-1] form sequence group 0,
+    [N..2N-1] group 1, ...; dp_rank = rank // N. The N ranks of a group see the same batch.
+
+    VideoDiT.forward with `model.seq_parallel = UlyssesSequenceParallel(group)`:
+      tokens (B, L, D) -> split: pad L to Lp = N * ceil(L/N), keep rank r's rows   (B, Lp/N, D)
+      RoPE rows (1, L, 1, Dh/2) and per-token e/e0 (B, L, ...) split the same way (true positions)
+      each block's self-attention:
+        q, k, v (B, Lp/N, H, Dh) -> all-to-all (scatter heads, gather tokens) -> (B, Lp, H/N, Dh)
+        -> local attention over the whole sequence, padded keys masked -> (B, Lp, H/N, Dh)
+        -> all-to-all back -> (B, Lp/N, H, Dh)
+      cross-attention to the (replicated) text, FFN, modulation: local
+      head output (B, Lp/N, C) -> gather: all-gather, drop the padding -> (B, L, C)
+
+Gradients. Every rank of a group computes the same loss on the gathered output. The gather's
+backward SUMS the N ranks' output gradients for this rank's rows (the adjoint of an all-gather), so
+a rank's parameter gradient is N x the part its tokens contribute; DeepSpeed is handed no mpu and
+averages over all W ranks, which divides that N back out: the update equals the data-parallel
+(W/N ranks) update of the unsplit model. ZeRO partitions over all W ranks as before.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from video_dit.models.attention import attention
+
+
+def valid_sizes(num_heads: int) -> list[int]:
+    return [n for n in range(1, num_heads + 1) if num_heads % n == 0]
+
+
+def check_heads(num_heads: int, sp_size: int, key: str = "deepspeed.sequence_parallel_size") -> None:
+    """Ulysses gives each rank H/N whole heads: N must divide the number of attention heads."""
+    if sp_size < 1 or num_heads % sp_size:
+        raise ValueError(f"{key}={sp_size} does not divide the model's num_heads={num_heads} (Ulysses "
+                         f"splits the heads over the sequence group); valid values: {valid_sizes(num_heads)}")
+
+
+@dataclass(frozen=True)
+class SPInfo:
+    """This rank's place in the data-parallel x sequence-parallel grid."""
+
+    group: object  # torch ProcessGroup of this rank's N sequence ranks (None when sp_size == 1)
+    sp_rank: int
+    sp_size: int
+    dp_rank: int
+    dp_size: int
+    dp_group: object = None  # the ranks with this sp_rank, one per sequence group (None when sp_size == 1)
+
+
+def init_sequence_parallel(sp_size: int) -> SPInfo:
+    """Build the groups on an initialised process group (every rank must call this, same sp_size).
+    Consecutive ranks form a sequence group, so a group sits on one node when N <= GPUs per node."""
+    if not dist.is_initialized():
+        raise RuntimeError("init_sequence_parallel needs torch.distributed initialised first "
+                           "(deepspeed.init_distributed)")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if sp_size < 1 or world % sp_size:
+        raise ValueError(f"deepspeed.sequence_parallel_size={sp_size} must divide the number of ranks "
+                         f"({world}); valid values: {valid_sizes(world)}")
+    if sp_size == 1:
+        return SPInfo(None, 0, 1, rank, world, None)
+    dp_size = world // sp_size
+    group = dp_group = None
+    # new_group is collective: every rank creates every group, in the same order.
+    for g in range(dp_size):
+        ranks = list(range(g * sp_size, (g + 1) * sp_size))
+        pg = dist.new_group(ranks)
+        if rank in ranks:
+            group = pg
+    for s in range(sp_size):
+        ranks = list(range(s, world, sp_size))
+        pg = dist.new_group(ranks)
+        if rank in ranks:
+            dp_group = pg
+    return SPInfo(group, rank % sp_size, sp_size, rank // sp_size, dp_size, dp_group)
+
+
+class _GatherTokens(torch.autograd.Function):
+    """All-gather equal chunks along `dim`; backward: sum the ranks' gradients, keep this rank's chunk."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, group, rank: int, size: int) -> torch.Tensor:
+        ctx.dim, ctx.group, ctx.rank, ctx.size = dim, group, rank, size
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x, group=group)
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        # all_reduce + chunk rather than reduce_scatter: gloo has no reduce_scatter; the gathered
+        # tensor is the DiT's small output (B, L, out_dim * patch), so the extra traffic is minor.
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
+
+
+class UlyssesSequenceParallel:
+    """The object `VideoDiT.seq_parallel` takes (split / attention / gather; see the module docstring).
+
+    `split` records the token count L of the running forward (keyed by the local length, so a
+    checkpointed block recomputed in backward finds its own mask); `attention` masks keys >= L."""
+
+    def __init__(self, group, backend: str = "native"):
+        from deepspeed.sequence.layer import DistributedAttention
+
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.backend = backend  # the local attention kernel ("native" SDPA or "flash"), as in models/attention.py
+        self._valid: dict[int, int] = {}  # local length -> true token count L
+        # scatter_idx=2 (heads), gather_idx=1 (tokens) on (B, L, H, Dh); the local attention gets the
+        # key mask through DistributedAttention's *args.
+        self._attn = DistributedAttention(self._local_attention, group, scatter_idx=2, gather_idx=1)
+
+    def _local_attention(self, q, k, v, key_mask):
+        return attention(q, k, v, backend=self.backend, attn_mask=key_mask)
+
+    def split(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's chunk of x along `dim` (zero-padded to a multiple of N), a copy of its own."""
+        L = x.shape[dim]
+        local = -(-L // self.size)
+        self._valid[local] = L
+        pad = local * self.size - L
+        if pad:
+            x = F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, pad])
+        # clone: a view would keep the full padded tensor alive for as long as the chunk lives
+        return x.narrow(dim, self.rank * local, local).clone()
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v (B, L_local, H, Dh) of this rank's tokens -> (B, L_local, H, Dh), attending over all L."""
+        B, local, H, _ = q.shape
+        check_heads(H, self.size)
+        if local not in self._valid:
+            raise RuntimeError(f"sequence-parallel attention on {local} local tokens, but no split of that "
+                               "length ran in this forward (the seam is used outside VideoDiT.forward?)")
+        L = self._valid[local]
+        key_mask = None
+        if L < local * self.size:  # padded tokens are never attended to
+            key_mask = (torch.arange(local * self.size, device=q.device) < L).unsqueeze(0)  # (1, Lp)
+        return self._attn(q, k, v, 0, None, key_mask)
+
+    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """All ranks' chunks of x concatenated along `dim`, the padding dropped (autograd-correct)."""
+        local = x.shape[dim]
+        full = _GatherTokens.apply(x, dim, self.group, self.rank, self.size)
+        return full.narrow(dim, 0, self._valid.get(local, local * self.size))
+
+
+def attach(model, info: SPInfo, backend: str | None = None):
+    """Set `model.seq_parallel` for this rank (None when sp_size == 1); checks heads % N first.
+    `backend`: the local attention kernel; by default the one the model's self-attention is set to."""
+    if info.sp_size == 1:
+        model.seq_parallel = None
+        return model
+    check_heads(model.config.num_heads, info.sp_size)
+    if backend is None:
+        backend = next((m.attention_backend for m in model.modules() if hasattr(m, "attention_backend")), "native")
+    model.seq_parallel = UlyssesSequenceParallel(info.group, backend=backend)
+    return model
+
+
+def launch_env(rank: int, world: int, port: int) -> None:
+    """The environment variables a rank started by hand (tests, benchmarks) needs for torch.distributed."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
