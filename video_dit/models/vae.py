@@ -528,6 +528,14 @@ class CausalVideoVAE(nn.Module):
             if isinstance(m, AttentionBlock):
                 nn.init.zeros_(m.proj.weight)
 
+    @property
+    def device(self) -> torch.device:  # as VideoDiT and TextEncoder; ai-toolkit's trainer reads vae.device
+        return self.encoder.conv1.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:  # ai-toolkit's trainer compares vae.dtype every step
+        return self.encoder.conv1.weight.dtype
+
     # -------------------------------------------------------- shapes
 
     def latent_shape(self, video_shape) -> tuple[int, ...]:
