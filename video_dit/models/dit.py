@@ -181,27 +181,67 @@ class RecomputeSaved:
 # ---------------------------------------------------------------- network
 
 
+class _RMSNormFn(torch.autograd.Function):
+    """x * rsqrt(mean(x^2) + eps) * weight, statistics in float32. Saves only x and the per-row
+    rstd; torch's CPU rms_norm is a composite that also keeps x * rstd for the weight gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, rstd)
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd
+        gw = grad.to(rstd.dtype) * weight.to(rstd.dtype)
+        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        grad_w = (grad.to(rstd.dtype) * xhat).flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
+        return grad_x.to(x.dtype), None if grad_w is None else grad_w.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale (Wan's q/k norm across all heads); parameter name `weight`."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormFn.apply(x, self.weight, self.eps)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float):
         super().__init__()
         self.num_heads = num_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm_q = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()  # across all heads
-        self.norm_k = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()  # across all heads
+        self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.attention_backend = "native"
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seq_parallel=None) -> torch.Tensor:
-        """x (B, L, D) -> (B, L, D); rope = (cos, sin) (1, L, 1, Dh/2) for exactly these L tokens."""
-        q = apply_rope(self.norm_q(self.q(x)).unflatten(2, (self.num_heads, -1)), *rope)  # (B, L, H, Dh)
-        k = apply_rope(self.norm_k(self.k(x)).unflatten(2, (self.num_heads, -1)), *rope)
-        v = self.v(x).unflatten(2, (self.num_heads, -1))
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seq_parallel=None,
+                rc: RecomputeSaved | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); rope = (cos, sin) (1, L, 1, Dh/2) for exactly these L tokens.
+        rc: the block's RecomputeSaved (normed, rotated q/k are recomputed from q/k in backward)."""
+        rc = rc or RecomputeSaved()
+        q, k = self.q(x), self.k(x)  # (B, L, D)
+        q_rot = rc.add(self._norm_rope(self.norm_q, q, *rope), self._norm_rope, self.norm_q, q, *rope)
+        k_rot = rc.add(self._norm_rope(self.norm_k, k, *rope), self._norm_rope, self.norm_k, k, *rope)
+        v = self.v(x).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
         # The sequence-parallel seam: with tokens split over ranks, the parallel layer's attention
         # sees this rank's (B, L_local, H, Dh) q/k/v (already normed and rotated) and returns the same shape.
         if seq_parallel is not None:
-            out = seq_parallel.attention(q, k, v)
+            out = seq_parallel.attention(q_rot, k_rot, v)
         else:
-            out = attention(q, k, v, backend=self.attention_backend)
+            out = attention(q_rot, k_rot, v, backend=self.attention_backend)
         return self.o(out.flatten(2))  # (B, L, D)
+
+    def _norm_rope(self, norm: nn.Module, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin)  # (B, L, H, Dh)
 
 
 class CrossAttention(nn.Module):
@@ -209,13 +249,16 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm_q = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
-        self.norm_k = nn.RMSNorm(dim, eps=eps) if qk_norm else nn.Identity()
+        self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()
+        self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.attention_backend = "native"
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None,
+                rc: RecomputeSaved | None = None):
         """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None -> (B, L, D)."""
-        q = self.norm_q(self.q(x)).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
+        rc = rc or RecomputeSaved()
+        q = self.q(x)
+        q = rc.add(self.norm_q(q), self.norm_q, q).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
         k = self.norm_k(self.k(context)).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
         v = self.v(context).unflatten(2, (self.num_heads, -1))
         out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)
@@ -242,11 +285,12 @@ class Block(nn.Module):
         eps, rc = self.eps, RecomputeSaved()
         with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
             h = rc.add(modulate(x, shift1, scale1, eps, rc), modulate, x, shift1, scale1, eps)
-            x = gated_add(x, self.self_attn(h, rope, seq_parallel), gate1)
+            y = self.self_attn(h, rope, seq_parallel, rc)
+            x = rc.add(gated_add(x, y, gate1), gated_add, x, y, gate1)  # x, y are kept anyway
             c = self.norm3(x)
             if isinstance(self.norm3, nn.LayerNorm):
                 rc.add(c, self.norm3, x)
-            x = x + self.cross_attn(c, context, context_mask)
+            x = x + self.cross_attn(c, context, context_mask, rc)
             h = rc.add(modulate(x, shift2, scale2, eps, rc), modulate, x, shift2, scale2, eps)
             h = self.ffn[0](h)  # (B, L, ffn_dim)
             g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
@@ -295,7 +339,7 @@ class VideoDiT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)
                 nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.RMSNorm, nn.LayerNorm)) and m.weight is not None:
+            elif isinstance(m, (RMSNorm, nn.LayerNorm)) and m.weight is not None:
                 nn.init.ones_(m.weight)
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
