@@ -67,7 +67,7 @@ def test_sample_command_writes_decodable_mp4(tmp_path, image, i2v):
             "--height", "32", "--width", "48", "--steps", "2", "--cfg", "3", "--seed", "0", "--out", str(out)]
     if i2v:
         image.save(tmp_path / "first.png")
-        args += ["--image", str(tmp_path / "first.png")]
+        args += ["--image", str(tmp_path / "first.png"), "--solver", "unipc"]
     assert cli(args) == 0
     info = probe_video(out)
     assert (info.num_frames, info.width, info.height, info.fps) == (5, 48, 32, 16.0)

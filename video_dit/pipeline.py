@@ -93,7 +93,7 @@ class VideoPipeline:
     def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                          width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
                          generator: torch.Generator | None = None, first_frame=None,
-                         i2v_mode: str | None = None, progress: bool = False) -> torch.Tensor:
+                         i2v_mode: str | None = None, progress: bool = False, solver: str = "euler") -> torch.Tensor:
         """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
         prompts = _as_list(prompt_embeds, "prompt_embeds")
         B = len(prompts)
@@ -127,7 +127,8 @@ class VideoPipeline:
             cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
         # 3. the solver
         return euler_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
-                            guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress)
+                            guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress,
+                            solver=solver)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
@@ -145,7 +146,7 @@ class VideoPipeline:
     def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                  width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
-                 progress: bool = False):
+                 progress: bool = False, solver: str = "euler"):
         """Render videos as PIL frames.
 
         prompt_embeds: one (Lt, D) tensor -> returns list[PIL.Image] (F frames); or a list of B (Lt_i, D)
@@ -155,9 +156,11 @@ class VideoPipeline:
         on `sampling_schedule(steps, shift)`. generator: seeds the noise. first_frame: a PIL image, a
         (3, H, W) / (B, 3, H, W) tensor in [-1, 1], or a list of B PIL images; resized to cover
         height x width and centre-cropped; makes it image-to-video in the DiT's i2v mode.
+        i2v_mode: optional check that the DiT's mode is the one expected. progress: a tqdm bar.
+        solver: "euler" or "unipc" (Wan's default solver; see diffusion/sampler.py).
         """
         latents = self.generate_latents(prompt_embeds, negative_embeds, num_frames, height, width, steps,
-                                        guidance_scale, shift, generator, first_frame, i2v_mode, progress)
+                                        guidance_scale, shift, generator, first_frame, i2v_mode, progress, solver)
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
 

@@ -1,15 +1,18 @@
-"""Flow-matching Euler sampler with classifier-free guidance and first-frame conditioning.
+"""Flow-matching ODE solvers with classifier-free guidance and first-frame conditioning.
 
-Conventions are those of `flow.py`: time on 0..1000, the DiT predicts velocity v = noise - x0, so one
-Euler step from t to t_next is x <- x + (t_next - t)/1000 * v. A perfect velocity recovers x0 exactly.
-
-UniPC (Wan's default solver) is not provided: only Euler is exact to this package's conventions and
-tested; more steps of Euler reach the same quality.
+Conventions are those of `flow.py`: time on 0..1000 (s = t/1000), the DiT predicts velocity
+v = noise - x0, so x0 is predicted as x - s * v.
+- "euler": x <- x + (t_next - t)/1000 * v. A perfect velocity recovers x0 exactly.
+- "unipc": UniPC-2 (B2(h), x0-prediction, predictor + corrector), Wan's default solver; equal to
+  diffusers' `UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)`
+  with its defaults (solver_order 2, bh2, lower_order_final) on the same sigmas (tested).
+Both make one DiT call per step.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Literal, Sequence
 
 import torch
 from torch import nn
@@ -27,11 +30,78 @@ def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     raise ValueError(f"{type(module).__name__} has no floating-point parameters")
 
 
+SOLVERS: tuple[str, ...] = ("euler", "unipc")
+
+
+def _lam(s: float) -> float:
+    """UniPC's log-SNR lambda = log(alpha / sigma) on the flow path (alpha = 1 - s, sigma = s)."""
+    return math.inf if s == 0 else math.log(1.0 - s) - math.log(s)
+
+
+class UniPC:
+    """UniPC multistep solver (B2(h) variant, x0-prediction) on flow sigmas s = t/1000.
+
+    One `step(i, x, v)` per timestep: v is the velocity predicted at (x, sigmas[i]); returns x at
+    sigmas[i + 1]. The corrector refines the current x with the new prediction before the predictor
+    extrapolates. Order warms up from 1 and drops to 1 on the final step (diffusers' lower_order_final).
+    sigmas[0] within 1e-6 of 1 is moved to 1 - 1e-6 (log-SNR is -inf at pure noise), as diffusers does.
+    """
+
+    def __init__(self, sigmas: Sequence[float], order: int = 2):
+        if order not in (1, 2, 3):
+            raise ValueError(f"UniPC order must be 1, 2 or 3, got {order}")
+        self.sigmas = [float(v) for v in sigmas]
+        if abs(self.sigmas[0] - 1.0) < 1e-6:
+            self.sigmas[0] = 1.0 - 1e-6
+        if any(not 0.0 < v < 1.0 for v in self.sigmas[:-1]) or not 0.0 <= self.sigmas[-1] < 1.0:
+            raise ValueError(f"UniPC needs sigmas in (0, 1) and a last one in [0, 1), got {self.sigmas}")
+        self.order, self.history, self.last_x, self.last_order = order, [], None, 1
+
+    def _coefficients(self, i_t: int, i_0: int, points: list[int]):
+        """h-dependent terms for a step from sigmas[i_0] to sigmas[i_t] using history `points`."""
+        s_t, s_0 = self.sigmas[i_t], self.sigmas[i_0]
+        h = _lam(s_t) - _lam(s_0)
+        hh = -h  # x0-prediction
+        h_phi_1 = math.expm1(hh)
+        b_h = math.expm1(hh)  # bh2
+        rks = [(_lam(self.sigmas[k]) - _lam(s_0)) / h for k in points] + [1.0]
+        h_phi_k, factorial, b = h_phi_1 / hh - 1.0, 1, []
+        for n in range(1, len(rks) + 1):
+            b.append(h_phi_k * factorial / b_h)
+            factorial *= n + 1
+            h_phi_k = h_phi_k / hh - 1.0 / factorial
+        R = torch.tensor([[r ** (n - 1) for r in rks] for n in range(1, len(rks) + 1)], dtype=torch.float64)
+        return s_t / s_0, (1.0 - s_t) * h_phi_1, (1.0 - s_t) * b_h, rks[:-1], R, torch.tensor(b, dtype=torch.float64)
+
+    def step(self, i: int, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        m = x - self.sigmas[i] * v  # x0 prediction
+        if i > 0:  # corrector: redo the last step from last_x with the new prediction m
+            p = self.last_order
+            points = [i - 1 - k for k in range(1, p)]
+            ratio, c0, cb, rks, R, b = self._coefficients(i, i - 1, points)
+            m0 = self.history[-1]
+            d1s = [(self.history[-(k + 1)] - m0) / rk for k, rk in zip(range(1, p), rks)]
+            rhos = [0.5] if p == 1 else torch.linalg.solve(R, b).tolist()
+            corr = sum((rho * d for rho, d in zip(rhos[:-1], d1s)), torch.zeros_like(x))
+            x = ratio * self.last_x - c0 * m0 - cb * (corr + rhos[-1] * (m - m0))
+        self.history = (self.history + [m])[-self.order:]
+        p = min(self.order, len(self.sigmas) - 1 - i, i + 1)  # warm-up and lower-order final step
+        points = [i - k for k in range(1, p)]
+        ratio, c0, cb, rks, R, b = self._coefficients(i + 1, i, points)
+        m0 = self.history[-1]
+        d1s = [(self.history[-(k + 1)] - m0) / rk for k, rk in zip(range(1, p), rks)]
+        rhos = [] if p == 1 else [0.5] if p == 2 else torch.linalg.solve(R[:-1, :-1], b[:-1]).tolist()
+        pred = sum((rho * d for rho, d in zip(rhos, d1s)), torch.zeros_like(x))
+        self.last_x, self.last_order = x, p
+        return ratio * x - c0 * m0 - cb * pred
+
+
 @torch.no_grad()
 def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor],
                  timesteps: torch.Tensor, *, negative_context: Sequence[torch.Tensor] | None = None,
                  guidance_scale: float = 1.0, conditioning: FirstFrameConditioning | None = None,
-                 cond: dict[str, torch.Tensor] | None = None, progress: bool = False) -> torch.Tensor:
+                 cond: dict[str, torch.Tensor] | None = None, progress: bool = False,
+                 solver: Literal["euler", "unipc"] = "euler") -> torch.Tensor:
     """Integrate the flow ODE from `noise` at timesteps[0] to timesteps[-1]; returns float32 latents.
 
     dit: called exactly once per step as `dit(x, t, context)` (x in the DiT's dtype, t float32 (B,) or
@@ -41,7 +111,10 @@ def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Te
     unconditional passes run batched in one forward (2B) and combine as v_u + s * (v_c - v_u);
     guidance_scale == 1 runs the conditional pass alone. conditioning + cond: first-frame conditioning,
     re-applied before every forward; the returned latent has the clean first frame restored.
+    solver: "euler" or "unipc" (see the module docstring); the name `euler_sample` is historical.
     """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(SOLVERS)}")
     B = noise.shape[0]
     context = list(context)
     if len(context) != B:
@@ -59,6 +132,7 @@ def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Te
     dtype, device = module_dtype_device(dit)
     ctx = [c.to(device=device, dtype=dtype) for c in context + (negative_context if guided else [])]
     x = noise.to(device=device, dtype=torch.float32)
+    unipc = UniPC((timesteps.double() / NUM_TRAIN_TIMESTEPS).tolist()) if solver == "unipc" else None
     steps = range(len(timesteps) - 1)
     if progress:
         from tqdm.auto import tqdm
@@ -79,8 +153,8 @@ def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Te
         if guided:
             v_cond, v_uncond = v.chunk(2)
             v = v_uncond + guidance_scale * (v_cond - v_uncond)
-        # 3. the Euler step
-        x = x + dt * v
+        # 3. the solver step
+        x = x + dt * v if unipc is None else unipc.step(i, x, v)
 
     if conditioning is not None:
         x = conditioning.restore(x, cond)
