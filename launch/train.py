@@ -1,0 +1,37 @@
+"""Train a video DiT under DeepSpeed: parse, build, train, close.
+
+Usually started through `launch/train.sh`, which validates the config before any rank starts:
+    ./launch/train.sh                                     # the embedded default (configs/demo_i2v_tiny.yaml)
+    ./launch/train.sh configs/wan21_t2v_1.3b_lora.yaml    # 1 GPU
+    ./launch/train.sh configs/wan22_i2v_a14b_lora_zero3.yaml   # 8 GPUs on this node (all visible GPUs)
+    ./launch/train.sh CONFIG --hostfile hostfile          # 2 nodes (DeepSpeed hostfile: `node1 slots=8` lines)
+    ./launch/train.sh CONFIG                              # no GPU: 2 CPU ranks over gloo
+Directly:
+    deepspeed --num_gpus 8 launch/train.py --config CONFIG [--resume auto|none|PATH]
+    python launch/train.py --config CONFIG                # one process, no launcher
+"""
+
+import argparse
+import sys
+
+from video_dit.train.config import load_job
+from video_dit.train.trainer import run
+from video_dit.typed_config import ConfigError
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="video_dit DeepSpeed trainer")
+    parser.add_argument("--config", required=True, help="job YAML (ai-toolkit format)")
+    parser.add_argument("--resume", default=None, help="auto | none | a checkpoint folder (default: save.resume)")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the launcher
+    args = parser.parse_args()
+    try:
+        job = load_job(args.config)
+    except ConfigError as exc:
+        print(f"config error in {args.config}: {exc}", file=sys.stderr)
+        return 2
+    return run(job, resume=args.resume)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The DeepSpeed trainer on 2 CPU ranks over gloo (tiny preset, 2-clip dataset).
+
+Three launches, each checking several things (the launch costs more than the steps):
+  A. ZeRO-2 LoRA, 30 steps, checkpoints every 10, previews at 0 and 30: the loss falls, metrics.jsonl
+     has its keys, previews are decodable MP4s (+ PNG sheets) rendered from the control image.
+  B. a relaunch resuming A's step-20 checkpoint: steps 21..30 give A's losses (fp32, tight tolerance).
+  C. one process group, four jobs: ZeRO-0 LoRA and ZeRO-3 LoRA (same seed and steps: equal LoRA
+     exports, and the file loaded into a fresh model reproduces the trained model's prediction),
+     ZeRO-3 full and ZeRO-2 full (the sharded export loads with `load_dit` and reproduces predictions).
+Run this file as a script (`--worker SPEC`) to be one rank of a launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.multirank
+
+
+# ---------------------------------------------------------------- fixtures and helpers
+
+def make_base(path: Path) -> None:
+    """A 'pretrained' tiny DiT: the preset's random init with a non-zero output layer (the preset's
+    head is zeroed, which would leave a LoRA on the blocks without any gradient)."""
+    from safetensors.torch import save_file
+
+    from video_dit.models.loading import load_dit
+
+    dit = load_dit("preset:tiny", seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        dit.head.head.weight.copy_(torch.randn(dit.head.head.weight.shape, generator=g) * 0.05)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The shared 2-clip dataset (9 frames, 32x32, one held-out first frame) and the base weights."""
+    from video_dit.data.demo import make_demo_data
+
+    root = tmp_path_factory.mktemp("train")
+    make_demo_data(root / "data", count=2, frames=9, size=32, seed=0, holdout=1)
+    make_base(root / "base.safetensors")
+    return root
+
+
+def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int = 3, save_every: int = 3,
+             sample_every: int | None = None, lr: float = 3e-3, keep: int = 3) -> Path:
+    process = {
+        "type": "sd_trainer", "training_folder": str(root / "out"), "device": "cpu",
+        "save": {"dtype": "float32", "save_every": save_every, "max_step_saves_to_keep": keep, "resume": "none"},
+        "datasets": [{"folder_path": str(root / "data"), "num_frames": 9, "resolution": [32], "do_i2v": True,
+                      "caption_ext": "txt"}],
+        "train": {"steps": steps, "lr": lr, "batch_size": 1, "dtype": "fp32", "seed": 7, "warmup_steps": 2,
+                  "lr_scheduler": "cosine", "timestep_type": "shift", "noise_scheduler": "flowmatch",
+                  "skip_first_sample": sample_every is None, "disable_sampling": sample_every is None},
+        "model": {"arch": "video_dit", "name_or_path": str(root / "base.safetensors"), "preset": "tiny"},
+        "deepspeed": {"zero_stage": zero, "timeout_s": 120},
+    }
+    if lora:
+        process["network"] = {"type": "lora", "linear": 4, "linear_alpha": 4}
+    if sample_every is not None:
+        caption = (root / "data" / "holdout" / "000.txt").read_text().strip()
+        process["sample"] = {"sample_every": sample_every, "width": 32, "height": 32, "num_frames": 5, "fps": 8,
+                             "sample_steps": 2, "guidance_scale": 1.0,
+                             "samples": [{"prompt": caption, "ctrl_img": str(root / "data/holdout/000.png")}]}
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": name, "process": [process]}}))
+    return path
+
+
+def launch(root: Path, jobs: list[dict], timeout: int = 240) -> None:
+    """Run `jobs` ({config, resume, predict}) in order on 2 gloo ranks; raise with the log on failure."""
+    spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*')))}.json"
+    spec.write_text(json.dumps({"jobs": jobs}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+        log = open(root / f"{spec.stem}_rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=env, cwd=root,
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for rank, (proc, log) in enumerate(procs):
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = "timeout"
+        log.close()
+        if rc != 0:
+            failed.append((rank, rc))
+    if failed:
+        logs = "\n".join(f"--- rank {r} (rc {rc}):\n" + (root / f"{spec.stem}_rank{r}.log").read_text()[-4000:]
+                         for r, rc in failed)
+        raise AssertionError(f"launch failed: {failed}\n{logs}")
+
+
+def probe_inputs():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 16, 3, 4, 4, generator=g)
+    return x, torch.tensor([600.0]), [torch.randn(5, 64, generator=g)]
+
+
+def losses(root: Path, name: str) -> dict[int, float]:
+    from video_dit.train.metrics import read_metrics
+
+    return {r["step"]: r["loss"] for r in read_metrics(root / "out" / name / "metrics.jsonl")}
+
+
+# ---------------------------------------------------------------- the worker (one rank)
+
+def worker(spec_path: str) -> int:
+    from safetensors.torch import save_file
+
+    from video_dit.train.config import load_job
+    from video_dit.train.engine import gathered
+    from video_dit.train.trainer import Trainer
+
+    spec = json.loads(Path(spec_path).read_text())
+    for item in spec["jobs"]:
+        job = load_job(item["config"])
+        trainer = Trainer(job, resume=item.get("resume"))
+        trainer.train()
+        if item.get("predict"):
+            x, t, ctx = probe_inputs()
+            module = trainer.module
+            module.eval()
+            with torch.no_grad():  # under ZeRO-3 every rank runs the forward (hooks gather each block)
+                pred = module(x, t, ctx)
+            with gathered(list(module.parameters()), trainer.zero_stage):
+                if trainer.rank == 0:
+                    save_file({"pred": pred.contiguous()}, str(job.out_dir / "pred.safetensors"))
+        trainer.close()
+    return 0
+
+
+# ---------------------------------------------------------------- tests
+
+def test_zero2_lora_trains_previews_and_resumes_exactly(world):
+    a = job_yaml(world, "a", zero=2, steps=30, save_every=10, sample_every=30, keep=3, lr=3e-2)
+    launch(world, [{"config": str(a), "resume": "none"}])
+    la = losses(world, "a")
+    assert sorted(la) == list(range(1, 31))
+    first, last = sum(la[s] for s in range(1, 6)) / 5, sum(la[s] for s in range(26, 31)) / 5
+    assert last < 0.8 * first, f"loss did not fall: first 5 mean {first:.4f}, last 5 mean {last:.4f}"
+
+    from video_dit.train.metrics import read_metrics
+
+    row = read_metrics(world / "out/a/metrics.jsonl")[-1]
+    for key in ("step", "loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "tflops", "mfu", "peak_mem_gb"):
+        assert row[key] is not None, key
+    assert row["grad_norm"] > 0 and 0 < row["mfu"] < 1 and row["peak_mem_gb"] > 0
+    assert row["samples_per_s"] > 0 and row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 3 * 2 * 2)  # 9 frames, 32 px: 3x2x2 tokens
+
+    out = world / "out/a"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
+        ["step_000000010", "step_000000020", "step_000000030"]
+    assert (out / "a.safetensors").read_bytes() == (out / "a_000000030.safetensors").read_bytes()
+
+    # previews: decodable MP4s at steps 0 and 30, i2v from the control image, contact sheets beside them
+    from video_dit.media import load_image, pil_to_tensor, probe_video, read_video
+
+    for step in (0, 30):
+        mp4 = out / "samples" / f"{step:09d}_0.mp4"
+        info = probe_video(mp4)
+        assert (info.num_frames, info.width, info.height) == (5, 32, 32)
+        assert mp4.with_suffix(".png").is_file()
+    # i2v: frame 0 of the preview is the VAE round trip of the control image (the causal decoder's
+    # frame 0 depends only on the clean first-frame latent the conditioning restores)
+    from video_dit.models.loading import load_vae
+
+    vae = load_vae("preset:tiny")
+    ctrl = pil_to_tensor(load_image(world / "data/holdout/000.png"))  # (3, H, W)
+    with torch.no_grad():
+        expected = vae.decode(vae.encode(ctrl[None, :, None]).mode())[0, :, 0].clamp(-1, 1)
+    frames = read_video(out / "samples/000000030_0.mp4")  # (F, 3, H, W)
+    err = (frames[0] - expected).abs().mean().item()
+    assert err < 0.06, f"preview frame 0 differs from the control image's VAE round trip by {err:.3f}"
+    assert (frames[-1] - expected).abs().mean().item() > err  # later frames are generated, not copies
+
+    # B: relaunch from the step-20 checkpoint into another output folder: the same losses for 21..30
+    b = job_yaml(world, "b", zero=2, steps=30, save_every=10, keep=3, lr=3e-2)
+    launch(world, [{"config": str(b), "resume": str(out / "checkpoints/step_000000020")}])
+    lb = losses(world, "b")
+    assert sorted(lb) == list(range(21, 31))
+    for s in range(21, 31):
+        assert lb[s] == pytest.approx(la[s], rel=1e-5, abs=1e-7), (s, la[s], lb[s])
+
+
+def test_zero3_exports_equal_zero0_and_full_exports_load(world):
+    jobs = [job_yaml(world, "z0", zero=0), job_yaml(world, "z3", zero=3),
+            job_yaml(world, "f3", zero=3, lora=False, steps=2, save_every=2),
+            job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2)]
+    launch(world, [{"config": str(j), "resume": "none", "predict": True} for j in jobs])
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from video_dit.lora import load_lora
+    from video_dit.models.loading import load_dit
+
+    z0, z3 = (load_file(str(world / f"out/{n}/{n}.safetensors")) for n in ("z0", "z3"))
+    assert set(z0) == set(z3) and any(k.startswith("diffusion_model.blocks.0.self_attn.q.lora_B") for k in z0)
+    assert max((z0[k] - z3[k]).abs().max().item() for k in z0) < 1e-6
+    assert any(z0[k].abs().max() > 0 for k in z0 if "lora_B" in k)  # trained, not the zero init
+    with safe_open(str(world / "out/z3/z3.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert meta["base_preset"] == "tiny" and meta["rank"] == "4" and meta["step"] == "3"
+
+    x, t, ctx = probe_inputs()
+    for name in ("z0", "z3"):
+        fresh = load_dit(str(world / "base.safetensors"))
+        load_lora(world / f"out/{name}/{name}.safetensors", fresh)
+        with torch.no_grad():
+            pred = fresh.eval()(x, t, ctx)
+        trained = load_file(str(world / f"out/{name}/pred.safetensors"))["pred"]
+        torch.testing.assert_close(pred, trained, rtol=1e-5, atol=1e-6)
+        base = load_dit(str(world / "base.safetensors")).eval()
+        with torch.no_grad():
+            assert (base(x, t, ctx) - trained).abs().max() > 1e-4  # the LoRA changed the prediction
+
+    for name in ("f3", "f2"):
+        folder = world / f"out/{name}/{name}"
+        assert folder.is_symlink() and (folder / "config.json").is_file()
+        model = load_dit(str(folder)).eval()
+        with torch.no_grad():
+            pred = model(x, t, ctx)
+        torch.testing.assert_close(pred, load_file(str(world / f"out/{name}/pred.safetensors"))["pred"],
+                                   rtol=1e-5, atol=1e-6)
+    # ZeRO-3 and ZeRO-2 full fine-tunes of the same job agree too
+    a, b = (load_dit(str(world / f"out/{n}/{n}")).state_dict() for n in ("f3", "f2"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        sys.exit(worker(sys.argv[2]))
+    sys.exit(f"usage: {sys.argv[0]} --worker SPEC.json")

@@ -1,0 +1,211 @@
+"""Checkpoints that a crash cannot corrupt, and resume.
+
+Layout under `<out>/checkpoints/`:
+    step_000000300/                 a complete checkpoint (only complete ones ever carry this name)
+        mp_rank_00_model_states.pt, *optim_states.pt   DeepSpeed's state (model, optimizer, LR schedule,
+                                                        our client state: step, sampler, counters)
+        rank_00000.json ...          per-rank RNG states (python, numpy, torch, cuda), JSON, never pickled
+        meta.json                    step, world size, ZeRO stage, config hash (written last)
+    step_000000400.tmp/             being written: DeepSpeed writes here, every rank adds its file,
+                                    then rank 0 renames it into place and updates `latest`
+    latest                          the newest complete tag (written to a temp file, then renamed)
+
+A kill at any moment leaves either the previous checkpoint as latest or the new one complete; a
+stale `.tmp` folder is removed (with a warning) on the next start. Resuming with another world size
+(or ZeRO stage) goes through DeepSpeed's universal checkpoint format: the error message gives the
+conversion command, and a converted folder (it holds `zero/`) is loaded with `load_universal`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+TAG_RE = re.compile(r"^step_(\d{9})$")
+LATEST = "latest"
+META = "meta.json"
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint that cannot be resumed as asked; the message says what to do."""
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- RNG states (JSON, no pickles)
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": _jsonable(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state().numpy().tobytes()).decode()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(_tuplify(state["python"]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8))
+
+
+def _jsonable(x):
+    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
+
+
+def _tuplify(x):
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+# ---------------------------------------------------------------- finding checkpoints
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and TAG_RE.match(p.name) and (p / META).is_file()]
+    return sorted(found, key=lambda p: int(TAG_RE.match(p.name).group(1)))
+
+
+def find_latest(ckpt_dir: Path) -> Path | None:
+    """The newest complete checkpoint: `latest` when it names a complete one, else the highest step."""
+    latest = ckpt_dir / LATEST
+    if latest.is_file():
+        tag = latest.read_text(encoding="utf-8").strip()
+        cand = ckpt_dir / tag
+        if TAG_RE.match(tag) and (cand / META).is_file():
+            return cand
+        warnings.warn(f"{latest} names {tag!r}, which is not a complete checkpoint; using the newest complete one",
+                      stacklevel=2)
+    done = complete_checkpoints(ckpt_dir)
+    return done[-1] if done else None
+
+
+def clean_incomplete(ckpt_dir: Path) -> list[Path]:
+    """Remove half-written `*.tmp` checkpoint folders (call on rank 0 before training)."""
+    removed = []
+    if ckpt_dir.is_dir():
+        for p in ckpt_dir.iterdir():
+            if p.is_dir() and p.name.endswith(".tmp"):
+                warnings.warn(f"removing incomplete checkpoint {p} (a save was interrupted)", stacklevel=2)
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(p)
+    return removed
+
+
+def is_universal(path: Path) -> bool:
+    return (path / "zero").is_dir()
+
+
+@dataclass
+class ResumePlan:
+    path: Path
+    meta: dict
+    universal: bool
+
+
+def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int) -> ResumePlan | None:
+    """What to load: `resume` is auto (latest complete under `ckpt_dir`, or a fresh start), none, or a
+    checkpoint folder. Raises `ResumeError` when the checkpoint cannot be loaded as configured."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        path = find_latest(ckpt_dir)
+        if path is None:
+            return None
+    else:
+        path = Path(resume)
+        if not path.is_dir():
+            raise ResumeError(f"--resume {resume}: no such checkpoint folder")
+    universal = is_universal(path)
+    meta_file = path / META
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    if not universal:
+        if not meta:
+            raise ResumeError(f"{path}: no {META}; not a complete video_dit checkpoint")
+        if meta["zero_stage"] > 0 and (meta["world_size"] != world_size or meta["zero_stage"] != zero_stage):
+            out = f"{path}_universal"
+            raise ResumeError(
+                f"{path} was saved by {meta['world_size']} ranks at ZeRO stage {meta['zero_stage']}; this job has "
+                f"{world_size} ranks at stage {zero_stage}, and DeepSpeed's ZeRO shards cannot be re-split as "
+                f"they are. Convert it once to DeepSpeed's universal format and resume from the result:\n"
+                f"  python -m deepspeed.checkpoint.ds_to_universal --input_folder {path} --output_folder {out}\n"
+                f"  ./launch/train.sh CONFIG   # with save.resume: {out}   (or launch/train.py --resume {out})")
+    return ResumePlan(path=path, meta=meta, universal=universal)
+
+
+# ---------------------------------------------------------------- save / load
+
+def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep: int) -> Path:
+    """Write checkpoint `step` (every rank calls this); returns the complete folder."""
+    rank = dist.get_rank()
+    tag = tag_for(step)
+    tmp_tag = f"{tag}.tmp"
+    final, tmp = ckpt_dir / tag, ckpt_dir / tmp_tag
+    if rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    dist.barrier()
+    client_state = dict(client_state)
+    # lets `python -m deepspeed.checkpoint.ds_to_universal` convert this checkpoint for a new world size
+    client_state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
+    engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
+    tmp.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
+    dist.barrier()  # every rank's shards and RNG file are on disk
+    if rank == 0:
+        _atomic_write_text(tmp / META, json.dumps(meta, indent=1))
+        if final.exists():  # the same step saved again (e.g. a resumed run's final save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _atomic_write_text(ckpt_dir / LATEST, tag)
+        for old in complete_checkpoints(ckpt_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def load(engine, plan: ResumePlan) -> dict:
+    """Load `plan` into `engine` (every rank); returns the client state. Restores this rank's RNG
+    states when the checkpoint has them for this rank (not after a world-size change)."""
+    path = plan.path
+    load_path, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=True)
+    if load_path is None:
+        raise ResumeError(f"{path}: DeepSpeed could not load this checkpoint")
+    rank_file = path / f"rank_{dist.get_rank():05d}.json"
+    if rank_file.is_file() and plan.meta.get("world_size") == dist.get_world_size():
+        set_rng_state(json.loads(rank_file.read_text()))
+    elif dist.get_rank() == 0:
+        warnings.warn(f"{path}: no RNG state for this world size; global RNGs are reseeded (the training "
+                      f"noise does not depend on them: it is seeded by (seed, rank, step))", stacklevel=2)
+    return client_state or {}

@@ -1,0 +1,489 @@
+"""The training job file: ai-toolkit's job YAML (one file serves both tools), as typed dataclasses.
+
+    job: extension
+    config:
+      name: my_job
+      process:
+        - type: sd_trainer           # config.process[0]: the one process we run
+          training_folder: output    # outputs go to <training_folder>/<name>/
+          network / save / datasets / train / model / sample   (ai-toolkit's blocks)
+          deepspeed: {...}           # ours: ZeRO stage, offload, sequence parallel, collective timeout
+          prepare: {...}             # ours: set-up stages of the embedded demo (dataset, tiny VAE)
+    meta: {...}                      # ai-toolkit's free-form metadata, kept in exports
+
+Every key is checked (`video_dit.typed_config.parse`): an unknown key is an error with the nearest
+valid name. ai-toolkit keys we accept but do not act on are listed per block in `IGNORED` (they are
+validated for type where it matters and otherwise have no effect on our trainer).
+Checks that need the file system (dataset folders, control images, output folder) live in
+`video_dit.train.validate`, which `launch/train.sh` runs before any rank starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from video_dit.data import DatasetConfig
+from video_dit.typed_config import ConfigError, did_you_mean, parse
+
+# ai-toolkit keys accepted for compatibility that have no effect here (documented, by block).
+IGNORED = {
+    "process": ("device", "logging"),  # ranks use DeepSpeed's accelerator; metrics.jsonl is always written
+    "network": ("transformer_only",),  # LoRA always targets the blocks' attention and FFN Linears
+    "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
+              "ema_config", "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
+    "model": ("low_vram",),  # ZeRO offload is the memory lever here
+    "sample": ("sampler", "format"),  # the Euler flow-matching solver; previews are always MP4 + PNG sheet
+    "job": ("meta",),  # kept and written into the exports' metadata
+}
+
+
+@dataclass
+class NetworkConfig:
+    """`network`: LoRA on the blocks' self/cross-attention q, k, v, o and FFN Linears."""
+
+    type: Literal["lora"] = "lora"
+    linear: int = 16             # rank
+    linear_alpha: float | None = None  # None: = rank (scale 1)
+    dropout: float = 0.0
+    transformer_only: bool = True  # ignored (always the transformer blocks)
+
+    def validate(self, path: str) -> None:
+        if self.linear <= 0:
+            raise ConfigError(f"{path}.linear", f"LoRA rank must be a positive integer, got {self.linear}")
+        if self.linear_alpha is not None and self.linear_alpha <= 0:
+            raise ConfigError(f"{path}.linear_alpha", f"must be > 0, got {self.linear_alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"{path}.dropout", f"must be in [0, 1), got {self.dropout}")
+
+    @property
+    def alpha(self) -> float:
+        return float(self.linear if self.linear_alpha is None else self.linear_alpha)
+
+
+@dataclass
+class SaveConfig:
+    """`save`: exports and checkpoints every `save_every` steps (and at the end); keep the last K."""
+
+    dtype: Literal["float16", "fp16", "bf16", "bfloat16", "float32", "fp32"] = "float16"
+    save_every: int = 250
+    max_step_saves_to_keep: int = 4
+    resume: str = "auto"         # ours: auto | none | a checkpoint folder (overridden by --resume)
+    push_to_hub: bool = False    # ai-toolkit key; true is refused (no network here)
+
+    def validate(self, path: str) -> None:
+        if self.save_every < 1:
+            raise ConfigError(f"{path}.save_every", f"must be >= 1, got {self.save_every}")
+        if self.max_step_saves_to_keep < 1:
+            raise ConfigError(f"{path}.max_step_saves_to_keep", f"must be >= 1, got {self.max_step_saves_to_keep}")
+        if self.push_to_hub:
+            raise ConfigError(f"{path}.push_to_hub", "not supported by video_dit's trainer; accepted: false")
+        if not self.resume:
+            raise ConfigError(f"{path}.resume", "accepted: auto, none or a checkpoint folder")
+
+    @property
+    def torch_dtype(self):
+        import torch
+
+        return {"float16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16,
+                "bfloat16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[self.dtype]
+
+
+@dataclass
+class OptimizerParams:
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+
+@dataclass
+class TrainConfig:
+    """`train`. Ours beyond ai-toolkit: `warmup_steps`, `lr_scheduler`, `max_nonfinite_steps`,
+    `timestep_shift` (None: the preset's), `min_t`/`max_t`."""
+
+    batch_size: int = 1
+    steps: int = 1000
+    gradient_accumulation: int = 1
+    gradient_accumulation_steps: int | None = None  # ai-toolkit's older name for the same thing
+    gradient_checkpointing: bool = False
+    lr: float = 1e-4
+    optimizer: Literal["adamw", "adam"] = "adamw"
+    optimizer_params: OptimizerParams = field(default_factory=OptimizerParams)
+    dtype: Literal["bf16", "bfloat16", "fp32", "float32"] = "bf16"
+    timestep_type: Literal["shift", "uniform", "linear", "sigmoid", "logit_normal", "weighted"] = "shift"
+    timestep_shift: float | None = None
+    min_t: float = 0.0
+    max_t: float = 1000.0
+    seed: int = 42
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    lr_scheduler: Literal["constant", "cosine"] = "constant"
+    max_nonfinite_steps: int = 5
+    skip_first_sample: bool = False
+    disable_sampling: bool = False
+    # ai-toolkit keys accepted and ignored (see IGNORED)
+    noise_scheduler: Literal["flowmatch"] = "flowmatch"
+    train_unet: bool = True
+    train_text_encoder: Literal[False] = False
+    cache_text_embeddings: bool = True
+    ema_config: dict | None = None
+    disable_sampling_at_start: bool | None = None
+
+    def validate(self, path: str) -> None:
+        for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.gradient_accumulation_steps is not None:
+            if self.gradient_accumulation_steps < 1:
+                raise ConfigError(f"{path}.gradient_accumulation_steps", "must be >= 1")
+            if self.gradient_accumulation not in (1, self.gradient_accumulation_steps):
+                raise ConfigError(f"{path}.gradient_accumulation_steps",
+                                  "conflicts with gradient_accumulation; give only one of them")
+            self.gradient_accumulation = self.gradient_accumulation_steps
+        if not self.lr > 0:
+            raise ConfigError(f"{path}.lr", f"must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"{path}.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if self.max_grad_norm < 0:
+            raise ConfigError(f"{path}.max_grad_norm", f"must be >= 0 (0 disables clipping), got {self.max_grad_norm}")
+        if not 0.0 <= self.min_t < self.max_t <= 1000.0:
+            raise ConfigError(f"{path}.min_t", f"need 0 <= min_t < max_t <= 1000, got {self.min_t}, {self.max_t}")
+        if self.timestep_shift is not None and self.timestep_shift <= 0:
+            raise ConfigError(f"{path}.timestep_shift", f"must be > 0, got {self.timestep_shift}")
+        if not self.train_unet:
+            raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
+        if self.ema_config and self.ema_config.get("use_ema"):
+            raise ConfigError(f"{path}.ema_config.use_ema", "EMA is not supported by video_dit's trainer; "
+                                                           "accepted: false")
+
+
+@dataclass
+class ModelConfig:
+    """`model`. `name_or_path`: `preset:NAME` (seeded random init) or a weights file/folder (then
+    `preset` names the VAE / text encoder / schedule family). Ours: `vae_path`, `text_encoder_path`
+    (default: the preset's random init for `tiny`, else the `vae/` / `text_encoder/` folders next to
+    `name_or_path`), `tokenizer_path`, `seed` (of random inits)."""
+
+    arch: Literal["video_dit"] = "video_dit"
+    name_or_path: str = "preset:tiny"
+    preset: str | None = None
+    quantize: bool = False
+    qtype: Literal["qfloat8", "qint8", "float8"] = "qfloat8"
+    quantize_te: bool = False
+    qtype_te: Literal["qfloat8", "qint8", "float8"] = "qfloat8"
+    i2v_mode: Literal["replace", "concat"] | None = None
+    attention_backend: Literal["native", "flash"] = "native"
+    vae_path: str | None = None
+    text_encoder_path: str | None = None
+    tokenizer_path: str | None = None
+    seed: int = 0
+    low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
+    model_kwargs: dict | None = None  # ai-toolkit key; `preset`, `i2v_mode`, `attention_backend` may sit here
+
+    def validate(self, path: str) -> None:
+        from video_dit.models.presets import PRESETS
+
+        kwargs = dict(self.model_kwargs or {})
+        for key in ("preset", "i2v_mode", "attention_backend"):
+            if key in kwargs:
+                value = kwargs.pop(key)
+                if getattr(self, key) not in (None, value, "native"):
+                    raise ConfigError(f"{path}.model_kwargs.{key}", f"conflicts with {path}.{key}")
+                setattr(self, key, value)
+        if kwargs:
+            raise ConfigError(f"{path}.model_kwargs.{next(iter(kwargs))}",
+                              "unknown key; accepted in model_kwargs: preset, i2v_mode, attention_backend")
+        if self.i2v_mode not in (None, "replace", "concat"):
+            raise ConfigError(f"{path}.i2v_mode", f"{self.i2v_mode!r}; accepted: replace, concat")
+        if self.attention_backend not in ("native", "flash"):
+            raise ConfigError(f"{path}.attention_backend", f"{self.attention_backend!r}; accepted: native, flash")
+        if self.name_or_path.startswith("preset:"):
+            name = self.name_or_path[len("preset:"):]
+            if name not in PRESETS:
+                raise ConfigError(f"{path}.name_or_path", f"unknown preset {name!r}; accepted: "
+                                  + ", ".join(f"preset:{p}" for p in PRESETS) + " or a weights path")
+            if self.preset not in (None, name):
+                raise ConfigError(f"{path}.preset", f"{self.preset!r} differs from name_or_path's preset {name!r}")
+            self.preset = name
+        elif self.preset is None:
+            raise ConfigError(f"{path}.preset", "required when name_or_path is a path (it names the VAE, text "
+                                                f"encoder and schedule family); accepted: {', '.join(PRESETS)}")
+        if self.preset not in PRESETS:
+            raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
+
+    @property
+    def qtype_name(self) -> str:
+        return "qfloat8" if self.qtype == "float8" else self.qtype
+
+
+@dataclass
+class SampleItem:
+    prompt: str
+    ctrl_img: str | None = None
+    neg: str | None = None
+    seed: int | None = None
+    guidance_scale: float | None = None
+    sample_steps: int | None = None
+    num_frames: int | None = None
+    width: int | None = None
+    height: int | None = None
+    fps: int | None = None
+
+
+@dataclass
+class SampleConfig:
+    """`sample`: previews every `sample_every` steps (and before step 1 unless `train.skip_first_sample`)."""
+
+    sample_every: int = 250
+    width: int = 832
+    height: int = 480
+    num_frames: int = 17
+    fps: int = 16
+    samples: list[SampleItem] = field(default_factory=list)
+    prompts: list[str] | None = None  # ai-toolkit's older form: plain prompt strings
+    neg: str = ""
+    seed: int = 42
+    walk_seed: bool = True
+    guidance_scale: float = 5.0
+    sample_steps: int = 30
+    shift: float | None = None      # ours: None = the preset's sampling shift
+    sampler: Literal["flowmatch"] = "flowmatch"  # ai-toolkit key; the Euler flow-matching solver is used
+    format: str | None = None       # ai-toolkit key; previews are always MP4 here (+ a PNG contact sheet)
+
+    def validate(self, path: str) -> None:
+        if self.prompts:
+            if self.samples:
+                raise ConfigError(f"{path}.prompts", "give either samples or prompts, not both")
+            self.samples = [SampleItem(prompt=p) for p in self.prompts]
+        if self.sample_every < 1:
+            raise ConfigError(f"{path}.sample_every", f"must be >= 1, got {self.sample_every}")
+        for key in ("width", "height", "num_frames", "sample_steps", "fps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for i, s in enumerate(self.samples):
+            for key in ("width", "height", "num_frames", "sample_steps", "fps"):
+                v = getattr(s, key)
+                if v is not None and v < 1:
+                    raise ConfigError(f"{path}.samples[{i}].{key}", f"must be >= 1, got {v}")
+
+
+@dataclass
+class DeepSpeedConfig:
+    """`deepspeed` (ours): ZeRO stage 0-3, optimizer/parameter offload to CPU, sequence-parallel
+    degree, the collective timeout, and `config`: a DeepSpeed JSON (dict or path) merged last."""
+
+    zero_stage: int = 2
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    config: dict | str | None = None
+    sequence_parallel_size: int = 1
+    timeout_s: int = 1800
+
+    def validate(self, path: str) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"{path}.zero_stage", f"{self.zero_stage}; accepted: 0, 1, 2, 3")
+        if self.offload_param and self.zero_stage != 3:
+            raise ConfigError(f"{path}.offload_param", "parameter offload needs zero_stage: 3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ConfigError(f"{path}.offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3")
+        if self.sequence_parallel_size < 1:
+            raise ConfigError(f"{path}.sequence_parallel_size", f"must be >= 1, got {self.sequence_parallel_size}")
+        if self.timeout_s < 10:
+            raise ConfigError(f"{path}.timeout_s", f"must be >= 10 seconds, got {self.timeout_s}")
+
+    def extra(self) -> dict:
+        """The `config` JSON as a dict (a path is read)."""
+        if self.config is None:
+            return {}
+        if isinstance(self.config, dict):
+            return dict(self.config)
+        p = Path(self.config)
+        try:
+            return json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError("deepspeed.config", f"{p}: not a readable DeepSpeed JSON ({exc})") from exc
+
+
+@dataclass
+class DemoDataStage:
+    """`prepare.demo_data`: run `make_demo_data(dir, ...)` when `dir` holds no clip yet."""
+
+    dir: str
+    count: int = 64
+    frames: int = 17
+    size: int = 64
+    seed: int = 0
+    holdout: int = 4
+    fps: float = 16
+
+
+@dataclass
+class TinyVAEStage:
+    """`prepare.tiny_vae`: run `train_tiny_vae(data, model.vae_path, ...)` when the file is missing."""
+
+    data: str
+    steps: int = 300
+    seed: int = 0
+    batch_size: int = 2
+    frames: int = 5
+    lr: float = 2e-3
+
+
+@dataclass
+class PrepareConfig:
+    """`prepare` (ours): set-up stages run once before the ranks start (`video_dit.train.validate
+    --prepare`, called by `launch/train.sh`); each is skipped when its output exists."""
+
+    demo_data: DemoDataStage | None = None
+    tiny_vae: TinyVAEStage | None = None
+
+
+@dataclass
+class ProcessConfig:
+    type: Literal["sd_trainer"] = "sd_trainer"
+    training_folder: str = "output"
+    device: str | None = None
+    trigger_word: str | None = None
+    network: NetworkConfig | None = None  # absent: full fine-tune
+    save: SaveConfig = field(default_factory=SaveConfig)
+    datasets: list[DatasetConfig] = field(default_factory=list)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sample: SampleConfig | None = None
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    prepare: PrepareConfig | None = None
+    logging: dict | None = None  # ai-toolkit key (`log_every`, `use_wandb`); metrics.jsonl is always written
+
+    def validate(self, path: str) -> None:
+        if not self.datasets:
+            raise ConfigError(f"{path}.datasets", "at least one dataset is required")
+        if self.trigger_word:
+            raise ConfigError(f"{path}.trigger_word", "not supported by video_dit's trainer; put the word in "
+                                                     "the captions instead")
+        if self.model.quantize and self.deepspeed.zero_stage == 3:
+            raise ConfigError(f"{path}.model.quantize",
+                              "quantize: true cannot be combined with deepspeed.zero_stage: 3 (optimum-quanto "
+                              "replaces the frozen weights by packed tensors, which ZeRO-3 cannot partition "
+                              "and gather); accepted: quantize with zero_stage 0, 1 or 2, or zero_stage 3 "
+                              "without quantize")
+        if self.model.quantize and self.network is None:
+            raise ConfigError(f"{path}.model.quantize", "a quantized base is frozen: quantize needs a "
+                                                        "`network` (LoRA) block; remove quantize for a full fine-tune")
+        from video_dit.models.presets import get_preset
+
+        preset = get_preset(self.model.preset)
+        heads = preset.dit.num_heads
+        sp = self.deepspeed.sequence_parallel_size
+        if heads % sp:
+            valid = [n for n in range(1, heads + 1) if heads % n == 0]
+            raise ConfigError(f"{path}.deepspeed.sequence_parallel_size",
+                              f"{sp} does not divide the model's {heads} attention heads; accepted: "
+                              f"{', '.join(map(str, valid))}")
+        i2v = self.model.i2v_mode or preset.i2v_mode
+        if i2v == "concat" and preset.dit.in_dim == preset.dit.out_dim:
+            raise ConfigError(f"{path}.model.i2v_mode", f"'concat' needs an in_dim 36 model; preset "
+                                                        f"{preset.name!r} takes 'replace'")
+        if i2v == "replace" and preset.dit.in_dim != preset.dit.out_dim:
+            raise ConfigError(f"{path}.model.i2v_mode", f"preset {preset.name!r} (in_dim {preset.dit.in_dim}) "
+                                                        "takes 'concat'")
+        if preset.dit.in_dim != preset.dit.out_dim and not all(d.do_i2v for d in self.datasets):
+            raise ConfigError(f"{path}.datasets", f"preset {preset.name!r} is an image-to-video model: every "
+                                                  "dataset needs do_i2v: true")
+        if self.prepare and self.prepare.tiny_vae and not self.model.vae_path:
+            raise ConfigError(f"{path}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; "
+                                                        "set it")
+
+    @property
+    def i2v_mode(self) -> str:
+        from video_dit.models.presets import get_preset
+
+        return self.model.i2v_mode or get_preset(self.model.preset).i2v_mode or "replace"
+
+
+@dataclass
+class JobConfig:
+    name: str
+    process: list[ProcessConfig]
+
+    def validate(self, path: str) -> None:
+        if len(self.process) != 1:
+            raise ConfigError(f"{path}.process", f"exactly one process is supported, got {len(self.process)}")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(f"{path}.name", f"{self.name!r}: expected a folder name (no '/')")
+
+
+@dataclass
+class TrainJob:
+    """The parsed job: `process` is `config.process[0]`; `raw` the YAML mapping (for the hash)."""
+
+    name: str
+    process: ProcessConfig
+    meta: dict
+    source: str
+    raw: dict
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.process.training_folder) / self.name
+
+    def config_hash(self) -> str:
+        """Hash of what decides the training trajectory (model, network, data, train, deepspeed), not
+        of paths of outputs or preview settings; stored in checkpoints, compared on resume."""
+        p = self.raw["config"]["process"][0]
+        keep = {k: p.get(k) for k in ("model", "network", "datasets", "train", "deepspeed")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def parse_job(data: Any, source: str = "<dict>") -> TrainJob:
+    """A `TrainJob` from a YAML mapping; `ConfigError` naming the key path otherwise."""
+    if not isinstance(data, dict):
+        raise ConfigError("<root>", f"{source}: expected a job mapping (job:, config:), got {type(data).__name__}")
+    top = ("job", "config", "meta")
+    for key in data:
+        if key not in top:
+            raise ConfigError(str(key), f"unknown key{did_you_mean(str(key), top)}; valid keys: {', '.join(top)}")
+    if data.get("job", "extension") != "extension":
+        raise ConfigError("job", f"{data['job']!r}; accepted: 'extension'")
+    if "config" not in data:
+        raise ConfigError("config", "required key is missing")
+    config = parse(JobConfig, data["config"], "config")
+    meta = data.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ConfigError("meta", f"expected a mapping, got {meta!r}")
+    return TrainJob(name=config.name, process=config.process[0], meta=meta, source=source, raw=data)
+
+
+def raw_process(data: dict) -> dict:
+    """`config.process[0]` of a raw job mapping ({} when absent), for stages that run before parsing."""
+    try:
+        p = data["config"]["process"][0]
+    except (KeyError, IndexError, TypeError):
+        return {}
+    return p if isinstance(p, dict) else {}
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The YAML mapping of a job file (safe_load only)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the config file ({exc.strerror or exc})") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML ({exc})") from exc
+
+
+def load_job(path: str | Path) -> TrainJob:
+    """Read and parse a job YAML."""
+    return parse_job(read_yaml(path), str(path))
+
+
+def to_dict(job: TrainJob) -> dict:
+    return asdict(job.process)

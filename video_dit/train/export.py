@@ -1,0 +1,116 @@
+"""Weights out of a DeepSpeed engine: the LoRA file (ComfyUI keys, shared with ai-toolkit) and, for a
+full fine-tune, native sharded safetensors + config.json that `load_dit` reads.
+
+Under ZeRO-3 every rank holds 1/N of each parameter: all ranks gather (collective), rank 0 writes.
+The full export gathers one top-level module (one DiT block) at a time, so no rank ever holds more
+than one block beyond its own shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from video_dit.train.engine import gathered
+
+SHARD_BYTES = 2 * 2 ** 30
+
+
+def lora_export_state(module, zero_stage: int) -> dict[str, torch.Tensor]:
+    """Native LoRA keys -> full CPU tensors (gathered under ZeRO-3; every rank must call)."""
+    from video_dit.lora import lora_state_dict
+
+    params = [p for n, p in module.named_parameters() if ".lora_" in n]
+    with gathered(params, zero_stage):
+        return {k: v.detach().to("cpu", copy=True) for k, v in lora_state_dict(module).items()}
+
+
+def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.dtype, metadata: dict) -> Path | None:
+    """Write the LoRA of `module` to `path` (rank 0); every rank must call. Returns the path on rank 0."""
+    from video_dit.lora import save_lora
+
+    sd = lora_export_state(module, zero_stage)
+    if dist.get_rank() != 0:
+        return None
+    return save_lora(path, {k: v.to(dtype) for k, v in sd.items()}, alpha, metadata)
+
+
+def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
+    """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a time."""
+    own = {n: t for n, t in module.named_parameters(recurse=False)}
+    own.update({n: b for n, b in module.named_buffers(recurse=False)})
+    with gathered(list(module.parameters(recurse=False)), zero_stage):
+        for n, t in own.items():
+            yield n, t.detach().to("cpu", dtype=dtype, copy=True)
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.ModuleList):
+            for i, sub in enumerate(child):
+                with gathered(list(sub.parameters()), zero_stage):
+                    for k, v in sub.state_dict().items():
+                        yield f"{name}.{i}.{k}", v.detach().to("cpu", dtype=dtype, copy=True)
+        else:
+            with gathered(list(child.parameters()), zero_stage):
+                for k, v in child.state_dict().items():
+                    yield f"{name}.{k}", v.detach().to("cpu", dtype=dtype, copy=True)
+
+
+def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
+                shard_bytes: int = SHARD_BYTES) -> Path | None:
+    """Native (original Wan key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
+    through `<folder>.tmp` and a rename); every rank must call."""
+    from safetensors.torch import save_file
+
+    rank0 = dist.get_rank() == 0
+    tmp = folder.with_name(folder.name + ".tmp")
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in _gathered_state(module, zero_stage, dtype):
+        if not rank0:
+            continue
+        nbytes = tensor.numel() * tensor.element_size()
+        if size and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor.contiguous()
+        size += nbytes
+    if not rank0:
+        return None
+    weight_map = {}
+    meta = {k: str(v) for k, v in metadata.items()}
+    for i, shard in enumerate(shards):
+        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(tmp / name), metadata=meta)
+        weight_map.update({k: name for k in shard})
+    total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
+    (tmp / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    config = asdict(module.config)
+    config["patch_size"] = list(config["patch_size"])
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+def point_latest(link: Path, target: Path) -> None:
+    """`link` -> `target`: a copy for a file (small LoRA), a relative symlink for a folder; atomic."""
+    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    if target.is_dir():
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        os.symlink(os.path.relpath(target, link.parent), tmp)
+    else:
+        shutil.copyfile(target, tmp)
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    os.replace(tmp, link)

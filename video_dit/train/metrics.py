@@ -1,0 +1,68 @@
+"""Per-step metrics: `metrics.jsonl` (one JSON object per optimizer step, rank 0), TensorBoard when
+installed, and the figures that go in them (peak memory per rank, analytic MFU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+
+def peak_memory_gb() -> float:
+    """This rank's peak memory: CUDA allocator peak on GPU, the process's max RSS on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2 ** 30
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
+
+
+def step_flops(dit_config, latent_shape, text_len: int) -> tuple[float, int]:
+    """(model FLOPs of one forward+backward of a micro-batch, tokens per sample): the analytic DiT
+    forward count x 3 (backward ~ 2x forward). latent_shape: (B, C, F', h, w)."""
+    from video_dit.models.dit import dit_flops
+
+    B, _, Fl, h, w = latent_shape
+    pt, ph, pw = dit_config.patch_size
+    tokens = (Fl // pt) * (h // ph) * (w // pw)
+    return 3.0 * dit_flops(dit_config, tokens, text_len, B), tokens
+
+
+class MetricsLog:
+    """Appends rows to `<out>/metrics.jsonl` (rank 0 only; other ranks get a no-op logger)."""
+
+    def __init__(self, out_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.tb = None
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                SummaryWriter = None
+            if SummaryWriter is not None:
+                self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+
+    def write(self, row: dict) -> None:
+        if not self.enabled:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self.tb is not None:
+            for k, v in clean.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,412 @@
+"""The training loop: cached latents -> flow matching -> first-frame conditioning -> DiT -> masked MSE
+-> DeepSpeed. The trainer holds no model math; the DiT holds no distributed code.
+
+    Trainer(job)         set-up, in order: process group; VAE + text encoder; data scan and caches
+                         (split across ranks); preview prompts encoded; text encoder freed; DiT (+ LoRA,
+                         + checkpointing); resume plan; deepspeed.initialize; quantize; load checkpoint
+    Trainer.train()      steps until train.steps, with metrics, previews, checkpoints and exports
+    Trainer.close()      release the logger (the process group stays for the launcher's teardown)
+
+Determinism: the noise and timesteps of optimizer step s on rank r come from a generator seeded by
+(seed, r, s, micro-step), so a resumed run draws exactly what the uninterrupted one drew; the data
+order is the sampler's (seed, epoch, position). Together with DeepSpeed's model/optimizer/LR state
+this makes "6 steps" and "3 steps + relaunch + 3 steps" give the same losses.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from video_dit.train import checkpoint as ckpt
+from video_dit.train import engine as eng
+from video_dit.train.metrics import MetricsLog, peak_memory_gb, step_flops
+
+EXIT_NONFINITE = 3
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite losses in a row; the last good checkpoint is kept."""
+
+
+def _seed_of(*parts) -> int:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2 ** 63 - 1)
+
+
+def model_sources(process) -> tuple[str, str]:
+    """(VAE source, text encoder source) of a job: explicit paths, else the folders next to a weights
+    folder, else the preset's own random init (only sensible for `tiny`)."""
+    m = process.model
+    base = Path(m.name_or_path) if not m.name_or_path.startswith("preset:") else None
+    vae = m.vae_path
+    if vae is None:
+        vae = str(base) if base is not None and (base / "vae").is_dir() else f"preset:{m.preset}"
+    te = m.text_encoder_path
+    if te is None:
+        te = str(base) if base is not None and (base / "text_encoder").is_dir() else f"preset:{m.preset}"
+    return vae, te
+
+
+def load_vae_for(source: str, dtype, device):
+    """`load_vae`, reading a `config.json` beside a single weights file (the tiny VAE stage writes the
+    measured latent mean/std there)."""
+    from video_dit.models.loading import load_vae
+    from video_dit.models.vae import VAEConfig
+
+    config = None
+    path = Path(source)
+    if not source.startswith("preset:") and path.is_file() and (path.parent / "config.json").is_file():
+        config = VAEConfig.from_dict(json.loads((path.parent / "config.json").read_text()))
+    vae = load_vae(source, dtype=dtype, device=device, config=config)
+    return vae.eval().requires_grad_(False)
+
+
+def _identity(source: str) -> str:
+    """A string that changes when a weights file/folder changes (for cache keys)."""
+    p = Path(source)
+    if source.startswith("preset:") or not p.exists():
+        return source
+    st = p.stat()
+    return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+class Trainer:
+    def __init__(self, job, resume: str | None = None, log=print):
+        self.job, self.p = job, job.process
+        p = self.p
+        self.rank, self.world = eng.init_distributed(p.deepspeed.timeout_s)
+        self.rank0 = self.rank == 0
+        self._log = log
+        self.device = eng.local_device()
+        self.dtype = eng.train_dtype(p.train.dtype)
+        self.zero_stage = p.deepspeed.zero_stage
+        self.out_dir = job.out_dir
+        self.ckpt_dir = self.out_dir / "checkpoints"
+        if self.rank0:
+            (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
+            ckpt.clean_incomplete(self.ckpt_dir)
+        seed = p.train.seed
+        random.seed(seed + self.rank)
+        np.random.seed((seed + self.rank) % 2 ** 32)
+        torch.manual_seed(seed + self.rank)
+
+        from video_dit.models.presets import get_preset
+
+        self.preset = get_preset(p.model.preset)
+        self.i2v_mode = p.i2v_mode
+        self.any_i2v = any(d.do_i2v for d in p.datasets)
+        self.sp = p.deepspeed.sequence_parallel_size
+        if self.sp != 1:
+            raise NotImplementedError("deepspeed.sequence_parallel_size > 1: sequence parallelism is not wired "
+                                      "into the trainer yet (issue 8); use 1")
+        self.dp_world, self.dp_rank = self.world // self.sp, self.rank // self.sp
+
+        # 1. frozen encoders, the caches, the preview prompts; then the text encoder is freed
+        vae_src, te_src = model_sources(p)
+        enc_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+        self.vae = load_vae_for(vae_src, enc_dtype, self.device)
+        text_encoder = self._load_text_encoder(te_src, enc_dtype)
+        self._build_data(vae_src, te_src, text_encoder)
+        from video_dit.train.preview import encode_prompts
+
+        self.previews = encode_prompts(p.sample, text_encoder) if self._sampling_enabled() else []
+        del text_encoder
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+        # 2. the DiT, its trainable parameters, checkpointing
+        from video_dit.models.loading import load_dit
+
+        dit = load_dit(p.model.name_or_path, dtype=self.dtype, device=self.device, seed=p.model.seed)
+        dit.set_attention_backend(p.model.attention_backend)
+        if p.network is not None:
+            from video_dit.lora import add_lora
+
+            add_lora(dit, p.network.linear, p.network.alpha, dropout=p.network.dropout)
+        else:
+            dit.requires_grad_(True)
+        if p.train.gradient_checkpointing:
+            dit.enable_gradient_checkpointing()
+        self.dit_config = dit.config
+        dit.train()
+
+        # 3. resume plan (decides load_universal), DeepSpeed, then quantization of the frozen base
+        plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage)
+        self.engine, self.optimizer, self.scheduler = eng.initialize(
+            dit, job, self.world, self.dtype, load_universal=plan is not None and plan.universal)
+        self.module = self.engine.module
+        if p.model.quantize:
+            eng.quantize_frozen(self.module, p.model.qtype_name)
+
+        from video_dit.diffusion.conditioning import FirstFrameConditioning
+        from video_dit.diffusion.flow import TimestepSampler
+
+        shift = p.train.timestep_shift if p.train.timestep_shift is not None else self.preset.train_shift
+        self.timesteps = TimestepSampler(p.train.timestep_type, shift=shift, min_t=p.train.min_t, max_t=p.train.max_t)
+        self.conditioning = FirstFrameConditioning(
+            self.i2v_mode, per_token_timesteps=self.i2v_mode == "replace",
+            patch_size=tuple(self.dit_config.patch_size)) if self.any_i2v else None
+
+        self.step = 0
+        self.nonfinite_in_row = 0
+        self.config_hash = job.config_hash()
+        if plan is not None:
+            state = ckpt.load(self.engine, plan)
+            self.step = int(state["step"])
+            self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+            self.sampler.load_state_dict(state["sampler"])
+            if state.get("config_hash") not in (None, self.config_hash):
+                self.log(f"warning: {plan.path} was saved with a different training config "
+                         f"(hash {state.get('config_hash')} vs {self.config_hash}); resuming anyway")
+            self.log(f"resumed from {plan.path} at step {self.step}")
+        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0)
+        self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
+
+    # ---------------------------------------------------------------- set-up helpers
+    def log(self, msg: str) -> None:
+        if self.rank0:
+            self._log(f"[video_dit] {msg}")
+
+    def _sampling_enabled(self) -> bool:
+        s = self.p.sample
+        return s is not None and bool(s.samples) and not self.p.train.disable_sampling
+
+    def _load_text_encoder(self, source: str, dtype):
+        from video_dit.models.loading import load_text_encoder
+
+        m = self.p.model
+        quant = (m.qtype_te if m.qtype_te != "float8" else "qfloat8") if m.quantize_te else None
+        return load_text_encoder(source, dtype=dtype, device=self.device, quantize=quant,
+                                 tokenizer=m.tokenizer_path)
+
+    def _build_data(self, vae_src: str, te_src: str, text_encoder) -> None:
+        from video_dit.data import BucketBatchSampler, CachedDataset, build_cache, collate, scan_datasets
+        from video_dit.diffusion.conditioning import encode_conditioning
+
+        p = self.p
+        scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0)
+        # the cache key names the VAE weights and what encode_fn stores (i2v mode)
+        space = f"vae={_identity(vae_src)};i2v={self.i2v_mode if self.any_i2v else 'none'}"
+        text_space = f"te={_identity(te_src)};quant={p.model.quantize_te}"
+        vae, mode = self.vae, self.i2v_mode
+
+        def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
+            video = video.to(self.device, vae.dtype if hasattr(vae, "dtype") else torch.float32)
+            out = {"latents": vae.normalize(vae.encode(video).mode()).float()}
+            if self.any_i2v:
+                out.update(encode_conditioning(vae, video, mode, video.shape[2]))
+            return out
+
+        def text_fn(captions):
+            return [e.float() for e in text_encoder.encode(captions)]
+
+        t0 = time.perf_counter()
+        build_cache(scan, encode_fn, text_fn, rank=self.rank, world_size=self.world, space_version=space,
+                    text_space_version=text_space, barrier=dist.barrier, verbose=self.rank0)
+        self.log(f"caches ready in {time.perf_counter() - t0:.1f}s")
+        self.dataset = CachedDataset(scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
+        self.sampler = BucketBatchSampler(self.dataset, p.train.batch_size, world_size=self.dp_world,
+                                          rank=self.dp_rank, seed=p.train.seed)
+        workers = max(d.num_workers for d in p.datasets)
+        self.loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler, collate_fn=collate,
+                                                  num_workers=workers)
+        self._consumed = 0
+
+    def _batches(self):
+        while True:
+            self.dataset.set_epoch(self.sampler.epoch)
+            self._consumed = 0
+            for batch in self.loader:
+                self._consumed += 1
+                yield batch
+
+    # ---------------------------------------------------------------- one micro-batch
+    def loss_of(self, batch: dict, micro: int) -> torch.Tensor:
+        """Flow-matching loss of one micro-batch (forward only). `micro` numbers micro-batches within the
+        optimizer step being built, for the (seed, rank, step, micro) noise generator."""
+        from video_dit.diffusion.conditioning import masked_mse
+        from video_dit.diffusion.flow import add_noise, velocity_target
+
+        x0 = batch["latents"].to(self.device, torch.float32)  # (B, C, F', h, w)
+        B = x0.shape[0]
+        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.rank, self.step, micro))
+        t = self.timesteps.sample(B, gen).to(self.device)  # (B,) on 0..1000
+        noise = torch.randn(x0.shape, generator=gen).to(self.device)
+        x_t, target = add_noise(x0, noise, t), velocity_target(x0, noise)
+        timestep, mask = t, None
+        if self.conditioning is not None:
+            cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents") if k in batch}
+            model_in, timestep, mask = self.conditioning.apply(x_t, t, cond)
+            i2v = torch.tensor([self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
+            if not bool(i2v.all()):  # a t2v dataset mixed into an i2v job (replace mode): per sample
+                sel = i2v.view(B, 1, 1, 1, 1)
+                model_in = torch.where(sel, model_in, x_t)
+                if timestep.ndim == 2:
+                    timestep = torch.where(i2v.view(B, 1), timestep, t.view(B, 1).expand_as(timestep))
+                mask = torch.where(sel, mask, torch.ones_like(mask))
+        else:
+            model_in = x_t
+        context = [e.to(self.device) for e in batch["text_embeds"]]
+        pred = self.engine(model_in, timestep, context)  # (B, C, F', h, w)
+        weight = self.timesteps.loss_weight(t)  # (B,) ones unless timestep_type is "weighted"
+        per_sample = torch.stack([masked_mse(pred[i:i + 1], target[i:i + 1], None if mask is None else mask[i:i + 1])
+                                  for i in range(B)])
+        return (per_sample * weight.to(per_sample.device)).mean()
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> int:
+        p = self.p
+        total = p.train.steps
+        ga = p.train.gradient_accumulation
+        if self.step >= total:
+            self.log(f"nothing to do: step {self.step} >= train.steps {total}")
+            return 0
+        if self.step == 0 and self.previews and not p.train.skip_first_sample:
+            self.preview()
+        bar = None
+        if self.rank0:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, initial=self.step, desc=self.job.name, dynamic_ncols=True, file=sys.stderr)
+        batches = self._batches()
+        micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
+        t_step = time.perf_counter()
+        while self.step < total:
+            batch = next(batches)
+            loss = self.loss_of(batch, micro)
+            # every rank must agree to skip, or the collectives of backward/step would desynchronize
+            flag = torch.tensor([loss.detach().float().item() if torch.isfinite(loss) else 0.0,
+                                 0.0 if torch.isfinite(loss) else 1.0], device=self.device)
+            dist.all_reduce(flag)
+            if flag[1] > 0:
+                self.nonfinite_in_row += 1
+                self.log(f"warning: non-finite loss at step {self.step + 1} on {int(flag[1])} rank(s); batch "
+                         f"skipped ({self.nonfinite_in_row}/{p.train.max_nonfinite_steps} in a row)")
+                if self.nonfinite_in_row >= p.train.max_nonfinite_steps:
+                    last = ckpt.find_latest(self.ckpt_dir)
+                    raise NonFiniteError(f"{self.nonfinite_in_row} non-finite losses in a row; stopping. The last "
+                                         f"good checkpoint is {last or '(none yet)'}")
+                continue
+            self.nonfinite_in_row = 0
+            lr = self.scheduler.get_last_lr()[0]
+            self.engine.backward(loss)
+            boundary = self.engine.is_gradient_accumulation_boundary()
+            self.engine.step()
+            f, L = step_flops(self.dit_config, tuple(batch["latents"].shape), self.dit_config.text_len)
+            flops += f
+            tokens_seen += L * batch["latents"].shape[0]
+            samples_seen += batch["latents"].shape[0]
+            losses.append(float(flag[0]) / self.world)
+            micro += 1
+            if not boundary:
+                continue
+            self.step += 1
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t_step
+            grad_norm = self.engine.get_global_grad_norm()
+            mem = torch.tensor([peak_memory_gb()], device=self.device)
+            dist.all_reduce(mem, op=dist.ReduceOp.MAX)
+            row = {
+                "step": self.step, "loss": sum(losses) / len(losses), "lr": lr,
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "samples_per_s": samples_seen * self.dp_world / dt, "tokens_per_s": tokens_seen * self.dp_world / dt,
+                "tflops": flops * self.world / dt / 1e12, "mfu": flops / dt / self.peak_flops,
+                "peak_mem_gb": float(mem[0]), "step_time_s": dt, "sp_degree": self.sp,
+            }
+            self.metrics.write(row)
+            if bar is not None:
+                bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}")
+                bar.update(1)
+            micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
+            if self.step % p.save.save_every == 0 or self.step == total:
+                self.save()
+            if self.previews and self.step % p.sample.sample_every == 0:
+                self.preview()
+            t_step = time.perf_counter()
+        if bar is not None:
+            bar.close()
+        return 0
+
+    # ---------------------------------------------------------------- outputs
+    def preview(self) -> None:
+        from video_dit.train.preview import render
+
+        shift = self.p.sample.shift if self.p.sample.shift is not None else self.preset.sample_shift
+        t0 = time.perf_counter()
+        paths = render(self.module, self.vae, self.previews, self.out_dir, self.step, zero_stage=self.zero_stage,
+                       shift=shift, i2v_mode=self.i2v_mode, log=self.log)
+        self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
+
+    def save(self) -> None:
+        """Checkpoint (DeepSpeed state + sampler + counters + RNG) and the export of this step."""
+        from video_dit.train import export
+
+        p = self.p
+        client = {"step": self.step, "sampler": self.sampler.state_dict(consumed_batches=self._consumed),
+                  "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
+        meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
+                "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
+        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep)
+        name = self.job.name
+        metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
+                    "name": name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
+                    "meta": json.dumps(self.job.meta, default=str)}
+        dtype = p.save.torch_dtype
+        if p.network is not None:
+            metadata.update(rank=p.network.linear)
+            path = self.out_dir / f"{name}_{self.step:09d}.safetensors"
+            out = export.export_lora(self.module, self.zero_stage, path, p.network.alpha, dtype, metadata)
+            if out is not None:
+                export.point_latest(self.out_dir / f"{name}.safetensors", out)
+                self._prune_exports(f"{name}_*.safetensors")
+        else:
+            folder = self.out_dir / f"{name}_{self.step:09d}"
+            out = export.export_full(self.module, self.zero_stage, folder, dtype, metadata)
+            if out is not None:
+                export.point_latest(self.out_dir / name, out)
+                self._prune_exports(f"{name}_*")
+        dist.barrier()
+        self.log(f"step {self.step}: saved checkpoint and {'LoRA' if p.network is not None else 'weights'}")
+
+    def _prune_exports(self, pattern: str) -> None:
+        import shutil
+
+        step_re = f"{self.job.name}_" + r"\d{9}(\.safetensors)?$"
+        import re
+
+        found = sorted(q for q in self.out_dir.glob(pattern) if re.fullmatch(step_re, q.name))
+        for old in found[:-self.p.save.max_step_saves_to_keep]:
+            if old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                old.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.metrics.close()
+
+
+def run(job, resume: str | None = None) -> int:
+    """Build, train, close; the exit code (0, or EXIT_NONFINITE)."""
+    trainer = Trainer(job, resume=resume)
+    try:
+        return trainer.train()
+    except NonFiniteError as exc:
+        trainer.log(f"error: {exc}")
+        return EXIT_NONFINITE
+    finally:
+        trainer.close()
+
+
+__all__ = ["EXIT_NONFINITE", "NonFiniteError", "Trainer", "run", "math"]

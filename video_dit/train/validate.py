@@ -1,0 +1,136 @@
+"""`python -m video_dit.train.validate CONFIG [--prepare]`: check a job file before any rank starts.
+
+Exit 0 when the job can start, 2 with one line naming the key path and what is accepted otherwise.
+`--prepare` first runs the job's set-up stages (`prepare:` block: the demo dataset, the tiny VAE),
+each skipped when its output exists; `launch/train.sh` always passes it.
+Beyond the typed parse (`video_dit.train.config`), this checks what needs the file system: dataset
+folders (exist, hold media), control images of previews, weights paths, the resume path, and that
+the output folder is writable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from video_dit.typed_config import ConfigError, parse
+
+PROCESS = "config.process[0]"
+
+
+def prepare(raw: dict, log=print) -> None:
+    """Run the `prepare:` stages of a raw job mapping (before the full parse: they create the data
+    the dataset checks look for)."""
+    from video_dit.train.config import ModelConfig, PrepareConfig, raw_process
+
+    proc = raw_process(raw)
+    if not proc.get("prepare"):
+        return
+    stages = parse(PrepareConfig, proc["prepare"], f"{PROCESS}.prepare")
+    if stages.demo_data is not None:
+        d = stages.demo_data
+        folder = Path(d.dir)
+        if folder.is_dir() and any(folder.glob("*.mp4")):
+            log(f"[video_dit] demo data: {folder} exists")
+        else:
+            from video_dit.data.demo import make_demo_data
+
+            log(f"[video_dit] demo data: writing {d.count} clips to {folder}")
+            make_demo_data(folder, count=d.count, frames=d.frames, size=d.size, seed=d.seed, holdout=d.holdout,
+                           fps=d.fps)
+    if stages.tiny_vae is not None:
+        v = stages.tiny_vae
+        model = parse(ModelConfig, proc.get("model"), f"{PROCESS}.model")
+        if not model.vae_path:
+            raise ConfigError(f"{PROCESS}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; set it")
+        out = Path(model.vae_path)
+        if out.is_file():
+            log(f"[video_dit] tiny VAE: {out} exists")
+        else:
+            from video_dit.train.vae_stage import train_tiny_vae
+
+            log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
+            train_tiny_vae(v.data, out, steps=v.steps, seed=v.seed, batch_size=v.batch_size, frames=v.frames,
+                           lr=v.lr)
+
+
+def check_paths(job) -> None:
+    """File-system checks of a parsed job; `ConfigError` naming the key."""
+    from video_dit.models.presets import get_preset
+
+    p = job.process
+    preset = get_preset(p.model.preset)
+    for i, d in enumerate(p.datasets):
+        d.check_divisibility(preset.divisibility)
+    m = p.model
+    for key in ("vae_path", "text_encoder_path", "tokenizer_path"):
+        value = getattr(m, key)
+        if value is not None and not value.startswith("preset:") and not Path(value).exists():
+            raise ConfigError(f"{PROCESS}.model.{key}", f"{value!r} does not exist")
+    if not m.name_or_path.startswith("preset:") and not Path(m.name_or_path).exists():
+        raise ConfigError(f"{PROCESS}.model.name_or_path", f"{m.name_or_path!r} does not exist; accepted: "
+                                                            "preset:NAME or a weights file/folder")
+    if preset.text_encoder.tokenizer != "byt5" and m.text_encoder_path is None:
+        base = Path(m.name_or_path)
+        if m.name_or_path.startswith("preset:") or not (base / "text_encoder").is_dir():
+            raise ConfigError(f"{PROCESS}.model.text_encoder_path",
+                              f"preset {preset.name!r} needs the umT5 text encoder: set text_encoder_path to a "
+                              "folder holding text_encoder/ and tokenizer/ (or put them next to name_or_path)")
+    if not preset.name == "tiny" and m.vae_path is None:
+        base = Path(m.name_or_path)
+        if m.name_or_path.startswith("preset:") or not (base / "vae").is_dir():
+            raise ConfigError(f"{PROCESS}.model.vae_path", f"preset {preset.name!r} needs its trained VAE: set "
+                                                          "vae_path (a Wan VAE .pth/.safetensors or a vae/ folder)")
+    if p.sample is not None and not p.train.disable_sampling:
+        for i, s in enumerate(p.sample.samples):
+            if s.ctrl_img is not None and not Path(s.ctrl_img).is_file():
+                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img", f"{s.ctrl_img!r}: no such image file")
+            if s.ctrl_img is None and preset.dit.in_dim != preset.dit.out_dim:
+                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
+                                  f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
+    if p.save.resume not in ("auto", "none") and not Path(p.save.resume).is_dir():
+        raise ConfigError(f"{PROCESS}.save.resume", f"{p.save.resume!r} is not a checkpoint folder; accepted: "
+                                                    "auto, none or a checkpoint folder")
+    out = Path(p.training_folder)
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{PROCESS}.training_folder", f"{p.training_folder!r} is not writable (checked {probe})")
+    if p.deepspeed.config is not None:
+        p.deepspeed.extra()
+
+
+def validate_file(path: str, do_prepare: bool = False, log=print):
+    """The parsed `TrainJob` of `path`, after the optional set-up stages and all checks."""
+    from video_dit.train.config import parse_job, read_yaml
+
+    raw = read_yaml(path)
+    if do_prepare:
+        prepare(raw if isinstance(raw, dict) else {}, log=log)
+    job = parse_job(raw, str(path))
+    check_paths(job)
+    return job
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m video_dit.train.validate", description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="job YAML")
+    parser.add_argument("--prepare", action="store_true", help="run the job's prepare: stages first")
+    args = parser.parse_args(argv)
+    try:
+        job = validate_file(args.config, args.prepare, log=lambda m: print(m, file=sys.stderr))
+    except ConfigError as exc:
+        print(f"config error in {args.config}: {exc}", file=sys.stderr)
+        return 2
+    p = job.process
+    kind = f"LoRA rank {p.network.linear}" if p.network else "full fine-tune"
+    print(f"[video_dit] {args.config}: OK ({job.name}: {p.model.name_or_path}, {kind}, ZeRO-{p.deepspeed.zero_stage}, "
+          f"{p.train.steps} steps -> {job.out_dir})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
