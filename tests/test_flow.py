@@ -7,7 +7,7 @@ import torch
 
 from video_dit.diffusion.flow import (TIMESTEP_KINDS, TimestepSampler, add_noise, sampling_schedule,
                                       shift_timesteps, velocity_target)
-from video_dit.diffusion.sampler import euler_sample
+from video_dit.diffusion.sampler import flow_sample
 
 
 def test_interpolation_endpoints_and_velocity():
@@ -86,7 +86,7 @@ class PerfectVelocity(torch.nn.Module):
 def test_euler_with_perfect_velocity_recovers_x0(steps, shift):
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 3, 4, 4, generator=g), torch.randn(2, 4, 3, 4, 4, generator=g)
-    out = euler_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(steps, shift))
+    out = flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(steps, shift))
     torch.testing.assert_close(out, x0, atol=1e-5, rtol=1e-5)
 
 
@@ -116,7 +116,7 @@ def test_unipc_matches_diffusers(steps, shift, order):
         for t in scheduler.timesteps:
             ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
         if order == 2:  # through the sampler, as the pipeline runs it
-            out = euler_sample(model, noise, [torch.zeros(1, 8)] * 2, scheduler.sigmas * 1000, solver="unipc")
+            out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, scheduler.sigmas * 1000, solver="unipc")
         else:
             solver, out = UniPC(scheduler.sigmas.tolist(), order=order), noise
             for i in range(steps):
@@ -127,10 +127,10 @@ def test_unipc_matches_diffusers(steps, shift, order):
 def test_unipc_with_perfect_velocity_recovers_x0():
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 3, 4, 4, generator=g), torch.randn(2, 4, 3, 4, 4, generator=g)
-    out = euler_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(6, 5.0),
+    out = flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(6, 5.0),
                        solver="unipc")
     # the schedule starts at exactly 1000; UniPC treats it as 1 - 1e-6, so x0 is off by ~1e-6 * |noise|
     torch.testing.assert_close(out, x0, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="accepted: euler, unipc"):
-        euler_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(2, 1.0),
+        flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(2, 1.0),
                      solver="dpm")

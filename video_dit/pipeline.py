@@ -21,7 +21,7 @@ from torch import nn
 
 from video_dit.diffusion.conditioning import FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, encode_conditioning
 from video_dit.diffusion.flow import sampling_schedule
-from video_dit.diffusion.sampler import euler_sample, module_dtype_device
+from video_dit.diffusion.sampler import flow_sample, module_dtype_device
 
 
 def vae_factors(vae_config) -> tuple[int, int]:
@@ -126,7 +126,7 @@ class VideoPipeline:
                 patch_size=tuple(self.dit_config.patch_size))
             cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
         # 3. the solver
-        return euler_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
+        return flow_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
                             guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress,
                             solver=solver)
 

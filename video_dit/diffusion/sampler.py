@@ -97,7 +97,7 @@ class UniPC:
 
 
 @torch.no_grad()
-def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor],
+def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor],
                  timesteps: torch.Tensor, *, negative_context: Sequence[torch.Tensor] | None = None,
                  guidance_scale: float = 1.0, conditioning: FirstFrameConditioning | None = None,
                  cond: dict[str, torch.Tensor] | None = None, progress: bool = False,
@@ -111,7 +111,7 @@ def euler_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Te
     unconditional passes run batched in one forward (2B) and combine as v_u + s * (v_c - v_u);
     guidance_scale == 1 runs the conditional pass alone. conditioning + cond: first-frame conditioning,
     re-applied before every forward; the returned latent has the clean first frame restored.
-    solver: "euler" or "unipc" (see the module docstring); the name `euler_sample` is historical.
+    solver: "euler" or "unipc" (see the module docstring).
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(SOLVERS)}")
