@@ -98,5 +98,7 @@ def test_clear_errors(tmp_path):
         load_text_encoder(tmp_path / "x.safetensors")
     with pytest.raises(WeightsError, match="not a transformers umT5"):
         load_text_encoder(tmp_path / "x.safetensors", tokenizer=tmp_path)
+    with pytest.raises(ValueError, match="brings its own tokenizer"):
+        load_text_encoder("preset:tiny", tokenizer=tmp_path)
     with pytest.raises(ValueError, match="qfloat8"):
         load_text_encoder("preset:tiny", quantize="fp4")

@@ -157,6 +157,9 @@ def main(args: argparse.Namespace) -> int:
         dit.to(device=device, dtype=dtype)
     vae = load_vae(vae_src, dtype=dtype, device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
+    if pipe.i2v_mode == "concat" and image is None:
+        raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {pipe.dit_config.in_dim}): "
+                         "pass --image FIRST_FRAME")
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(args.seed)
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,

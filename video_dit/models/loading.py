@@ -303,6 +303,8 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
         from video_dit.models.presets import get_preset
 
         config = get_preset(src[len("preset:"):]).text_encoder
+        if tokenizer is not None:
+            raise ValueError(f"{src}: a preset brings its own tokenizer; tokenizer={tokenizer} applies to files only")
         if config.tokenizer != "byt5":
             raise WeightsError(f"{src}: this preset's text encoder is umT5-XXL, which is never random-initialised "
                                f"or downloaded here; {TEXT_ENCODER_DOWNLOAD}")
