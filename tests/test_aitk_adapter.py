@@ -75,6 +75,18 @@ def test_flags_are_instance_attributes_set_after_base_init(aitk):
     assert build(aitk, arch="video_dit:tiny").arch == "video_dit"  # the UI's arch:tag form
 
 
+def test_components_have_the_surface_ai_toolkit_touches(sd):
+    """load_model's outputs as BaseSDTrainProcess / SDTrainer use them (device and dtype reads,
+    moves, freezing), and the model aliases."""
+    assert sd.unet is sd.model and sd.transformer is sd.model and sd.pipeline is not None
+    for module in (sd.model, sd.vae, sd.text_encoder):
+        assert module.device == torch.device("cpu") and module.dtype == torch.float32
+    sd.vae.to("cpu", dtype=torch.float32)
+    assert not sd.text_encoder.training and not any(p.requires_grad for p in sd.vae.parameters())
+    assert hasattr(sd.model, "enable_gradient_checkpointing") and sd.tokenizer is sd.text_encoder.tokenizer
+    assert sd.latent_space_version.startswith("video_dit.vae") and sd.text_embedding_space_version != sd.arch
+
+
 def test_model_kwargs_are_checked(aitk):
     with pytest.raises(ConfigError, match=r"model\.model_kwargs\.i2v_mod.*did you mean 'i2v_mode'"):
         build(aitk, model_kwargs={"i2v_mod": "replace"})
