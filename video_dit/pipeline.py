@@ -43,11 +43,12 @@ def _config_of(module: nn.Module, what: str):
 class VideoPipeline:
     """Sample videos from a DiT and a VAE.
 
-    dit: a `VideoDiT` (or any module called as `dit(x, t, context)`, e.g. a DeepSpeed engine; then
-    pass `dit_config`). vae: a `CausalVideoVAE`. per_token_timesteps: for i2v in replace mode, give
-    the clean first-frame tokens t = 0 (the right choice for every model; see conditioning.py).
-    i2v_mode: "replace" or "concat"; None picks from the DiT config: in_dim == out_dim + 4 + z_dim is
-    concat (Wan I2V, in_dim 36), in_dim == out_dim is replace.
+    dit: a `VideoDiT`, or any module called once per step as `dit(x, t, context)` (a DeepSpeed engine:
+    its config is read from `.module.config`; else pass `dit_config`). vae: a `CausalVideoVAE`.
+    per_token_timesteps: for i2v in replace mode, give the clean first-frame tokens t = 0 (the right
+    choice for every model; see conditioning.py). The i2v mode follows from the DiT config:
+    in_dim == out_dim + 4 + z_dim is concat (Wan I2V, in_dim 36), in_dim == out_dim is replace;
+    `i2v_mode`, when given, is checked against it (a clear error instead of a wrong conditioning).
     """
 
     def __init__(self, dit: nn.Module, vae: nn.Module, *, per_token_timesteps: bool = True,
@@ -127,8 +128,8 @@ class VideoPipeline:
             cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
         # 3. the solver
         return flow_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
-                            guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress,
-                            solver=solver)
+                           guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress,
+                           solver=solver)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:

@@ -98,10 +98,10 @@ class UniPC:
 
 @torch.no_grad()
 def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor],
-                 timesteps: torch.Tensor, *, negative_context: Sequence[torch.Tensor] | None = None,
-                 guidance_scale: float = 1.0, conditioning: FirstFrameConditioning | None = None,
-                 cond: dict[str, torch.Tensor] | None = None, progress: bool = False,
-                 solver: Literal["euler", "unipc"] = "euler") -> torch.Tensor:
+                timesteps: torch.Tensor, *, negative_context: Sequence[torch.Tensor] | None = None,
+                guidance_scale: float = 1.0, conditioning: FirstFrameConditioning | None = None,
+                cond: dict[str, torch.Tensor] | None = None, progress: bool = False,
+                solver: Literal["euler", "unipc"] = "euler") -> torch.Tensor:
     """Integrate the flow ODE from `noise` at timesteps[0] to timesteps[-1]; returns float32 latents.
 
     dit: called exactly once per step as `dit(x, t, context)` (x in the DiT's dtype, t float32 (B,) or
