@@ -102,3 +102,17 @@ def test_clear_errors(tmp_path):
         load_text_encoder("preset:tiny", tokenizer=tmp_path)
     with pytest.raises(ValueError, match="qfloat8"):
         load_text_encoder("preset:tiny", quantize="fp4")
+
+
+def test_config_is_typed_and_validated():
+    from video_dit.models.text_encoder import TextEncoderConfig
+    from video_dit.typed_config import ConfigError, parse
+
+    cfg = parse(TextEncoderConfig, {"d_model": 32, "num_heads": 2, "tokenizer": "byt5"}, "model.text_encoder")
+    assert cfg.d_model == 32 and cfg.tokenizer == "byt5"
+    with pytest.raises(ConfigError, match=r"model.text_encoder.tokenizer: 'bpe' is not accepted"):
+        parse(TextEncoderConfig, {"tokenizer": "bpe"}, "model.text_encoder")
+    with pytest.raises(ConfigError, match="did you mean 'num_heads'"):
+        parse(TextEncoderConfig, {"num_head": 2}, "model.text_encoder")
+    with pytest.raises(ConfigError, match="text_len: must be a positive integer"):
+        build_umt5(TextEncoderConfig(text_len=0))

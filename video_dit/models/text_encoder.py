@@ -39,6 +39,20 @@ class TextEncoderConfig:
     text_len: int = 512
     tokenizer: str = "umt5"
 
+    def validate(self, path: str = "text_encoder") -> None:
+        """Raise `ConfigError` naming the first bad field (called by `typed_config.parse`)."""
+        from video_dit.typed_config import ConfigError
+
+        for name in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "d_kv",
+                     "relative_attention_num_buckets", "text_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{path}.{name}", f"must be a positive integer, got {getattr(self, name)}")
+        if self.tokenizer not in ("umt5", "byt5"):
+            raise ConfigError(f"{path}.tokenizer", f"{self.tokenizer!r} is not accepted; accepted: 'umt5', 'byt5'")
+        if self.feed_forward_proj not in ("gated-gelu", "relu", "gated-relu", "gelu"):
+            raise ConfigError(f"{path}.feed_forward_proj", f"{self.feed_forward_proj!r} is not accepted; "
+                                                           "accepted: 'gated-gelu', 'gelu', 'gated-relu', 'relu'")
+
 
 def umt5_config(config: TextEncoderConfig):
     """The transformers `UMT5Config` of an encoder-only umT5 described by `config`."""
@@ -57,6 +71,7 @@ def build_umt5(config: TextEncoderConfig, seed: int | None = 0, device: str | to
     (for loading a state dict with `assign=True`)."""
     from transformers import UMT5EncoderModel
 
+    config.validate()
     if device is not None and torch.device(device).type == "meta":
         with torch.device("meta"):
             return UMT5EncoderModel(umt5_config(config)).eval()
