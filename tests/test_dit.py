@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from video_dit.bench.dit import activation_peak
+from video_dit.bench.common import profiled_peak
 from video_dit.models.attention import attention, flash_available, set_attention_backend
 from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
 from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
@@ -178,10 +178,10 @@ def test_gradient_checkpointing_same_grads_and_less_memory():
         model.zero_grad(set_to_none=True)
         model(x, t, context).square().mean().backward()
 
-    base_peak = activation_peak(step)
+    base_peak = profiled_peak(step)
     base = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.enable_gradient_checkpointing()
-    ckpt_peak = activation_peak(step)
+    ckpt_peak = profiled_peak(step)
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, base[n], rtol=1e-5, atol=1e-6, msg=n)
     model.enable_gradient_checkpointing(offload=True)
@@ -254,3 +254,18 @@ def test_config_validation_and_flops():
     # the block matmuls alone: 2 * L * (params of one block's Linears) per block, the bulk of the total
     linears = 4 * 64 * 64 * 2 + 2 * 64 * 128
     assert dit_flops(cfg, 1024, 16) > 2 * 1024 * linears * 2
+
+
+def test_bfloat16_model_tracks_float32():
+    model = tiny(dim=64, num_heads=4)
+    x, t, context = inputs(model)
+    low = VideoDiT(model.config).to(torch.bfloat16)
+    low.load_state_dict(model.state_dict())
+    out, out_low = model(x, t, context), low(x, t, context)
+    assert out_low.dtype == torch.bfloat16
+    assert (out_low.float() - out).norm() / out.norm() < 0.03
+    out.square().mean().backward()
+    out_low.float().square().mean().backward()
+    for name in ("blocks.0.self_attn.norm_q.weight", "blocks.1.modulation", "time_embedding.0.weight"):
+        a, b = model.get_parameter(name).grad, low.get_parameter(name).grad
+        assert b.dtype == torch.bfloat16 and (b.float() - a).norm() / a.norm() < 0.03, name
