@@ -2,14 +2,56 @@
 what was alive when it started (parameters, gradient buffers and optimizer state already there do
 not count; gradient buffers first allocated inside do).
 
-CUDA: the caching allocator's peak counter. CPU: torch keeps no allocator statistics, so the
-profiler's per-op allocation records are replayed in time order (scratch space inside one kernel is
-not seen; everything autograd saves, and every op's output, is).
+CUDA: the caching allocator's peak counter. CPU: torch keeps no allocator statistics, so
+`CPUAllocationTracker` follows every tensor storage that an op creates until it is freed
+(scratch space inside one kernel is not seen; everything autograd saves, and every op's output, is).
 """
 
 from __future__ import annotations
 
+import weakref
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def _plain_cpu(t) -> bool:
+    # tensor subclasses (quantized weights) may have no storage of their own: their parts are plain tensors
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu"
+
+
+class CPUAllocationTracker(TorchDispatchMode):
+    """Live and peak bytes of the CPU storages created by ops while the mode is on (forward and the
+    backward it triggers on this thread). A storage is counted from the op that creates it until it
+    is freed (a weak reference to it dies), also after the mode is left. Outputs that alias an input
+    (views, in-place and `out=` ops, gradient accumulation into an existing .grad) are not new."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._refs: dict[int, weakref.ref] = {}
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        if self._refs.pop(key, None) is not None:
+            self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        seen = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if _plain_cpu(t)}
+        for t in tree_flatten(out)[0]:
+            if not _plain_cpu(t):
+                continue
+            st = t.untyped_storage()
+            key, nbytes = st.data_ptr(), st.nbytes()
+            if nbytes == 0 or key in seen or key in self._refs:
+                continue
+            seen.add(key)
+            self._refs[key] = weakref.ref(st, lambda _, key=key, nbytes=nbytes: self._freed(key, nbytes))
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        return out
 
 
 def activation_peak(fn, device: torch.device | str | None = None):
@@ -24,13 +66,78 @@ def activation_peak(fn, device: torch.device | str | None = None):
         return out, torch.cuda.max_memory_allocated(device) - base
     if device.type != "cpu":
         raise ValueError(f"activation_peak measures cuda or cpu devices, got {device}")
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with CPUAllocationTracker() as tracker:
         out = fn()
-    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return out, peak
+    return out, tracker.peak
+
+
+class ActivationPeak:
+    """The activation peak of spans of a training loop (forward ... backward), for metrics.
+
+        meter.start(); loss = forward(); backward(loss); meter.stop()      # per micro-batch
+        meter.read_gb()     # the highest span peak since the last read, in GiB
+
+    A span that is started again without being stopped (a skipped non-finite batch) is dropped.
+    CUDA: the allocator's peak counter, reset at each start; the peak before the reset is kept in
+    `run_peak_bytes`, so the run's overall peak (see `run_peak_gb`) is not lost. CPU: a
+    `CPUAllocationTracker` over the span, which costs Python work per op (a tiny model's step runs
+    several times slower), so only every `cpu_every`-th span is measured (the first included) and
+    `read_gb` repeats the last figure in between: the peak depends on the batch shape, not the step.
+    """
+
+    run_peak_bytes = 0  # CUDA: the allocator peak of the whole run, across this meter's resets
+
+    def __init__(self, device, cpu_every: int = 50):
+        self.device = torch.device(device)
+        self.cpu_every = cpu_every
+        self._spans = 0
+        self._base = None
+        self._tracker = None
+        self._best = None
+        self._last = 0
+
+    def start(self) -> None:
+        self._abandon()
+        if self.device.type == "cuda":
+            ActivationPeak.run_peak_bytes = max(ActivationPeak.run_peak_bytes,
+                                                torch.cuda.max_memory_allocated(self.device))
+            self._base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            self._spans += 1
+            if (self._spans - 1) % self.cpu_every:
+                return  # not measured; stop() is a no-op
+            self._tracker = CPUAllocationTracker()
+            self._tracker.__enter__()
+            self._base = 0
+
+    def stop(self) -> int | None:
+        """End the span; returns its peak in bytes (None when this span was not measured)."""
+        if self._base is None:
+            return None
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) - self._base
+        else:
+            self._tracker.__exit__(None, None, None)
+            peak, self._tracker = self._tracker.peak, None
+        self._base = None
+        self._best = peak if self._best is None else max(self._best, peak)
+        return peak
+
+    def read_gb(self) -> float:
+        """The highest peak of the spans measured since the last read (else the last figure), GiB."""
+        if self._best is not None:
+            self._last, self._best = self._best, None
+        return self._last / 2 ** 30
+
+    def _abandon(self) -> None:
+        if self._tracker is not None:
+            self._tracker.__exit__(None, None, None)
+            self._tracker = None
+        self._base = None
+
+
+def run_peak_gb(device) -> float:
+    """This rank's allocator peak over the whole run on CUDA, also across ActivationPeak's resets."""
+    device = torch.device(device)
+    return max(ActivationPeak.run_peak_bytes, torch.cuda.max_memory_allocated(device)) / 2 ** 30

@@ -14,8 +14,10 @@ import torch
 
 def peak_memory_gb() -> float:
     """This rank's peak memory: CUDA allocator peak on GPU, the process's max RSS on CPU."""
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2 ** 30
+    if torch.cuda.is_available():  # the activation meter resets the counter; it keeps the run's peak
+        from video_dit.parallel.memory import run_peak_gb
+
+        return run_peak_gb(torch.cuda.current_device())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return rss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
 

@@ -62,7 +62,8 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
     from video_dit.pipeline import VideoPipeline
 
     rank = dist.get_rank()
-    every_rank = zero_stage == 3
+    # ZeRO-3 (partitioned weights) and sequence parallelism (attention is a collective) need every rank
+    every_rank = zero_stage == 3 or getattr(dit, "seq_parallel", None) is not None
     written = []
     if rank == 0 or every_rank:
         was_training = dit.training

@@ -8,7 +8,7 @@
     Trainer.close()      release the logger (the process group stays for the launcher's teardown)
 
 Determinism: the noise and timesteps of optimizer step s on rank r come from a generator seeded by
-(seed, r, s, micro-step), so a resumed run draws exactly what the uninterrupted one drew; the data
+(seed, r, s, micro-step) (r: the data-parallel rank), so a resumed run draws exactly what the uninterrupted one drew; the data
 order is the sampler's (seed, epoch, position). Together with DeepSpeed's model/optimizer/LR state
 this makes "6 steps" and "3 steps + relaunch + 3 steps" give the same losses.
 """
@@ -106,10 +106,12 @@ class Trainer:
         self.i2v_mode = p.i2v_mode
         self.any_i2v = any(d.do_i2v for d in p.datasets)
         self.sp = p.deepspeed.sequence_parallel_size
-        if self.sp != 1:
-            raise NotImplementedError("deepspeed.sequence_parallel_size > 1: sequence parallelism is not wired "
-                                      "into the trainer yet (issue 8); use 1")
-        self.dp_world, self.dp_rank = self.world // self.sp, self.rank // self.sp
+        # sequence parallel (video_dit/parallel/sequence.py): the N ranks of a sequence group share one
+        # batch and its noise, so data and noise follow the data-parallel rank; ZeRO still spans all ranks
+        from video_dit.parallel.sequence import init_sequence_parallel
+
+        self.sp_info = init_sequence_parallel(self.sp)
+        self.dp_world, self.dp_rank = self.sp_info.dp_size, self.sp_info.dp_rank
 
         # 1. frozen encoders, the caches, the preview prompts; then the text encoder is freed
         vae_src, te_src = model_sources(p)
@@ -138,6 +140,9 @@ class Trainer:
             dit.requires_grad_(True)
         if p.train.gradient_checkpointing:
             dit.enable_gradient_checkpointing()
+        from video_dit.parallel.sequence import attach
+
+        attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
         self.dit_config = dit.config
         dit.train()
 
@@ -171,7 +176,13 @@ class Trainer:
                          f"(hash {state.get('config_hash')} vs {self.config_hash}); resuming anyway")
             self.log(f"resumed from {plan.path} at step {self.step}")
         self.metrics = MetricsLog(self.out_dir, enabled=self.rank0)
+        from video_dit.parallel.memory import ActivationPeak
+
+        self.act_peak = ActivationPeak(self.device)  # forward+backward peak per rank, for metrics
         self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
+        from video_dit.train import faults
+
+        faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
 
     # ---------------------------------------------------------------- set-up helpers
     def log(self, msg: str) -> None:
@@ -240,7 +251,7 @@ class Trainer:
 
         x0 = batch["latents"].to(self.device, torch.float32)  # (B, C, F', h, w)
         B = x0.shape[0]
-        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.rank, self.step, micro))
+        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, micro))
         t = self.timesteps.sample(B, gen).to(self.device)  # (B,) on 0..1000
         noise = torch.randn(x0.shape, generator=gen).to(self.device)
         x_t, target = add_noise(x0, noise, t), velocity_target(x0, noise)
@@ -284,6 +295,7 @@ class Trainer:
         t_step = time.perf_counter()
         while self.step < total:
             batch = next(batches)
+            self.act_peak.start()
             loss = self.loss_of(batch, micro)
             # every rank must agree to skip, or the collectives of backward/step would desynchronize
             flag = torch.tensor([loss.detach().float().item() if torch.isfinite(loss) else 0.0,
@@ -301,6 +313,7 @@ class Trainer:
             self.nonfinite_in_row = 0
             lr = self.scheduler.get_last_lr()[0]
             self.engine.backward(loss)
+            self.act_peak.stop()
             boundary = self.engine.is_gradient_accumulation_boundary()
             self.engine.step()
             f, L = step_flops(self.dit_config, tuple(batch["latents"].shape), self.dit_config.text_len)
@@ -316,14 +329,15 @@ class Trainer:
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t_step
             grad_norm = self.engine.get_global_grad_norm()
-            mem = torch.tensor([peak_memory_gb()], device=self.device)
+            mem = torch.tensor([peak_memory_gb(), self.act_peak.read_gb()], device=self.device)
             dist.all_reduce(mem, op=dist.ReduceOp.MAX)
             row = {
                 "step": self.step, "loss": sum(losses) / len(losses), "lr": lr,
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "samples_per_s": samples_seen * self.dp_world / dt, "tokens_per_s": tokens_seen * self.dp_world / dt,
-                "tflops": flops * self.world / dt / 1e12, "mfu": flops / dt / self.peak_flops,
-                "peak_mem_gb": float(mem[0]), "step_time_s": dt, "sp_degree": self.sp,
+                # a sequence group of N ranks computes one batch together: N x fewer FLOPs per rank
+                "tflops": flops * self.dp_world / dt / 1e12, "mfu": flops / self.sp / dt / self.peak_flops,
+                "peak_mem_gb": float(mem[0]), "step_time_s": dt, "sp_degree": self.sp, "act_peak_gb": float(mem[1]),
             }
             self.metrics.write(row)
             if bar is not None:
@@ -358,7 +372,8 @@ class Trainer:
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
-        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep)
+        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
+                  frozen_base=p.network is not None)
         name = self.job.name
         metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
                     "name": name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
