@@ -180,9 +180,6 @@ class Trainer:
 
         self.act_peak = ActivationPeak(self.device)  # forward+backward peak per rank, for metrics
         self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
-        from video_dit.train import faults
-
-        faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
 
     # ---------------------------------------------------------------- set-up helpers
     def log(self, msg: str) -> None:
@@ -372,8 +369,7 @@ class Trainer:
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
-        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
-                  frozen_base=p.network is not None)
+        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep)
         name = self.job.name
         metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
                     "name": name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
