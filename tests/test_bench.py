@@ -1,0 +1,254 @@
+"""The benchmark harness computes what it claims: the FLOP count MFU is built on, the MFU and
+throughput arithmetic, the per-rank memory split, and `video-dit bench` dispatch + JSON.
+No timings are asserted (speed lives in `video_dit/bench/`, not in tests)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from video_dit.bench import common
+from video_dit.bench import train as train_bench
+from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- FLOPs and MFU
+
+
+def _tiny():
+    cfg = DiTConfig(in_dim=16, out_dim=16, dim=32, ffn_dim=64, freq_dim=16, text_dim=24, num_heads=2,
+                    num_layers=2, text_len=8)
+    torch.manual_seed(0)
+    model = VideoDiT(cfg)
+    with torch.no_grad():
+        model.head.head.weight.normal_(std=0.02)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 16, 2, 4, 6, generator=g)  # 2 x 2 x 3 = 12 tokens
+    return cfg, model, (x, torch.tensor([500.0]), torch.randn(1, 8, 24, generator=g)), 12
+
+
+def test_dit_flops_equals_counted_matmul_flops():
+    """The analytic count MFU divides by equals torch's FLOP counter on the real forward (SDPA as
+    its math kernel so the counter sees the attention matmuls), and forward + backward equals
+    3x forward minus the input gradients the first layers never compute."""
+    cfg, model, inputs, L = _tiny()
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        model(*inputs)
+    assert fc.get_total_flops() == dit_flops(cfg, L, cfg.text_len)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        model(*inputs).square().mean().backward()
+    patch = 2 * L * cfg.dim * cfg.in_dim * 4  # patch embedding conv (no input gradient)
+    text_in = 2 * cfg.text_len * cfg.text_dim * cfg.dim  # text MLP's first Linear
+    time_in = 2 * cfg.freq_dim * cfg.dim  # time MLP's first Linear
+    assert fc.get_total_flops() == 3 * dit_flops(cfg, L, cfg.text_len) - (patch + text_in + time_in)
+
+
+def test_train_bench_step_flops_and_throughput():
+    shape = dict(train_bench.SMALL, batch=3)
+    flops, tokens = train_bench.step_flops(shape)
+    _, Fl, h, w = shape["latents"]
+    assert tokens == 3 * Fl * (h // 2) * (w // 2)
+    assert flops == 3 * dit_flops(train_bench.dit_config(shape), Fl * (h // 2) * (w // 2), shape["text_len"], 3)
+    fig = train_bench.throughput(flops, tokens, step_s=0.5, dp_world=2, peak_flops=flops)
+    assert fig["tokens_per_s"] == pytest.approx(tokens * 2 / 0.5)
+    assert fig["tflops_per_rank"] == pytest.approx(flops / 0.5 / 1e12)
+    assert fig["mfu"] == pytest.approx(2.0)  # one step's FLOPs in half a second at 1 step's FLOPs / s
+    assert common.mfu(3e12, 2.0, 1e12) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="peak_flops"):
+        common.mfu(1.0, 1.0, 0.0)
+
+
+@pytest.fixture
+def small_matmul(monkeypatch):
+    """The measured peak at n = 256 (the default 2048 costs seconds on a shared CPU)."""
+    monkeypatch.setattr(common, "matmul_flops", functools.partial(common.matmul_flops, n=256, repeats=3))
+
+
+def test_device_peak_table_and_measured(small_matmul):
+    assert common.table_peak("NVIDIA H200", torch.bfloat16) == (989e12, "H200")
+    assert common.table_peak("NVIDIA H100 80GB HBM3", torch.float32) == (989e12 / 2, "H100")
+    assert common.table_peak("NVIDIA A100-SXM4-80GB", torch.bfloat16) == (312e12, "A100")
+    assert common.table_peak("Some CPU", torch.bfloat16) is None
+    peak = common.device_peak("cpu", torch.float32)
+    assert peak.source == "measured matmul" and peak.table is None and peak.flops == peak.measured > 0
+
+
+def test_time_side_by_side_alternates_and_counts():
+    calls = []
+    times = common.time_side_by_side({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                     repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]  # warm-up, then order reversed every other round
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert common.median([3.0, 1.0, 2.0]) == 2.0
+
+
+# ---------------------------------------------------------------- memory split
+
+
+def test_tensor_memory_split_counts_each_storage_once():
+    flat = torch.zeros(100)  # 400 bytes: views of it count once, with the whole buffer
+    a, b = flat[:50], flat[50:]
+    other = torch.zeros(10, dtype=torch.float64)  # 80 bytes
+    split = common.tensor_memory_split({"p": [a, b], "g": [flat, other], "o": [other, torch.zeros(0)]})
+    assert split == {"p": 400, "g": 80, "o": 0}
+
+
+def _fake_zero_engine():
+    """A stand-in with the shapes of a ZeRO-2 engine on one of 2 ranks: a flat model buffer the
+    parameters view, a half-size gradient partition (+ a view of it), a fp32 master partition
+    held by the inner optimizer, Adam moments of the partition, and a reduce bucket."""
+    model = torch.nn.Linear(10, 10)  # 110 params
+    flat = torch.zeros(110)
+    with torch.no_grad():
+        model.weight.data, model.bias.data = flat[:100].view(10, 10), flat[100:]
+    master = torch.zeros(55, requires_grad=True)
+    inner = torch.optim.AdamW([master])
+    inner.state[master] = {"exp_avg": torch.zeros(55), "exp_avg_sq": torch.zeros(55), "step": torch.tensor(1.0)}
+    grad_partition = torch.zeros(55)
+    zero = SimpleNamespace(optimizer=inner, bit16_groups_flat=[flat], averaged_gradients={0: [grad_partition[:20]]},
+                           grads_in_partition=grad_partition, ipg_buffer=[torch.zeros(30)],
+                           fp32_partitioned_groups_flat=[master], dummy=torch.zeros(7), module=model)
+    return SimpleNamespace(module=model, optimizer=zero)
+
+
+def test_engine_memory_split_adds_up():
+    engine = _fake_zero_engine()
+    split = train_bench.engine_memory_split(engine)
+    assert split["parameters"] == 110 * 4
+    assert split["gradients"] == (55 + 30) * 4  # the partition once (its view is not recounted) + bucket
+    assert split["optimizer"] == (55 + 55 + 55 + 1) * 4  # master partition + two moments + step
+    assert split["other"] == 7 * 4
+    assert split["attributes"]["gradients"] == ["averaged_gradients", "grads_in_partition", "ipg_buffer"]
+    assert split["attributes"]["optimizer"] == ["fp32_partitioned_groups_flat"]
+    everything = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (
+        *engine.module.parameters(), engine.optimizer.grads_in_partition, engine.optimizer.ipg_buffer[0],
+        *[t for s in engine.optimizer.optimizer.state.values() for t in s.values()],
+        engine.optimizer.fp32_partitioned_groups_flat[0], engine.optimizer.dummy)}
+    assert sum(split[k] for k in train_bench.MEMORY_KEYS) == sum(everything.values())
+
+
+@pytest.mark.slow  # importing deepspeed + a JIT-built comm op in a fresh process: ~10-40 s on 2 shared cores
+def test_engine_memory_split_real_deepspeed_zero0_zero2():
+    """One real rank (gloo): ZeRO-0 holds params, grads and Adam's two moments at full size;
+    ZeRO-2 adds the fp32 master partition DeepSpeed keeps; both splits add up to what exists."""
+    script = textwrap.dedent("""
+        import json, os, socket, torch, deepspeed
+        from video_dit.bench.train import ds_config, engine_memory_split
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        deepspeed.init_distributed(dist_backend="gloo")
+        out = {}
+        for stage in (0, 2):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            cfg = ds_config(stage, False, torch.float32)
+            cfg["zero_optimization"].pop("reduce_bucket_size", None)
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()),
+                                              optimizer=opt, config=cfg)
+            x = torch.randn(4, 64)
+            for _ in range(2):
+                engine.backward(engine(x).square().mean())
+                split = engine_memory_split(engine)
+                engine.step()
+            split["numel"] = sum(p.numel() for p in model.parameters())
+            out[stage] = split
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    z0, z2 = out["0"], out["2"]
+    P = z0["numel"] * 4
+    assert z0["parameters"] == P and z0["gradients"] == P
+    assert z0["optimizer"] == 2 * P + 4 * 4  # exp_avg + exp_avg_sq (+ a 4-byte step per parameter tensor)
+    assert z2["parameters"] == P
+    assert z2["optimizer"] >= 3 * P  # Adam moments + the fp32 master copy (one rank: the whole model)
+    assert z2["gradients"] >= P
+
+
+# ---------------------------------------------------------------- `video-dit bench`
+
+
+@pytest.fixture
+def fake_suites(monkeypatch):
+    from video_dit.commands import bench as cmd
+
+    calls = []
+
+    def make(name, result, prints):
+        mod = types.ModuleType(f"fake_bench_{name}")
+
+        def run(device="cpu", repeats=3, small=False, threads=None):
+            calls.append((name, device, repeats, small, threads))
+            return json.loads(json.dumps(result))
+
+        mod.run = run
+        if prints:
+            mod.print_table = lambda res: print(f"TABLE {name} {res['time_ratio']}")
+        monkeypatch.setitem(sys.modules, mod.__name__, mod)
+        return mod.__name__
+
+    suites = {
+        "dit": make("dit", {"time_ratio": 0.9, "peak_ratio": 0.85, "tflops": {"ours": 1e-3, "diffusers": 1e-3}}, False),
+        "vae": make("vae", {"time_ratio": 0.5, "memory_ratio": 0.6}, True),
+        "sp": "video_dit.bench.no_such_suite_module",
+    }
+    monkeypatch.setattr(cmd, "SUITES", suites)
+    return cmd, calls
+
+
+def _bench(argv):
+    from video_dit import cli
+
+    return cli.main(["bench", *argv])
+
+
+def test_bench_dispatch_summary_and_json(fake_suites, tmp_path, capsys):
+    cmd, calls = fake_suites
+    out = tmp_path / "b.json"
+    assert _bench(["--suite", "vae", "--small", "--repeats", "2", "--json", str(out)]) == 0
+    assert calls == [("vae", "cpu", 2, True, None)]  # only the chosen suite, with the flags passed on
+    printed = capsys.readouterr().out
+    assert "TABLE vae 0.5" in printed and "Summary vs targets" in printed
+    data = json.loads(out.read_text())
+    assert set(data["results"]) == {"vae"} and data["meta"]["small"] is True
+    rows = {r["figure"]: r for r in data["summary"]}
+    assert rows["encode+decode time ours / diffusers"]["met"] is True  # 0.5 <= 0.7
+    assert rows["peak memory ours / diffusers"]["value"] == 0.6
+
+
+def test_bench_all_adds_dit_mfu_and_skips_a_missing_suite(fake_suites, small_matmul, tmp_path, capsys):
+    cmd, calls = fake_suites
+    out = tmp_path / "all.json"
+    assert _bench(["--suite", "all", "--small", "--json", str(out)]) == 0
+    assert [c[0] for c in calls] == ["dit", "vae"]
+    data = json.loads(out.read_text())
+    assert "does not exist" in data["results"]["sp"]["error"]
+    dit = data["results"]["dit"]
+    assert dit["mfu"] == pytest.approx(1e9 / dit["peak"]["flops"])  # TFLOP/s over the matmul measured here
+    rows = {r["figure"]: r for r in data["summary"]}
+    assert rows["activation peak ours / diffusers"]["met"] is False  # 0.85 > 0.8
+    assert "bf16 MFU vs datasheet peak" not in rows  # a cuda-only target on a cpu run
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_bench_explicit_missing_suite_exits_2(fake_suites, capsys):
+    assert _bench(["--suite", "sp"]) == 2
+    assert "no_such_suite_module does not exist" in capsys.readouterr().err

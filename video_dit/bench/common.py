@@ -1,0 +1,207 @@
+"""Shared benchmark helpers: timing (side by side, median), the device's peak FLOP/s, MFU, and
+memory measurement on CPU and CUDA.
+
+    time_side_by_side({"ours": f, "ref": g}, repeats, device)   -> {"ours": [s, ...], "ref": [...]}
+    device_peak(device, dtype)                                   -> Peak(flops, source, measured, table)
+    mfu(flops_per_step, step_s, peak_flops)                      -> fraction of the peak
+    profiled_peak(fn) / profiled_live_after(fn)                  -> CPU bytes (profiler allocation timeline)
+    cuda_peak(fn)                                                -> CUDA bytes above the start
+    tensor_memory_split(groups)                                  -> bytes per category, each storage once
+
+Every figure is a measurement in this process; nothing here knows a target number.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import torch
+
+# Dense bf16 tensor-core peak per GPU (no sparsity), FLOP/s. fp32 runs as TF32 at half of it.
+GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12}
+
+
+def sync(device) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device="cpu") -> float:
+    """Wall seconds of one `fn()` call, the device synchronized on both sides."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def time_side_by_side(fns: dict[str, Callable[[], object]], repeats: int, device="cpu",
+                      warmup: int = 1) -> dict[str, list[float]]:
+    """Each callable `warmup` times (not timed), then `repeats` timed rounds in which the callables
+    alternate (the order reversed every other round), so machine noise hits all of them alike."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(timed(fns[name], device))
+    return times
+
+
+def median(values: Iterable[float]) -> float:
+    values = list(values)
+    if not values:
+        raise ValueError("median of no values")
+    return float(statistics.median(values))
+
+
+# ---------------------------------------------------------------- peak FLOP/s and MFU
+
+
+def matmul_flops(dtype: torch.dtype = torch.float32, device="cpu", n: int | None = None, repeats: int = 5) -> float:
+    """Dense `n x n @ n x n` FLOP/s measured now (median of `repeats` after a warm-up), at the
+    current thread count: the CPU "peak" that MFU is measured against. n defaults to 2048 on CPU
+    and 8192 on CUDA (big enough to sit on the flat part of the roofline)."""
+    if n is None:
+        n = 8192 if str(device).startswith("cuda") else 2048
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    times = time_side_by_side({"mm": lambda: a @ b}, repeats, device)["mm"]
+    return 2.0 * n ** 3 / median(times)
+
+
+@dataclass
+class Peak:
+    flops: float  # what MFU divides by
+    source: str  # "table:H200" or "measured matmul"
+    measured: float  # the matmul measured in this run (always)
+    table: float | None  # the known device's datasheet figure, when the device is in the table
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def table_peak(device_name: str, dtype: torch.dtype) -> tuple[float, str] | None:
+    """(dense peak FLOP/s, table key) of a known GPU name, or None."""
+    for key, bf16 in GPU_PEAK_BF16.items():
+        if key in device_name:
+            return (bf16 if dtype in (torch.bfloat16, torch.float16) else bf16 / 2), key
+    return None
+
+
+def device_peak(device="cpu", dtype: torch.dtype = torch.float32) -> Peak:
+    """The peak MFU is measured against: on a known GPU the datasheet figure (dense bf16; fp32 as
+    TF32 at half), else the dense matmul measured now at this dtype and thread count. The measured
+    matmul is always returned too, so a GPU run shows both."""
+    measured = matmul_flops(dtype, device)
+    if str(device).startswith("cuda"):
+        found = table_peak(torch.cuda.get_device_name(torch.device(device)), dtype)
+        if found is not None:
+            return Peak(found[0], f"table:{found[1]}", measured, found[0])
+    return Peak(measured, "measured matmul", measured, None)
+
+
+def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
+    """Model FLOPs utilization: analytic model FLOPs per second over the peak FLOP/s."""
+    if step_s <= 0 or peak_flops <= 0:
+        raise ValueError(f"step_s and peak_flops must be > 0, got {step_s}, {peak_flops}")
+    return flops_per_step / step_s / peak_flops
+
+
+# ---------------------------------------------------------------- memory
+
+
+def profiled_peak(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated on the CPU by `fn()` above what was alive when it started.
+
+    torch keeps no CPU allocator statistics; the profiler's per-op memory records give the
+    allocation timeline (scratch space inside a single kernel is not seen)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+def profiled_live_after(fn: Callable[[], object]) -> tuple[object, int]:
+    """(fn(), bytes allocated by `fn()` and still alive when it returns), CPU profiler timeline.
+    For a forward pass this is the activation memory autograd keeps for backward (plus the output)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    return out, int(sum(e.self_cpu_memory_usage for e in prof.events()))
+
+
+def cuda_peak(fn: Callable[[], object], device="cuda") -> tuple[object, int]:
+    """(fn(), CUDA allocator peak bytes during `fn()` above the bytes allocated at its start)."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, torch.cuda.max_memory_allocated(device) - base
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+    if t.device.type == "meta":
+        return None
+    storage = t.untyped_storage()
+    if storage.nbytes() == 0:
+        return None
+    return str(t.device), storage.data_ptr()
+
+
+def tensor_memory_split(groups: dict[str, Iterable[torch.Tensor]]) -> dict[str, int]:
+    """Bytes per category; each underlying storage is counted once, in the FIRST category (in the
+    dict's order) that holds a tensor on it, and with its whole size (a view of a flat buffer
+    counts the buffer). So the categories never double-count and their sum is the bytes of all
+    the distinct storages given."""
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, int] = {}
+    for name, tensors in groups.items():
+        total = 0
+        for t in tensors:
+            key = _storage_key(t)
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+        out[name] = total
+    return out
+
+
+# ---------------------------------------------------------------- subprocesses
+
+
+def run_json_subprocess(args: list[str], env: dict | None = None, what: str = "benchmark") -> dict:
+    """Run `python args...`; its last stdout line is a JSON object, returned. A failure raises with
+    the tail of its stderr."""
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} subprocess `{' '.join(args)}` failed (exit {proc.returncode}):\n"
+                           f"{proc.stderr[-3000:]}")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"{what} subprocess `{' '.join(args)}` printed nothing; stderr:\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def fmt_bytes(n: float) -> str:
+    return f"{n / 2 ** 20:.1f} MiB"

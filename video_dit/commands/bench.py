@@ -1,0 +1,178 @@
+"""`video-dit bench`: the benchmark suites side by side with the reference a user would otherwise
+run, one table per suite, then a summary of each measured ratio against its target, and JSON.
+
+    video-dit bench --suite dit --repeats 3 --json bench.json
+    video-dit bench --suite all --small            # quick shapes, every suite
+    video-dit bench --suite train --device cuda
+
+Each suite is `video_dit.bench.<name>.run(device=, repeats=, small=, threads=) -> dict` (and its
+`print_table(result)` when it does not print its own). The summary reads the figures the suites
+computed; the targets are those of the project's performance issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+# suite name -> module; "all" runs them in this order
+SUITES: dict[str, str] = {
+    "dit": "video_dit.bench.dit",
+    "vae": "video_dit.bench.vae",
+    "train": "video_dit.bench.train",
+    "sampling": "video_dit.bench.sampling",
+    "sp": "video_dit.bench.sequence_parallel",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    suite: str
+    name: str
+    get: Callable[[dict], float | None]  # the figure from the suite's result (None: not measured)
+    op: str  # "<=", "<", ">=" or "=="
+    bound: float
+    device: str = "any"  # "cpu", "cuda" or "any": where the target applies
+
+    def check(self, value: float) -> bool:
+        return {"<=": value <= self.bound, "<": value < self.bound, ">=": value >= self.bound,
+                "==": value == self.bound}[self.op]
+
+
+def _path(*keys):
+    def get(res: dict):
+        for k in keys:
+            if not isinstance(res, dict) or k not in res:
+                return None
+            res = res[k]
+        return res
+    return get
+
+
+TARGETS: list[Target] = [
+    Target("dit", "step time ours / diffusers", _path("time_ratio"), "<=", 1.0, "cpu"),
+    Target("dit", "MFU vs matmul peak (fp32)", _path("mfu"), ">=", 0.75, "cpu"),
+    Target("dit", "activation peak ours / diffusers", _path("peak_ratio"), "<=", 0.8, "cpu"),
+    Target("dit", "step time ours / diffusers (bf16)", _path("time_ratio"), "<=", 0.8, "cuda"),
+    Target("dit", "bf16 MFU vs datasheet peak", _path("mfu"), ">=", 0.45, "cuda"),
+    Target("vae", "encode+decode time ours / diffusers", _path("time_ratio"), "<=", 0.7),
+    Target("vae", "peak memory ours / diffusers", _path("memory_ratio"), "<=", 0.7),
+    Target("train", "ZeRO-3 / ZeRO-0 param+grad+optim bytes per rank", _path("zero3_vs_zero0_state"), "<=", 0.55),
+    Target("train", "checkpointing activation peak on / off", _path("checkpointing", "peak_ratio"), "<=", 0.3),
+    Target("train", "checkpointing step time on / off", _path("checkpointing", "time_ratio"), "<=", 1.35),
+    Target("train", "epoch-2 VAE + text-encoder calls",
+           lambda r: None if "cache" not in r else r["cache"]["epoch2"]["vae_calls"] + r["cache"]["epoch2"]["text_calls"],
+           "==", 0),
+    Target("train", "epoch-2 data loading / step time", _path("cache", "epoch2", "load_fraction"), "<", 0.05),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", default="all", choices=[*SUITES, "all"], help="which benchmark (default: all)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu: fp32; cuda: bf16")
+    p.add_argument("--json", default=None, metavar="FILE", help="write every figure and the summary here")
+    p.add_argument("--small", action="store_true", help="small shapes: a quick smoke run, not the target config")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (the median is reported)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def _add_mfu(suite: str, res: dict, device: str) -> None:
+    """The DiT suite reports TFLOP/s; its MFU is over the peak measured here, in the same process
+    and at the same threads (a dense matmul; on a known GPU the datasheet figure), unless the suite
+    already measured one itself."""
+    if suite != "dit" or "mfu" in res or "tflops" not in res:
+        return
+    import torch
+
+    from video_dit.bench.common import device_peak
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    peak = device_peak("cuda" if device == "cuda" else "cpu", dtype)
+    res["peak"] = {**peak.as_dict(), "measured_by": "video-dit bench, after the suite"}
+    res["mfu"] = res["tflops"]["ours"] * 1e12 / peak.flops
+    res["mfu_diffusers"] = res["tflops"]["diffusers"] * 1e12 / peak.flops
+
+
+def summarize(results: dict[str, dict], device: str) -> list[dict]:
+    """One row per applicable target of the suites that ran: value, bound, met."""
+    rows = []
+    for t in TARGETS:
+        if t.suite not in results or "error" in results[t.suite] or t.device not in ("any", device):
+            continue
+        value = t.get(results[t.suite])
+        rows.append({"suite": t.suite, "figure": t.name, "value": value, "target": f"{t.op} {t.bound:g}",
+                     "met": None if value is None else bool(t.check(value))})
+    return rows
+
+
+def print_summary(rows: list[dict]) -> None:
+    print("\nSummary vs targets")
+    print(f"{'suite':10}{'figure':52}{'value':>10}  {'target':10}{'met':>6}")
+    for r in rows:
+        v = "-" if r["value"] is None else f"{r['value']:.3f}"
+        met = "-" if r["met"] is None else ("yes" if r["met"] else "NO")
+        print(f"{r['suite']:10}{r['figure']:52}{v:>10}  {r['target']:10}{met:>6}")
+
+
+def run_suite(name: str, device: str, repeats: int, small: bool, threads: int | None) -> dict:
+    module = importlib.import_module(SUITES[name])
+    start = time.perf_counter()
+    res = module.run(device=device, repeats=repeats, small=small, threads=threads)
+    if hasattr(module, "print_table"):  # suites that do not print inside run()
+        module.print_table(res)
+    res["wall_s"] = time.perf_counter() - start
+    return res
+
+
+def _missing(name: str, exc: ModuleNotFoundError) -> bool:
+    return exc.name == SUITES[name]
+
+
+def main(args) -> int:
+    if args.repeats < 1:
+        print(f"error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: --device cuda, but torch sees no CUDA device (torch "
+                  f"{torch.__version__}); use --device cpu", file=sys.stderr)
+            return 2
+    names = list(SUITES) if args.suite == "all" else [args.suite]
+    results: dict[str, dict] = {}
+    for name in names:
+        print(f"\n== bench {name} ==", flush=True)
+        try:
+            results[name] = run_suite(name, args.device, args.repeats, args.small, args.threads)
+        except ModuleNotFoundError as exc:
+            if not _missing(name, exc):
+                raise
+            msg = f"{SUITES[name]} does not exist in this checkout"
+            if args.suite != "all":
+                print(f"error: suite {name!r}: {msg}", file=sys.stderr)
+                return 2
+            print(f"skipped: {msg}")
+            results[name] = {"error": msg}
+        _add_mfu(name, results[name], args.device)
+    rows = summarize(results, args.device)
+    print_summary(rows)
+    if args.json:
+        import torch
+
+        meta = {"command": " ".join(["video-dit", *sys.argv[1:]]), "device": args.device, "small": args.small,
+                "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
+                "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name(0)
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "results": results, "summary": rows}, f, indent=2, default=str)
+        print(f"wrote {args.json}")
+    return 0
