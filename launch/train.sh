@@ -16,7 +16,8 @@ export PYTHONUNBUFFERED=1
 LAUNCH=()
 if [[ " $* " == *" --hostfile"* || " $* " == *" --num_gpus"* || " $* " == *" --include"* ]]; then
   :  # the user chose the ranks
-elif NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null)" && [ "${NGPU:-0}" -gt 0 ]; then
+elif command -v nvidia-smi >/dev/null 2>&1 && [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ] \
+     && NGPU="$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null)" && [ "${NGPU:-0}" -gt 0 ]; then
   LAUNCH=(--num_gpus "$NGPU")
 else
   CORES="$(nproc 2>/dev/null || echo 2)"

@@ -202,7 +202,7 @@ def test_zero2_lora_trains_previews_and_resumes_exactly(world):
 
 
 def test_zero3_exports_equal_zero0_and_full_exports_load(world):
-    jobs = [job_yaml(world, "z0", zero=0), job_yaml(world, "z3", zero=3),
+    jobs = [job_yaml(world, "z0", zero=0), job_yaml(world, "z3", zero=3, sample_every=3),
             job_yaml(world, "f3", zero=3, lora=False, steps=2, save_every=2),
             job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2)]
     launch(world, [{"config": str(j), "resume": "none", "predict": True} for j in jobs])
@@ -220,6 +220,11 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(world):
     with safe_open(str(world / "out/z3/z3.safetensors"), "pt") as f:
         meta = f.metadata()
     assert meta["base_preset"] == "tiny" and meta["rank"] == "4" and meta["step"] == "3"
+    # ZeRO-3 previews: every rank samples with parameters gathered block by block, rank 0 writes
+    from video_dit.media import probe_video
+
+    for step in (0, 3):
+        assert probe_video(world / f"out/z3/samples/{step:09d}_0.mp4").num_frames == 5
 
     x, t, ctx = probe_inputs()
     for name in ("z0", "z3"):

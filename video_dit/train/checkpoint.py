@@ -132,9 +132,11 @@ class ResumePlan:
     universal: bool
 
 
-def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int) -> ResumePlan | None:
+def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
+                convert=None) -> ResumePlan | None:
     """What to load: `resume` is auto (latest complete under `ckpt_dir`, or a fresh start), none, or a
-    checkpoint folder. Raises `ResumeError` when the checkpoint cannot be loaded as configured."""
+    checkpoint folder. A ZeRO checkpoint of another world size or stage is converted by `convert`
+    (`to_universal`, every rank calls) when given; otherwise `ResumeError` gives the command."""
     if resume == "none":
         return None
     if resume == "auto":
@@ -153,6 +155,9 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int) -
             raise ResumeError(f"{path}: no {META}; not a complete video_dit checkpoint")
         if meta["zero_stage"] > 0 and (meta["world_size"] != world_size or meta["zero_stage"] != zero_stage):
             out = f"{path}_universal"
+            if convert is not None:
+                converted = convert(path, Path(out))
+                return ResumePlan(path=converted, meta=meta, universal=True)
             raise ResumeError(
                 f"{path} was saved by {meta['world_size']} ranks at ZeRO stage {meta['zero_stage']}; this job has "
                 f"{world_size} ranks at stage {zero_stage}, and DeepSpeed's ZeRO shards cannot be re-split as "
@@ -162,10 +167,41 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int) -
     return ResumePlan(path=path, meta=meta, universal=universal)
 
 
+def to_universal(path: Path, out: Path) -> Path:
+    """`path` converted once to DeepSpeed's universal format in `out` (every rank calls; rank 0 runs
+    `python -m deepspeed.checkpoint.ds_to_universal`, the others wait). Written to `out.tmp` and
+    renamed, so an interrupted conversion is never taken for a finished one (the `.tmp` folder is
+    removed on the next start); `meta.json` is copied beside the result. Reused when `out` exists."""
+    import subprocess
+    import sys
+
+    if dist.get_rank() == 0 and not (out / "zero").is_dir():
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"[video_dit] {path} was saved with another world size or ZeRO stage: converting it to "
+              f"DeepSpeed's universal format in {out}", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
+               "--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # argv, no shell
+        if done.returncode != 0 or not (tmp / "zero").is_dir():
+            raise ResumeError(f"{path}: the conversion to DeepSpeed's universal format failed "
+                              f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        shutil.copyfile(path / META, tmp / META)
+        os.replace(tmp, out)
+    dist.barrier()  # the process group's timeout bounds this wait
+    if not (out / "zero").is_dir():
+        raise ResumeError(f"{out}: rank {dist.get_rank()} cannot see the converted checkpoint (the checkpoint "
+                          "folder must be on a file system every rank reads)")
+    return out
+
+
 # ---------------------------------------------------------------- save / load
 
-def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep: int) -> Path:
-    """Write checkpoint `step` (every rank calls this); returns the complete folder."""
+def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep: int,
+         frozen_base: bool = False) -> Path:
+    """Write checkpoint `step` (every rank calls this); returns the complete folder. `frozen_base`
+    (LoRA): the frozen base weights are left out (they come from the model source on resume; this
+    also keeps a quantized base's packed tensors out of the checkpoint)."""
     rank = dist.get_rank()
     tag = tag_for(step)
     tmp_tag = f"{tag}.tmp"
@@ -178,7 +214,9 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
     client_state = dict(client_state)
     # lets `python -m deepspeed.checkpoint.ds_to_universal` convert this checkpoint for a new world size
     client_state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
-    engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False)
+    meta = dict(meta, frozen_base_excluded=frozen_base)
+    engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False,
+                           exclude_frozen_parameters=frozen_base)
     tmp.mkdir(parents=True, exist_ok=True)
     _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
     dist.barrier()  # every rank's shards and RNG file are on disk
@@ -190,6 +228,7 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
         _atomic_write_text(ckpt_dir / LATEST, tag)
         for old in complete_checkpoints(ckpt_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)  # its conversion
     dist.barrier()
     return final
 
@@ -198,8 +237,9 @@ def load(engine, plan: ResumePlan) -> dict:
     """Load `plan` into `engine` (every rank); returns the client state. Restores this rank's RNG
     states when the checkpoint has them for this rank (not after a world-size change)."""
     path = plan.path
+    strict = not plan.meta.get("frozen_base_excluded", False)  # LoRA checkpoints hold only the adapters
     load_path, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=True)
+                                                     load_lr_scheduler_states=True, load_module_strict=strict)
     if load_path is None:
         raise ResumeError(f"{path}: DeepSpeed could not load this checkpoint")
     rank_file = path / f"rank_{dist.get_rank():05d}.json"

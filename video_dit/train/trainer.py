@@ -147,7 +147,8 @@ class Trainer:
         dit.train()
 
         # 3. resume plan (decides load_universal), DeepSpeed, then quantization of the frozen base
-        plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage)
+        plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage,
+                                convert=ckpt.to_universal)  # another world size / ZeRO stage: universal format
         self.engine, self.optimizer, self.scheduler = eng.initialize(
             dit, job, self.world, self.dtype, load_universal=plan is not None and plan.universal)
         self.module = self.engine.module
@@ -180,6 +181,9 @@ class Trainer:
 
         self.act_peak = ActivationPeak(self.device)  # forward+backward peak per rank, for metrics
         self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
+        from video_dit.train import faults
+
+        faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
 
     # ---------------------------------------------------------------- set-up helpers
     def log(self, msg: str) -> None:
@@ -369,7 +373,8 @@ class Trainer:
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
-        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep)
+        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
+                  frozen_base=p.network is not None)
         name = self.job.name
         metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
                     "name": name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",

@@ -1,0 +1,185 @@
+"""The job config of the DeepSpeed trainer: ai-toolkit's YAML, typed; bad values exit 2 before any rank.
+
+Single-process and quick: parsing, validation, the DeepSpeed JSON, the LR schedule, checkpoint
+bookkeeping, and `launch/train.sh` refusing a bad config before it spawns ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from video_dit.train.config import IGNORED, parse_job
+from video_dit.typed_config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    """A dataset folder that passes the existence checks (one image), and a control image."""
+    from PIL import Image
+
+    d = tmp_path / "data"
+    d.mkdir()
+    Image.new("RGB", (32, 32)).save(d / "a.png")
+    (d / "a.txt").write_text("a black square")
+    return d
+
+
+def base_job(folder: Path, tmp_path: Path) -> dict:
+    return {"job": "extension", "config": {"name": "j", "process": [{
+        "type": "sd_trainer", "training_folder": str(tmp_path / "out"),
+        "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
+        "datasets": [{"folder_path": str(folder), "resolution": [32]}],
+        "train": {"steps": 3, "lr": "1e-4"},
+        "model": {"arch": "video_dit", "name_or_path": "preset:tiny"},
+        "sample": {"width": 32, "height": 32, "samples": [{"prompt": "x", "ctrl_img": str(folder / "a.png")}]},
+    }]}}
+
+
+def with_key(job: dict, path: str, value) -> dict:
+    job = copy.deepcopy(job)
+    node = job["config"]["process"][0]
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return job
+
+
+def error_of(job: dict) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_job(job)
+    return str(exc.value)
+
+
+def test_parses_ai_toolkit_keys_and_ours(folder, tmp_path):
+    job = base_job(folder, tmp_path)
+    job = with_key(job, "device", "cuda:0")
+    job = with_key(job, "train.noise_scheduler", "flowmatch")
+    job = with_key(job, "train.train_unet", True)
+    job = with_key(job, "train.train_text_encoder", False)
+    job = with_key(job, "train.cache_text_embeddings", True)
+    job = with_key(job, "train.gradient_accumulation_steps", 2)
+    job = with_key(job, "deepspeed", {"zero_stage": 3, "offload_param": True, "sequence_parallel_size": 2,
+                                      "config": {"zero_optimization": {"reduce_bucket_size": 123}}})
+    job["meta"] = {"name": "[name]", "version": "1.0"}
+    parsed = parse_job(job)
+    p = parsed.process
+    assert p.train.lr == 1e-4 and p.train.gradient_accumulation == 2 and p.model.preset == "tiny"
+    assert p.deepspeed.zero_stage == 3 and p.network.alpha == 4.0 and parsed.meta["version"] == "1.0"
+    assert "device" in IGNORED["process"] and "noise_scheduler" in IGNORED["train"]
+
+    from video_dit.train.engine import ds_config
+
+    cfg = ds_config(parsed, world_size=4, dtype=torch.float32)
+    assert cfg["train_batch_size"] == 1 * 2 * 2  # micro batch x accumulation x data-parallel ranks (4 / SP 2)
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 123  # the user's JSON is merged last
+    assert "optimizer" not in cfg and cfg["bf16"]["enabled"] is False
+
+
+@pytest.mark.parametrize("path, value, key, accepted", [
+    ("train.gradient_checkpoint", True, "train.gradient_checkpoint", "did you mean 'gradient_checkpointing'"),
+    ("deepspeed.zero_stage", 4, "deepspeed.zero_stage", "0, 1, 2, 3"),
+    ("network.linear", 0, "network.linear", "positive"),
+    ("deepspeed.sequence_parallel_size", 3, "deepspeed.sequence_parallel_size", "1, 2, 4"),
+    ("model.quantize", True, "model.quantize", "zero_stage 0, 1 or 2"),
+    ("train.timestep_type", "sigmod", "train.timestep_type", "did you mean 'sigmoid'"),
+    ("model.name_or_path", "preset:tiny2", "model.name_or_path", "preset:tiny"),
+    ("train.optimizer", "adamw8bit", "train.optimizer", "'adamw'"),
+])
+def test_bad_values_name_the_key_and_what_is_accepted(folder, tmp_path, path, value, key, accepted):
+    job = with_key(base_job(folder, tmp_path), path, value)
+    if path == "model.quantize":  # quantize + ZeRO-3 is impossible (quanto tensors cannot be partitioned)
+        job = with_key(job, "deepspeed.zero_stage", 3)
+    msg = error_of(job)
+    assert msg.startswith(f"config.process[0].{key}"), msg
+    assert accepted in msg, msg
+
+
+def test_file_checks_name_the_key(folder, tmp_path):
+    from video_dit.train.validate import check_paths
+
+    job = with_key(base_job(folder, tmp_path), "sample.samples", [{"prompt": "x", "ctrl_img": "missing.png"}])
+    with pytest.raises(ConfigError, match=r"sample\.samples\[0\]\.ctrl_img"):
+        check_paths(parse_job(job))
+    job = with_key(base_job(folder, tmp_path), "model.vae_path", str(tmp_path / "nope.safetensors"))
+    with pytest.raises(ConfigError, match=r"model\.vae_path"):
+        check_paths(parse_job(job))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    msg = error_of(with_key(base_job(folder, tmp_path), "datasets", [{"folder_path": str(empty)}]))
+    assert "datasets[0].folder_path" in msg
+
+
+def test_train_sh_refuses_a_bad_config_before_any_rank(folder, tmp_path):
+    bad = with_key(base_job(folder, tmp_path), "deepspeed.zero_stage", 4)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([str(ROOT / "launch/train.sh"), str(path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config.process[0].deepspeed.zero_stage" in proc.stderr and "0, 1, 2, 3" in proc.stderr
+    assert "launch.py" not in proc.stderr and not (tmp_path / "out").exists()  # no launcher, no rank
+
+
+def test_example_configs_parse(folder, tmp_path):
+    for name in ("demo_i2v_tiny", "wan21_t2v_1.3b_lora", "wan22_ti2v_5b_i2v_lora", "wan22_i2v_a14b_lora_zero3"):
+        data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
+        for d in data["config"]["process"][0]["datasets"]:
+            d["folder_path"] = str(folder)  # the examples point at the user's data
+        job = parse_job(data, name)
+        assert job.name
+
+
+def test_lr_schedule():
+    from video_dit.train.engine import lr_lambda
+
+    f = lr_lambda(warmup_steps=4, total_steps=14, kind="cosine")
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(9) == pytest.approx(0.5) and f(14) == pytest.approx(0.0)
+    assert lr_lambda(2, 10, "constant")(9) == 1.0
+
+
+def test_latest_ignores_half_written_checkpoints(tmp_path):
+    from video_dit.train import checkpoint as ckpt
+
+    d = tmp_path / "checkpoints"
+    for step, complete in ((10, True), (20, True), (30, False)):
+        folder = d / (ckpt.tag_for(step) + ("" if complete else ".tmp"))
+        folder.mkdir(parents=True)
+        if complete:
+            (folder / ckpt.META).write_text(json.dumps({"step": step, "world_size": 2, "zero_stage": 2}))
+    (d / "step_000000040").mkdir()  # renamed by hand but without meta.json: not complete
+    (d / ckpt.LATEST).write_text("step_000000030")  # a stale pointer
+    with pytest.warns(UserWarning, match="not a complete checkpoint"):
+        assert ckpt.find_latest(d).name == "step_000000020"
+    with pytest.warns(UserWarning, match="incomplete checkpoint"):
+        assert [p.name for p in ckpt.clean_incomplete(d)] == ["step_000000030.tmp"]
+    # another world size at ZeRO-2: a clear error with the conversion command
+    with pytest.warns(UserWarning):
+        with pytest.raises(ckpt.ResumeError, match="ds_to_universal --input_folder"):
+            ckpt.plan_resume("auto", d, world_size=1, zero_stage=2)
+
+
+def test_rng_state_round_trips():
+    import random
+
+    import numpy as np
+
+    from video_dit.train import checkpoint as ckpt
+
+    state = json.loads(json.dumps(ckpt.rng_state()))
+    a = (random.random(), np.random.rand(), torch.rand(1).item())
+    ckpt.set_rng_state(state)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
