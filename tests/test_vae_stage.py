@@ -1,0 +1,87 @@
+"""The tiny-VAE stage of the embedded default: it learns, saves what `load_vae` reads, its latent
+statistics normalize the data, and it is idempotent and deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from video_dit.cli import main as cli_main
+from video_dit.data.demo import make_demo_data
+from video_dit.models.loading import load_vae
+from video_dit.models.vae import VAEConfig
+from video_dit.train.vae_stage import CONFIG_NAME, _clips, train_tiny_vae, train_tiny_vae_result
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    d = tmp_path_factory.mktemp("demo")
+    make_demo_data(d, count=4, frames=9, size=32, seed=0, holdout=1)
+    return d
+
+
+@pytest.fixture(scope="module")
+def trained(demo, tmp_path_factory):
+    out = tmp_path_factory.mktemp("vae") / "tiny_vae.safetensors"
+    torch.set_num_threads(1)  # also what makes the seeded run below bit-comparable
+    return train_tiny_vae_result(demo, out, steps=40, seed=0, batch_size=2, frames=5, crop=None,
+                                 lr=3e-3, threads=1, verbose=False)
+
+
+def test_reconstruction_loss_falls(trained):
+    first, last = sum(trained.losses[:5]) / 5, sum(trained.losses[-5:]) / 5
+    assert len(trained.losses) == 40
+    assert last < 0.6 * first, (first, last)
+
+
+def test_saved_weights_load_and_round_trip(trained, demo):
+    cfg = json.loads((trained.path.parent / CONFIG_NAME).read_text())
+    config = VAEConfig.from_dict(cfg)                   # only VAEConfig fields, mean/std included
+    assert config.mean == trained.mean and config.std == trained.std and len(config.mean) == config.z_dim
+    vae = load_vae(trained.path, config=config).eval()
+    sd = load_file(str(trained.path))
+    assert sd.keys() == vae.state_dict().keys()
+    clips = torch.stack([c[:, :9] for c in _clips(demo)])     # (4, 3, 9, 32, 32)
+    with torch.no_grad():
+        z = vae.encode(clips).mode()
+        z_ref = trained.vae.encode(clips).mode()
+        torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
+        torch.testing.assert_close(vae.decode(z), trained.vae.decode(z_ref), rtol=0, atol=0)
+        # The measured statistics normalize the data's latents to zero mean, unit std per channel.
+        zn = vae.normalize(z).transpose(0, 1).flatten(1)          # (C, N)
+    torch.testing.assert_close(zn.mean(1), torch.zeros(config.z_dim), atol=1e-3, rtol=0)
+    torch.testing.assert_close(zn.std(1, unbiased=False), torch.ones(config.z_dim), atol=1e-3, rtol=0)
+
+
+def test_idempotent_and_deterministic(trained, demo, tmp_path):
+    before = trained.path.stat().st_mtime_ns
+    assert train_tiny_vae(demo, trained.path, steps=1, verbose=False) == trained.path
+    assert trained.path.stat().st_mtime_ns == before    # existing file kept, nothing retrained
+
+    runs = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        out = tmp_path / name / "vae.safetensors"
+        train_tiny_vae(demo, out, steps=2, seed=seed, batch_size=2, frames=5, crop=16, threads=1, verbose=False)
+        runs[name] = load_file(str(out))
+    assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
+    assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
+
+
+def test_bad_arguments(demo, tmp_path):
+    with pytest.raises(ValueError, match="4k \\+ 1"):
+        train_tiny_vae(demo, tmp_path / "v.safetensors", frames=6)
+    with pytest.raises(ValueError, match="multiple of the VAE's 8x"):
+        train_tiny_vae(demo, tmp_path / "v.safetensors", crop=12, steps=1)
+    with pytest.raises(FileNotFoundError, match="no videos"):
+        train_tiny_vae(tmp_path, tmp_path / "v.safetensors", steps=1)
+    assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_cli(demo, tmp_path, capsys):
+    assert cli_main(["train-vae", "--data", str(demo), "--out", str(tmp_path / "v.bin")]) == 2
+    assert "must end in .safetensors" in capsys.readouterr().out
+    assert cli_main(["train-vae", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "v.safetensors")]) == 2
+    assert "no videos" in capsys.readouterr().out

@@ -1,0 +1,39 @@
+"""`video-dit train-vae --data DIR --out FILE`: train the tiny VAE of the embedded default job.
+
+Writes FILE (safetensors) and config.json beside it (VAEConfig with the measured latent mean/std),
+which `load_vae(FILE)` reads. An existing FILE is kept unless --force.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos (the demo data)")
+    parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
+    parser.add_argument("--batch-size", type=int, default=2, help="clips per step (default 2)")
+    parser.add_argument("--frames", type=int, default=5, help="frames per training window, 4k+1 (default 5)")
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    parser.add_argument("--preset", default="tiny", help="VAE preset to train (default tiny)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--force", action="store_true", help="retrain even if FILE exists")
+
+
+def main(args: argparse.Namespace) -> int:
+    from video_dit.media import MediaError
+    from video_dit.train.vae_stage import train_tiny_vae
+
+    if not str(args.out).endswith(".safetensors"):
+        print(f"video-dit train-vae: --out {args.out!r} must end in .safetensors")
+        return 2
+    try:
+        train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                       frames=args.frames, lr=args.lr, preset=args.preset, threads=args.threads,
+                       force=args.force)
+    except (FileNotFoundError, ValueError, KeyError, MediaError) as exc:
+        print(f"video-dit train-vae: {exc}")
+        return 2
+    return 0

@@ -1,0 +1,218 @@
+"""The tiny VAE of the embedded default job, trained once on the demo clips.
+
+A randomly initialised VAE cannot reconstruct anything, so the demo's DiT would learn to move noise.
+This stage trains the `tiny` preset VAE for a few hundred steps on short random windows of the demo
+clips (L1 + L2 reconstruction and a small KL term), then measures the per-channel mean and std of
+the latents over the whole clips so that the DiT sees normalized latents, and saves:
+
+    out_path                    the weights (safetensors, native Wan VAE names)
+    out_path.parent/config.json the VAEConfig fields, mean/std included
+
+Idempotent (an existing `out_path` is kept) and deterministic for a given seed and thread count.
+Both files are written through a temporary name and renamed, config first, so an interrupted run
+leaves either nothing or a complete pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F_
+
+from video_dit.media import VIDEO_EXTS, read_video
+
+CONFIG_NAME = "config.json"
+
+
+@dataclasses.dataclass
+class VAETrainResult:
+    path: Path
+    losses: list[float]          # reconstruction loss per step (weighted L1 + L2, before the KL term)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    seconds: float
+    vae: torch.nn.Module          # the trained model (eval mode), equal to what `path` holds
+
+
+def _clips(data_dir: Path) -> list[torch.Tensor]:
+    """Every video under `data_dir` as (3, F, H, W) in [-1, 1]; all must share one frame size."""
+    files = sorted(p for p in data_dir.rglob("*") if p.suffix.lower() in VIDEO_EXTS and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on")
+    clips = [read_video(p).permute(1, 0, 2, 3).contiguous() for p in files]  # (F,3,H,W) -> (3,F,H,W)
+    sizes = {tuple(c.shape[2:]) for c in clips}
+    if len(sizes) > 1:
+        raise ValueError(f"{data_dir}: the VAE stage needs clips of one frame size, found {sorted(sizes)}")
+    return clips
+
+
+def _foreground(x: torch.Tensor) -> torch.Tensor:
+    """(B, 3, F, H, W) in [-1, 1] -> (B, F, H, W) float: 1 where any channel is brighter than ~10%."""
+    return (x.amax(dim=1) > -0.8).float()
+
+
+def _crop_origin(fg: torch.Tensor, ch: int, cw: int, gen: torch.Generator) -> tuple[int, int]:
+    """Top-left corner of a ch x cw crop of frames `fg` (F, H, W) that holds a random foreground
+    pixel (a uniformly random crop when there is none)."""
+    H, W = fg.shape[1:]
+    ys, xs = fg.any(0).nonzero(as_tuple=True)
+    if len(ys) == 0:
+        return (int(torch.randint(H - ch + 1, (1,), generator=gen)), int(torch.randint(W - cw + 1, (1,), generator=gen)))
+    k = int(torch.randint(len(ys), (1,), generator=gen))
+    dy, dx = (int(torch.randint(n, (1,), generator=gen)) for n in (ch, cw))
+    return (min(max(int(ys[k]) - dy, 0), H - ch), min(max(int(xs[k]) - dx, 0), W - cw))
+
+
+def _kl(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
+    """KL(N(mean, exp(logvar)) || N(0, 1)), averaged over elements."""
+    return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
+
+
+@torch.no_grad()
+def latent_stats(vae, clips: list[torch.Tensor], frames: int, batch: int = 8):
+    """Per-channel (mean, std) of the posterior means of the first `frames` frames of each clip.
+
+    Clips go through in batches: besides being faster, PyTorch runs a batch-1 Conv3d on CPU
+    through its slow native kernel instead of oneDNN (several times slower).
+    """
+    total = total_sq = 0.0
+    count = 0
+    for i in range(0, len(clips), batch):
+        x = torch.stack([c[:, :frames] for c in clips[i:i + batch]])    # (B, 3, F, H, W)
+        z = vae.encode(x).mode().double()                                # (B, C, F', h, w)
+        total = total + z.sum(dim=(0, 2, 3, 4))
+        total_sq = total_sq + z.pow(2).sum(dim=(0, 2, 3, 4))
+        count += z.numel() // z.shape[1]
+    mean = total / count
+    std = (total_sq / count - mean.pow(2)).clamp_min(1e-12).sqrt()
+    return tuple(round(float(v), 6) for v in mean), tuple(round(float(v), 6) for v in std)
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, steps: int = 300,
+                   seed: int = 0, batch_size: int = 2, frames: int = 5, crop: int | None = 32, lr: float = 2e-3,
+                   kl_weight: float = 1e-4, fg_weight: float = 4.0, preset: str = "tiny", threads: int | None = None,
+                   log_every: int = 50, force: bool = False, verbose: bool = True) -> Path:
+    """Train the `preset` VAE on the videos under `data_dir` and save it to `out_path` (+ config.json).
+
+    Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `frames` (4k+1) is
+    the length of the random training windows; the latent statistics use whole clips (up to the
+    longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
+    """
+    out_path = Path(out_path)
+    if out_path.exists() and not force:
+        if verbose:
+            print(f"[train-vae] {out_path} exists, skipping")
+        return out_path
+    return train_tiny_vae_result(data_dir, out_path, steps=steps, seed=seed, batch_size=batch_size,
+                                 frames=frames, crop=crop, lr=lr, kl_weight=kl_weight, fg_weight=fg_weight, preset=preset, threads=threads,
+                                 log_every=log_every, verbose=verbose).path
+
+
+def train_tiny_vae_result(data_dir, out_path, *, steps: int = 300, seed: int = 0, batch_size: int = 2,
+                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, preset: str = "tiny",
+                          threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
+    """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too."""
+    from safetensors.torch import save_file
+
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+
+    if preset not in VAE_PRESETS:
+        raise KeyError(f"unknown VAE preset {preset!r}; valid: {', '.join(VAE_PRESETS)}")
+    if frames < 1 or (frames - 1) % 4:
+        raise ValueError(f"frames must be 4k + 1 (1, 5, 9, ...), got {frames}")
+    if steps < 1 or batch_size < 1:
+        raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
+    data_dir, out_path = Path(data_dir), Path(out_path)
+    if threads is not None:
+        previous_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        clips = _clips(data_dir)
+        length = min(c.shape[1] for c in clips)
+        if length < frames:
+            raise ValueError(f"{data_dir}: clips have {length} frames, fewer than the {frames}-frame windows")
+        stats_frames = (length - 1) // 4 * 4 + 1
+        H, W = clips[0].shape[2:]
+        fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
+        cell = VAE_PRESETS[preset].spatial_compression
+        ch, cw = (H, W) if crop is None else (min(crop, H), min(crop, W))
+        if ch % cell or cw % cell:
+            raise ValueError(f"crop {ch}x{cw} (frames {H}x{W}) must be a multiple of the VAE's {cell}x cell")
+
+        torch.manual_seed(seed)                      # the model's init
+        gen = torch.Generator().manual_seed(seed)    # windows, order and posterior samples
+        config = dataclasses.replace(VAE_PRESETS[preset])
+        vae = CausalVideoVAE(config).train()
+        opt = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        warmup = max(1, steps // 20)
+        # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
+            0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
+        losses: list[float] = []
+        for step in range(steps):
+            idx = torch.randint(len(clips), (batch_size,), generator=gen).tolist()
+            windows = []
+            for i in idx:  # a random window of `frames` frames, cropped around a random shape pixel
+                o = int(torch.randint(clips[i].shape[1] - frames + 1, (1,), generator=gen))
+                y0, x0 = _crop_origin(fg[i][o:o + frames], ch, cw, gen)
+                windows.append(clips[i][:, o:o + frames, y0:y0 + ch, x0:x0 + cw])
+            x = torch.stack(windows)                                                 # (B, 3, F, ch, cw)
+            # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
+            # no clamp, so pixels pushed past [-1, 1] still get a gradient.
+            posterior = vae.encode(x, chunked=False)
+            recon = vae.decode(posterior.sample(gen), chunked=False, clamp=False)
+            # Shapes cover a few % of the demo frames: weigh their pixels up, or black wins.
+            weight = 1.0 + fg_weight * _foreground(x).unsqueeze(1)                  # (B, 1, F, ch, cw)
+            err = recon - x
+            rec = (weight * (err.abs() + err.pow(2))).mean() / weight.mean()
+            loss = rec + kl_weight * _kl(posterior.mean, posterior.logvar)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(rec.detach()))
+            if verbose and (step + 1) % log_every == 0 or (verbose and step + 1 == steps):
+                recent = losses[-log_every:]
+                print(f"[train-vae] step {step + 1}/{steps} recon {sum(recent) / len(recent):.4f} "
+                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+
+        vae.eval()
+        mean, std = latent_stats(vae, clips, stats_frames)
+        config = dataclasses.replace(config, mean=mean, std=std)
+        vae.config = config  # the returned model normalizes as a loaded one does
+        vae.latent_mean.copy_(torch.tensor(mean).view_as(vae.latent_mean))
+        vae.latent_std.copy_(torch.tensor(std).view_as(vae.latent_std))
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        # Only VAEConfig fields: `VAEConfig.from_dict(json.load(...))` rebuilds the config exactly.
+        config_json = json.dumps(dataclasses.asdict(config), indent=2)
+        _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
+        state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
+        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(seed),
+                "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
+        _atomic_write(out_path, lambda p: save_file(state, str(p), metadata=meta))
+        seconds = time.perf_counter() - start
+        if verbose:
+            print(f"[train-vae] saved {out_path} ({seconds:.0f}s)", flush=True)
+        return VAETrainResult(out_path, losses, mean, std, seconds, vae)
+    finally:
+        if threads is not None:
+            torch.set_num_threads(previous_threads)
