@@ -202,8 +202,8 @@ def _train_job(root: Path, name: str, sp: int, checkpointing: bool) -> Path:
 
 
 def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
-    """The real trainer, ZeRO-2 LoRA, i2v (per-token timesteps): 2 ranks x SP=2 (one data-parallel rank,
-    block checkpointing on) against 1 rank x SP=1 on the same data: same losses, LoRA and preview."""
+    """The real trainer, ZeRO-2 LoRA, i2v (per-token timesteps): 2 ranks x SP=2 (one data-parallel rank)
+    against 1 rank x SP=1 on the same data: the same losses, gradient norms, LoRA and preview."""
     from safetensors.torch import load_file, save_file
 
     from video_dit.data.demo import make_demo_data
@@ -218,8 +218,9 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
         dit.head.head.weight.copy_(torch.randn(dit.head.head.weight.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(tmp_path / "base.safetensors"))
 
-    runs = {"sp2": start(tmp_path, "train", 2, str(_train_job(tmp_path, "sp2", 2, checkpointing=True))),
-            "sp1": start(tmp_path, "train1", 1, str(_train_job(tmp_path, "sp1", 1, checkpointing=False)))}
+    # SP=2 without block checkpointing (the seam recomputes the exchanged attention), SP=1 with it
+    runs = {"sp2": start(tmp_path, "train", 2, str(_train_job(tmp_path, "sp2", 2, checkpointing=False))),
+            "sp1": start(tmp_path, "train1", 1, str(_train_job(tmp_path, "sp1", 1, checkpointing=True)))}
     wait(tmp_path, "train", runs["sp2"])
     wait(tmp_path, "train1", runs["sp1"])
 
@@ -231,8 +232,6 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     assert len({r["loss"] for r in rows["sp1"]}) == 4  # four different batches/noises, not one repeated
     assert [r["sp_degree"] for r in rows["sp2"]] == [2] * 4 and rows["sp1"][0]["sp_degree"] == 1
     assert all(r["act_peak_gb"] > 0 for r in rows["sp2"] + rows["sp1"])
-    # same tokens per second accounting: one data-parallel rank in both
-    assert rows["sp2"][0]["samples_per_s"] > 0
 
     a, b = (load_file(str(tmp_path / "out" / n / f"{n}.safetensors")) for n in ("sp2", "sp1"))
     assert set(a) == set(b)

@@ -72,10 +72,15 @@ def activation_peak(fn, device: torch.device | str | None = None):
 
 
 class ActivationPeak:
-    """The activation peak of spans of a training loop (forward ... backward), for metrics.
+    """The activation peak of spans of a training loop, for metrics.
 
-        meter.start(); loss = forward(); backward(loss); meter.stop()      # per micro-batch
+        meter.start(); loss = forward(); meter.stop()      # per micro-batch
         meter.read_gb()     # the highest span peak since the last read, in GiB
+
+    The trainer measures the forward: its peak is the activations autograd keeps for backward plus
+    the forward's transients. (A span through backward would also count DeepSpeed's gradient
+    buckets, `reduce_bucket_size` elements allocated in each ZeRO-1/2 backward, 190 MiB by default,
+    which hide the activations of small models.)
 
     A span that is started again without being stopped (a skipped non-finite batch) is dropped.
     CUDA: the allocator's peak counter, reset at each start; the peak before the reset is kept in

@@ -103,16 +103,44 @@ class _GatherTokens(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
 
 
+class _RecomputedExchange(torch.autograd.Function):
+    """exchange -> attention -> exchange back, saving only this rank's q, k, v for backward.
+
+    Saving what the local attention saves (the exchanged q, k, v: full sequence, H/N heads) would
+    keep two tensors per block more than a single process does: the DiT stores q/k only as recipes
+    (recomputed from the q/k projections in backward), which cannot reach tensors made on the far
+    side of an all-to-all. So backward redoes the exchange and the attention forward (one extra
+    attention forward and q/k/v exchange per block: compute for memory, like block checkpointing)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, run, key_mask):
+        ctx.run, ctx.key_mask = run, key_mask
+        ctx.save_for_backward(q, k, v)  # the block's RecomputeSaved stores q and k as recipes
+        with torch.no_grad():
+            return run(q, k, v, key_mask)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        inputs = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+        with torch.enable_grad():
+            out = ctx.run(*inputs, ctx.key_mask)
+        grads = torch.autograd.grad(out, inputs, grad_out)
+        return (*grads, None, None)
+
+
 class UlyssesSequenceParallel:
     """The object `VideoDiT.seq_parallel` takes (split / attention / gather; see the module docstring).
 
     `split` records the token count L of the running forward (keyed by the local length, so a
     checkpointed block recomputed in backward finds its own mask); `attention` masks keys >= L."""
 
-    def __init__(self, group, backend: str = "native"):
+    def __init__(self, group, backend: str = "native", recompute: bool = True):
         from deepspeed.sequence.layer import DistributedAttention
 
         self.group = group
+        # recompute: backward redoes the exchange + attention forward instead of keeping the exchanged
+        # q/k/v (see _RecomputedExchange); pointless under block checkpointing, which keeps nothing
+        self.recompute = recompute
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.backend = backend  # the local attention kernel ("native" SDPA or "flash"), as in models/attention.py
@@ -146,6 +174,11 @@ class UlyssesSequenceParallel:
         key_mask = None
         if L < local * self.size:  # padded tokens are never attended to
             key_mask = (torch.arange(local * self.size, device=q.device) < L).unsqueeze(0)  # (1, Lp)
+        if self.recompute and torch.is_grad_enabled():
+            return _RecomputedExchange.apply(q, k, v, self._exchange, key_mask)
+        return self._exchange(q, k, v, key_mask)
+
+    def _exchange(self, q, k, v, key_mask):
         return self._attn(q, k, v, 0, None, key_mask)
 
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -157,14 +190,16 @@ class UlyssesSequenceParallel:
 
 def attach(model, info: SPInfo, backend: str | None = None):
     """Set `model.seq_parallel` for this rank (None when sp_size == 1); checks heads % N first.
-    `backend`: the local attention kernel; by default the one the model's self-attention is set to."""
+    `backend`: the local attention kernel; by default the one the model's self-attention is set to.
+    Call after choosing block checkpointing (the seam recomputes attention only without it)."""
     if info.sp_size == 1:
         model.seq_parallel = None
         return model
     check_heads(model.config.num_heads, info.sp_size)
     if backend is None:
         backend = next((m.attention_backend for m in model.modules() if hasattr(m, "attention_backend")), "native")
-    model.seq_parallel = UlyssesSequenceParallel(info.group, backend=backend)
+    model.seq_parallel = UlyssesSequenceParallel(info.group, backend=backend,
+                                                 recompute=not model.gradient_checkpointing)
     return model
 
 

@@ -179,7 +179,7 @@ class Trainer:
         self.metrics = MetricsLog(self.out_dir, enabled=self.rank0)
         from video_dit.parallel.memory import ActivationPeak
 
-        self.act_peak = ActivationPeak(self.device)  # forward+backward peak per rank, for metrics
+        self.act_peak = ActivationPeak(self.device)  # activation peak per rank, for metrics
         self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
         from video_dit.train import faults
 
@@ -296,8 +296,9 @@ class Trainer:
         t_step = time.perf_counter()
         while self.step < total:
             batch = next(batches)
-            self.act_peak.start()
+            self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
+            self.act_peak.stop()
             # every rank must agree to skip, or the collectives of backward/step would desynchronize
             flag = torch.tensor([loss.detach().float().item() if torch.isfinite(loss) else 0.0,
                                  0.0 if torch.isfinite(loss) else 1.0], device=self.device)
@@ -314,7 +315,6 @@ class Trainer:
             self.nonfinite_in_row = 0
             lr = self.scheduler.get_last_lr()[0]
             self.engine.backward(loss)
-            self.act_peak.stop()
             boundary = self.engine.is_gradient_accumulation_boundary()
             self.engine.step()
             f, L = step_flops(self.dit_config, tuple(batch["latents"].shape), self.dit_config.text_len)
