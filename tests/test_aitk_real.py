@@ -12,9 +12,12 @@ preview; then the LoRA file it saved must be our trainer's format. Skipped (with
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,10 +37,16 @@ def run_aitk(args, cwd, timeout):
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"{' '.join(map(str, args))} failed:\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}"
-    return out.stdout
+    return out.stdout + out.stderr  # tqdm writes the progress (and the loss) to stderr
 
 
-def test_one_lora_step_and_a_preview_through_ai_toolkit(tmp_path):
+def test_one_lora_step_and_a_preview_through_ai_toolkit():
+    # a private folder: this runs for minutes, and pytest prunes old basetemp folders of other sessions
+    with tempfile.TemporaryDirectory(prefix="aitk_real_") as tmp:
+        one_lora_step_and_a_preview(Path(tmp))
+
+
+def one_lora_step_and_a_preview(tmp_path: Path):
     from video_dit.commands.aitk_install import install
     from video_dit.data.demo import make_demo_data
     from video_dit.lora import add_lora, load_lora, save_lora
@@ -72,7 +81,9 @@ def test_one_lora_step_and_a_preview_through_ai_toolkit(tmp_path):
                        "samples": [{"prompt": "a shape moving", "ctrl_img": str(ctrl)}]},
         }]}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    run_aitk(["run.py", str(tmp_path / "job.yaml")], cwd=aitk, timeout=3600)
+    log = run_aitk(["run.py", str(tmp_path / "job.yaml")], cwd=aitk, timeout=3600)
+    losses = [float(v) for v in re.findall(r"loss: ([-+0-9.e]+)", log)]  # ai-toolkit's progress bar
+    assert losses and all(math.isfinite(v) for v in losses), log[-3000:]
 
     out = tmp_path / "out" / "aitk_step"
     lora_file = out / "aitk_step.safetensors"
