@@ -17,42 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
-import time
 
 import torch
 
+from video_dit.bench.common import (cuda_peak, median, profiled_live_after, profiled_peak, run_json_subprocess,
+                                    time_side_by_side)
+
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)
 SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
-
-
-def activation_peak(fn) -> int:
-    """Peak bytes allocated on the CPU by `fn()` above what was alive when it started.
-
-    torch has no CPU allocator statistics; the profiler's per-op memory records give the
-    allocation timeline (scratch space inside a single kernel is not seen)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
-    return peak
-
-
-def _live_after(fn) -> int:
-    """Bytes allocated by `fn()` and still alive when it returns (CPU, profiler timeline)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
-    del out  # the result's memory counts (it was allocated inside); freeing it afterwards is not seen
-    return sum(e.self_cpu_memory_usage for e in prof.events())
 
 
 def build(shape: dict, device: str, seed: int = 0):
@@ -103,17 +76,16 @@ def _measure_memory(which: str, small: bool, device: str) -> dict:
     step = _step_fn(model, inputs, is_ref)
     step()  # warm-up; leaves .grad buffers allocated, so backward adds into them
     model.zero_grad(set_to_none=False)
+    forward = _forward_fn(model, inputs, is_ref)
     if device.startswith("cuda"):
+        loss, saved = cuda_peak(forward, device)
+        del loss
+        _, peak = cuda_peak(step, device)
         torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        loss = _forward_fn(model, inputs, is_ref)()
-        saved = torch.cuda.memory_allocated() - base
-        loss.backward()
-        peak = torch.cuda.max_memory_allocated() - base
         return {"saved": saved, "peak": peak}
-    saved = _live_after(_forward_fn(model, inputs, is_ref))
-    return {"saved": saved, "peak": activation_peak(step)}
+    loss, saved = profiled_live_after(forward)
+    del loss
+    return {"saved": saved, "peak": profiled_peak(step)}
 
 
 def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None) -> dict:
@@ -124,29 +96,14 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
     shape = SMALL if small else FULL
     ours, ref, inputs = build(shape, device)
     steps = {"ours": _step_fn(ours, inputs, False), "diffusers": _step_fn(ref, inputs, True)}
-    for step in steps.values():  # warm-up (allocator, kernels, RoPE cache)
-        step()
-    times: dict[str, list[float]] = {"ours": [], "diffusers": []}
-    for r in range(repeats):
-        for name in (("ours", "diffusers") if r % 2 == 0 else ("diffusers", "ours")):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            steps[name]()
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
+    times = time_side_by_side(steps, repeats, device)  # one warm-up each, then alternating rounds
     del ours, ref, steps
 
     memory = {}
     for name in ("ours", "diffusers"):
-        cmd = [sys.executable, "-m", "video_dit.bench.dit", "--memory-of", name, "--device", device]
-        cmd += ["--small"] if small else []
-        cmd += ["--threads", str(torch.get_num_threads())]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"memory subprocess for {name} failed:\n{proc.stderr[-3000:]}")
-        memory[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        args = ["-m", "video_dit.bench.dit", "--memory-of", name, "--device", device,
+                "--threads", str(torch.get_num_threads())] + (["--small"] if small else [])
+        memory[name] = run_json_subprocess(args, what=f"DiT memory ({name})")
 
     from video_dit.models.dit import DiTConfig, dit_flops
 
@@ -157,7 +114,7 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
     res = {
         "config": {**shape, "tokens": tokens, "device": device, "threads": torch.get_num_threads(),
                    "repeats": repeats, "dtype": "float32"},
-        "step_s": {k: statistics.median(v) for k, v in times.items()},
+        "step_s": {k: median(v) for k, v in times.items()},
         "step_s_all": times,
         "memory_bytes": memory,
     }
