@@ -312,6 +312,20 @@ class Head(nn.Module):
 
 
 class VideoDiT(nn.Module):
+    """The Wan 2.x DiT. Build on the meta device and materialise with
+    `load_state_dict(sd, assign=True)` (see `video_dit.models.loading.load_dit`).
+
+    Sequence-parallel seam: `model.seq_parallel = sp` (None = off), where `sp` has
+      split(t, dim) -> this rank's slice of t along dim,
+      attention(q, k, v) -> out, all (B, L_local, H, Dh), q/k already RMS-normed and rotated,
+      gather(t, dim) -> the full tensor from every rank's slice.
+    forward splits the tokens (B, L, D), the RoPE tables (1, L, 1, Dh/2) and per-token time
+    vectors (B, L, ...) along dim 1 right after the embeddings (broadcast (B, 1, ...) ones stay
+    whole), every self-attention calls `sp.attention` instead of the local kernel, and the head
+    output is gathered along dim 1 before unpatchify. Cross-attention, FFN and modulation stay
+    local; padding to a multiple of the ranks is the sp object's business.
+    """
+
     def __init__(self, config: DiTConfig):
         super().__init__()
         cfg = self.config = config
@@ -428,12 +442,16 @@ class VideoDiT(nn.Module):
         x = self.patch_embedding(x.to(self.dtype)).flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
         rope = self._rope(grid, x.device)  # (cos, sin), each (1, L, 1, Dh/2)
 
-        t = timestep.reshape(B, -1)  # (B, T)
-        T = t.shape[1]
-        if T not in (1, L):
+        if timestep.numel() not in (B, B * L):
             raise ValueError(f"timestep has shape {tuple(timestep.shape)}; expected ({B},) or per-token ({B}, {L})")
-        e = self.time_embedding(sinusoidal_embedding(t.flatten(), cfg.freq_dim).to(self.dtype))  # (B*T, D)
-        e0 = self.time_projection(e).float().view(B, T, 6, cfg.dim)  # (B, T, 6, D) fp32
+        t = timestep.reshape(B, -1)  # (B, T), T = 1 or L
+        T = t.shape[1]
+        # The time MLPs run in their own weights' dtype, so they may be kept in float32 (as Wan does)
+        # in an otherwise bf16 model; their outputs are float32 from here on.
+        sinusoid = sinusoidal_embedding(t.flatten(), cfg.freq_dim)  # (B*T, freq_dim) fp32
+        e = self.time_embedding(sinusoid.to(self.time_embedding[0].weight.dtype))  # (B*T, D)
+        e0 = self.time_projection(e.to(self.time_projection[1].weight.dtype))  # (B*T, 6D)
+        e0 = e0.float().view(B, T, 6, cfg.dim)  # (B, T, 6, D) fp32
         e = e.float().view(B, T, cfg.dim)  # (B, T, D) fp32
 
         context = self.text_embedding(self._pad_context(context))  # (B, Lt, D)
