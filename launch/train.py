@@ -13,6 +13,9 @@ Directly:
 
 import argparse
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's video_dit, installed or not
 
 from video_dit.train.config import load_job
 from video_dit.train.trainer import run

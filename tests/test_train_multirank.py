@@ -79,7 +79,7 @@ def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int 
     return path
 
 
-def launch(root: Path, jobs: list[dict], timeout: int = 240) -> None:
+def launch(root: Path, jobs: list[dict], timeout: int = 900) -> None:
     """Run `jobs` ({config, resume, predict}) in order on 2 gloo ranks; raise with the log on failure."""
     spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"jobs": jobs}))
