@@ -106,7 +106,7 @@ def _atomic_write(path: Path, write) -> None:
 
 def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, steps: int = 300,
                    seed: int = 0, batch_size: int = 2, frames: int = 5, crop: int | None = 32, lr: float = 2e-3,
-                   kl_weight: float = 1e-4, fg_weight: float = 4.0, preset: str = "tiny", threads: int | None = None,
+                   kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, preset: str = "tiny", threads: int | None = None,
                    log_every: int = 50, force: bool = False, verbose: bool = True) -> Path:
     """Train the `preset` VAE on the videos under `data_dir` and save it to `out_path` (+ config.json).
 
@@ -120,12 +120,12 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
             print(f"[train-vae] {out_path} exists, skipping")
         return out_path
     return train_tiny_vae_result(data_dir, out_path, steps=steps, seed=seed, batch_size=batch_size,
-                                 frames=frames, crop=crop, lr=lr, kl_weight=kl_weight, fg_weight=fg_weight, preset=preset, threads=threads,
+                                 frames=frames, crop=crop, lr=lr, kl_weight=kl_weight, fg_weight=fg_weight, init_logvar=init_logvar, preset=preset, threads=threads,
                                  log_every=log_every, verbose=verbose).path
 
 
 def train_tiny_vae_result(data_dir, out_path, *, steps: int = 300, seed: int = 0, batch_size: int = 2,
-                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, preset: str = "tiny",
+                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, preset: str = "tiny",
                           threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
     """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too."""
     from safetensors.torch import save_file
@@ -161,6 +161,13 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 300, seed: int = 0
         gen = torch.Generator().manual_seed(seed)    # windows, order and posterior samples
         config = dataclasses.replace(VAE_PRESETS[preset])
         vae = CausalVideoVAE(config).train()
+        if init_logvar is not None:
+            # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
+            # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its
+            # steps learning to shrink it. conv1's output channels are [mean | logvar].
+            with torch.no_grad():
+                vae.conv1.weight[config.z_dim:].zero_()
+                vae.conv1.bias[config.z_dim:].fill_(init_logvar)
         opt = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
         warmup = max(1, steps // 20)
         # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
