@@ -253,4 +253,4 @@ def _train_worker(out: Path, config: str) -> None:
 if __name__ == "__main__" and len(sys.argv) >= 4 and sys.argv[1] == "--worker":
     torch.set_num_threads(1)
     case, out = sys.argv[2], Path(sys.argv[3])
-    {"dit": _dit_worker, "train": _train_worker, "train1": _train_worker}[case](out, *sys.argv[4:])
+    (_dit_worker if case == "dit" else _train_worker)(out, *sys.argv[4:])  # cases "train*": one job
