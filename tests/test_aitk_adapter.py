@@ -5,6 +5,7 @@ their guards, a preview written as MP4, and LoRA files shared with our DeepSpeed
 from __future__ import annotations
 
 import copy
+import types
 
 import pytest
 import torch
@@ -208,6 +209,12 @@ def test_guards_no_batch_images_t2v_cfg(sd):
         sd.get_noise_prediction(video, t, embeds, batch=None, down_block_additional_residuals=[])
     with pytest.raises(ValueError, match="4k \\+ 1"):
         sd.encode_images(torch.zeros(1, 8, 3, H, W))
+    sd.network = types.SimpleNamespace(network_type="lokr")  # ai-toolkit sets sd.network to its network
+    try:
+        with pytest.raises(ValueError, match="network.type 'lokr'.*accepted: lora"):
+            sd.get_noise_prediction(video, t, embeds, batch=None)
+    finally:
+        sd.network = None
 
 
 def test_preview_is_an_mp4_of_snapped_frames_from_the_control_image(sd, tmp_path):

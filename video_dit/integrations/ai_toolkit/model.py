@@ -354,6 +354,12 @@ class VideoDiTModel(BaseModel):
         """
         if kwargs:
             raise TypeError(f"video_dit takes no adapter inputs in get_noise_prediction; got {sorted(kwargs)}")
+        if self.network is not None:  # fail at the first step, not at the first save
+            net = getattr(self.network, "module", self.network)  # accelerate may wrap it
+            kind = str(getattr(net, "network_type", "lora")).lower()
+            if kind != "lora":
+                raise ValueError(f"network.type {kind!r}: video_dit's LoRA files (shared with its DeepSpeed "
+                                 "trainer) hold plain LoRA; accepted: lora")
         self._i2v_loss_mask = None
         _ensure_on(self.model, self.device_torch)
         x = latent_model_input.to(self.device_torch, self.torch_dtype)
