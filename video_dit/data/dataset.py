@@ -7,8 +7,9 @@ demo data and the `_latent_cache/`, `_text_cache/` folders are not items); dot-f
 
 `scan_dataset` probes every file cheaply (container header plus one seek near the last needed
 frame; nothing is decoded) and turns each good file into one `DataItem` per `resolution`. A file
-that cannot be used (zero bytes, not a video, corrupt, truncated, too short, unreadable caption) is
-skipped with ONE warning naming it and the reason, and counted in the summary printed at the start.
+that cannot be used (zero bytes, not a video, corrupt, truncated, too short, huge resolution (frames
+above `MAX_PIXELS`, PIL's decompression-bomb limit), unreadable caption) is skipped with ONE warning
+naming it and the reason, and counted in the summary printed at the start.
 No usable item left -> `DataError` before any training starts.
 """
 
@@ -31,6 +32,7 @@ from video_dit.typed_config import ConfigError
 
 VIDEO_EXTS = media.VIDEO_EXTS
 IMAGE_EXTS = media.IMAGE_EXTS
+MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # larger frames are skipped (decoding them risks OOM)
 
 
 class DataError(ValueError):
@@ -198,7 +200,7 @@ class ScanResult:
 
 def _reason_kind(reason: str) -> str:
     for key in ("empty", "truncated", "too short", "frames <", "span less", "not a readable",
-                "caption", "image dataset", "decod"):
+                "caption", "image dataset", "decod", "huge resolution"):
         if key in reason:
             return {"frames <": "too short", "span less": "too short", "not a readable": "not readable",
                     "decod": "undecodable", "image dataset": "video in an image dataset"}.get(key, key)
@@ -220,9 +222,19 @@ def _probe_image(path: Path) -> tuple[int, int]:
     try:
         with Image.open(path) as img:
             img.verify()  # header and structure; no full decode
-            return img.size
+            size = img.size
+    except Image.DecompressionBombError as exc:  # PIL refuses to open it at all (> 2x its limit)
+        raise media.MediaError(path, f"huge resolution ({exc})") from exc
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise media.MediaError(path, f"not a readable image ({exc})") from exc
+    _check_pixels(path, *size)
+    return size
+
+
+def _check_pixels(path: Path, width: int, height: int) -> None:
+    if width * height > MAX_PIXELS:
+        raise media.MediaError(path, f"huge resolution {width}x{height} ({width * height} pixels > "
+                                     f"{MAX_PIXELS}); downscale it first")
 
 
 def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
@@ -238,6 +250,7 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
         info = media.probe_video(path)
         if info.num_frames < 1:
             raise media.MediaError(path, "the header gives no frame count")
+        _check_pixels(path, info.width, info.height)
         idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
                                        src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
         frames_mod.check_frames_present(path, max(idx))

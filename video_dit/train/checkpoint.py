@@ -41,6 +41,10 @@ class ResumeError(RuntimeError):
     """A checkpoint that cannot be resumed as asked; the message says what to do."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, ...); the previous one stays the latest."""
+
+
 def tag_for(step: int) -> str:
     return f"step_{step:09d}"
 
@@ -169,23 +173,30 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
 
 def to_universal(path: Path, out: Path) -> Path:
     """`path` converted once to DeepSpeed's universal format in `out` (every rank calls; rank 0 runs
-    `python -m deepspeed.checkpoint.ds_to_universal`, the others wait). Written to `out.tmp` and
-    renamed, so an interrupted conversion is never taken for a finished one (the `.tmp` folder is
-    removed on the next start); `meta.json` is copied beside the result. Reused when `out` exists."""
-    import subprocess
+    DeepSpeed's `ds_to_universal` in-process, the others wait at a barrier bounded by the process
+    group's timeout). Written to `out.tmp` and renamed, so an interrupted conversion is never taken
+    for a finished one (the `.tmp` folder is removed on the next start); `meta.json` is copied beside
+    the result. Reused when `out` exists. Offline equivalent (same result):
+        python -m deepspeed.checkpoint.ds_to_universal --input_folder PATH --output_folder PATH_universal"""
+    import argparse
     import sys
 
     if dist.get_rank() == 0 and not (out / "zero").is_dir():
+        from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         print(f"[video_dit] {path} was saved with another world size or ZeRO stage: converting it to "
               f"DeepSpeed's universal format in {out}", file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
-               "--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # argv, no shell
-        if done.returncode != 0 or not (tmp / "zero").is_dir():
-            raise ResumeError(f"{path}: the conversion to DeepSpeed's universal format failed "
-                              f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        workers = max(1, min(4, (os.cpu_count() or 2) // 2))  # > 1: DeepSpeed forks a process pool
+        args = argparse.Namespace(input_folder=str(path), output_folder=str(tmp), num_extract_workers=workers,
+                                  num_merge_workers=workers, keep_temp_folder=False, strict=True,
+                                  inject_missing_state=False)
+        try:
+            ds_to_universal(args)
+        except Exception as exc:  # any failure of the converter becomes one message naming the folder
+            raise ResumeError(f"{path}: the conversion to DeepSpeed's universal format failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
         shutil.copyfile(path / META, tmp / META)
         os.replace(tmp, out)
     dist.barrier()  # the process group's timeout bounds this wait
@@ -215,17 +226,26 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
     # lets `python -m deepspeed.checkpoint.ds_to_universal` convert this checkpoint for a new world size
     client_state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
     meta = dict(meta, frozen_base_excluded=frozen_base)
-    engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False,
-                           exclude_frozen_parameters=frozen_base)
-    tmp.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
-    dist.barrier()  # every rank's shards and RNG file are on disk
-    if rank == 0:
-        _atomic_write_text(tmp / META, json.dumps(meta, indent=1))
-        if final.exists():  # the same step saved again (e.g. a resumed run's final save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _atomic_write_text(ckpt_dir / LATEST, tag)
+    try:
+        engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False,
+                               exclude_frozen_parameters=frozen_base)
+        tmp.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
+        dist.barrier()  # every rank's shards and RNG file are on disk
+        if rank == 0:
+            _atomic_write_text(tmp / META, json.dumps(meta, indent=1))
+            if final.exists():  # the same step saved again (e.g. a resumed run's final save)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _atomic_write_text(ckpt_dir / LATEST, tag)
+    except OSError as exc:  # disk full, quota, I/O error: stop with the previous checkpoint as latest
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = find_latest(ckpt_dir)
+        raise CheckpointWriteError(
+            f"rank {rank}: could not write checkpoint {tag} in {ckpt_dir}: {exc.strerror or exc} "
+            f"({exc.filename or ckpt_dir}). The half-written {tmp_tag} was removed; "
+            + (f"the previous checkpoint {previous} is intact and a relaunch resumes from it"
+               if previous else "no earlier checkpoint exists") + ". Free space there and relaunch.") from exc
         for old in complete_checkpoints(ckpt_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
             shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)  # its conversion

@@ -32,7 +32,9 @@ from video_dit.train import checkpoint as ckpt
 from video_dit.train import engine as eng
 from video_dit.train.metrics import MetricsLog, peak_memory_gb, step_flops
 
+EXIT_BAD_INPUT = 2    # weights / data / checkpoint that cannot be used (as a bad config)
 EXIT_NONFINITE = 3
+EXIT_SAVE_FAILED = 4  # a checkpoint could not be written (disk full, ...)
 
 
 class NonFiniteError(RuntimeError):
@@ -131,6 +133,7 @@ class Trainer:
         from video_dit.models.loading import load_dit
 
         dit = load_dit(p.model.name_or_path, dtype=self.dtype, device=self.device, seed=p.model.seed)
+        check_matches_preset(dit, self.preset, p.model.name_or_path)
         dit.set_attention_backend(p.model.attention_backend)
         if p.network is not None:
             from video_dit.lora import add_lora
@@ -413,16 +416,39 @@ class Trainer:
         self.metrics.close()
 
 
+def check_matches_preset(dit, preset, source: str) -> None:
+    """`WeightsError` naming `source` and the first mismatching keys when the loaded DiT is not shaped
+    like `model.preset`'s (weights of another preset would otherwise meet the wrong VAE/text encoder)."""
+    from video_dit.models.dit import VideoDiT
+    from video_dit.models.loading import check_state_dict
+
+    with torch.device("meta"):
+        expected = VideoDiT(preset.dit)
+    check_state_dict(expected, dit.state_dict(), f"{source} (model.preset: {preset.name})")
+
+
 def run(job, resume: str | None = None) -> int:
-    """Build, train, close; the exit code (0, or EXIT_NONFINITE)."""
-    trainer = Trainer(job, resume=resume)
+    """Build, train, close; the exit code (0, EXIT_BAD_INPUT, EXIT_NONFINITE or EXIT_SAVE_FAILED)."""
+    from video_dit.data import DataError
+    from video_dit.models.loading import WeightsError
+
+    try:
+        trainer = Trainer(job, resume=resume)
+    except (WeightsError, DataError, ckpt.ResumeError) as exc:  # bad weights/data/checkpoint: one message
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"[video_dit] error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     try:
         return trainer.train()
     except NonFiniteError as exc:
         trainer.log(f"error: {exc}")
         return EXIT_NONFINITE
+    except ckpt.CheckpointWriteError as exc:  # printed by the rank that failed (maybe not rank 0)
+        print(f"[video_dit] error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_SAVE_FAILED
     finally:
         trainer.close()
 
 
-__all__ = ["EXIT_NONFINITE", "NonFiniteError", "Trainer", "run", "math"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "check_matches_preset",
+           "run", "math"]
