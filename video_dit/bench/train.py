@@ -5,7 +5,8 @@ DeepSpeed ZeRO 0/2/3, block checkpointing on/off, and the data path over cached 
     video-dit bench --suite train
 
 1. ZeRO: `world_size` ranks (CPU: gloo, OMP threads split between them) each build the same DiT
-   (full fine-tune, torch AdamW, gradient clipping, the trainer's ZeRO settings), and time
+   and set it up with the trainer's own `video_dit.train.engine.initialize` (full fine-tune: its
+   torch AdamW, LR schedule, clipping and DeepSpeed JSON for the stage), and time
    forward + backward + step of a flow-matching MSE step (median of `repeats` after a warm-up).
    tokens/s counts every data-parallel rank; MFU is the analytic DiT FLOPs (3x forward) per
    second per rank over the rank's peak (a dense matmul measured in the same process at the same
@@ -115,16 +116,19 @@ def throughput(flops: float, tokens: int, step_s: float, dp_world: int, peak_flo
             "mfu": mfu(flops, step_s, peak_flops)}
 
 
-def ds_config(stage: int, on_gpu: bool, dtype: torch.dtype) -> dict:
-    """The trainer's DeepSpeed settings (video_dit/train/engine.py `ds_config`) for one micro-batch."""
-    zero: dict = {"stage": stage}
-    if stage >= 1:
-        zero.update(overlap_comm=on_gpu, contiguous_gradients=True, reduce_bucket_size=int(5e7))
-    if stage == 3:
-        zero.update(stage3_gather_16bit_weights_on_model_save=False, stage3_param_persistence_threshold=int(1e4))
-    return {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-            "zero_optimization": zero, "zero_allow_untested_optimizer": True, "zero_force_ds_cpu_optimizer": False,
-            "steps_per_print": 10 ** 9, "wall_clock_breakdown": False, "bf16": {"enabled": dtype == torch.bfloat16}}
+def trainer_job(stage: int, data_dir: str, out_dir: str, checkpointing: bool = False):
+    """A minimal job of the real trainer (`video_dit.train.config`): full fine-tune, batch 1, AdamW,
+    clipping at 1.0, ZeRO `stage`. Only its DeepSpeed and optimizer settings are used here; the
+    dataset entry (a folder with one demo clip) is there because a job must name one."""
+    from video_dit.train.config import parse_job
+
+    return parse_job({"job": "extension", "config": {"name": "bench_train", "process": [{
+        "type": "sd_trainer", "training_folder": out_dir,
+        "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],
+        "train": {"batch_size": 1, "steps": 1000, "lr": 1e-4, "dtype": "bf16", "max_grad_norm": 1.0,
+                  "gradient_checkpointing": checkpointing},
+        "model": {"name_or_path": "preset:tiny"},
+        "deepspeed": {"zero_stage": stage}}]}}, source="video_dit.bench.train")
 
 
 # ---------------------------------------------------------------- memory split of an engine
@@ -195,14 +199,16 @@ def engine_memory_split(engine) -> dict:
 # ---------------------------------------------------------------- rank worker (ZeRO stages, checkpointing)
 
 
-def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: int, checkpointing: bool) -> dict:
-    import deepspeed
+def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: int, checkpointing: bool,
+                   data_dir: str, out_dir: str) -> dict:
+    import torch.distributed as dist
+
+    from video_dit.train import engine as eng
 
     model = build_model(shape).to(device=device, dtype=dtype).train()
-    params = list(model.parameters())
-    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=device.type == "cuda")
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=params, optimizer=optimizer,
-                                      config=ds_config(stage, device.type == "cuda", dtype))
+    # the trainer's set-up: its optimizer (torch AdamW, fused on CUDA), LR schedule and DeepSpeed JSON
+    job = trainer_job(stage, data_dir, out_dir)
+    engine, optimizer, _ = eng.initialize(model, job, dist.get_world_size(), dtype)
     batch = make_batch(shape, seed=1 + rank, device=device, dtype=dtype)
 
     def step():
@@ -233,7 +239,7 @@ def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: i
         engine.module.disable_gradient_checkpointing()
         out["checkpointing"] = {"step_s": {k: median(v) for k, v in times.items()}, "step_s_all": times}
     engine.destroy()
-    del engine, model, optimizer, params
+    del engine, model, optimizer
     gc.collect()
     return out
 
@@ -254,7 +260,8 @@ def _rank_main(spec: dict) -> int:
            "peak": device_peak(device, dtype).as_dict(), "zero": {}}
     for stage in spec["stages"]:
         res["zero"][str(stage)] = _measure_stage(spec["shape"], stage, spec["repeats"], device, dtype, rank,
-                                                 checkpointing=stage == 0)
+                                                 checkpointing=stage == 0, data_dir=spec["data_dir"],
+                                                 out_dir=spec["out_dir"])
         dist.barrier()
     Path(spec["out"]).with_suffix(f".rank{rank}.json").write_text(json.dumps(res))
     dist.barrier()
@@ -270,8 +277,12 @@ def _free_port() -> int:
 
 def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, threads: int, workdir: Path) -> list:
     """Start `world_size` rank processes of `_rank_main` and return their results (rank order)."""
+    from video_dit.data.demo import make_demo_data
+
+    make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # the job must name a dataset
     spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device,
-            "threads": max(1, threads // world_size) if device == "cpu" else threads, "out": str(workdir / "ranks")}
+            "threads": max(1, threads // world_size) if device == "cpu" else threads, "out": str(workdir / "ranks"),
+            "data_dir": str(workdir / "job_data"), "out_dir": str(workdir / "job_out")}
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world_size),
@@ -425,11 +436,16 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     shape = SMALL if small else FULL
+    notes = []
+    if device.startswith("cuda") and torch.cuda.device_count() < world_size:
+        notes.append(f"{world_size} ranks asked, {torch.cuda.device_count()} GPU(s) present: ran "
+                     f"{torch.cuda.device_count()} rank(s), so ZeRO partitions over that many")
+        world_size = torch.cuda.device_count()
     flops, tokens = step_flops(shape)
     res: dict = {"config": {**shape, "tokens": tokens, "device": device, "world_size": world_size,
                             "threads_total": threads, "repeats": repeats, "stages": list(stages),
                             "flops_per_step": flops,
-                            "dtype": "bfloat16" if device.startswith("cuda") else "float32"}}
+                            "dtype": "bfloat16" if device.startswith("cuda") else "float32", "notes": notes}}
     with tempfile.TemporaryDirectory(prefix="video_dit_bench_train_") as tmp:
         tmp = Path(tmp)
         if "zero" in parts:
