@@ -26,7 +26,6 @@ def demo(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(demo, tmp_path_factory):
     out = tmp_path_factory.mktemp("vae") / "tiny_vae.safetensors"
-    torch.set_num_threads(1)  # also what makes the seeded run below bit-comparable
     return train_tiny_vae_result(demo, out, steps=40, seed=0, batch_size=2, frames=5, crop=None,
                                  lr=3e-3, threads=1, verbose=False)
 
