@@ -86,6 +86,7 @@ def test_heads_not_divisible_names_valid_sizes():
 # ---------------------------------------------------------------- 2-rank DiT parity and memory
 
 
+@pytest.mark.multirank
 def test_dit_sp2_matches_single_process(tmp_path):
     wait(tmp_path, "dit", start(tmp_path, "dit", 2))
     results = [json.loads((tmp_path / f"dit_rank{r}.json").read_text()) for r in range(2)]
@@ -201,6 +202,7 @@ def _train_job(root: Path, name: str, sp: int, checkpointing: bool) -> Path:
     return path
 
 
+@pytest.mark.multirank
 def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     """The real trainer, ZeRO-2 LoRA, i2v (per-token timesteps): 2 ranks x SP=2 (one data-parallel rank)
     against 1 rank x SP=1 on the same data: the same losses, gradient norms, LoRA and preview."""
