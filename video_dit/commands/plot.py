@@ -1,7 +1,7 @@
 """`video-dit plot OUTPUT_DIR`: loss, throughput and memory curves from `OUTPUT_DIR/metrics.jsonl`.
 
 Writes `loss.png` (raw loss and an exponentially smoothed line), `throughput.png` (samples/s and
-tokens/s on twin axes) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
+tokens/s, stacked) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
 A line that is not a JSON object with a `step` (a half-written last line of a running job, say) is
 skipped with a warning naming the file and line. After a resume, a step logged twice keeps its
 last record. matplotlib is an optional dependency (`pip install video_dit[plot]`).
@@ -142,23 +142,20 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
     else:
         warnings.warn(f"{metrics}: no 'loss' values; loss.png not written", stacklevel=2)
 
-    # 2. throughput: samples/s (left axis) and tokens/s (right axis), different scales
-    sx, sy = _series(records, "samples_per_s")
-    tx, ty = _series(records, "tokens_per_s")
-    if sx or tx:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        axes = [ax]
-        if sx:
-            ax.plot(sx, sy, color="tab:green", label="samples_per_s")
-            ax.set_ylabel("samples / s", color="tab:green")
-        if tx:
-            ax2 = ax.twinx() if sx else ax
-            ax2.plot(tx, ty, color="tab:orange", label="tokens_per_s")
-            ax2.set_ylabel("tokens / s", color="tab:orange")
-            if ax2 is not ax:
-                axes.append(ax2)
-        ax.set(xlabel="step", title=f"{title}: throughput")
-        ax.grid(alpha=0.3)
+    # 2. throughput: samples/s and tokens/s stacked (proportional at a fixed shape, so one twin-axis
+    #    plot would draw one line on top of the other)
+    series = [(k, c, *_series(records, k)) for k, c in (("samples_per_s", "tab:green"), ("tokens_per_s", "tab:orange"))]
+    series = [s for s in series if s[2]]
+    if series:
+        fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.5 + 1.5 * len(series)), sharex=True, squeeze=False)
+        axes = list(axes[:, 0])
+        for ax, (key, color, x, y) in zip(axes, series):
+            ax.plot(x, y, color=color, label=key)
+            ax.set_ylabel(key.replace("_per_s", " / s"))
+            ax.set_ylim(bottom=0)
+            ax.grid(alpha=0.3)
+        axes[0].set_title(f"{title}: throughput")
+        axes[-1].set_xlabel("step")
         save(fig, axes, "throughput.png")
     else:
         warnings.warn(f"{metrics}: no 'samples_per_s' / 'tokens_per_s' values; throughput.png not written",
