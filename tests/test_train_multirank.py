@@ -4,9 +4,11 @@ Three launches, each checking several things (the launch costs more than the ste
   A. ZeRO-2 LoRA, 30 steps, checkpoints every 10, previews at 0 and 30: the loss falls, metrics.jsonl
      has its keys, previews are decodable MP4s (+ PNG sheets) rendered from the control image.
   B. a relaunch resuming A's step-20 checkpoint: steps 21..30 give A's losses (fp32, tight tolerance).
-  C. one process group, four jobs: ZeRO-0 LoRA and ZeRO-3 LoRA (same seed and steps: equal LoRA
-     exports, and the file loaded into a fresh model reproduces the trained model's prediction),
-     ZeRO-3 full and ZeRO-2 full (the sharded export loads with `load_dit` and reproduces predictions).
+  C. one process group, five jobs: ZeRO-0 LoRA and ZeRO-3 LoRA (same seed and steps: equal LoRA
+     exports, the file loaded into a fresh model reproduces the trained model's prediction; ZeRO-3
+     previews), ZeRO-3 full and ZeRO-2 full (the sharded export loads with `load_dit` and reproduces
+     predictions), and a quantized-base LoRA job with non-finite losses injected on one rank
+     (skipped on both ranks; N in a row stop the job with the last good checkpoint kept).
 Run this file as a script (`--worker SPEC`) to be one rank of a launch.
 """
 
@@ -55,7 +57,8 @@ def world(tmp_path_factory):
 
 
 def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int = 3, save_every: int = 3,
-             sample_every: int | None = None, lr: float = 3e-3, keep: int = 3) -> Path:
+             sample_every: int | None = None, lr: float = 3e-3, keep: int = 3, model: dict | None = None,
+             train: dict | None = None) -> Path:
     process = {
         "type": "sd_trainer", "training_folder": str(root / "out"), "device": "cpu",
         "save": {"dtype": "float32", "save_every": save_every, "max_step_saves_to_keep": keep, "resume": "none"},
@@ -67,6 +70,8 @@ def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int 
         "model": {"arch": "video_dit", "name_or_path": str(root / "base.safetensors"), "preset": "tiny"},
         "deepspeed": {"zero_stage": zero, "timeout_s": 120},
     }
+    process["model"].update(model or {})
+    process["train"].update(train or {})
     if lora:
         process["network"] = {"type": "lora", "linear": 4, "linear_alpha": 4}
     if sample_every is not None:
@@ -128,13 +133,33 @@ def worker(spec_path: str) -> int:
 
     from video_dit.train.config import load_job
     from video_dit.train.engine import gathered
-    from video_dit.train.trainer import Trainer
+    from video_dit.train.trainer import NonFiniteError, Trainer
 
     spec = json.loads(Path(spec_path).read_text())
     for item in spec["jobs"]:
         job = load_job(item["config"])
         trainer = Trainer(job, resume=item.get("resume"))
-        trainer.train()
+        nan = item.get("nan")  # {"rank": r, "calls": [k, ...], "from_call": k}: non-finite k-th losses
+        if nan is not None:
+            loss_of = trainer.loss_of
+
+            calls = [0]
+
+            def poisoned(batch, micro, loss_of=loss_of, nan=nan, trainer=trainer, calls=calls):
+                loss = loss_of(batch, micro)
+                calls[0] += 1
+                if trainer.rank == nan["rank"] and (calls[0] in nan["calls"] or calls[0] >= nan["from_call"]):
+                    return loss * float("nan")
+                return loss
+            trainer.loss_of = poisoned
+        result = {"quantized": type(trainer.module.blocks[0].ffn[0].base_layer).__name__
+                  if hasattr(trainer.module.blocks[0].ffn[0], "base_layer") else None}
+        try:
+            trainer.train()
+        except NonFiniteError as exc:
+            result["nonfinite"] = str(exc)
+        if trainer.rank == 0:
+            (job.out_dir / "result.json").write_text(json.dumps(result))
         if item.get("predict"):
             x, t, ctx = probe_inputs()
             module = trainer.module
@@ -205,7 +230,13 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(world):
     jobs = [job_yaml(world, "z0", zero=0), job_yaml(world, "z3", zero=3, sample_every=3),
             job_yaml(world, "f3", zero=3, lora=False, steps=2, save_every=2),
             job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2)]
-    launch(world, [{"config": str(j), "resume": "none", "predict": True} for j in jobs])
+    specs = [{"config": str(j), "resume": "none", "predict": True} for j in jobs]
+    # quantized frozen base (after deepspeed.initialize) + non-finite losses injected on rank 1 only:
+    # loss call 2 is skipped on both ranks and training goes on; calls 5 and 6 stop the job (2 in a row)
+    q = job_yaml(world, "qn", zero=2, steps=4, save_every=2, model={"quantize": True},
+                 train={"max_nonfinite_steps": 2})
+    specs.append({"config": str(q), "resume": "none", "nan": {"rank": 1, "calls": [2], "from_call": 5}})
+    launch(world, specs)
 
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -237,6 +268,12 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(world):
         base = load_dit(str(world / "base.safetensors")).eval()
         with torch.no_grad():
             assert (base(x, t, ctx) - trained).abs().max() > 1e-4  # the LoRA changed the prediction
+
+    result = json.loads((world / "out/qn/result.json").read_text())
+    assert result["quantized"] == "QLinear"
+    assert "2 non-finite losses in a row" in result["nonfinite"] and "step_000000002" in result["nonfinite"]
+    assert sorted(losses(world, "qn")) == [1, 2, 3]  # the skipped batch took no step; stopped before step 4
+    assert [p.name for p in (world / "out/qn/checkpoints").glob("step_*")] == ["step_000000002"]
 
     for name in ("f3", "f2"):
         folder = world / f"out/{name}/{name}"
