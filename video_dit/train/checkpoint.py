@@ -238,6 +238,9 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
                 shutil.rmtree(final)
             os.replace(tmp, final)
             _atomic_write_text(ckpt_dir / LATEST, tag)
+            for old in complete_checkpoints(ckpt_dir)[:-keep]:  # keep the last K
+                shutil.rmtree(old, ignore_errors=True)
+                shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)  # its conversion
     except OSError as exc:  # disk full, quota, I/O error: stop with the previous checkpoint as latest
         shutil.rmtree(tmp, ignore_errors=True)
         previous = find_latest(ckpt_dir)
@@ -246,9 +249,6 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
             f"({exc.filename or ckpt_dir}). The half-written {tmp_tag} was removed; "
             + (f"the previous checkpoint {previous} is intact and a relaunch resumes from it"
                if previous else "no earlier checkpoint exists") + ". Free space there and relaunch.") from exc
-        for old in complete_checkpoints(ckpt_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-            shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)  # its conversion
     dist.barrier()
     return final
 
