@@ -242,11 +242,12 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
                 shutil.rmtree(old, ignore_errors=True)
                 shutil.rmtree(old.with_name(old.name + "_universal"), ignore_errors=True)  # its conversion
     except OSError as exc:  # disk full, quota, I/O error: stop with the previous checkpoint as latest
-        shutil.rmtree(tmp, ignore_errors=True)
+        # (other ranks may still be writing into the .tmp folder: it is left to clean_incomplete)
         previous = find_latest(ckpt_dir)
         raise CheckpointWriteError(
             f"rank {rank}: could not write checkpoint {tag} in {ckpt_dir}: {exc.strerror or exc} "
-            f"({exc.filename or ckpt_dir}). The half-written {tmp_tag} was removed; "
+            f"({exc.filename or ckpt_dir}). The half-written {tmp_tag} is never used and is removed at the "
+            "next start; "
             + (f"the previous checkpoint {previous} is intact and a relaunch resumes from it"
                if previous else "no earlier checkpoint exists") + ". Free space there and relaunch.") from exc
     dist.barrier()
