@@ -81,24 +81,26 @@ def test_chunked_equals_whole_clip(pair):
 def test_causality(pair):
     cfg, _, ours = pair
     s = cfg.spatial_compression
-    video = _video(17, 2 * s, 2 * s, seed=3)
-    base = ours.encode(video).mean
-    for k in (0, 4, 5, 12):
-        changed = video.clone()
-        changed[:, :, k] = -changed[:, :, k]
-        lat = ours.encode(changed).mean
+    video = _video(13, 2 * s, 2 * s, seed=3)
+    ks = (0, 4, 5, 12)
+    batch = video.repeat(1 + len(ks), 1, 1, 1, 1)  # row 0 as is, row i with pixel frame ks[i - 1] changed
+    for i, k in enumerate(ks, 1):
+        batch[i, :, k] = -batch[i, :, k]
+    lat = ours.encode(batch).mean
+    for i, k in enumerate(ks, 1):
         first = (k - 1) // 4 + 1 if k else 0  # the latent frame that holds pixel frame k
-        assert torch.equal(lat[:, :, :first], base[:, :, :first]), f"frame {k} leaked into earlier latents"
-        assert not torch.allclose(lat[:, :, first], base[:, :, first]), f"frame {k} changed nothing"
+        assert torch.equal(lat[i, :, :first], lat[0, :, :first]), f"frame {k} leaked into earlier latents"
+        assert not torch.allclose(lat[i, :, first], lat[0, :, first]), f"frame {k} changed nothing"
     # decode: latent frame j only reaches pixel frames from 1 + 4 (j - 1) on
-    out = ours.decode(base)
-    for j in (1, 3):
-        z = base.clone()
-        z[:, :, j] += 1.0
+    js = (1, 3)
+    z = lat[:1].repeat(1 + len(js), 1, 1, 1, 1)
+    for i, j in enumerate(js, 1):
+        z[i, :, j] += 1.0
+    out = ours.decode(z)
+    for i, j in enumerate(js, 1):
         start = 1 + 4 * (j - 1)
-        changed = ours.decode(z)
-        assert torch.equal(changed[:, :, :start], out[:, :, :start])
-        assert not torch.allclose(changed[:, :, start], out[:, :, start])
+        assert torch.equal(out[i, :, :start], out[0, :, :start])
+        assert not torch.allclose(out[i, :, start], out[0, :, start])
 
 
 def test_converter_key_names_match_diffusers_and_wan():
@@ -163,7 +165,7 @@ def test_posterior_and_latent_normalization():
 
 def test_gradients_flow_for_vae_training():
     vae = CausalVideoVAE(CONFIGS["wan2.2-style"])
-    video = _video(5, 32, 32)
+    video = _video(5, 16, 32)
     post = vae.encode(video)
     z = post.sample(torch.Generator().manual_seed(0))
     recon = vae.decode(z, clamp=False)
@@ -183,9 +185,9 @@ def test_tiled_decode_matches_untiled_and_blends_without_seams():
     torch.manual_seed(0)
     vae = CausalVideoVAE(cfg).eval()
     g = torch.Generator().manual_seed(5)
-    z = torch.randn(1, 4, 2, 8, 1, generator=g).repeat(1, 1, 1, 1, 40)
+    z = torch.randn(1, 4, 1, 8, 1, generator=g).repeat(1, 1, 1, 1, 40)
     z += 0.3 * torch.randn(z.shape, generator=g)  # a band: smooth across W, so a seam would show
-    full = vae.decode(z)  # (1, 3, 5, 64, 320)
+    full = vae.decode(z)  # (1, 3, 1, 64, 320)
     vae.enable_tiling(tile_size=192, overlap=64)  # latent tiles [0, 24) and [16, 40), overlap [16, 24)
     tiled = vae.decode(z)
     vae.disable_tiling()
@@ -194,14 +196,15 @@ def test_tiled_decode_matches_untiled_and_blends_without_seams():
     reach = 11 * 8  # conv1 + middle (5) + four levels of one res block and an upsample, in pixels
     assert (tiled[..., :192 - reach] - full[..., :192 - reach]).abs().max() <= 1e-4
     assert (tiled[..., 128 + reach:] - full[..., 128 + reach:]).abs().max() <= 1e-4
-    # The blend: across the overlap the output steps from column to column no more than it does
-    # inside the tiles, while a hard cut between the two tiles would step by their disagreement.
+    # The blend: across the overlap the tiled output's deviation from the untiled one changes from
+    # column to column less than it does inside either tile alone there, and far less than the jump a
+    # hard cut between the two tiles would make (their disagreement).
     left, right = vae.decode(z[..., :24])[..., 128:192], vae.decode(z[..., 16:])[..., :64]
-    step = (tiled[..., 127:193].diff(dim=-1)).abs().amax(dim=(0, 1, 2, 3))  # (65,) per column pair
-    inside = (tiled[..., 16:112].diff(dim=-1)).abs().amax()
-    assert step.max() <= inside * 1.05
-    hard = torch.cat([left[..., :32], right[..., 32:]], -1)
-    assert (hard[..., 32] - hard[..., 31]).abs().max() > (tiled[..., 160] - tiled[..., 159]).abs().max()
+    ref = full[..., 128:192]
+    blended_step = (tiled[..., 127:193] - full[..., 127:193]).diff(dim=-1).abs().max()
+    tile_step = min((left - ref).diff(dim=-1).abs().max(), (right - ref).diff(dim=-1).abs().max())
+    hard_cut = (left - right).abs().max()
+    assert blended_step <= tile_step and blended_step <= hard_cut / 2, (blended_step, tile_step, hard_cut)
 
 
 def _peak(frames: int) -> int:
@@ -212,8 +215,8 @@ def _peak(frames: int) -> int:
         "from video_dit.bench.vae import peak_rss_delta\n"
         "from video_dit.models.vae import CausalVideoVAE, VAEConfig\n"
         "torch.set_num_threads(1); torch.manual_seed(0)\n"
-        "vae = CausalVideoVAE(VAEConfig(dim=24, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1)).eval()\n"
-        f"video = torch.rand(1, 3, {frames}, 64, 64) * 2 - 1\n"
+        "vae = CausalVideoVAE(VAEConfig(dim=16, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1)).eval()\n"
+        f"video = torch.rand(1, 3, {frames}, 48, 48) * 2 - 1\n"
         "with torch.no_grad():\n"
         "    z, enc = peak_rss_delta(lambda: vae.encode(video).mode())\n"
         "    _, dec = peak_rss_delta(lambda: vae.decode(z))\n"

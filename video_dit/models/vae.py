@@ -101,20 +101,22 @@ class VAEConfig:
 
 
 class CausalCache:
-    """The past frames each causal layer needs from earlier chunks, for ONE encode or decode pass.
+    """The state carried between chunks for ONE encode or decode pass: for every causal layer the
+    last `n` input frames it saw (`n` = its temporal kernel's reach into the past), and whether it
+    has seen the clip's first frame.
 
-    A layer asks `with_past(layer, x, n)` for its input with the `n` frames that precede `x`
-    prepended: zeros before the first chunk (the causal zero padding), the tail of the previous
-    chunk afterwards. Without autograd the frames live in one buffer per layer, `(B, C, n + T, H,
-    W)`, allocated once (grown once, when the chunk length goes from 1 to 4) and reused: the new
-    chunk is copied in behind the kept frames, no per-chunk concatenation or padding copies.
-    With autograd on, it concatenates instead (in-place reuse would break the backward pass).
+    Without autograd, a layer's input `[n past frames | chunk]` is assembled in one workspace shared
+    by all layers (they run one after another): the past frames are copied in, the layer writes
+    the chunk behind them (a norm writes its output there directly), the conv reads the window, and
+    `keep` copies the window's last n frames back into the layer's preallocated past. Nothing is
+    concatenated or padded per chunk, and the workspace grows to the largest window once.
+    With autograd on, `with_past` concatenates instead (reused buffers would break the backward pass).
     """
 
-    def __init__(self, memory_format: torch.memory_format = torch.contiguous_format):
-        self.memory_format = memory_format
-        self._slots: dict[int, tuple[torch.Tensor, int]] = {}  # id(layer) -> (buffer, frames of last chunk)
+    def __init__(self):
+        self._past: dict[int, torch.Tensor] = {}  # id(layer) -> (B, C, n, H, W)
         self._seen: set[int] = set()
+        self._work = torch.empty(0)
 
     def first_visit(self, layer: nn.Module) -> bool:
         """True the first time `layer` asks (its first chunk holds the clip's first frame)."""
@@ -124,38 +126,66 @@ class CausalCache:
         self._seen.add(key)
         return True
 
-    def with_past(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
-        """`[n past frames | x]` along time, (B, C, n + T, H, W); remembers the last n for next time."""
-        key, (B, C, T, H, W) = id(layer), x.shape
-        slot = self._slots.get(key)
-        if torch.is_grad_enabled():
-            past = x.new_zeros(B, C, n, H, W) if slot is None else slot[0]
-            out = torch.cat([past, x], 2)
-            self._slots[key] = (out[:, :, -n:], 0)
-            return out
-        if slot is None:
-            buf = torch.empty(B, C, n + T, H, W, dtype=x.dtype, device=x.device,
-                              memory_format=self.memory_format).zero_()
+    def has_past(self, layer: nn.Module) -> bool:
+        return id(layer) in self._past
+
+    def window(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        """An uninitialised-chunk window (B, C, n + T, H, W) for input shaped like x, whose first n
+        frames hold `layer`'s past (zeros before its first chunk). Valid until the next `window`."""
+        B, C, T, H, W = x.shape
+        size = B * C * (n + T) * H * W
+        if self._work.numel() < size or self._work.dtype != x.dtype or self._work.device != x.device:
+            self._work = torch.empty(size, dtype=x.dtype, device=x.device)
+        win = self._work[:size].view(B, C, n + T, H, W)
+        past = self._past.get(id(layer))
+        if past is None:
+            win[:, :, :n].zero_()
+        elif past.shape != (B, C, n, H, W):
+            raise ValueError(f"CausalCache: a chunk of shape {tuple(x.shape)} does not continue the "
+                             f"stream of {type(layer).__name__} (past frames {tuple(past.shape)})")
         else:
-            buf, last = slot
-            if buf.shape[1] != C or buf.shape[3:] != (H, W) or buf.shape[0] != B:
-                raise ValueError(f"CausalCache: chunk of shape {tuple(x.shape)} does not continue "
-                                 f"the stream of shape {tuple(buf.shape)} for {type(layer).__name__}")
-            for i in range(n):  # keep the last n frames; frame by frame, so overlapping moves are safe
-                buf[:, :, i].copy_(buf[:, :, last + i])
-            if buf.shape[2] < n + T:  # grows once per stream (first chunk 1 frame, then 4)
-                grown = torch.empty(B, C, n + T, H, W, dtype=x.dtype, device=x.device,
-                                    memory_format=self.memory_format)
-                grown[:, :, :n].copy_(buf[:, :, :n])
-                buf = grown
-        buf[:, :, n:n + T].copy_(x)
-        self._slots[key] = (buf, T)
-        return buf[:, :, :n + T]
+            win[:, :, :n].copy_(past)
+        return win
+
+    def keep(self, layer: nn.Module, frames: torch.Tensor, n: int) -> None:
+        """Remember the last n frames of the stream `layer` saw, ending with `frames` (B, C, T, H, W)."""
+        key, m = id(layer), min(n, frames.shape[2])
+        past = self._past.get(key)
+        if past is None:  # allocated once per layer and pass; zeros stand for frames before the clip
+            past = self._past[key] = frames.new_zeros(*frames.shape[:2], n, *frames.shape[3:])
+        for i in range(n - m):  # shift older frames left when the chunk is shorter than n
+            past[:, :, i].copy_(past[:, :, i + m])
+        past[:, :, n - m:].copy_(frames[:, :, -m:])
+
+    def with_past(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
+        """Autograd path: `[n past frames | x]` (B, C, n + T, H, W) by concatenation."""
+        key, (B, C, T, H, W) = id(layer), x.shape
+        past = self._past.get(key)
+        out = torch.cat([x.new_zeros(B, C, n, H, W) if past is None else past, x], 2)
+        self._past[key] = out[:, :, -n:]
+        return out
 
 
 def _inplace() -> bool:
     """In-place activations are safe only when no backward pass needs the overwritten input."""
     return not torch.is_grad_enabled()
+
+
+_MKLDNN = torch.backends.mkldnn.is_available()
+
+
+def _conv(x: torch.Tensor, weight: torch.Tensor, bias, stride=(1, 1, 1), padding=(0, 0, 0)) -> torch.Tensor:
+    """conv3d. On CPU without autograd, oneDNN directly: PyTorch's backend choice sends small
+    (B C T H < 20480) and (k, 1, 1) convs to its im2col `slow_conv3d`, several times slower here.
+    A 1x1x1 conv is one matrix product."""
+    if weight.shape[2:] == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0):
+        B, C, T, H, W = x.shape
+        y = torch.matmul(weight.view(weight.shape[0], C), x.reshape(B, C, T * H * W))  # (B, C', THW)
+        return (y.add_(bias.view(-1, 1)) if _inplace() else y + bias.view(-1, 1)).view(B, -1, T, H, W)
+    if _MKLDNN and x.device.type == "cpu" and x.dtype == torch.float32 and _inplace():
+        return torch.ops.aten.mkldnn_convolution(x.contiguous(), weight.contiguous(), bias, list(padding),
+                                                 list(stride), [1, 1, 1], 1)
+    return F.conv3d(x, weight, bias, stride, padding)
 
 
 # ---------------------------------------------------------------- layers
@@ -164,8 +194,8 @@ def _inplace() -> bool:
 class CausalConv3d(nn.Conv3d):
     """Conv3d whose time padding is all on the past side: output frame t sees input frames <= t.
 
-    `padding=(p, ph, pw)` means `2p` past frames in time (zeros at the clip start, cached frames
-    of the previous chunk later) and symmetric zero padding `ph, pw` in space, done by the conv.
+    `padding=(p, ph, pw)` means `2p` past frames in time (zeros at the clip start, the cached last
+    frames of the previous chunk later) and symmetric zero padding `ph, pw` in space.
     """
 
     def __init__(self, in_dim: int, out_dim: int, kernel_size, stride=1, padding=0):
@@ -173,12 +203,28 @@ class CausalConv3d(nn.Conv3d):
         self.past = 2 * self.padding[0]
         self.padding = (0, self.padding[1], self.padding[2])
 
-    def forward(self, x: torch.Tensor, cache: CausalCache | None = None) -> torch.Tensor:
-        """x (B, C, T, H, W) -> (B, C', T', H', W'); T' = T for the stride-1 convs."""
-        if self.past:
-            x = (cache.with_past(self, x, self.past) if cache is not None
-                 else F.pad(x, (0, 0, 0, 0, self.past, 0)))  # (B, C, past + T, H, W)
-        return super().forward(x)
+    def forward(self, x: torch.Tensor, cache: CausalCache | None = None, norm: "RMS_norm | None" = None):
+        """x (B, C, T, H, W) -> (B, C', T, H', W') (stride 1 in time). With `norm`, the conv's input
+        is SiLU(norm(x)), written straight into the cache's window."""
+        n = self.past
+        if n == 0 or cache is None or not _inplace():
+            x = norm(x, silu=True) if norm is not None else x
+            if n:
+                x = cache.with_past(self, x, n) if cache is not None else F.pad(x, (0, 0, 0, 0, n, 0))
+            return _conv(x, self.weight, self.bias, self.stride, self.padding)
+        if x.shape[2] == 1 and not cache.has_past(self) and self.stride[0] == 1:
+            # The clip's first frame: the past is all zeros, so only the last temporal tap counts.
+            x = norm(x, silu=True) if norm is not None else x
+            cache.keep(self, x, n)
+            return _conv(x, self.weight[:, :, -1:], self.bias, self.stride, self.padding)
+        win = cache.window(self, x, n)  # (B, C, n + T, H, W), past frames in place
+        if norm is not None:
+            norm(x, silu=True, out=win[:, :, n:])
+        else:
+            win[:, :, n:].copy_(x)
+        y = _conv(win, self.weight, self.bias, self.stride, self.padding)
+        cache.keep(self, win, n)
+        return y
 
 
 class RMS_norm(nn.Module):
@@ -190,17 +236,28 @@ class RMS_norm(nn.Module):
         self.scale = dim ** 0.5
         self.gamma = nn.Parameter(torch.ones(dim, *((1, 1) if images else (1, 1, 1))))
 
-    def forward(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
-        """x (B, C, ...) -> same shape; `silu=True` fuses the following SiLU (in place when safe)."""
+    def forward(self, x: torch.Tensor, silu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, C, ...) -> same shape; `silu=True` applies the following SiLU too; `out` (no
+        autograd) receives the result in place."""
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(1e-12)  # (B, 1, ...); not in place: backward needs the norm
         gain = (self.gamma * self.scale).view(-1, *(1,) * (x.ndim - 2))  # (C, 1, ...)
-        if _inplace():
-            y = torch.div(xf, norm).mul_(gain)
-            y = F.silu(y, inplace=True) if silu else y
-        else:
+        if not _inplace():
+            norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(1e-12)  # (B, 1, ...)
             y = xf / norm * gain
-            y = F.silu(y) if silu else y
+            return (F.silu(y) if silu else y).to(x.dtype)
+        # The channel sum of squares as a (1, C) x (C, L) product: a strided reduction over dim 1
+        # is several times slower on CPU. The squares go where the result will (no extra buffer).
+        direct = out is not None and out.dtype == xf.dtype
+        sq = torch.mul(xf, xf, out=out) if direct else xf.square()
+        B, C = x.shape[:2]
+        norm = torch.matmul(xf.new_ones(1, C), sq.reshape(B, C, -1)).sqrt_().clamp_min_(1e-12)  # (B, 1, L)
+        norm = norm.view(B, 1, *x.shape[2:])
+        y = torch.div(xf, norm, out=out) if direct else torch.div(xf, norm)
+        y.mul_(gain)
+        if silu:
+            F.silu(y, inplace=True)
+        if out is not None and y is not out:
+            return out.copy_(y)
         return y.to(x.dtype)
 
 
@@ -220,8 +277,11 @@ class ResidualBlock(nn.Module):
         """x (B, C_in, T, H, W) -> (B, C_out, T, H, W)."""
         norm1, _, conv1, norm2, _, dropout, conv2 = self.residual
         h = self.shortcut(x)
-        y = conv1(norm1(x, silu=True), cache)
-        y = conv2(dropout(norm2(y, silu=True)), cache)
+        y = conv1(x, cache, norm=norm1)  # SiLU(norm(x)) goes straight into conv1's input window
+        if dropout.p and self.training:
+            y = conv2(dropout(norm2(y, silu=True)), cache)
+        else:
+            y = conv2(y, cache, norm=norm2)
         return y.add_(h) if _inplace() else y + h
 
 
@@ -247,8 +307,7 @@ class AttentionBlock(nn.Module):
 
 def _frame_conv(conv: nn.Conv2d, x: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
     """A 2D conv applied to every frame, as a (1, k, k) Conv3d (no (B T) reshape copies)."""
-    return F.conv3d(x, conv.weight.unsqueeze(2), conv.bias, stride=(1, stride, stride),
-                    padding=(0, padding, padding))
+    return _conv(x, conv.weight.unsqueeze(2), conv.bias, (1, stride, stride), (0, padding, padding))
 
 
 class Resample(nn.Module):
@@ -288,22 +347,32 @@ class Resample(nn.Module):
             return _frame_conv(self.resample[1], x, padding=1)
         x = _frame_conv(self.resample[1], F.pad(x, (0, 1, 0, 1)), stride=2)  # (B, C, T, H/2, W/2)
         if self.mode == "downsample3d":
-            first = cache.first_visit(self)
-            xin = cache.with_past(self, x, 1)  # (B, C, 1 + T, h, w): last frame of the previous chunk
-            if not first:
-                return self.time_conv(xin)  # (B, C, T/2, h, w)
-            if x.shape[2] == 1:
-                return x
-            return torch.cat([x[:, :, :1], self.time_conv(x)], 2)  # (B, C, 1 + (T-1)/2, h, w)
+            return self._time_down(x, cache)
         return x
+
+    def _time_down(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
+        conv = self.time_conv
+        if cache.first_visit(self):  # the clip's first frame passes through; pairs after it
+            y = x if x.shape[2] == 1 else torch.cat([x[:, :, :1], _conv(x, conv.weight, conv.bias, conv.stride)], 2)
+            if _inplace():
+                cache.keep(self, x, 1)
+            else:
+                cache.with_past(self, x, 1)
+            return y  # (B, C, 1 + (T - 1) / 2, h, w)
+        if not _inplace():
+            return _conv(cache.with_past(self, x, 1), conv.weight, conv.bias, conv.stride)
+        win = cache.window(self, x, 1)  # (B, C, 1 + T, h, w): the previous chunk's last frame first
+        win[:, :, 1:].copy_(x)
+        y = _conv(win, conv.weight, conv.bias, conv.stride)  # (B, C, T / 2, h, w)
+        cache.keep(self, win, 1)
+        return y
 
     def _time_up(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         first = cache.first_visit(self)
         rest = x[:, :, 1:] if first else x  # the clip's first frame is not doubled
         B, C, T, H, W = rest.shape
         head = 1 if first else 0
-        out = torch.empty(B, C, head + 2 * T, H, W, dtype=x.dtype, device=x.device,
-                          memory_format=cache.memory_format)
+        out = x.new_empty(B, C, head + 2 * T, H, W)
         if first:
             out[:, :, :1].copy_(x[:, :, :1])
         if T:
@@ -410,7 +479,7 @@ class Encoder3d(nn.Module):
         x = self.conv1(x, cache)
         for block in (*self.downsamples, *self.middle):
             x = block(x, cache)
-        return self.head[2](self.head[0](x, silu=True), cache)
+        return self.head[2](x, cache, norm=self.head[0])
 
 
 class Decoder3d(nn.Module):
@@ -449,7 +518,7 @@ class Decoder3d(nn.Module):
         x = self.conv1(x, cache)
         for block in (*self.middle, *self.upsamples):
             x = block(x, cache)
-        return self.head[2](self.head[0](x, silu=True), cache)
+        return self.head[2](x, cache, norm=self.head[0])
 
 
 # ---------------------------------------------------------------- posterior
@@ -508,7 +577,6 @@ class CausalVideoVAE(nn.Module):
         self.decoder = Decoder3d(config)
         # Latent statistics: buffers so they follow .to(device), not saved (checkpoint keys stay Wan's).
         self.reset_latent_stats()
-        self.channels_last = False
         self.tile_size: int | None = None  # pixels; None = no tiling
         self.tile_overlap = 0
         self.initialize_weights()
@@ -555,9 +623,6 @@ class CausalVideoVAE(nn.Module):
         if H % s or W % s:
             raise ValueError(f"VAE.encode: H x W = {H} x {W}; both must be multiples of {s}")
 
-    def _memory_format(self) -> torch.memory_format:
-        return torch.channels_last_3d if self.channels_last else torch.contiguous_format
-
     # -------------------------------------------------------- encode / decode
 
     def encode(self, video: torch.Tensor, chunked: bool = True) -> DiagonalGaussian:
@@ -581,7 +646,7 @@ class CausalVideoVAE(nn.Module):
         t, T = self.config.temporal_compression, x.shape[2]
         bounds = [0, 1, *range(1 + t, T + 1, t)] if chunked else [0, T]
         chunks = [x[:, :, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-        cache = CausalCache(self._memory_format())
+        cache = CausalCache()
         if torch.is_grad_enabled():  # training: keep the autograd graph, concatenate once
             return torch.cat([self.encoder(c, cache) for c in chunks], 2)
         out, frame = None, 0
@@ -613,7 +678,7 @@ class CausalVideoVAE(nn.Module):
         cfg, (B, _, T, h, w) = self.config, x.shape
         p, s, t = cfg.patch_size, cfg.spatial_compression, cfg.temporal_compression
         chunks = [x[:, :, i:i + 1] for i in range(T)] if chunked else [x]
-        cache = CausalCache(self._memory_format())
+        cache = CausalCache()
         if torch.is_grad_enabled():  # training: keep the autograd graph, concatenate once
             y = _unpatchify(torch.cat([self.decoder(c, cache) for c in chunks], 2), p)
             return y.clamp(-1.0, 1.0) if clamp else y
