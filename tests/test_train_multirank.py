@@ -176,7 +176,7 @@ def worker(spec_path: str) -> int:
 # ---------------------------------------------------------------- tests
 
 def test_zero2_lora_trains_previews_and_resumes_exactly(world):
-    a = job_yaml(world, "a", zero=2, steps=30, save_every=10, sample_every=30, keep=3, lr=3e-2)
+    a = job_yaml(world, "a", zero=2, steps=30, save_every=10, sample_every=30, keep=2, lr=3e-2)
     launch(world, [{"config": str(a), "resume": "none"}])
     la = losses(world, "a")
     assert sorted(la) == list(range(1, 31))
@@ -192,8 +192,10 @@ def test_zero2_lora_trains_previews_and_resumes_exactly(world):
     assert row["samples_per_s"] > 0 and row["tokens_per_s"] == pytest.approx(row["samples_per_s"] * 3 * 2 * 2)  # 9 frames, 32 px: 3x2x2 tokens
 
     out = world / "out/a"
+    # keep the last K = 2 checkpoints and step exports
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")) == \
-        ["step_000000010", "step_000000020", "step_000000030"]
+        ["step_000000020", "step_000000030"]
+    assert sorted(p.name for p in out.glob("a_*.safetensors")) == ["a_000000020.safetensors", "a_000000030.safetensors"]
     assert (out / "a.safetensors").read_bytes() == (out / "a_000000030.safetensors").read_bytes()
 
     # previews: decodable MP4s at steps 0 and 30, i2v from the control image, contact sheets beside them
