@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import math
 import random
 import sys
 import time
@@ -451,4 +450,4 @@ def run(job, resume: str | None = None) -> int:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "check_matches_preset",
-           "run", "math"]
+           "run"]
