@@ -59,3 +59,13 @@ def test_cli_lists_every_command_and_rejects_unknown():
     assert out.returncode == 0 and all(name in out.stdout for name in COMMANDS)
     bad = subprocess.run([sys.executable, "-m", "video_dit.cli", "smaple"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_model_block_accepts_ai_toolkits_text_encoder_key():
+    from video_dit.train.config import ModelConfig
+
+    m = parse(ModelConfig, {"name_or_path": "preset:tiny", "te_name_or_path": "models/te"}, "model")
+    assert m.text_encoder_path == "models/te"
+    with pytest.raises(ConfigError) as err:
+        parse(ModelConfig, {"name_or_path": "preset:tiny", "te_name_or_path": "a", "text_encoder_path": "b"}, "model")
+    assert err.value.path == "model.te_name_or_path"

@@ -180,6 +180,7 @@ class ModelConfig:
     attention_backend: Literal["native", "flash"] = "native"
     vae_path: str | None = None
     text_encoder_path: str | None = None
+    te_name_or_path: str | None = None  # ai-toolkit's name for text_encoder_path (one file, both tools)
     tokenizer_path: str | None = None
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
@@ -198,6 +199,10 @@ class ModelConfig:
         if kwargs:
             raise ConfigError(f"{path}.model_kwargs.{next(iter(kwargs))}",
                               "unknown key; accepted in model_kwargs: preset, i2v_mode, attention_backend")
+        if self.te_name_or_path is not None:
+            if self.text_encoder_path not in (None, self.te_name_or_path):
+                raise ConfigError(f"{path}.te_name_or_path", f"conflicts with {path}.text_encoder_path; set one")
+            self.text_encoder_path = self.te_name_or_path
         if self.i2v_mode not in (None, "replace", "concat"):
             raise ConfigError(f"{path}.i2v_mode", f"{self.i2v_mode!r}; accepted: replace, concat")
         if self.attention_backend not in ("native", "flash"):
