@@ -12,7 +12,7 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos (the demo data)")
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    parser.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
     parser.add_argument("--batch-size", type=int, default=2, help="clips per step (default 2)")
     parser.add_argument("--frames", type=int, default=5, help="frames per training window, 4k+1 (default 5)")
