@@ -24,7 +24,8 @@ from typing import Callable, Iterable
 import torch
 
 # Dense bf16 tensor-core peak per GPU (no sparsity), FLOP/s. fp32 runs as TF32 at half of it.
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12}
+GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
+                 "L40S": 362e12, "L40": 181e12, "A10G": 70e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
 
 
 def sync(device) -> None:
@@ -100,11 +101,11 @@ def table_peak(device_name: str, dtype: torch.dtype) -> tuple[float, str] | None
     return None
 
 
-def device_peak(device="cpu", dtype: torch.dtype = torch.float32) -> Peak:
+def device_peak(device="cpu", dtype: torch.dtype = torch.float32, n: int | None = None) -> Peak:
     """The peak MFU is measured against: on a known GPU the datasheet figure (dense bf16; fp32 as
     TF32 at half), else the dense matmul measured now at this dtype and thread count. The measured
     matmul is always returned too, so a GPU run shows both."""
-    measured = matmul_flops(dtype, device)
+    measured = matmul_flops(dtype, device, n=n)
     if str(device).startswith("cuda"):
         found = table_peak(torch.cuda.get_device_name(torch.device(device)), dtype)
         if found is not None:

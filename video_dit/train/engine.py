@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import socket
-import time
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 
@@ -165,33 +164,11 @@ def gathered(params, zero_stage: int, modifier_rank=None):
 
 # ---------------------------------------------------------------- device peak for MFU
 
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
-                 "L40S": 362e12, "L40": 181e12, "A10G": 70e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
-
-
 def device_peak_flops(dtype: torch.dtype) -> tuple[float, str]:
-    """(peak FLOP/s of this rank's device, how it was obtained): a table for known GPUs (dense bf16;
-    fp32 is taken as TF32 at half of it), a dense matmul measured now on CPU or an unknown GPU."""
-    if on_gpu():
-        name = torch.cuda.get_device_name(local_device())
-        for key, peak in GPU_PEAK_BF16.items():
-            if key in name:
-                return (peak if dtype == torch.bfloat16 else peak / 2), f"table:{key}"
-    return measured_matmul_flops(dtype), "measured matmul"
+    """(peak FLOP/s of this rank's device, how it was obtained): the datasheet table for known GPUs,
+    else a dense matmul measured now (n = 1024 keeps start-up short on CPU ranks). The same
+    definition as `video-dit bench` (`video_dit.bench.common.device_peak`)."""
+    from video_dit.bench.common import device_peak
 
-
-def measured_matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, reps: int = 5) -> float:
-    device = local_device()
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b  # warm-up
-    times = []
-    for _ in range(reps):
-        if on_gpu():
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a @ b
-        if on_gpu():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return 2 * n ** 3 / sorted(times)[len(times) // 2]
+    peak = device_peak(local_device(), dtype, n=None if on_gpu() else 1024)
+    return peak.flops, peak.source
