@@ -512,13 +512,36 @@ class Decoder3d(nn.Module):
         self.upsamples = nn.Sequential(*blocks)
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(),
                                   CausalConv3d(dims[-1], 3 * cfg.patch_size ** 2, 3, padding=1))
+        # Index into (*middle, *upsamples) of the first block after the last temporal upsample.
+        blocks = (*self.middle, *self.upsamples)
+        self.frame_wise_from = 1 + max(
+            (i for i, b in enumerate(blocks)
+             if (isinstance(b, Resample) and b.mode == "upsample3d") or (isinstance(b, Up_ResidualBlock) and b.ft == 2)),
+            default=-1)
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         """x (B, z, T', h, w) -> (B, 3p^2, 1 + 4 (T' - 1) on the first chunk / 4 T' after, H/p, W/p)."""
         x = self.conv1(x, cache)
-        for block in (*self.middle, *self.upsamples):
+        blocks = (*self.middle, *self.upsamples)
+        for block in blocks[:self.frame_wise_from]:
             x = block(x, cache)
-        return self.head[2](x, cache, norm=self.head[0])
+        if not _inplace() or x.shape[2] == 1:
+            for block in blocks[self.frame_wise_from:]:
+                x = block(x, cache)
+            return self.head[2](x, cache, norm=self.head[0])
+        # After the last temporal upsample every layer is a stride-1 causal conv (or per frame), so
+        # running the full-resolution levels one frame at a time, carrying the cache, is exact and
+        # keeps their activations at one frame instead of four.
+        out = None
+        for t in range(x.shape[2]):
+            y = x[:, :, t:t + 1]
+            for block in blocks[self.frame_wise_from:]:
+                y = block(y, cache)
+            y = self.head[2](y, cache, norm=self.head[0])  # (B, 3p^2, 1, H/p, W/p)
+            if out is None:
+                out = y.new_empty(*y.shape[:2], x.shape[2], *y.shape[3:])
+            out[:, :, t:t + 1] = y
+        return out
 
 
 # ---------------------------------------------------------------- posterior
