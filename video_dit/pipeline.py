@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F_

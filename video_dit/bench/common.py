@@ -206,3 +206,10 @@ def run_json_subprocess(args: list[str], env: dict | None = None, what: str = "b
 
 def fmt_bytes(n: float) -> str:
     return f"{n / 2 ** 20:.1f} MiB"
+
+
+def write_json(result: dict, path: str | None) -> None:
+    """Write a suite's figures to `path` (no-op when None): the benches' `--json FILE`."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=2)

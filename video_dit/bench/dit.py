@@ -29,7 +29,7 @@ import sys
 import torch
 
 from video_dit.bench.common import (cuda_peak, device_peak, median, mfu, profiled_live_after, profiled_peak,
-                                    run_json_subprocess, time_side_by_side)
+                                    run_json_subprocess, time_side_by_side, write_json)
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)
 SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
@@ -205,9 +205,7 @@ def main(argv=None) -> int:
         print(json.dumps(_measure_memory(args.memory_of, args.small, args.device, shape)))
         return 0
     res = run(args.device, args.repeats, args.small, args.threads, args.shape, args.layers)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(res, args.json)
     return 0
 
 

@@ -14,12 +14,11 @@ per video second = (S_ref * per step + decode) / (num_frames / fps), at S_ref = 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
-from video_dit.bench.common import median, timed
+from video_dit.bench.common import median, timed, write_json
 
 # tiny preset (the demo's DiT and VAE), at the demo size and at a larger frame
 FULL = dict(preset="tiny", frames=17, height=256, width=256, steps=4, guidance=5.0, text_len=32)
@@ -96,9 +95,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     res = run(args.device, args.repeats, args.small, args.threads)
     print_table(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(res, args.json)
     return 0
 
 

@@ -27,7 +27,6 @@ DeepSpeed ZeRO 0/2/3, block checkpointing on/off, and the data path over cached 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -42,7 +41,8 @@ from pathlib import Path
 import torch
 
 from video_dit.bench.common import (device_peak, median, mfu, profiled_live_after, profiled_peak,
-                                    run_json_subprocess, tensor_memory_split, time_side_by_side, timed)
+                                    run_json_subprocess, tensor_memory_split, time_side_by_side,
+                                    write_json)
 
 # 8 blocks (the checkpointing target is stated at 8), small widths so 2 CPU ranks finish in minutes
 FULL = dict(dim=384, heads=6, ffn_dim=1536, layers=8, latents=(16, 5, 24, 24), text_len=64, text_dim=256, batch=1)
@@ -536,9 +536,7 @@ def main(argv=None) -> int:
         return 0
     res = run(args.device, args.repeats, args.small, args.threads, args.world_size)
     print_table(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
+    write_json(res, args.json)
     return 0
 
 

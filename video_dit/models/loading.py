@@ -83,6 +83,21 @@ def check_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str,
         raise WeightsError("\n".join(parts))
 
 
+def materialize(cls, config, sd: dict[str, torch.Tensor], source: str, dtype=None, device=None) -> nn.Module:
+    """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
+    copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes."""
+    if dtype is None:
+        dtypes = {v.dtype for v in sd.values()}
+        if len(dtypes) > 1:
+            raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
+        dtype = dtypes.pop()
+    with torch.device("meta"):
+        model = cls(config)
+    check_state_dict(model, sd, source)
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, assign=True)
+    return model
+
+
 def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model.", "diffusion_model.")):
     """Drop a ComfyUI-style prefix when every key carries it."""
     for prefix in prefixes:
@@ -190,16 +205,7 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     if config is None:
         config = infer_dit_config(sd)
 
-    if dtype is None:
-        dtypes = {v.dtype for v in sd.values()}
-        if len(dtypes) > 1:
-            raise WeightsError(f"{path}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-        dtype = dtypes.pop()
-    with torch.device("meta"):
-        model = VideoDiT(config)
-    check_state_dict(model, sd, f"{path} ({layout} layout)")
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, assign=True)
-    return model
+    return materialize(VideoDiT, config, sd, f"{path} ({layout} layout)", dtype, device)
 
 # ---------------------------------------------------------------- VAE (issue 3)
 
@@ -256,15 +262,7 @@ def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device
             raise WeightsError(f"{path}: the weights' shapes match no VAE preset ({', '.join(VAE_PRESETS)}); "
                                "pass config=VAEConfig(...)")
 
-    if dtype is None:
-        dtypes = {v.dtype for v in sd.values()}
-        if len(dtypes) > 1:
-            raise WeightsError(f"{path}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-        dtype = dtypes.pop()
-    with torch.device("meta"):
-        model = CausalVideoVAE(config)
-    check_state_dict(model, sd, f"{path} ({layout} layout)")
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in sd.items()}, assign=True)
+    model = materialize(CausalVideoVAE, config, sd, f"{path} ({layout} layout)", dtype, device)
     model.reset_latent_stats(device)  # non-persistent buffers, still on meta after assign
     return model
 

@@ -58,12 +58,9 @@ def activation_peak(fn, device: torch.device | str | None = None):
     """(fn()'s result, peak extra bytes allocated while it ran on `device` (CPU by default))."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        return out, torch.cuda.max_memory_allocated(device) - base
+        from video_dit.bench.common import cuda_peak
+
+        return cuda_peak(fn, device)
     if device.type != "cpu":
         raise ValueError(f"activation_peak measures cuda or cpu devices, got {device}")
     with CPUAllocationTracker() as tracker:

@@ -282,7 +282,6 @@ class Trainer:
     def train(self) -> int:
         p = self.p
         total = p.train.steps
-        ga = p.train.gradient_accumulation
         if self.step >= total:
             self.log(f"nothing to do: step {self.step} >= train.steps {total}")
             return 0

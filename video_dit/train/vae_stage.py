@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F_
 
 from video_dit.media import VIDEO_EXTS, read_video
 
