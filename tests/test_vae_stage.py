@@ -40,7 +40,8 @@ def test_saved_weights_load_and_round_trip(trained, demo):
     cfg = json.loads((trained.path.parent / CONFIG_NAME).read_text())
     config = VAEConfig.from_dict(cfg)                   # only VAEConfig fields, mean/std included
     assert config.mean == trained.mean and config.std == trained.std and len(config.mean) == config.z_dim
-    vae = load_vae(trained.path, config=config).eval()
+    vae = load_vae(trained.path).eval()                 # reads the config.json beside the file
+    assert tuple(vae.config.mean) == tuple(config.mean) and tuple(vae.config.std) == tuple(config.std)
     sd = load_file(str(trained.path))
     assert sd.keys() == vae.state_dict().keys()
     clips = torch.stack([c[:, :9] for c in _clips(demo)])     # (4, 3, 9, 32, 32)

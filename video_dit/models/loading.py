@@ -215,14 +215,15 @@ def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device
       a diffusers folder            `vae/` (or a pipeline folder holding one): config.json + safetensors;
       an original Wan file          `Wan2.1_VAE.pth` / `Wan2.2_VAE.pth` (read with weights_only=True);
       a `.safetensors` file         original or diffusers key names, the layout detected from the names.
-    The config comes from `config`, else the folder's config.json, else the VAE preset whose
+    The config comes from `config`, else the config.json of the folder or beside the file (diffusers'
+    or our native `VAEConfig` fields), else the VAE preset whose
     parameter shapes equal the file's (latent mean / std come from that preset). dtype None keeps
     the stored dtype (which must then be uniform). A mismatch raises `WeightsError` listing the
     first missing / unexpected / wrong-shape keys.
     """
     from video_dit.models.convert import vae_config_from_diffusers, vae_from_diffusers, vae_key_layout
     from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.models.vae import CausalVideoVAE, VAEConfig
 
     src = str(source)
     if src.startswith("preset:"):
@@ -245,11 +246,16 @@ def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device
         raise WeightsError(f"{path}: {exc}") from exc
     if layout == "diffusers":
         sd = vae_from_diffusers(sd)
-    if config is None and path.is_dir() and (path / "config.json").is_file():
+    config_json = (path if path.is_dir() else path.parent) / "config.json"
+    if config is None and config_json.is_file():
+        # diffusers' AutoencoderKLWan config (a `vae/` folder), or our native VAEConfig fields
+        # (written beside a single file by the tiny VAE stage, with its measured latent mean / std)
         try:
-            config = vae_config_from_diffusers(json.loads((path / "config.json").read_text()))
-        except (ValueError, TypeError) as exc:
-            raise WeightsError(f"{path / 'config.json'}: {exc}") from exc
+            raw = json.loads(config_json.read_text())
+            native = not ("_class_name" in raw or "base_dim" in raw)
+            config = VAEConfig.from_dict(raw) if native else vae_config_from_diffusers(raw)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise WeightsError(f"{config_json}: not a VAE config ({exc})") from exc
     if config is None:
         shapes = {k: tuple(v.shape) for k, v in sd.items()}
         for candidate in VAE_PRESETS.values():

@@ -59,17 +59,11 @@ def model_sources(process) -> tuple[str, str]:
 
 
 def load_vae_for(source: str, dtype, device):
-    """`load_vae`, reading a `config.json` beside a single weights file (the tiny VAE stage writes the
-    measured latent mean/std there)."""
+    """The frozen VAE of a job (`load_vae` reads a `config.json` beside a single weights file: the
+    tiny VAE stage writes the measured latent mean/std there)."""
     from video_dit.models.loading import load_vae
-    from video_dit.models.vae import VAEConfig
 
-    config = None
-    path = Path(source)
-    if not source.startswith("preset:") and path.is_file() and (path.parent / "config.json").is_file():
-        config = VAEConfig.from_dict(json.loads((path.parent / "config.json").read_text()))
-    vae = load_vae(source, dtype=dtype, device=device, config=config)
-    return vae.eval().requires_grad_(False)
+    return load_vae(source, dtype=dtype, device=device).eval().requires_grad_(False)
 
 
 def _identity(source: str) -> str:
