@@ -94,9 +94,15 @@ def test_ui_entries_cover_every_preset():
         assert re.search(rf"presetDefaults\('{re.escape(name)}'", ui)
 
 
-def test_shared_job_file_reads_in_both_trainers():
+def test_shared_job_file_reads_in_both_trainers(tmp_path, monkeypatch):
+    from PIL import Image
+
     from video_dit.train.config import load_job
 
+    # the job's paths are relative to where it is run; its `prepare:` stage would make data/demo
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "demo").mkdir(parents=True)
+    Image.new("RGB", (64, 64)).save(tmp_path / "data" / "demo" / "0000.png")
     ours = load_job(REPO / "configs" / "aitk_tiny_i2v.yaml")  # our typed parser rejects unknown keys
     assert ours.process.model.preset == "tiny" and ours.process.i2v_mode == "replace"
     job = yaml.safe_load((REPO / "configs" / "aitk_tiny_i2v.yaml").read_text())
