@@ -11,13 +11,11 @@ Run this file as a script (`--worker CASE OUT`) to be one rank of a launch.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
 
 from video_dit.models.dit import DiTConfig, VideoDiT
@@ -28,35 +26,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start(tmp: Path, case: str, world: int, *args: str) -> list:
     """Start `--worker case tmp *args` on `world` gloo ranks; returns [(process, log file)] by rank."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-        log = open(tmp / f"{case}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", case, str(tmp), *args], env=env,
-                                       cwd=tmp, stdout=log, stderr=subprocess.STDOUT), log))
-    return procs
+    return ranks.start([__file__, "--worker", case, str(tmp), *args], cwd=tmp, log_prefix=tmp / case, world=world)
 
 
 def wait(tmp: Path, case: str, procs: list, timeout: int = 300) -> None:
     """Wait for a launch; raise with the failed ranks' logs."""
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "timeout"
-        log.close()
-        if rc != 0:
-            failed.append((rank, rc))
-    if failed:
-        logs = "\n".join(f"--- rank {r} (rc {rc}):\n" + (tmp / f"{case}_rank{r}.log").read_text()[-4000:]
-                         for r, rc in failed)
-        raise AssertionError(f"launch {case} failed: {failed}\n{logs}")
+    ranks.wait(procs, tmp / case, timeout)
 
 
 # ---------------------------------------------------------------- in-process checks

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ranks
 import torch
 import yaml
 
@@ -88,30 +87,8 @@ def launch(root: Path, jobs: list[dict], timeout: int = 900) -> None:
     """Run `jobs` ({config, resume, predict}) in order on 2 gloo ranks; raise with the log on failure."""
     spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*')))}.json"
     spec.write_text(json.dumps({"jobs": jobs}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-        log = open(root / f"{spec.stem}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, "--worker", str(spec)], env=env, cwd=root,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            rc = "timeout"
-        log.close()
-        if rc != 0:
-            failed.append((rank, rc))
-    if failed:
-        logs = "\n".join(f"--- rank {r} (rc {rc}):\n" + (root / f"{spec.stem}_rank{r}.log").read_text()[-4000:]
-                         for r, rc in failed)
-        raise AssertionError(f"launch failed: {failed}\n{logs}")
+    procs = ranks.start([__file__, "--worker", str(spec)], cwd=root, log_prefix=root / spec.stem)
+    ranks.wait(procs, root / spec.stem, timeout)
 
 
 def probe_inputs():
