@@ -473,11 +473,34 @@ class Encoder3d(nn.Module):
                                     ResidualBlock(dims[-1], dims[-1], cfg.dropout))
         self.head = nn.Sequential(RMS_norm(dims[-1], images=False), nn.SiLU(),
                                   CausalConv3d(dims[-1], cfg.z_dim * 2, 3, padding=1))
+        # Index into downsamples of the first block that mixes frames other than causally (the
+        # first temporal downsample); every layer before it is a stride-1 causal conv or per frame.
+        self.frame_wise_until = min(
+            (i for i, b in enumerate(self.downsamples)
+             if (isinstance(b, Resample) and b.mode == "downsample3d") or (isinstance(b, Down_ResidualBlock) and b.ft == 2)),
+            default=len(self.downsamples))
 
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         """x (B, 3p^2, T, H/p, W/p), T = 1 or 4 per chunk -> (B, 2z, 1, h, w) per chunk (whole clip: F')."""
-        x = self.conv1(x, cache)
-        for block in (*self.downsamples, *self.middle):
+        until = self.frame_wise_until
+        if not _inplace() or x.shape[2] == 1:
+            x = self.conv1(x, cache)
+            for block in self.downsamples[:until]:
+                x = block(x, cache)
+        else:
+            # The mirror of the decoder's frame-wise tail: the full-resolution levels before the first
+            # temporal downsample run one frame at a time, carrying the cache, which is exact and keeps
+            # their activations at one frame instead of the chunk's four.
+            out = None
+            for t in range(x.shape[2]):
+                y = self.conv1(x[:, :, t:t + 1], cache)
+                for block in self.downsamples[:until]:
+                    y = block(y, cache)
+                if out is None:
+                    out = y.new_empty(*y.shape[:2], x.shape[2], *y.shape[3:])
+                out[:, :, t:t + 1] = y
+            x = out
+        for block in (*self.downsamples[until:], *self.middle):
             x = block(x, cache)
         return self.head[2](x, cache, norm=self.head[0])
 
