@@ -136,7 +136,7 @@ class CausalCache:
         size = B * C * (n + T) * H * W
         if self._work.numel() < size or self._work.dtype != x.dtype or self._work.device != x.device:
             self._work = torch.empty(size, dtype=x.dtype, device=x.device)
-        win = self._work[:size].view(B, C, n + T, H, W)
+        win = self._work[:size].view(B, n + T, H, W, C).permute(0, 4, 1, 2, 3)  # channels-last
         past = self._past.get(id(layer))
         if past is None:
             win[:, :, :n].zero_()
@@ -152,7 +152,8 @@ class CausalCache:
         key, m = id(layer), min(n, frames.shape[2])
         past = self._past.get(key)
         if past is None:  # allocated once per layer and pass; zeros stand for frames before the clip
-            past = self._past[key] = frames.new_zeros(*frames.shape[:2], n, *frames.shape[3:])
+            past = self._past[key] = _empty_cl(frames.shape[0], frames.shape[1], n, *frames.shape[3:], like=frames)
+            past.zero_()
         for i in range(n - m):  # shift older frames left when the chunk is shorter than n
             past[:, :, i].copy_(past[:, :, i + m])
         past[:, :, n - m:].copy_(frames[:, :, -m:])
@@ -172,6 +173,16 @@ def _inplace() -> bool:
 
 
 _MKLDNN = torch.backends.mkldnn.is_available()
+_CL = torch.channels_last_3d
+
+
+def _empty_cl(B: int, C: int, T: int, H: int, W: int, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised (B, C, T, H, W) tensor with channels-last strides (memory (B, T, H, W, C))."""
+    return torch.empty(B, T, H, W, C, dtype=like.dtype, device=like.device).permute(0, 4, 1, 2, 3)
+
+
+def _is_cl(x: torch.Tensor) -> bool:
+    return x.ndim == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=_CL)
 
 
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias, stride=(1, 1, 1), padding=(0, 0, 0)) -> torch.Tensor:
@@ -180,10 +191,16 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias, stride=(1, 1, 1), padding
     A 1x1x1 conv is one matrix product."""
     if weight.shape[2:] == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0):
         B, C, T, H, W = x.shape
+        if _is_cl(x):  # (B, T, H, W, C) in memory: a Linear over the last dim, channels-last out
+            return F.linear(x.permute(0, 2, 3, 4, 1), weight.view(weight.shape[0], C), bias).permute(0, 4, 1, 2, 3)
         y = torch.matmul(weight.view(weight.shape[0], C), x.reshape(B, C, T * H * W))  # (B, C', THW)
         return (y.add_(bias.view(-1, 1)) if _inplace() else y + bias.view(-1, 1)).view(B, -1, T, H, W)
     if _MKLDNN and x.device.type == "cpu" and x.dtype == torch.float32 and _inplace():
-        return torch.ops.aten.mkldnn_convolution(x.contiguous(), weight.contiguous(), bias, list(padding),
+        # Channels-last input and weights: oneDNN reads and writes them as they are. A plain NCDHW
+        # input is first reordered by oneDNN into a scratch copy (3x the output at a 3-frame window).
+        fmt = _CL if _is_cl(x) else torch.contiguous_format
+        return torch.ops.aten.mkldnn_convolution(x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt),
+                                                 bias, list(padding),
                                                  list(stride), [1, 1, 1], 1)
     return F.conv3d(x, weight, bias, stride, padding)
 
@@ -249,9 +266,12 @@ class RMS_norm(nn.Module):
         # (vector_norm) is several times slower on CPU.
         direct = out is not None and out.dtype == xf.dtype
         B, C = x.shape[:2]
-        sq = xf.square().reshape(B, C, -1)  # (B, C, L)
-        norm = torch.matmul(xf.new_ones(1, C), sq).sqrt_().clamp_min_(1e-12).view(B, 1, *x.shape[2:])
-        del sq
+        if _is_cl(xf):  # channels innermost in memory: a contiguous reduction
+            norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min_(1e-12)
+        else:
+            sq = xf.square().reshape(B, C, -1)  # (B, C, L)
+            norm = torch.matmul(xf.new_ones(1, C), sq).sqrt_().clamp_min_(1e-12).view(B, 1, *x.shape[2:])
+            del sq
         y = torch.div(xf, norm, out=out) if direct else torch.div(xf, norm)
         y.mul_(gain)
         if silu:
@@ -372,7 +392,7 @@ class Resample(nn.Module):
         rest = x[:, :, 1:] if first else x  # the clip's first frame is not doubled
         B, C, T, H, W = rest.shape
         head = 1 if first else 0
-        out = x.new_empty(B, C, head + 2 * T, H, W)
+        out = _empty_cl(B, C, head + 2 * T, H, W, like=x)
         if first:
             out[:, :, :1].copy_(x[:, :, :1])
         if T:
@@ -688,7 +708,9 @@ class CausalVideoVAE(nn.Module):
 
     def _encode(self, video: torch.Tensor, chunked: bool) -> torch.Tensor:
         """(B, 3, F, H, W) -> encoder output before conv1, (B, 2z, F', h, w)."""
-        x = _patchify(video, self.config.patch_size)  # (B, 3p^2, F, H/p, W/p)
+        # contiguous: the layers pick their memory layout from their input's, so a caller's strides
+        # (a permuted image tensor, say) must not change which kernels run (or the last bits)
+        x = _patchify(video, self.config.patch_size).contiguous()  # (B, 3p^2, F, H/p, W/p)
         t, T = self.config.temporal_compression, x.shape[2]
         bounds = [0, 1, *range(1 + t, T + 1, t)] if chunked else [0, T]
         chunks = [x[:, :, a:b] for a, b in zip(bounds[:-1], bounds[1:])]
@@ -711,7 +733,7 @@ class CausalVideoVAE(nn.Module):
         if z.ndim != 5 or z.shape[1] != self.config.z_dim:
             raise ValueError(f"VAE.decode expects latents (B, {self.config.z_dim}, F', h, w), "
                              f"got {tuple(z.shape)}")
-        x = self.conv2(z)
+        x = self.conv2(z.contiguous())  # contiguous: see _encode
         if not self._use_tiles(*z.shape[-2:]):
             return self._decode(x, chunked, clamp)
         s = self.config.spatial_compression
