@@ -330,6 +330,31 @@ def _frame_conv(conv: nn.Conv2d, x: torch.Tensor, stride: int = 1, padding: int 
     return _conv(x, conv.weight.unsqueeze(2), conv.bias, (1, stride, stride), (0, padding, padding))
 
 
+def _fold_taps(w: torch.Tensor, dim: int, phase: int) -> torch.Tensor:
+    """The 3 taps of w along `dim` (offsets -1, 0, +1 on the 2x-upsampled grid) as the 2 taps they
+    become on the input grid for output phase 0 (rows 2i: input i-1, i, i) or 1 (2i+1: i, i, i+1)."""
+    w0, w1, w2 = w.unbind(dim)
+    return torch.stack((w0, w1 + w2) if phase == 0 else (w0 + w1, w2), dim)
+
+
+def _up2_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """Nearest 2x upsampling, then `conv` (3x3, padding 1), per frame, computed at x's resolution
+    (no autograd): output pixel (2i + a, 2j + b) depends only on input pixels i-1..i+1 x j-1..j+1,
+    so each phase (a, b) is a 2x2 conv whose taps are sums of the 3x3 taps that land on one input
+    pixel. One conv (2x2, padding 1) computes the four phases as 4 x C' channels; each is cropped
+    into its interleaved place. 16 instead of 36 multiply-adds per input pixel and channel pair,
+    and no upsampled copy of x. (B, C, T, H, W) -> (B, C', T, 2H, 2W)."""
+    B, _, T, H, W = x.shape
+    phases = [(a, b) for a in (0, 1) for b in (0, 1)]
+    weight = torch.cat([_fold_taps(_fold_taps(conv.weight, 2, a), 3, b) for a, b in phases])  # (4C', C, 2, 2)
+    y = _conv(x, weight.unsqueeze(2), conv.bias.repeat(4), padding=(0, 1, 1))  # (B, 4C', T, H + 1, W + 1)
+    C = conv.out_channels
+    out = _empty_cl(B, C, T, 2 * H, 2 * W, like=y)
+    for k, (a, b) in enumerate(phases):  # phase (a, b) reads input rows i-1+a, i+a: output row i+a
+        out[..., a::2, b::2] = y[:, k * C:(k + 1) * C, :, a:a + H, b:b + W]
+    return out
+
+
 class Resample(nn.Module):
     """2x spatial up/down sampling per frame, optionally with 2x temporal up/down sampling.
 
@@ -362,6 +387,8 @@ class Resample(nn.Module):
         if self.mode == "upsample3d":
             x = self._time_up(x, cache)
         if self.mode.startswith("up"):
+            if _inplace():
+                return _up2_conv(self.resample[1], x)
             # nearest 2x (equal to Wan's nearest-exact at integer scale) then 3x3 conv
             x = F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest")  # (B, C, T, 2H, 2W)
             return _frame_conv(self.resample[1], x, padding=1)
