@@ -51,6 +51,7 @@ STAGES = (0, 2, 3)
 CACHE_FULL = dict(count=8, frames=17, size=64, batch=4)
 CACHE_SMALL = dict(count=4, frames=5, size=64, batch=2)
 MEMORY_KEYS = ("parameters", "gradients", "optimizer", "other")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 # ---------------------------------------------------------------- the step being measured
@@ -254,7 +255,7 @@ def _rank_main(spec: dict) -> int:
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = DTYPES[spec["dtype"]]
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
     res = {"rank": rank, "world_size": world, "threads": torch.get_num_threads(), "dtype": str(dtype),
            "peak": device_peak(device, dtype).as_dict(), "zero": {}}
@@ -275,12 +276,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, threads: int, workdir: Path) -> list:
+def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, threads: int, workdir: Path,
+              dtype: str) -> list:
     """Start `world_size` rank processes of `_rank_main` and return their results (rank order)."""
     from video_dit.data.demo import make_demo_data
 
     make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # the job must name a dataset
-    spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device,
+    spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device, "dtype": dtype,
             "threads": max(1, threads // world_size) if device == "cpu" else threads, "out": str(workdir / "ranks"),
             "data_dir": str(workdir / "job_data"), "out_dir": str(workdir / "job_out")}
     spec_path = workdir / "spec.json"
@@ -431,7 +433,14 @@ def cache_figures(small: bool, repeats: int, workdir: Path) -> dict:
 
 
 def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None,
-        world_size: int = 2, stages=STAGES, parts=("zero", "activations", "cache")) -> dict:
+        world_size: int = 2, stages=STAGES, parts=("zero", "activations", "cache"), dtype: str | None = None) -> dict:
+    """dtype: the ZeRO runs' training dtype, "fp32" or "bf16" (default: bf16 on CUDA, fp32 on CPU).
+    On CPU fp32, DeepSpeed's ZeRO 1-3 keep an fp32 master copy of the partition that ZeRO-0 does
+    not, so the ZeRO-3 / ZeRO-0 state ratio cannot fall below 10/16; in bf16 (as on GPU) both
+    stages keep fp32 master weights and the ratio is the partitioning's own."""
+    dtype = dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     if threads:
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
@@ -445,11 +454,11 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
     res: dict = {"config": {**shape, "tokens": tokens, "device": device, "world_size": world_size,
                             "threads_total": threads, "repeats": repeats, "stages": list(stages),
                             "flops_per_step": flops,
-                            "dtype": "bfloat16" if device.startswith("cuda") else "float32", "notes": notes}}
+                            "dtype": str(DTYPES[dtype]).removeprefix("torch."), "notes": notes}}
     with tempfile.TemporaryDirectory(prefix="video_dit_bench_train_") as tmp:
         tmp = Path(tmp)
         if "zero" in parts:
-            ranks = run_ranks(shape, stages, repeats, world_size, device, threads, tmp)
+            ranks = run_ranks(shape, stages, repeats, world_size, device, threads, tmp, dtype)
             res["config"]["threads_per_rank"] = ranks[0]["threads"]
             res["peak"] = ranks[0]["peak"]
             res["zero"] = {}
@@ -487,11 +496,11 @@ def print_table(res: dict) -> None:
         print(f"Training step, DiT dim {c['dim']}, {c['layers']} blocks, {c['tokens']} tokens x batch {c['batch']}, "
               f"{c['dtype']}, {c['device']}, {c['world_size']} ranks x {c.get('threads_per_rank')} threads, "
               f"median of {c['repeats']}; peak {res['peak']['flops'] / 1e12:.3f} TFLOP/s ({res['peak']['source']})")
-        print(f"{'ZeRO':6}{'step s':>9}{'tok/s':>10}{'MFU':>7}{'params':>10}{'grads':>10}{'optim':>10}{'other':>10}"
+        print(f"{'ZeRO':6}{'step s':>9}{'tok/s':>10}{'MFU':>8}{'params':>10}{'grads':>10}{'optim':>10}{'other':>10}"
               f"{'p+g+o':>10}{'act':>10}   (MiB per rank, max over ranks)")
         for stage, z in res["zero"].items():
             m = z["memory_max_over_ranks"]
-            print(f"{stage:6}{z['step_s']:9.3f}{z['tokens_per_s']:10.1f}{z['mfu']:7.1%}"
+            print(f"{stage:6}{z['step_s']:9.3f}{z['tokens_per_s']:10.1f}{z['mfu']:8.1%}"
                   + "".join(f"{m[k] / mib:10.1f}" for k in (*MEMORY_KEYS, "param_grad_optimizer", "activations_saved")))
         if "zero3_vs_zero0_state" in res:
             print(f"ZeRO-3 / ZeRO-0 param+grad+optimizer bytes per rank: {res['zero3_vs_zero0_state']:.3f} "
@@ -523,6 +532,10 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                   help="the ZeRO runs' dtype (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--parts", default="zero,activations,cache",
+                   help="comma-separated subset of zero, activations, cache")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--_rank", default=None, help=argparse.SUPPRESS)  # rank process: path of its spec
     p.add_argument("--_activation", choices=("on", "off"), help=argparse.SUPPRESS)
@@ -534,7 +547,11 @@ def main(argv=None) -> int:
             torch.set_num_threads(args.threads)
         print(json.dumps(_activation_main(SMALL if args.small else FULL, args._activation == "on", args.device)))
         return 0
-    res = run(args.device, args.repeats, args.small, args.threads, args.world_size)
+    parts = tuple(x for x in args.parts.split(",") if x)
+    bad = sorted(set(parts) - {"zero", "activations", "cache"})
+    if bad:
+        p.error(f"--parts {','.join(bad)}: accepted parts are zero, activations, cache")
+    res = run(args.device, args.repeats, args.small, args.threads, args.world_size, parts=parts, dtype=args.dtype)
     print_table(res)
     write_json(res, args.json)
     return 0
