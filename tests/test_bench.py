@@ -252,3 +252,33 @@ def test_bench_all_adds_dit_mfu_and_skips_a_missing_suite(fake_suites, small_mat
 def test_bench_explicit_missing_suite_exits_2(fake_suites, capsys):
     assert _bench(["--suite", "sp"]) == 2
     assert "no_such_suite_module does not exist" in capsys.readouterr().err
+
+
+def test_levers_switch_one_thing_at_a_time_and_leave_the_model_as_shipped():
+    """Each lever's off state computes the same step (the lever changes cost, not math), the
+    recompute lever lowers the activation peak it exists for, and the model is left as shipped."""
+    from video_dit.bench import levers
+    from video_dit.models import dit
+
+    shipped = dit.RMSNorm.forward
+    model, inputs = levers.build(levers.SMALL, "cpu", torch.float32)
+    grads = {}
+    for name in ("recompute", "rms_norm", "rope_cache"):
+        sw = levers.Switch(name, model)
+        for on in (False, True):
+            model.zero_grad(set_to_none=True)
+            sw.set(on)
+            sw.before_step()
+            model(*inputs).float().square().mean().backward()
+            grads[name, on] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        sw.restore()
+        torch.testing.assert_close(grads[name, False], grads[name, True], rtol=1e-4, atol=1e-6)
+    assert dit.RMSNorm.forward is shipped and all(b.recompute for b in model.blocks)
+    assert dit.RMSNorm.forward is not levers._torch_rms_norm
+
+    res = levers.run(repeats=1, small=True, levers=("recompute",))
+    r = res["levers"]["recompute"]
+    assert "error" not in r, r
+    assert r["act_peak_bytes"]["on"] < 0.9 * r["act_peak_bytes"]["off"]
+    with pytest.raises(ValueError, match="unknown lever"):
+        levers.run(small=True, levers=("fused_qkv",))

@@ -28,6 +28,7 @@ SUITES: dict[str, str] = {
     "train": "video_dit.bench.train",
     "sampling": "video_dit.bench.sampling",
     "sp": "video_dit.bench.sequence_parallel",
+    "levers": "video_dit.bench.levers",
 }
 
 
