@@ -116,7 +116,15 @@ class CausalCache:
     def __init__(self):
         self._past: dict[int, torch.Tensor] = {}  # id(layer) -> (B, C, n, H, W)
         self._seen: set[int] = set()
+        self._count: dict[int, int] = {}  # id(layer) -> frames it has seen
         self._work = torch.empty(0)
+
+    def frames_before(self, layer: nn.Module, T: int) -> int:
+        """How many frames `layer` saw before this chunk of T (which is counted now)."""
+        key = id(layer)
+        seen = self._count.get(key, 0)
+        self._count[key] = seen + T
+        return seen
 
     def first_visit(self, layer: nn.Module) -> bool:
         """True the first time `layer` asks (its first chunk holds the clip's first frame)."""
@@ -229,6 +237,7 @@ class CausalConv3d(nn.Conv3d):
             if n:
                 x = cache.with_past(self, x, n) if cache is not None else F.pad(x, (0, 0, 0, 0, n, 0))
             return _conv(x, self.weight, self.bias, self.stride, self.padding)
+        seen = cache.frames_before(self, x.shape[2])
         if x.shape[2] == 1 and not cache.has_past(self) and self.stride[0] == 1:
             # The clip's first frame: the past is all zeros, so only the last temporal tap counts.
             x = norm(x, silu=True) if norm is not None else x
@@ -239,7 +248,10 @@ class CausalConv3d(nn.Conv3d):
             norm(x, silu=True, out=win[:, :, n:])
         else:
             win[:, :, n:].copy_(x)
-        y = _conv(win, self.weight, self.bias, self.stride, self.padding)
+        # One output frame early in the clip: its window still starts with zeros for frames before
+        # the clip, whose taps add nothing; skip them (the second frame: 2 of 3 taps).
+        z = max(0, n - seen) if x.shape[2] == 1 and self.stride[0] == 1 else 0
+        y = _conv(win[:, :, z:], self.weight[:, :, z:], self.bias, self.stride, self.padding)
         cache.keep(self, win, n)
         return y
 
