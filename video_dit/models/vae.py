@@ -134,9 +134,6 @@ class CausalCache:
         self._seen.add(key)
         return True
 
-    def has_past(self, layer: nn.Module) -> bool:
-        return id(layer) in self._past
-
     def window(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
         """An uninitialised-chunk window (B, C, n + T, H, W) for input shaped like x, whose first n
         frames hold `layer`'s past (zeros before its first chunk). Valid until the next `window`."""
@@ -238,7 +235,7 @@ class CausalConv3d(nn.Conv3d):
                 x = cache.with_past(self, x, n) if cache is not None else F.pad(x, (0, 0, 0, 0, n, 0))
             return _conv(x, self.weight, self.bias, self.stride, self.padding)
         seen = cache.frames_before(self, x.shape[2])
-        if x.shape[2] == 1 and not cache.has_past(self) and self.stride[0] == 1:
+        if x.shape[2] == 1 and seen == 0 and self.stride[0] == 1:
             # The clip's first frame: the past is all zeros, so only the last temporal tap counts.
             x = norm(x, silu=True) if norm is not None else x
             cache.keep(self, x, n)
