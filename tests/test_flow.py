@@ -2,10 +2,11 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from video_dit.diffusion.flow import (TIMESTEP_KINDS, TimestepSampler, add_noise, sampling_schedule,
+from video_dit.diffusion.flow import (TIMESTEP_KINDS, TimestepSampler, add_noise, aitk_weight, sampling_schedule,
                                       shift_timesteps, velocity_target)
 from video_dit.diffusion.sampler import flow_sample
 
@@ -38,29 +39,111 @@ def test_shift_and_schedule():
     assert bool((sched[1:] < sched[:-1]).all())
 
 
+def _ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the two empirical CDFs."""
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    cdf_a = np.searchsorted(a, grid, side="right") / len(a)
+    cdf_b = np.searchsorted(b, grid, side="right") / len(b)
+    return float(np.abs(cdf_a - cdf_b).max())
+
+
+def _ks_critical(n: int, m: int, alpha: float = 1e-3) -> float:
+    """Asymptotic critical value c(alpha) sqrt((n + m) / (n m)), c = sqrt(-ln(alpha / 2) / 2)."""
+    return math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt((n + m) / (n * m))
+
+
+def _full_distribution(kind: str, n: int, rng: np.random.Generator, shift=3.0, mean=0.0, std=1.0) -> np.ndarray:
+    """Draws of t on 0..1000 from the untruncated formula of each kind (independent of flow.py)."""
+    if kind in ("logit_normal", "sigmoid"):
+        return 1000.0 / (1.0 + np.exp(-(mean + std * rng.standard_normal(n))))
+    u = rng.random(n)
+    if kind == "shift":
+        return 1000.0 * shift * u / (1.0 + (shift - 1.0) * u)
+    return 1000.0 * u
+
+
+def _rejection_reference(kind, lo, hi, n, seed, **kw) -> np.ndarray:
+    """`n` draws of the full distribution that fall in [lo, hi] (the definition of "conditioned")."""
+    rng, kept = np.random.default_rng(seed), []
+    while sum(len(k) for k in kept) < n:
+        t = _full_distribution(kind, 1_000_000, rng, **kw)
+        kept.append(t[(t >= lo) & (t <= hi)])
+    return np.concatenate(kept)[:n]
+
+
+CONDITIONED_CASES = [  # kind, min_t, max_t, sampler kwargs
+    ("shift", 900.0, 1000.0, {"shift": 5.0}),   # Wan 2.2 A14B high-noise expert
+    ("shift", 0.0, 900.0, {"shift": 5.0}),      # ... and its low-noise expert
+    ("shift", 250.0, 750.0, {"shift": 3.0}),
+    ("uniform", 100.0, 900.0, {}),
+    ("linear", 0.0, 1000.0, {}),
+    ("logit_normal", 0.0, 1000.0, {}),
+    ("logit_normal", 875.0, 1000.0, {}),         # the upper tail (sampled in the flipped variable)
+    ("sigmoid", 0.0, 50.0, {}),                  # the lower tail: 0.16% of the full mass
+    ("logit_normal", 400.0, 600.0, {"mean": 0.5, "std": 1.5}),
+]
+
+
+@pytest.mark.parametrize("kind,lo,hi,kw", CONDITIONED_CASES)
+def test_timesteps_are_the_distribution_conditioned_on_the_range(kind, lo, hi, kw):
+    n = 20000
+    sampler = TimestepSampler(kind, min_t=lo, max_t=hi, **kw)
+    t = sampler.sample(n, generator=torch.Generator().manual_seed(1))
+    assert t.shape == (n,) and t.dtype == torch.float32
+    assert float(t.min()) >= lo and float(t.max()) <= hi
+    assert torch.equal(t, sampler.sample(n, generator=torch.Generator().manual_seed(1)))  # resume, ranks
+    ref = _rejection_reference(kind, lo, hi, n, seed=7, **kw)
+    assert _ks_statistic(t.double().numpy(), ref) < _ks_critical(n, n)
+    if (lo, hi) != (0.0, 1000.0) and kind not in ("uniform", "linear"):
+        # the test has the power to see the old behaviour: the whole distribution rescaled into the range
+        rescaled = lo + (hi - lo) * _full_distribution(kind, n, np.random.default_rng(3), **kw) / 1000.0
+        assert _ks_statistic(rescaled, ref) > 3 * _ks_critical(n, n)
+
+
+def test_wan22_high_noise_expert_median():
+    """shift 5 on [900, 1000]: the shifted distribution's own median within the range, derived here:
+    v = unshift(0.9) = 0.9 / (5 - 4 * 0.9) = 9/14, median v = (9/14 + 1) / 2 = 23/28, t = 1000 * shift(23/28)."""
+    v = (9 / 14 + 1) / 2
+    expected = 1000 * 5 * v / (1 + 4 * v)  # 958.33
+    assert 958.0 < expected < 958.5
+    t = TimestepSampler("shift", shift=5.0, min_t=900.0, max_t=1000.0).sample(
+        40000, generator=torch.Generator().manual_seed(0))
+    assert abs(float(t.median()) - expected) < 0.5
+
+
 @pytest.mark.parametrize("kind", TIMESTEP_KINDS)
-def test_timestep_samplers(kind):
+def test_loss_weights(kind):
     sampler = TimestepSampler(kind, shift=3.0, min_t=100.0, max_t=900.0)
-    t = sampler.sample(4000, generator=torch.Generator().manual_seed(1))
-    assert t.shape == (4000,) and t.dtype == torch.float32
-    assert float(t.min()) >= 100.0 and float(t.max()) <= 900.0
-    again = sampler.sample(4000, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(t, again)
-    u = (t - 100.0) / 800.0
-    if kind in ("uniform", "linear", "weighted"):
-        assert abs(float(u.mean()) - 0.5) < 0.02 and abs(float(u.std()) - math.sqrt(1 / 12)) < 0.02
-    elif kind == "shift":  # E[shift(u)] for shift 3 = integral of 3u / (1 + 2u) du = 1.5 - 0.75 ln 3
-        assert abs(float(u.mean()) - (1.5 - 0.75 * math.log(3))) < 0.02
-    else:  # logit-normal: logit(u) ~ N(0, 1)
-        z = torch.logit(u)
-        assert abs(float(z.mean())) < 0.06 and abs(float(z.std()) - 1.0) < 0.05
+    t = sampler.sample(1000, generator=torch.Generator().manual_seed(1))
     w = sampler.loss_weight(t)
+    assert w.shape == t.shape and w.dtype == torch.float32
     if kind == "weighted":
-        full = TimestepSampler("weighted").loss_weight(torch.linspace(0, 1000, 100001))
+        torch.testing.assert_close(w, aitk_weight(t))
+    elif kind == "bell":
+        full = TimestepSampler("bell").loss_weight(torch.linspace(0, 1000, 100001))
         assert abs(float(full.mean()) - 1.0) < 1e-3 and float(full.min()) >= 0  # mean 1 over U(0, 1)
         assert float(full[50000]) == pytest.approx(float(full.max()))  # bell peaks mid-schedule
     else:
         assert torch.equal(w, torch.ones_like(t))
+
+
+def test_weighted_is_ai_toolkits_measured_table():
+    """Values read from ai-toolkit's default_weighing_scheme.py (27a03a91), looked up as its
+    CustomFlowMatchEulerDiscreteScheduler does: index i of t on linspace(1000, 1, 1000), t = 1000 - i."""
+    from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
+
+    assert len(AITK_WEIGHTS) == 1000 and abs(sum(AITK_WEIGHTS) / 1000 - 1.0) < 1e-6
+    known = {0: 0.905706524848938, 8: 1.01659095287323, 124: 1.5226575136184692, 999: 0.4472601115703583}
+    assert {i: AITK_WEIGHTS[i] for i in known} == known and max(AITK_WEIGHTS) == known[124]
+    grid = torch.linspace(1000, 1, 1000)
+    idx = torch.tensor([0, 8, 124, 999])
+    assert aitk_weight(grid[idx]).tolist() == [float(torch.tensor(known[int(i)])) for i in idx]
+    # off the grid: the nearest grid point; below t = 1 the last entry
+    assert aitk_weight(torch.tensor([875.6, 0.0, 1000.0])).tolist() == [
+        float(torch.tensor(AITK_WEIGHTS[124])), float(torch.tensor(known[999])), float(torch.tensor(known[0]))]
+    assert TimestepSampler("weighted", min_t=100.0, max_t=900.0).loss_weight(grid[idx]).tolist() == \
+        aitk_weight(grid[idx]).tolist()  # not renormalised over the range, as in ai-toolkit
 
 
 def test_sampler_validation():

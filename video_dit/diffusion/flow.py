@@ -7,7 +7,7 @@
   at high noise. Wan trains and samples with shift 3 (480p) to 5 (720p); presets carry the value.
 
 Training step in four lines (the trainer's whole use of this module):
-    t = sampler.sample(B, generator, device)                   # (B,) on 0..1000
+    t = sampler.sample(B, generator, device)                   # (B,) on [min_t, max_t] (conditioned)
     noise = torch.randn_like(x0)
     x_t, target = add_noise(x0, noise, t), velocity_target(x0, noise)
     loss = masked_mse(dit(x_t, t, context), target, mask) * sampler.loss_weight(t) (optional)
@@ -22,8 +22,8 @@ import torch
 
 NUM_TRAIN_TIMESTEPS = 1000.0
 
-TimestepKind = Literal["uniform", "logit_normal", "shift", "sigmoid", "weighted", "linear"]
-TIMESTEP_KINDS: tuple[str, ...] = ("uniform", "logit_normal", "shift", "sigmoid", "weighted", "linear")
+TimestepKind = Literal["uniform", "logit_normal", "shift", "sigmoid", "weighted", "bell", "linear"]
+TIMESTEP_KINDS: tuple[str, ...] = ("uniform", "logit_normal", "shift", "sigmoid", "weighted", "bell", "linear")
 
 
 def _per_sample(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -73,16 +73,55 @@ def sampling_schedule(steps: int, shift: float) -> torch.Tensor:
     return shift_timesteps(t, shift).float()
 
 
-class TimestepSampler:
-    """Training timesteps, float (B,) on [min_t, max_t] within 0..1000.
+def _normal_cdf(x: float) -> float:
+    """Phi(x), accurate in the lower tail (erfc), with Phi(-inf) = 0 and Phi(inf) = 1."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
-    Every kind draws s on 0..1 and returns `min_t + (max_t - min_t) * s`:
-    - "uniform" / "linear": s ~ U(0, 1). ("linear" is ai-toolkit's name for uniform over its linear grid.)
-    - "logit_normal": s = sigmoid(N(mean, std)) (SD3's logit-normal).
+
+def _logit(s: float) -> float:
+    return -math.inf if s <= 0.0 else math.inf if s >= 1.0 else math.log(s / (1.0 - s))
+
+
+def _unshift(s: float, shift: float) -> float:
+    """Inverse of the shift map on 0..1: v with shift*v / (1 + (shift-1)*v) = s."""
+    return s / (shift - (shift - 1.0) * s)
+
+
+def aitk_weight(t: torch.Tensor) -> torch.Tensor:
+    """ai-toolkit's `timestep_type: weighted` loss weight of timesteps `t` (any shape, 0..1000), float32.
+
+    ai-toolkit trains on the grid linspace(1000, 1, 1000) and multiplies each sample's loss by its
+    measured table at the timestep's index i (t = 1000 - i) as is; see `aitk_weights.py` for the source.
+    A timestep off the grid takes its nearest grid point's weight (t < 1 takes t = 1's).
+    """
+    from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
+
+    table = torch.tensor(AITK_WEIGHTS, dtype=torch.float32, device=t.device)
+    index = (NUM_TRAIN_TIMESTEPS - t.double()).round().clamp(0, len(AITK_WEIGHTS) - 1).long()
+    return table[index]
+
+
+class TimestepSampler:
+    """Training timesteps, float32 (B,) on [min_t, max_t] within 0..1000.
+
+    Every kind is a distribution over the whole 0..1000; `min_t` / `max_t` CONDITION it on the range
+    (restrict, not rescale): a draw is what the full distribution would give, kept only if it falls
+    in [min_t, max_t]. That is how DiffSynth's timestep boundaries, ai-toolkit's multistage
+    boundaries and diffusion-pipe restrict timesteps, and what a Wan 2.2 A14B expert trains on
+    (shift 5 on [900, 1000]: median 958.3, where rescaling the whole distribution into the range
+    gave 983.3). Each kind is a monotone map of a variable with a known CDF, so a draw is an exact
+    inverse-CDF draw from the truncated distribution: one uniform number per sample from `generator`
+    (float64), no rejection, the same values on every rank and after a resume.
+
+    - "uniform" / "linear": t/1000 ~ U(0, 1). ("linear" is ai-toolkit's name for uniform over its grid.)
+    - "logit_normal": t/1000 = sigmoid(mean + std * z), z ~ N(0, 1) (SD3's logit-normal).
     - "sigmoid": ai-toolkit's name for logit-normal: identical to "logit_normal" (mean, std apply).
-    - "shift": s = shift(u, shift), u ~ U(0, 1) (Wan's training schedule; ai-toolkit "shift").
-    - "weighted": s ~ U(0, 1) like "uniform"; `loss_weight(t)` then returns ai-toolkit's bell-shaped
-      weight exp(-2 (s - 1/2)^2), shifted to a minimum of 0 and normalised to mean 1 over U(0, 1).
+    - "shift": t/1000 = shift(u), u ~ U(0, 1) (Wan's training schedule; ai-toolkit "shift").
+    - "weighted": ai-toolkit's meaning: uniform timesteps, and `loss_weight(t)` is ai-toolkit's
+      measured table (`aitk_weight`; ai-toolkit's own weights, not renormalised over the range).
+    - "bell": ours (not an ai-toolkit `timestep_type`): uniform timesteps, and `loss_weight(t)` is the
+      bell exp(-2 (s - 1/2)^2), s = t/1000, shifted to a minimum of 0 and normalised to mean 1 over
+      U(0, 1): the continuous form of the weights ai-toolkit applies with `linear_timesteps: true`.
     `loss_weight(t)` is 1 for every other kind, so a trainer can always multiply by it.
     """
 
@@ -108,19 +147,32 @@ class TimestepSampler:
         """(batch_size,) float32 timesteps on [min_t, max_t], drawn with `generator` on its device
         (CPU when None), then moved to `device`."""
         gen_device = generator.device if generator is not None else "cpu"
+        u = torch.rand(batch_size, generator=generator, device=gen_device, dtype=torch.float64)
+        lo, hi = self.min_t / NUM_TRAIN_TIMESTEPS, self.max_t / NUM_TRAIN_TIMESTEPS
         if self.kind in ("logit_normal", "sigmoid"):
-            z = torch.randn(batch_size, generator=generator, device=gen_device)
-            s = torch.sigmoid(z * self.std + self.mean)
+            # z ~ N(0, 1) truncated to [za, zb]: z = Phi^-1(U(Phi(za), Phi(zb))), computed in the lower
+            # tail (flipping the sign when the range lies above 0) so narrow ranges far out stay exact
+            za, zb = ((_logit(lo) - self.mean) / self.std, (_logit(hi) - self.mean) / self.std)
+            flip = za > 0.0
+            if flip:
+                za, zb = -zb, -za
+            pa, pb = _normal_cdf(za), _normal_cdf(zb)
+            z = torch.special.ndtri(pa + (pb - pa) * u)
+            s = torch.sigmoid(self.mean + self.std * (-z if flip else z))
+        elif self.kind == "shift":
+            va, vb = _unshift(lo, self.shift), _unshift(hi, self.shift)
+            s = shift_timesteps((va + (vb - va) * u) * NUM_TRAIN_TIMESTEPS, self.shift) / NUM_TRAIN_TIMESTEPS
         else:
-            s = torch.rand(batch_size, generator=generator, device=gen_device)
-            if self.kind == "shift":
-                s = shift_timesteps(s * NUM_TRAIN_TIMESTEPS, self.shift) / NUM_TRAIN_TIMESTEPS
-        t = self.min_t + (self.max_t - self.min_t) * s
-        return t.to(device=device if device is not None else gen_device, dtype=torch.float32)
+            s = lo + (hi - lo) * u
+        t = (s * NUM_TRAIN_TIMESTEPS).float().clamp(self.min_t, self.max_t)
+        return t.to(device=device if device is not None else gen_device)
 
     def loss_weight(self, t: torch.Tensor) -> torch.Tensor:
-        """Per-sample loss weight (B,) for timesteps `t` (B,): the bell curve for "weighted", else 1."""
-        if self.kind != "weighted":
+        """Per-sample loss weight (B,) for timesteps `t` (B,): ai-toolkit's table for "weighted", the
+        bell for "bell", else 1."""
+        if self.kind == "weighted":
+            return aitk_weight(t)
+        if self.kind != "bell":
             return torch.ones_like(t, dtype=torch.float32)
         s = t.float() / NUM_TRAIN_TIMESTEPS
         bell = torch.exp(-2.0 * (s - 0.5) ** 2)

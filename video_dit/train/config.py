@@ -115,7 +115,8 @@ class TrainConfig:
     optimizer: Literal["adamw", "adam"] = "adamw"
     optimizer_params: OptimizerParams = field(default_factory=OptimizerParams)
     dtype: Literal["bf16", "bfloat16", "fp32", "float32"] = "bf16"
-    timestep_type: Literal["shift", "uniform", "linear", "sigmoid", "logit_normal", "weighted"] = "shift"
+    # conditioned on [min_t, max_t]; "weighted" = ai-toolkit's table, "bell" = ours (diffusion/flow.py)
+    timestep_type: Literal["shift", "uniform", "linear", "sigmoid", "logit_normal", "weighted", "bell"] = "shift"
     timestep_shift: float | None = None
     min_t: float = 0.0
     max_t: float = 1000.0
