@@ -16,25 +16,34 @@ diffusers = pytest.importorskip("diffusers")
 HEADS, HEAD_DIM, TEXT_DIM, TEXT_LEN = 2, 16, 24, 10
 
 
-def reference(in_dim=4, out_dim=4, seed=0):
-    """A small random diffusers Wan transformer, norms perturbed so their weights matter too."""
+IMAGE_DIM, IMAGE_TOKENS = 20, 5  # a small CLIP width / token count (Wan 2.1: 1280 / 257)
+
+
+def reference(in_dim=4, out_dim=4, seed=0, image=None):
+    """A small random diffusers Wan transformer, norms (and FLF2V's pos_embed) perturbed so their
+    weights matter too. image: None, "i2v" (Wan 2.1 I2V: image_dim + added_kv_proj_dim) or "flf2v"
+    (+ pos_embed_seq_len)."""
     torch.manual_seed(seed)
+    extra = {} if image is None else dict(image_dim=IMAGE_DIM, added_kv_proj_dim=HEADS * HEAD_DIM,
+                                          pos_embed_seq_len=2 * IMAGE_TOKENS if image == "flf2v" else None)
     ref = diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=in_dim,
         out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2,
-        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6).eval()
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, **extra).eval()
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "pos_embed" in name:
                 p.add_(0.2 * torch.randn_like(p))
     return ref
 
 
 def ours_from(ref) -> VideoDiT:
     c = ref.config
+    image = {} if c.image_dim is None else dict(image_dim=c.image_dim, image_tokens=IMAGE_TOKENS,
+                                                 num_images=2 if c.pos_embed_seq_len else 1)
     cfg = DiTConfig(in_dim=c.in_channels, out_dim=c.out_channels, dim=HEADS * HEAD_DIM, ffn_dim=c.ffn_dim,
                     freq_dim=c.freq_dim, text_dim=c.text_dim, num_heads=HEADS, num_layers=c.num_layers,
-                    text_len=TEXT_LEN)
+                    text_len=TEXT_LEN, **image)
     with torch.device("meta"):
         model = VideoDiT(cfg)
     model.load_state_dict(dit_from_diffusers(ref.state_dict()), assign=True)
@@ -76,15 +85,41 @@ def test_parity_with_diffusers(case):
     assert (got - expected).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("image", ["i2v", "flf2v"])
+def test_image_branch_parity_with_diffusers(image):
+    """Wan 2.1 I2V / FLF2V: diffusers concatenates [image | text] and splits at length - 512, so the
+    text context is 512 tokens here; FLF2V features go to diffusers as (2B, tokens, .), to us (B, 2 tokens, .)."""
+    ref = reference(in_dim=36, out_dim=16, image=image)
+    ours = ours_from(ref)
+    x, t, _ = inputs(ours)
+    context = torch.randn(2, 512, TEXT_DIM)
+    clip = torch.randn(2, ours.config.image_context_len, IMAGE_DIM)
+    with torch.no_grad():
+        expected = ref(x, t, context, encoder_hidden_states_image=clip.reshape(-1, IMAGE_TOKENS, IMAGE_DIM),
+                       return_dict=False)[0]
+        got = ours(x, t, context, clip_fea=clip)
+        # the image branch matters: other features, another output
+        assert (ours(x, t, context, clip_fea=clip.flip(0)) - got).abs().max() > 1e-2
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= 1e-4 * expected.abs().max().item()
+    with pytest.raises(ValueError, match="clip_fea must be"):
+        ours(x, t, context)
+    with pytest.raises(ValueError, match="no image branch"):
+        ours_from(reference(in_dim=36, out_dim=16))(x, t, context, clip_fea=clip)
+
+
 def test_conversion_round_trips_exactly():
-    sd = reference(in_dim=36, out_dim=16).state_dict()
+    sd = reference(in_dim=36, out_dim=16, image="flf2v").state_dict()
     native = dit_from_diffusers(sd)
-    assert set(native) == set(ours_from(reference(in_dim=36, out_dim=16)).state_dict())
+    assert {"img_emb.emb_pos", "img_emb.proj.4.bias", "blocks.1.cross_attn.norm_k_img.weight"} <= set(native)
+    assert set(native) == set(ours_from(reference(in_dim=36, out_dim=16, image="flf2v")).state_dict())
     back = dit_to_diffusers(native)
     assert list(back) == list(sd) and all(back[k] is sd[k] for k in sd)
     comfy = {"model.diffusion_model." + k: v for k, v in native.items()}
     assert dit_to_diffusers(comfy).keys() == sd.keys()
     assert dit_from_diffusers(dit_to_diffusers(comfy)).keys() == native.keys()
+    # an unused image-query norm some diffusers I2V files carry is dropped, as diffusers drops it
+    assert dit_from_diffusers({**sd, "blocks.0.attn2.norm_added_q.weight": torch.ones(3)}).keys() == native.keys()
 
 
 def test_list_context_is_zero_padded_to_text_len():
@@ -262,6 +297,10 @@ def test_config_validation_and_flops():
     lower = 2 * 2 * 1024 * on_tokens
     attention = 2 * 4 * 1024 * 1024 * 64  # self-attention scores + weighted sum, 2 blocks
     assert lower + attention < dit_flops(cfg, 1024, 16) < 1.2 * (lower + attention)
+    # the image branch adds, per block, k_img/v_img on Li tokens and attention over them, plus its MLP
+    i2v = DiTConfig(**{**cfg.__dict__, "image_dim": 40, "image_tokens": 10, "num_images": 2})
+    added = 2 * (2 * 20 * 64 * 2 * 64 + 4 * 1024 * 20 * 64) + 2 * 20 * 40 * (40 + 64)
+    assert dit_flops(i2v, 1024, 16) - dit_flops(cfg, 1024, 16) == added
 
 
 def test_bfloat16_model_tracks_float32():

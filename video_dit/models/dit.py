@@ -4,9 +4,12 @@
       -> patch_embedding Conv3d (1,2,2)     -> sinusoid(freq_dim) -> time_embedding  -> text_embedding MLP
       -> tokens (B, L, D), L = F'*h/2*w/2      e (B, T, D), T = 1 or L (fp32)          -> (B, Lt, D)
          RoPE tables (1, L, 1, Dh/2)        -> time_projection -> e0 (B, T, 6, D)
+                                            clip_fea (B, Li, image_dim), Wan 2.1 I2V / FLF2V only
+                                              (+ emb_pos for FLF2V) -> img_emb MLP  -> (B, Li, D)
       -> num_layers x Block:
            x += gate1 * self_attn(LN(x) * (1 + scale1) + shift1)   q/k RMSNorm across heads, 3D RoPE
            x += cross_attn(LN_affine(x), context)                   q/k RMSNorm, no RoPE
+                [image branch: + attention(q, k_img, v_img) over the image tokens, before `o`]
            x += gate2 * ffn(LN(x) * (1 + scale2) + shift2)          Linear -> GELU(tanh) -> Linear
       -> head: LN(x) * (1 + scale) + shift -> Linear(D, out_dim * 1*2*2)      (B, L, out_dim*4)
       -> unpatchify                                                             (B, out_dim, F', h, w)
@@ -49,6 +52,12 @@ class DiTConfig:
     qk_norm: bool = True
     cross_attn_norm: bool = True
     eps: float = 1e-6
+    # The CLIP image branch of Wan 2.1 I2V / FLF2V: `img_emb` and, in every cross-attention, `k_img`,
+    # `v_img`, `norm_k_img`. None = no branch (t2v, and every Wan 2.2 model: Wan 2.2 I2V A14B's config
+    # also says model_type "i2v" but takes the image by channel concat only, so the type cannot decide).
+    image_dim: int | None = None  # width of the CLIP features (ViT-H/14: 1280)
+    image_tokens: int = 257       # CLIP tokens per image (ViT-H/14 at 224 px: 16 x 16 patches + class token)
+    num_images: int = 1           # 1 (I2V: the first frame) or 2 (FLF2V: first and last frame, + img_emb.emb_pos)
 
     def __post_init__(self):
         self.patch_size = tuple(int(p) for p in self.patch_size)
@@ -60,15 +69,27 @@ class DiTConfig:
             raise ValueError(f"DiTConfig head dim dim/num_heads={self.head_dim} must be even and >= 6 (3D RoPE)")
         if self.freq_dim % 2:
             raise ValueError(f"DiTConfig.freq_dim={self.freq_dim} must be even")
+        if self.image_dim is not None and self.image_dim < 1:
+            raise ValueError(f"DiTConfig.image_dim={self.image_dim} must be None (no image branch) or >= 1")
+        if self.num_images not in (1, 2) or self.image_tokens < 1:
+            raise ValueError(f"DiTConfig.num_images={self.num_images} must be 1 (I2V) or 2 (FLF2V) and "
+                             f"image_tokens={self.image_tokens} >= 1")
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.num_heads
 
+    @property
+    def image_context_len(self) -> int:
+        """Li, the image tokens the image branch attends to: 257 (I2V) or 514 (FLF2V); 0 without a branch."""
+        return self.num_images * self.image_tokens if self.image_dim is not None else 0
+
     @classmethod
     def from_dict(cls, d: dict) -> "DiTConfig":
         """Build from a dict (e.g. an original Wan `config.json`); unknown keys are rejected with the
-        nearest valid name. Keys Wan stores that do not change the network are ignored, by name."""
+        nearest valid name. Keys Wan stores that do not change the network are ignored, by name;
+        `model_type` among them: Wan 2.1 and 2.2 I2V both say "i2v", only Wan 2.1 has the image
+        branch, so `load_dit` sets the image fields from the weights' keys."""
         ignored = {"_class_name", "_diffusers_version", "model_type", "window_size", "__name__"}
         names = [f.name for f in fields(cls)]
         for key in d:
@@ -245,24 +266,59 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float):
+    """Attention from the video tokens to the text; with `image`, Wan 2.1 I2V's second attention
+    (same q, its own k_img / v_img / norm_k_img) over the image tokens, added before `o`."""
+
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float, image: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
         self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
+        if image:
+            self.k_img, self.v_img = nn.Linear(dim, dim), nn.Linear(dim, dim)
+            self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.attention_backend = "native"
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None,
-                rc: RecomputeSaved | None = None):
-        """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None -> (B, L, D)."""
+                rc: RecomputeSaved | None = None, image_context: torch.Tensor | None = None):
+        """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None (text only),
+        image_context (B, Li, D) for the image branch -> (B, L, D)."""
         rc = rc or RecomputeSaved()
         q = self.q(x)
         q = rc.add(self.norm_q(q), self.norm_q, q).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
         k = self.norm_k(self.k(context)).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
         v = self.v(context).unflatten(2, (self.num_heads, -1))
-        out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)
+        out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)  # (B, L, H, Dh)
+        if image_context is not None:
+            # Wan and diffusers concatenate [image | text] into one context and split it again here
+            # (at context length - 512); we pass the two parts separately, which is the same math.
+            k_img = self.norm_k_img(self.k_img(image_context)).unflatten(2, (self.num_heads, -1))  # (B, Li, H, Dh)
+            v_img = self.v_img(image_context).unflatten(2, (self.num_heads, -1))
+            out = out + attention(q, k_img, v_img, backend=self.attention_backend)  # every image token is real
         return self.o(out.flatten(2))
+
+
+class ImageEmbedding(nn.Module):
+    """Wan's `MLPProj` (`img_emb`): CLIP features (B, Li, image_dim) -> image context (B, Li, D).
+
+    proj = LayerNorm, Linear(image_dim, image_dim), GELU (exact), Linear(image_dim, D), LayerNorm.
+    FLF2V (num_images 2) first adds the learned `emb_pos` (1, 2 * image_tokens, image_dim), which tells
+    the first frame's tokens from the last frame's.
+    """
+
+    def __init__(self, cfg: DiTConfig):
+        super().__init__()
+        c = cfg.image_dim
+        self.proj = nn.Sequential(nn.LayerNorm(c), nn.Linear(c, c), nn.GELU(), nn.Linear(c, cfg.dim),
+                                  nn.LayerNorm(cfg.dim))
+        self.emb_pos = nn.Parameter(torch.zeros(1, cfg.image_context_len, c)) if cfg.num_images > 1 else None
+
+    def forward(self, clip_fea: torch.Tensor) -> torch.Tensor:
+        x = clip_fea.to(self.proj[1].weight.dtype)
+        if self.emb_pos is not None:
+            x = x + self.emb_pos  # (B, 2 * image_tokens, image_dim)
+        return self.proj(x)  # (B, Li, D)
 
 
 class Block(nn.Module):
@@ -272,14 +328,15 @@ class Block(nn.Module):
         self.self_attn = SelfAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps)
         # Wan's names: norm1 before self-attn, norm3 (affine) before cross-attn, norm2 before the FFN.
         self.norm3 = nn.LayerNorm(cfg.dim, eps=cfg.eps) if cfg.cross_attn_norm else nn.Identity()
-        self.cross_attn = CrossAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps)
+        self.cross_attn = CrossAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps, image=cfg.image_dim is not None)
         self.ffn = nn.Sequential(nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"),
                                  nn.Linear(cfg.ffn_dim, cfg.dim))
         self.modulation = nn.Parameter(torch.empty(1, 6, cfg.dim))
         self.recompute = True  # RecomputeSaved inside the block; VideoDiT turns it off under checkpointing
 
-    def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None):
-        """x (B, L, D); e0 (B, T, 6, D) float32, T in {1, L}; context (B, Lt, D) -> (B, L, D)."""
+    def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None, image_context=None):
+        """x (B, L, D); e0 (B, T, 6, D) float32, T in {1, L}; context (B, Lt, D); image_context
+        (B, Li, D) or None -> (B, L, D)."""
         # float32 region: the six adaLN vectors (Wan computes them in fp32 under autocast too)
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float().unsqueeze(1) + e0).unbind(2)
         eps, rc = self.eps, RecomputeSaved()
@@ -290,7 +347,7 @@ class Block(nn.Module):
             c = self.norm3(x)
             if isinstance(self.norm3, nn.LayerNorm):
                 rc.add(c, self.norm3, x)
-            x = x + self.cross_attn(c, context, context_mask, rc)
+            x = x + self.cross_attn(c, context, context_mask, rc, image_context)
             h = rc.add(modulate(x, shift2, scale2, eps, rc), modulate, x, shift2, scale2, eps)
             h = self.ffn[0](h)  # (B, L, ffn_dim)
             g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
@@ -334,6 +391,7 @@ class VideoDiT(nn.Module):
                                             nn.Linear(cfg.dim, cfg.dim))
         self.time_embedding = nn.Sequential(nn.Linear(cfg.freq_dim, cfg.dim), nn.SiLU(), nn.Linear(cfg.dim, cfg.dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(cfg.dim, 6 * cfg.dim))
+        self.img_emb = ImageEmbedding(cfg) if cfg.image_dim is not None else None  # Wan 2.1 I2V / FLF2V
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
         self.gradient_checkpointing = False
@@ -369,6 +427,9 @@ class VideoDiT(nn.Module):
         for block in self.blocks:
             block.modulation.normal_(std=cfg.dim ** -0.5)
         self.head.modulation.normal_(std=cfg.dim ** -0.5)
+        # FLF2V's image position embedding starts at zero (Wan).
+        if self.img_emb is not None and self.img_emb.emb_pos is not None:
+            nn.init.zeros_(self.img_emb.emb_pos)
         # Output layer zeroed: a fresh model predicts 0.
         nn.init.zeros_(self.head.head.weight)
 
@@ -420,7 +481,21 @@ class VideoDiT(nn.Module):
                              "or a list of (L_i, text_dim) tensors")
         return context.to(self.dtype)
 
-    def forward(self, x: torch.Tensor, timestep: torch.Tensor, context, context_mask: torch.Tensor | None = None):
+    def _image_context(self, clip_fea: torch.Tensor | None, B: int) -> torch.Tensor | None:
+        cfg = self.config
+        if cfg.image_dim is None:
+            if clip_fea is not None:
+                raise ValueError("clip_fea was given, but this DiT has no image branch (config.image_dim is None)")
+            return None
+        want = (B, cfg.image_context_len, cfg.image_dim)
+        if clip_fea is None or tuple(clip_fea.shape) != want:
+            got = None if clip_fea is None else tuple(clip_fea.shape)
+            raise ValueError(f"this DiT has the CLIP image branch: clip_fea must be {want} (B, num_images="
+                             f"{cfg.num_images} x {cfg.image_tokens} tokens, image_dim), got {got}")
+        return self.img_emb(clip_fea)  # (B, Li, D)
+
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor, context, context_mask: torch.Tensor | None = None,
+                clip_fea: torch.Tensor | None = None):
         """Velocity prediction of the Wan models.
 
         x: (B, in_dim, F', h, w) latents, h and w divisible by the spatial patch; cast to the model dtype.
@@ -428,6 +503,9 @@ class VideoDiT(nn.Module):
         context: (B, Lt, text_dim) or a list of B (L_i, text_dim) tensors, zero-padded to text_len.
         context_mask: optional (B, Lt) bool, True = attend (for models trained with it; pretrained Wan
             models were trained without a mask).
+        clip_fea: (B, Li, image_dim) CLIP features (penultimate block), required exactly when the config
+            has an image branch: Li = 257 (I2V, the first frame) or 514 (FLF2V, [first | last] per sample;
+            Wan passes FLF2V features as (2B, 257, .) and views them as (B, 514, .)).
         Returns (B, out_dim, F', h, w) in the model dtype.
         """
         cfg = self.config
@@ -455,6 +533,7 @@ class VideoDiT(nn.Module):
         e = e.float().view(B, T, cfg.dim)  # (B, T, D) fp32
 
         context = self.text_embedding(self._pad_context(context))  # (B, Lt, D)
+        image_context = self._image_context(clip_fea, B)  # (B, Li, D) or None
 
         sp = self.seq_parallel
         if sp is not None:  # tokens, their RoPE rows and per-token time vectors go to their rank
@@ -464,7 +543,7 @@ class VideoDiT(nn.Module):
                 e, e0 = sp.split(e, dim=1), sp.split(e0, dim=1)
 
         for block in self.blocks:
-            args = (x, e0, context, rope, context_mask, sp)
+            args = (x, e0, context, rope, context_mask, sp, image_context)
             if self.gradient_checkpointing and torch.is_grad_enabled():
                 # save_on_cpu moves the checkpoint's saved inputs (this block's x) to host memory.
                 offload = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if self.offload_checkpoints \
@@ -485,17 +564,19 @@ class VideoDiT(nn.Module):
 
 def dit_flops(config: DiTConfig, num_tokens: int, text_len: int, batch: int = 1) -> float:
     """Analytic forward FLOPs (2 per multiply-add) of matmuls and attention; backward is ~2x this."""
-    D, Fd, L, Lt = config.dim, config.ffn_dim, num_tokens, text_len
+    D, Fd, L, Lt, Li = config.dim, config.ffn_dim, num_tokens, text_len, config.image_context_len
     patch = math.prod(config.patch_size)
     per_block = (
         2 * L * D * 4 * D  # self-attn q, k, v, o
         + 4 * L * L * D  # self-attn scores and weighted sum
         + 2 * L * D * 2 * D + 2 * Lt * D * 2 * D  # cross-attn q, o on video; k, v on text
         + 4 * L * Lt * D  # cross-attn scores and weighted sum
+        + 2 * Li * D * 2 * D + 4 * L * Li * D  # image branch: k_img, v_img; its scores and weighted sum
         + 2 * L * D * Fd * 2  # FFN
     )
     embed = (2 * L * D * config.in_dim * patch  # patch embedding
              + 2 * Lt * D * (config.text_dim + D)  # text MLP
+             + 2 * Li * (config.image_dim or 0) * ((config.image_dim or 0) + D)  # image MLP (img_emb)
              + 2 * D * (config.freq_dim + D + 6 * D)  # time MLP + projection (one timestep)
              + 2 * L * D * config.out_dim * patch)  # head
     return float(batch * (config.num_layers * per_block + embed))
