@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from video_dit.models.convert import dit_to_diffusers
+from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
 from video_dit.models.dit import DiTConfig
 from video_dit.models.loading import WeightsError, infer_dit_config, load_dit
 from video_dit.models.presets import get_preset
@@ -124,3 +124,83 @@ def test_mismatch_lists_missing_unexpected_and_wrong_shape_keys(tmp_path, tiny):
     save_file({"encoder.weight": torch.zeros(2)}, tmp_path / "other.safetensors")
     with pytest.raises(WeightsError, match="not a Wan DiT"):
         load_dit(tmp_path / "other.safetensors")
+
+
+def wan21_image_reference(image: str):
+    """A small random diffusers Wan 2.1 I2V / FLF2V transformer at Wan's CLIP sizes (1280 wide, 257 tokens
+    per image), head dim 128 so that a single file's config can be inferred (Wan's convention)."""
+    torch.manual_seed(0)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=36, out_channels=16,
+        text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+        image_dim=1280, added_kv_proj_dim=256, pos_embed_seq_len=514 if image == "flf2v" else None).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name or "pos_embed" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return ref
+
+
+def image_parity(model, ref, images: int):
+    """Max |ours - diffusers| relative to the output scale, on Wan's 512-token text context."""
+    g = torch.Generator().manual_seed(1)
+    x, context = torch.randn(2, 36, 2, 4, 4, generator=g), torch.randn(2, 512, 24, generator=g)
+    clip = torch.randn(2, 257 * images, 1280, generator=g)
+    t = torch.tensor([900.0, 100.0])
+    with torch.no_grad():
+        expected = ref(x, t, context, encoder_hidden_states_image=clip.reshape(-1, 257, 1280), return_dict=False)[0]
+        got = model(x, t, context, clip_fea=clip)
+    return ((got - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.parametrize("image", ["i2v", "flf2v"])
+@pytest.mark.parametrize("layout", ["native", "diffusers", "comfyui"])
+def test_wan21_image_models_in_every_layout(tmp_path, image, layout):
+    """Wan 2.1 I2V / FLF2V weights as one safetensors file in each key layout: the image branch is found
+    from the keys (img_emb, emb_pos), and the model equals diffusers' WanTransformer3DModel."""
+    ref = wan21_image_reference(image)
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    if layout != "diffusers":
+        sd = dit_from_diffusers(sd)
+    if layout == "comfyui":
+        sd = {"model.diffusion_model." + k: v for k, v in sd.items()}
+    save_file(sd, tmp_path / "dit.safetensors")
+    model = load_dit(tmp_path / "dit.safetensors")
+    c = model.config
+    assert (c.image_dim, c.image_tokens, c.num_images, c.in_dim) == (1280, 257, 2 if image == "flf2v" else 1, 36)
+    assert image_parity(model, ref, c.num_images) <= 1e-4
+
+
+def test_image_branch_from_diffusers_and_original_configs(tmp_path):
+    """A diffusers folder's config says image_dim / pos_embed_seq_len; an original Wan config.json says
+    model_type "i2v" both for Wan 2.1 I2V (img_emb) and Wan 2.2 I2V A14B (none): the keys decide."""
+    ref = wan21_image_reference("flf2v")
+    ref.save_pretrained(tmp_path / "diffusers" / "transformer", safe_serialization=True)
+    model = load_dit(tmp_path / "diffusers")
+    assert (model.config.image_dim, model.config.num_images) == (1280, 2)
+    assert image_parity(model, ref, 2) <= 1e-4
+
+    native = dit_from_diffusers(dict(wan21_image_reference("i2v").state_dict()))
+    wan_config = {"_class_name": "WanModel", "model_type": "i2v", "patch_size": [1, 2, 2], "dim": 256,
+                  "ffn_dim": 64, "freq_dim": 16, "in_dim": 36, "num_heads": 2, "num_layers": 2, "out_dim": 16,
+                  "text_len": 512, "text_dim": 24, "eps": 1e-6}
+    for name, sd in (("wan21", native), ("wan22", {k: v for k, v in native.items()
+                                                   if "img" not in k})):
+        (tmp_path / name).mkdir()
+        save_file({k: v.contiguous() for k, v in sd.items()}, tmp_path / name / "diffusion_pytorch_model.safetensors")
+        (tmp_path / name / "config.json").write_text(json.dumps(wan_config))
+    assert load_dit(tmp_path / "wan21").config.image_dim == 1280
+    wan22 = load_dit(tmp_path / "wan22")
+    assert wan22.config.image_dim is None and wan22.img_emb is None
+    assert not any("img" in k for k in wan22.state_dict())
+    bad = json.loads((tmp_path / "diffusers" / "transformer" / "config.json").read_text())
+    (tmp_path / "diffusers" / "transformer" / "config.json").write_text(json.dumps({**bad, "added_kv_proj_dim": None}))
+    with pytest.raises(WeightsError, match="added_kv_proj_dim"):
+        load_dit(tmp_path / "diffusers")
+
+
+def test_infer_config_of_the_tiny_clip_presets():
+    """The tiny presets share their widths; the image keys pick the right one (its 17 image tokens)."""
+    for name in ("tiny-clip-i2v", "tiny-clip-flf2v", "tiny"):
+        sd = load_dit(f"preset:{name}").state_dict()
+        assert infer_dit_config(sd) == get_preset(name).dit, name

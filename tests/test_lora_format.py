@@ -79,3 +79,27 @@ def test_lora_for_another_model_names_file_and_keys(tmp_path):
         lora.load_lora(path, other)
     msg = str(err.value)
     assert "l.safetensors" in msg and "wrong shape" in msg and "unexpected" in msg
+
+
+def test_image_branch_layers_are_targeted_with_comfy_keys(tmp_path):
+    """Wan 2.1 I2V: k_img / v_img always; img_emb's Linears only with include_img_emb; ComfyUI keys;
+    a file with img_emb adapters loads into a fresh model (its targets follow the file)."""
+    from video_dit.models.loading import load_dit
+
+    plain = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2)
+    modules = {n.split(".lora_")[0] for n, _ in plain.named_parameters() if ".lora_A." in n}
+    assert {"blocks.0.cross_attn.k_img", "blocks.3.cross_attn.v_img"} <= modules
+    assert not any(m.startswith("img_emb") or "norm_k_img" in m for m in modules)
+    assert len(modules) == 4 * (4 + 4 + 2 + 2)
+    full = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2, targets=lora.lora_targets(include_img_emb=True))
+    with torch.no_grad():
+        for name, p in full.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    path = lora.save_lora(tmp_path / "i2v.safetensors", full, alpha=2.0)
+    keys = set(load_file(path))
+    assert {"diffusion_model.blocks.0.cross_attn.k_img.lora_A.weight", "diffusion_model.img_emb.proj.3.lora_B.weight",
+            "diffusion_model.img_emb.proj.1.alpha"} <= keys
+    fresh = lora.load_lora(path, load_dit("preset:tiny-clip-i2v"))
+    assert lora.lora_state_dict(fresh).keys() == lora.lora_state_dict(full).keys()
+    assert all(torch.equal(lora.lora_state_dict(fresh)[k], v) for k, v in lora.lora_state_dict(full).items())

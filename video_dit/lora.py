@@ -21,8 +21,16 @@ from torch import nn
 
 from video_dit.models.loading import WeightsError
 
-# The blocks' attention and FFN Linears (native Wan names).
-LORA_TARGETS = r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o)|ffn\.(0|2))"
+# The blocks' attention and FFN Linears (native Wan names), with the image branch's k_img / v_img of
+# Wan 2.1 I2V / FLF2V (absent, so never matched, in other models).
+LORA_TARGETS = r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o)|cross_attn\.(k_img|v_img)|ffn\.(0|2))"
+# Opt-in (`network.include_img_emb`): also the image-embedding MLP's two Linears, img_emb.proj.1 / .3.
+IMG_EMB_TARGETS = r"img_emb\.proj\.(1|3)"
+
+
+def lora_targets(include_img_emb: bool = False) -> str:
+    """The peft `target_modules` regex: LORA_TARGETS, plus IMG_EMB_TARGETS when asked."""
+    return f"({LORA_TARGETS})|({IMG_EMB_TARGETS})" if include_img_emb else LORA_TARGETS
 FILE_FORMAT = "video_dit.lora.v1"
 _PREFIXES = ("diffusion_model.", "transformer.", "base_model.model.", "model.diffusion_model.")
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B)(\.default)?\.weight$")
@@ -143,7 +151,7 @@ def load_lora(path, model: nn.Module) -> nn.Module:
     and the first mismatching keys."""
     native, alpha, rank, _ = read_lora(path)
     if not has_lora(model):
-        add_lora(model, rank, alpha)
+        add_lora(model, rank, alpha, targets=lora_targets(any(k.startswith("img_emb.") for k in native)))
     elif (model._lora_rank, model._lora_alpha) != (rank, alpha):
         raise WeightsError(f"{path}: rank/alpha {rank}/{alpha} differ from the model's adapters "
                            f"{model._lora_rank}/{model._lora_alpha}")

@@ -18,6 +18,15 @@ _DIT_NAMES = [
     ("time_embedding.0", "condition_embedder.time_embedder.linear_1"),
     ("time_embedding.2", "condition_embedder.time_embedder.linear_2"),
     ("time_projection.1", "condition_embedder.time_proj"),
+    # the CLIP image branch of Wan 2.1 I2V / FLF2V (Wan's MLPProj = diffusers' WanImageEmbedding)
+    ("img_emb.proj.0", "condition_embedder.image_embedder.norm1"),
+    ("img_emb.proj.1", "condition_embedder.image_embedder.ff.net.0.proj"),
+    ("img_emb.proj.3", "condition_embedder.image_embedder.ff.net.2"),
+    ("img_emb.proj.4", "condition_embedder.image_embedder.norm2"),
+    ("img_emb.emb_pos", "condition_embedder.image_embedder.pos_embed"),
+    ("blocks.#.cross_attn.k_img", "blocks.#.attn2.add_k_proj"),
+    ("blocks.#.cross_attn.v_img", "blocks.#.attn2.add_v_proj"),
+    ("blocks.#.cross_attn.norm_k_img", "blocks.#.attn2.norm_added_k"),
     *[(f"blocks.#.{ours}.{a}", f"blocks.#.{theirs}.{b}")
       for ours, theirs in (("self_attn", "attn1"), ("cross_attn", "attn2"))
       for a, b in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"),
@@ -64,8 +73,10 @@ def dit_to_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def dit_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Diffusers `WanTransformer3DModel` keys -> native (original Wan) keys; tensors unchanged."""
-    return _rename(sd, _FROM_DIFFUSERS)
+    """Diffusers `WanTransformer3DModel` keys -> native (original Wan) keys; tensors unchanged.
+    `attn2.norm_added_q` (an unused norm some diffusers I2V files carry; diffusers itself ignores it
+    on load, `_keys_to_ignore_on_load_unexpected`) is dropped: Wan has no image-query norm."""
+    return _rename({k: v for k, v in sd.items() if ".norm_added_q." not in k}, _FROM_DIFFUSERS)
 
 
 def dit_key_layout(sd: dict[str, torch.Tensor]) -> str:
@@ -241,3 +252,75 @@ def vae_config_to_diffusers(config) -> dict:
                 latents_mean=list(config.mean) or [0.0] * config.z_dim,
                 latents_std=list(config.std) or [1.0] * config.z_dim,
                 scale_factor_temporal=config.temporal_compression, scale_factor_spatial=config.spatial_compression)
+
+
+# ---------------------------------------------------------------- CLIP image encoder (issue 14)
+
+# Wan's ViT (wan/modules/clip.py `VisionTransformer`, keys under `visual.` in
+# models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth) -> transformers' flat `CLIPVisionModel`.
+_CLIP_WAN_FIXED = {"patch_embedding.weight": "embeddings.patch_embedding.weight",
+                   "pre_norm.weight": "pre_layrnorm.weight", "pre_norm.bias": "pre_layrnorm.bias",
+                   "post_norm.weight": "post_layernorm.weight", "post_norm.bias": "post_layernorm.bias"}
+_CLIP_WAN_BLOCK = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.proj": "self_attn.out_proj",
+                   "mlp.0": "mlp.fc1", "mlp.2": "mlp.fc2"}
+_CLIP_WAN_KEY = re.compile(r"transformer\.(\d+)\.(.+)\.(weight|bias)")
+# Not part of the image features: the text tower, the projection heads, position-id buffers.
+_CLIP_UNUSED = ("textual.", "text_model.", "log_scale", "logit_scale", "text_projection", "visual_projection",
+                "visual.head")
+
+
+def clip_vision_key_layout(sd: dict[str, torch.Tensor]) -> str:
+    """"wan" (Wan's open-clip ViT, `visual.transformer.N.attn.to_qkv`) or "transformers" (HF
+    `CLIPVisionModel`, flat or under `vision_model.`: diffusers' image_encoder/, ComfyUI's
+    clip_vision_h.safetensors); an error naming the accepted layouts otherwise."""
+    if any(k.startswith("visual.transformer.") and ".attn.to_qkv." in k for k in sd):
+        return "wan"
+    if any(k.startswith(("vision_model.encoder.layers.", "encoder.layers.")) for k in sd):
+        return "transformers"
+    hint = " (open_clip's own `resblocks` layout is not read; convert it to transformers' first)" \
+        if any(".resblocks." in k for k in sd) else ""
+    raise ValueError(f"not a CLIP vision state dict{hint}; accepted: transformers CLIPVisionModel keys "
+                     "(`vision_model.encoder.layers.N...` or `encoder.layers.N...`) or Wan's "
+                     f"`visual.transformer.N...`; first keys: {', '.join(sorted(sd)[:5])}")
+
+
+def clip_vision_from_wan(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Wan's CLIP checkpoint (`visual.*`, plus the unused `textual.*` / `log_scale`) -> transformers'
+    flat `CLIPVisionModel` keys. The fused `attn.to_qkv` (3C, C) splits into q/k/v (Wan's `.view(b, s,
+    3, n, d)` order); `cls_embedding` (1, 1, C) -> `class_embedding` (C,); `pos_embedding` (1, T, C) ->
+    `position_embedding.weight` (T, C). The projection head `visual.head` and the text tower are dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if key.startswith(_CLIP_UNUSED) or not key.startswith("visual."):
+            continue
+        k = key[len("visual."):]
+        if k in _CLIP_WAN_FIXED:
+            out[_CLIP_WAN_FIXED[k]] = value
+        elif k == "cls_embedding":
+            out["embeddings.class_embedding"] = value.reshape(-1)
+        elif k == "pos_embedding":
+            out["embeddings.position_embedding.weight"] = value.reshape(value.shape[-2], value.shape[-1])
+        elif (m := _CLIP_WAN_KEY.fullmatch(k)) is not None:
+            i, name, kind = m.groups()
+            prefix = f"encoder.layers.{i}."
+            if name == "attn.to_qkv":
+                for part, chunk in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3, dim=0)):
+                    out[f"{prefix}self_attn.{part}.{kind}"] = chunk
+            else:
+                out[prefix + _CLIP_WAN_BLOCK.get(name, name) + "." + kind] = value
+        else:
+            out[k] = value  # unknown: reported as unexpected by the loader
+    return out
+
+
+def clip_vision_from_transformers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers CLIP vision keys (flat, or under `vision_model.` as in ComfyUI's
+    clip_vision_h.safetensors and older transformers) -> flat `CLIPVisionModel` keys; the projection
+    heads, a text tower and `position_ids` buffers are dropped."""
+    out = {}
+    for key, value in sd.items():
+        k = key[len("vision_model."):] if key.startswith("vision_model.") else key
+        if k.startswith(_CLIP_UNUSED) or k.endswith("position_ids"):
+            continue
+        out[k] = value
+    return out

@@ -109,12 +109,29 @@ def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model."
 # ---------------------------------------------------------------- DiT (issue 2)
 
 WAN_HEAD_DIM = 128  # every released Wan 2.x DiT uses 128-channel heads
+CLIP_TOKENS = 257  # Wan 2.1 I2V / FLF2V: ViT-H/14 tokens per image (not stored in the weights)
+
+
+def image_branch_of(shapes: dict[str, tuple]) -> dict:
+    """The `DiTConfig` image-branch fields from native DiT parameter names -> shapes. The keys decide,
+    not a config's model_type (Wan 2.1 and Wan 2.2 I2V both say "i2v"; only Wan 2.1 has `img_emb`):
+    `img_emb.proj.0.weight` (image_dim,) gives the CLIP width; `img_emb.emb_pos` (1, 2 x tokens,
+    image_dim) marks FLF2V. An I2V file does not store its token count: Wan's 257 is assumed."""
+    if "img_emb.proj.0.weight" not in shapes:
+        return dict(image_dim=None, image_tokens=CLIP_TOKENS, num_images=1)
+    image_dim = int(shapes["img_emb.proj.0.weight"][0])
+    pos = shapes.get("img_emb.emb_pos")
+    if pos is None:
+        return dict(image_dim=image_dim, image_tokens=CLIP_TOKENS, num_images=1)
+    if len(pos) != 3 or pos[1] % 2 or pos[2] != image_dim:
+        raise WeightsError(f"img_emb.emb_pos has shape {tuple(pos)}; expected (1, 2 x image tokens, {image_dim})")
+    return dict(image_dim=image_dim, image_tokens=int(pos[1]) // 2, num_images=2)
 
 
 def infer_dit_config(sd: dict[str, torch.Tensor]):
-    """A `DiTConfig` from native-keyed DiT weights' shapes. Shapes do not carry num_heads and
-    text_len: they come from the preset of the same widths when one matches, else Wan's
-    convention (head dim 128, text_len 512)."""
+    """A `DiTConfig` from native-keyed DiT weights' shapes. Shapes do not carry num_heads, text_len
+    and an I2V model's image token count: they come from the preset of the same widths when one
+    matches, else Wan's convention (head dim 128, text_len 512, 257 image tokens)."""
     from video_dit.models.dit import DiTConfig
     from video_dit.models.presets import PRESETS
 
@@ -135,35 +152,53 @@ def infer_dit_config(sd: dict[str, torch.Tensor]):
     shape["num_layers"] = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k)))
     shape["qk_norm"] = "blocks.0.self_attn.norm_q.weight" in sd
     shape["cross_attn_norm"] = "blocks.0.norm3.weight" in sd
-    for preset in PRESETS.values():
-        p = preset.dit
-        if (p.dim, p.ffn_dim, p.freq_dim, p.text_dim) == (dim, shape["ffn_dim"], shape["freq_dim"], shape["text_dim"]):
-            return DiTConfig(**shape, num_heads=p.num_heads, text_len=p.text_len)
+    image = image_branch_of({k: tuple(v.shape) for k, v in sd.items() if k.startswith("img_emb.")})
+    widths = (dim, shape["ffn_dim"], shape["freq_dim"], shape["text_dim"])
+    matching = [p.dit for p in PRESETS.values() if (p.dit.dim, p.dit.ffn_dim, p.dit.freq_dim, p.dit.text_dim) == widths]
+    if matching:
+        same = [c for c in matching if (c.image_dim, c.num_images) == (image["image_dim"], image["num_images"])]
+        p = (same or matching)[0]
+        if same and image["image_dim"] is not None and image["num_images"] == 1:
+            image["image_tokens"] = p.image_tokens  # an I2V file does not store its token count
+        return DiTConfig(**shape, **image, num_heads=p.num_heads, text_len=p.text_len)
     if dim % WAN_HEAD_DIM:
         raise WeightsError(f"cannot infer num_heads for dim={dim} (no preset has these widths and dim is not a "
                            f"multiple of Wan's head dim {WAN_HEAD_DIM}); pass config=DiTConfig(...)")
-    return DiTConfig(**shape, num_heads=dim // WAN_HEAD_DIM, text_len=512)
+    return DiTConfig(**shape, **image, num_heads=dim // WAN_HEAD_DIM, text_len=512)
 
 
-def _dit_config_from_json(path: Path):
-    """DiTConfig from an original Wan config.json (WanModel names) or a diffusers one."""
+def _dit_config_from_json(path: Path, shapes: dict[str, tuple]):
+    """DiTConfig from a diffusers config.json, our native one (`DiTConfig` fields), or an original Wan
+    one (WanModel names), whose image-branch fields come from the weights' `shapes` (`image_branch_of`)."""
+    from dataclasses import replace
+
     from video_dit.models.dit import DiTConfig
 
     d = json.loads(path.read_text())
     if d.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in d:
-        unsupported = {k: d[k] for k in ("image_dim", "added_kv_proj_dim") if d.get(k) is not None}
-        if unsupported:
-            raise WeightsError(f"{path}: Wan 2.1 CLIP-image i2v models are not supported ({unsupported})")
+        inner = d["num_attention_heads"] * d["attention_head_dim"]
+        image_dim, added_kv, pos_len = d.get("image_dim"), d.get("added_kv_proj_dim"), d.get("pos_embed_seq_len")
+        # Wan 2.1 I2V: image_dim 1280 and added_kv_proj_dim = the inner width; FLF2V adds pos_embed_seq_len 514
+        if (image_dim is None) != (added_kv is None) or (added_kv is not None and added_kv != inner) \
+                or (pos_len is not None and (image_dim is None or pos_len % 2)):
+            raise WeightsError(f"{path}: image_dim={image_dim}, added_kv_proj_dim={added_kv}, pos_embed_seq_len="
+                               f"{pos_len}: not a Wan layout; accepted: all None (t2v, Wan 2.2), or image_dim set "
+                               f"with added_kv_proj_dim={inner} (Wan 2.1 I2V) and pos_embed_seq_len even (FLF2V)")
+        image = dict(image_dim=image_dim, num_images=2 if pos_len else 1,
+                     image_tokens=pos_len // 2 if pos_len else CLIP_TOKENS)
         return DiTConfig(patch_size=tuple(d["patch_size"]), in_dim=d["in_channels"],
                          out_dim=d["out_channels"] or d["in_channels"],
-                         dim=d["num_attention_heads"] * d["attention_head_dim"], ffn_dim=d["ffn_dim"],
+                         dim=inner, ffn_dim=d["ffn_dim"],
                          freq_dim=d["freq_dim"], text_dim=d["text_dim"], num_heads=d["num_attention_heads"],
                          num_layers=d["num_layers"], qk_norm=d.get("qk_norm") is not None,
-                         cross_attn_norm=d["cross_attn_norm"], eps=d["eps"], text_len=512)
+                         cross_attn_norm=d["cross_attn_norm"], eps=d["eps"], text_len=512, **image)
     try:
-        return DiTConfig.from_dict(d)
+        config = DiTConfig.from_dict(d)
     except ValueError as exc:
         raise WeightsError(f"{path}: {exc}") from exc
+    if "image_dim" not in d:  # an original Wan config: model_type cannot tell Wan 2.1 I2V from Wan 2.2 I2V
+        config = replace(config, **image_branch_of(shapes))
+    return config
 
 
 def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
@@ -201,7 +236,7 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     if layout == "diffusers":
         sd = dit_from_diffusers(sd)
     if config is None and path.is_dir() and (path / "config.json").is_file():
-        config = _dit_config_from_json(path / "config.json")
+        config = _dit_config_from_json(path / "config.json", {k: tuple(v.shape) for k, v in sd.items()})
     if config is None:
         config = infer_dit_config(sd)
 
@@ -375,3 +410,117 @@ def _umt5_from_file(path: Path):
     check_state_dict(model, sd, str(path))
     model.load_state_dict(sd, assign=True)
     return model.eval()
+
+
+# ---------------------------------------------------------------- CLIP image encoder (issue 14)
+
+IMAGE_ENCODER_DOWNLOAD = (
+    "download Wan 2.1's CLIP ViT-H/14 (no network is used here), one of:\n"
+    "  the diffusers folders: huggingface-cli download Wan-AI/Wan2.1-I2V-14B-480P-Diffusers --include "
+    "'image_encoder/*' 'image_processor/*' --local-dir MODELS/wan2.1-i2v (pass MODELS/wan2.1-i2v)\n"
+    "  ComfyUI's clip_vision_h.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged, split_files/clip_vision/)\n"
+    "  Wan's models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth (in Wan-AI/Wan2.1-I2V-14B-480P)")
+IMAGE_ENCODER_QUANTIZE = TEXT_ENCODER_QUANTIZE
+
+
+def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
+    """An `ImageEncoderConfig` from flat transformers CLIP vision weights. The head count is not in
+    the shapes: it comes from the image-encoder preset of the same widths (ViT-H/14: 16 heads)."""
+    import math
+    import re
+
+    from video_dit.models.image_encoder import ImageEncoderConfig
+    from video_dit.models.presets import PRESETS
+
+    try:
+        hidden, _, patch, _ = sd["embeddings.patch_embedding.weight"].shape
+        positions = sd["embeddings.position_embedding.weight"].shape[0]
+        inter = sd["encoder.layers.0.mlp.fc1.weight"].shape[0]
+    except KeyError as exc:
+        raise WeightsError(f"{source}: cannot read the CLIP vision config: key {exc} missing") from exc
+    side = math.isqrt(positions - 1)
+    if side * side != positions - 1:
+        raise WeightsError(f"{source}: {positions} position embeddings are not a square grid + class token")
+    layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"encoder\.layers\.(\d+)\.", k)))
+    known = {(p.image_encoder.hidden_size, p.image_encoder.intermediate_size): p.image_encoder.num_heads
+             for p in PRESETS.values() if p.image_encoder is not None}
+    if (hidden, inter) not in known:
+        raise WeightsError(f"{source}: a CLIP vision model of width {hidden} / MLP {inter} matches no preset's "
+                           f"image encoder ({', '.join(f'{h}/{i}' for h, i in known)}), so its head count is "
+                           "unknown; accepted: Wan's ViT-H/14 (width 1280)")
+    return ImageEncoderConfig(hidden_size=hidden, intermediate_size=inter, num_layers=layers,
+                              num_heads=known[(hidden, inter)], image_size=side * patch, patch_size=patch)
+
+
+def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                       quantize: str | None = None):
+    """A frozen `ImageEncoder` (transformers `CLIPVisionModel`, penultimate-block features), from
+      `preset:NAME`       seeded random init of the preset's image encoder (tiny presets only: a random
+                          ViT-H/14 is never made);
+      a folder            diffusers' `image_encoder/` (config.json + safetensors; CLIPVisionModel or
+                          ...WithProjection) with `image_processor/` beside it (its image_mean / image_std
+                          are used), or such an image_encoder folder itself;
+      a `.safetensors`    transformers keys, flat or under `vision_model.` (ComfyUI's clip_vision_h.safetensors;
+                          `visual_projection` is dropped);
+      a `.pth`            Wan's models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth (read with
+                          weights_only=True; the vision tower `visual.*` converted, the text tower dropped).
+    A single file's config comes from its shapes. dtype None keeps the stored dtype; quantize None,
+    "qfloat8" or "qint8" (optimum-quanto weights). A mismatch raises `WeightsError` naming the file.
+    """
+    from video_dit.models.convert import clip_vision_from_transformers, clip_vision_from_wan, clip_vision_key_layout
+    from video_dit.models.image_encoder import CLIP_MEAN, CLIP_STD, ImageEncoder, build_clip_vision, clip_vision_config
+
+    if quantize is not None and quantize not in IMAGE_ENCODER_QUANTIZE:
+        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(IMAGE_ENCODER_QUANTIZE)}")
+    src = str(source)
+    mean, std = CLIP_MEAN, CLIP_STD
+    if src.startswith("preset:"):
+        from video_dit.models.presets import VIT_H_14, get_preset
+
+        config = get_preset(src[len("preset:"):]).image_encoder
+        if config is None:
+            raise WeightsError(f"{src}: this preset has no CLIP image encoder (its DiT has no image branch)")
+        if config == VIT_H_14:
+            raise WeightsError(f"{src}: Wan's CLIP ViT-H/14 is never random-initialised or downloaded here; "
+                               f"{IMAGE_ENCODER_DOWNLOAD}")
+        model = build_clip_vision(config, seed=0)
+    else:
+        path = Path(src)
+        if not path.exists():
+            raise WeightsError(f"{path}: no such file or folder; {IMAGE_ENCODER_DOWNLOAD}")
+        if path.is_dir():
+            from transformers import CLIPVisionModel
+
+            enc_dir = path / "image_encoder" if (path / "image_encoder").is_dir() else path
+            if not (enc_dir / "config.json").is_file():
+                raise WeightsError(f"{path}: expected a folder holding image_encoder/config.json (and its "
+                                   f"safetensors) and image_processor/; {IMAGE_ENCODER_DOWNLOAD}")
+            model = CLIPVisionModel.from_pretrained(str(enc_dir), local_files_only=True,
+                                                    dtype=dtype if dtype is not None else "auto")
+            processor = enc_dir.parent / "image_processor" / "preprocessor_config.json"
+            if processor.is_file():
+                proc = json.loads(processor.read_text())
+                mean, std = tuple(proc.get("image_mean", mean)), tuple(proc.get("image_std", std))
+        else:
+            sd = read_state_dict(path)
+            try:
+                layout = clip_vision_key_layout(sd)
+            except ValueError as exc:
+                raise WeightsError(f"{path}: {exc}") from exc
+            sd = clip_vision_from_wan(sd) if layout == "wan" else clip_vision_from_transformers(sd)
+            config = _clip_config_from_shapes(sd, f"{path} ({layout} layout)")
+            check_state_dict(build_clip_vision(config, device="meta"), sd, f"{path} ({layout} layout)")
+            from transformers import CLIPVisionModel
+
+            # transformers builds it from the checked tensors (and its non-persistent position_ids buffer)
+            model = CLIPVisionModel.from_pretrained(None, config=clip_vision_config(config), state_dict=sd,
+                                                    dtype=dtype if dtype is not None else "auto").eval()
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+    encoder = ImageEncoder(model, mean=mean, std=std).to(device)
+    if quantize is not None:
+        from optimum import quanto
+
+        quanto.quantize(encoder.model, weights=getattr(quanto, quantize))
+        quanto.freeze(encoder.model)
+    return encoder

@@ -1,5 +1,6 @@
-"""Named model sizes: one registry, each entry bundling the DiT, VAE and text-encoder configs that
-belong together (like DiT's `DiT_models`). Numbers are those of the public Wan 2.1 / 2.2 releases.
+"""Named model sizes: one registry, each entry bundling the DiT, VAE, text-encoder (and for Wan 2.1
+I2V / FLF2V the CLIP image-encoder) configs that belong together (like DiT's `DiT_models`). Numbers
+are those of the public Wan 2.1 / 2.2 releases (Wan2.1 wan/configs/, generate.py).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import difflib
 from dataclasses import dataclass, replace
 
 from video_dit.models.dit import DiTConfig
+from video_dit.models.image_encoder import ImageEncoderConfig
 from video_dit.models.text_encoder import TextEncoderConfig
 from video_dit.models.vae import VAEConfig
 
@@ -44,6 +46,14 @@ VAE_PRESETS: dict[str, VAEConfig] = {
 UMT5_XXL = TextEncoderConfig()
 TINY_TE = TextEncoderConfig(vocab_size=384, d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
                             text_len=64, tokenizer="byt5")
+VIT_H_14 = ImageEncoderConfig()  # Wan 2.1 I2V / FLF2V: 257 tokens x 1280 per image
+# 32 px, 8 px patches: 17 tokens x 32 per image (tests; random weights, seeded)
+TINY_CLIP = ImageEncoderConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, image_size=32,
+                               patch_size=8)
+WAN21_I2V_DIT = DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40,
+                          image_dim=VIT_H_14.hidden_size, image_tokens=VIT_H_14.tokens)
+TINY_CLIP_I2V_DIT = DiTConfig(in_dim=36, out_dim=16, dim=128, ffn_dim=384, freq_dim=64, text_dim=64, num_heads=4,
+                              num_layers=4, text_len=64, image_dim=TINY_CLIP.hidden_size, image_tokens=TINY_CLIP.tokens)
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,7 @@ class Preset:
     per_token_timesteps: bool = False  # Wan 2.2 TI2V: conditioned first-frame tokens get t = 0
     i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
     fps: int = 16
+    image_encoder: ImageEncoderConfig | None = None  # the CLIP vision model of the DiT's image branch
 
     @property
     def vae_spatial(self) -> int:
@@ -92,6 +103,22 @@ PRESETS: dict[str, Preset] = {
                DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
                VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
                i2v_mode="concat"),
+        # Wan 2.1 I2V: channel concat (in_dim 36) + the first frame's CLIP features through the image
+        # branch. 480P and 720P share the architecture; Wan samples them at shift 3 and 5 (generate.py).
+        # Train shifts are ours (Wan publishes none): the sampling shift of the resolution.
+        Preset("wan2.1-i2v-14b-480p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
+               sample_shift=3.0, train_shift=3.0, i2v_mode="concat", image_encoder=VIT_H_14),
+        Preset("wan2.1-i2v-14b-720p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
+               sample_shift=5.0, train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
+        # Wan 2.1 FLF2V: the first and last frame (mask + VAE) and both frames' CLIP features (514 tokens,
+        # + img_emb.emb_pos). Wan samples it at shift 16 (generate.py).
+        Preset("wan2.1-flf2v-14b-720p", replace(WAN21_I2V_DIT, num_images=2), VAE_PRESETS["wan2.1"], "wan2.1",
+               UMT5_XXL, sample_shift=16.0, train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
+        # Tiny Wan 2.1-style I2V / FLF2V (random init, tests): tiny DiT widths, in_dim 36, a tiny CLIP.
+        Preset("tiny-clip-i2v", TINY_CLIP_I2V_DIT, VAE_PRESETS["tiny"], "tiny", TINY_TE, sample_shift=3.0,
+               train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
+        Preset("tiny-clip-flf2v", replace(TINY_CLIP_I2V_DIT, num_images=2), VAE_PRESETS["tiny"], "tiny", TINY_TE,
+               sample_shift=3.0, train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
     ]
 }
 

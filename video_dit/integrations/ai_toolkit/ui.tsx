@@ -6,9 +6,10 @@
 //   import { videoDitModelArchs } from './video_dit';
 //   ...videoDitModelArchs,            // inside `export const modelArchs: ModelArch[] = [`
 // `name` is `video_dit:<preset>`: ModelConfig strips the `:tag`, so every entry runs `arch: video_dit`.
-// A `preset:NAME` path builds that preset (random weights; only `tiny` needs no files). For a real
-// model, give the local folder of the Wan weights (diffusers layout: transformer/, vae/,
-// text_encoder/, tokenizer/) and keep `model_kwargs.preset`: nothing is downloaded from a hub.
+// A `preset:NAME` path builds that preset (random weights; only the `tiny*` presets need no files).
+// For a real model, give the local folder of the Wan weights (diffusers layout: transformer/, vae/,
+// text_encoder/, tokenizer/; Wan 2.1 I2V / FLF2V also image_encoder/ + image_processor/) and keep
+// `model_kwargs.preset`: nothing is downloaded from a hub.
 import type { ModelArch } from './options';
 
 const flowmatch = {
@@ -21,8 +22,8 @@ const flowmatch = {
 function presetDefaults(preset: string, o: { frames: number; fps: number; size: number; quantize: boolean; i2v: boolean }) {
   return {
     ...flowmatch,
-    'config.process[0].model.name_or_path': [preset === 'tiny' ? 'preset:tiny' : '', ''],
-    'config.process[0].model.model_kwargs': [preset === 'tiny' ? {} : { preset }, {}],
+    'config.process[0].model.name_or_path': [preset.startsWith('tiny') ? `preset:${preset}` : '', ''],
+    'config.process[0].model.model_kwargs': [preset.startsWith('tiny') ? {} : { preset }, {}],
     'config.process[0].model.quantize': [o.quantize, false],
     'config.process[0].model.quantize_te': [o.quantize, false],
     'config.process[0].sample.num_frames': [o.frames, 1],
@@ -78,5 +79,35 @@ export const videoDitModelArchs: ModelArch[] = [
     label: 'video_dit Wan 2.2 I2V A14B (one expert, channel-concat i2v)',
     ...video,
     defaults: presetDefaults('wan2.2-i2v-a14b', { frames: 81, fps: 16, size: 480, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:wan2.1-i2v-14b-480p',
+    label: 'video_dit Wan 2.1 I2V 14B 480P (concat + CLIP image)',
+    ...video,
+    defaults: presetDefaults('wan2.1-i2v-14b-480p', { frames: 81, fps: 16, size: 480, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:wan2.1-i2v-14b-720p',
+    label: 'video_dit Wan 2.1 I2V 14B 720P (concat + CLIP image)',
+    ...video,
+    defaults: presetDefaults('wan2.1-i2v-14b-720p', { frames: 81, fps: 16, size: 720, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:wan2.1-flf2v-14b-720p',
+    label: 'video_dit Wan 2.1 FLF2V 14B 720P (first + last frame; ctrl_img_2 = last frame)',
+    ...video,
+    defaults: presetDefaults('wan2.1-flf2v-14b-720p', { frames: 81, fps: 16, size: 720, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:tiny-clip-i2v',
+    label: 'video_dit tiny CLIP i2v (CPU smoke test, Wan 2.1 I2V layout)',
+    ...video,
+    defaults: presetDefaults('tiny-clip-i2v', { frames: 17, fps: 16, size: 64, quantize: false, i2v: true }),
+  },
+  {
+    name: 'video_dit:tiny-clip-flf2v',
+    label: 'video_dit tiny CLIP flf2v (CPU smoke test, Wan 2.1 FLF2V layout)',
+    ...video,
+    defaults: presetDefaults('tiny-clip-flf2v', { frames: 17, fps: 16, size: 64, quantize: false, i2v: true }),
   },
 ];
