@@ -1,48 +1,258 @@
-"""Start a test script as N gloo ranks (subprocesses with torch.distributed's env) and wait for them.
+"""Start N gloo ranks (subprocesses with torch.distributed's env) and wait for them; and the worker that
+runs a list of trainer jobs as one rank of such a launch.
 
-Multi-rank tests run their own file as the worker (`python tests/test_x.py --worker ...`); each
-rank's output goes to `<log_prefix>_rank<r>.log`, and a failed launch raises with those logs.
+- `start` / `wait`: any script as N ranks; each rank's output goes to `<log_prefix>_rank<r>.log`, and a
+  failed launch raises with those logs.
+- `run_jobs(root, jobs)`: N ranks of this file's worker (`python tests/ranks.py --jobs SPEC`), which
+  runs `jobs` in order in ONE process group (a launch costs more than the steps: combine jobs).
+  Each job is a dict: `config` (a job YAML), `resume`, and optional checks:
+    run       the product's path (`trainer.run`: exit codes and messages); a non-zero code ends the launch
+    predict   after training, the trained module's prediction on `helpers.probe_inputs` -> pred.safetensors
+    nan       {"rank", "calls", "from_call"}: the k-th losses on that rank made non-finite
+    record    every trained batch's dataset indices -> items_rank<r>.jsonl ([step, rank, indices])
+    dump      the full trainable state after a resume and after each save -> state_<tag>_<step>.safetensors
+    stop_at   stop after this step (the LR schedule keeps the configured length)
+  and always writes result_rank<r>.json: VAE encode / text encode calls, the optimizer-step and micro-step
+  counters, the LR scheduler's position, a NonFiniteError's message, the class of a LoRA's base layer.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
 
 
-def start(argv: list[str], cwd: Path, log_prefix: Path, world: int = 2) -> list:
-    """Start `python *argv` on `world` ranks (1 thread each, CPU only); returns [(process, log)]."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def rank_env(**extra) -> dict:
+    """The environment of a rank: this checkout and tests/ importable, 1 thread, no GPU, no inherited
+    rank variables or fault injection."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIDEO_DIT_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), CUDA_VISIBLE_DEVICES="",
+               PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start(argv: list[str], cwd: Path, log_prefix: Path, world: int = 2, env: dict | None = None) -> list:
+    """Start `python *argv` on `world` ranks (1 thread each, CPU only, `env` added); returns [(process, log)]."""
+    from video_dit.train.engine import free_port
+
+    port = free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+        rank_vars = rank_env(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                             **(env or {}))
         log = open(f"{log_prefix}_rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, stdout=log,
+        procs.append((subprocess.Popen([sys.executable, *argv], env=rank_vars, cwd=cwd, stdout=log,
                                        stderr=subprocess.STDOUT), log))
     return procs
 
 
-def wait(procs: list, log_prefix: Path, timeout: int = 300) -> None:
-    """Wait for every rank; raise AssertionError with the failed ranks' log tails."""
-    failed = []
-    for rank, (proc, log) in enumerate(procs):
+def finish(procs: list, log_prefix: Path, timeout: float = 300) -> tuple[list, str]:
+    """Wait for every rank (one shared deadline; a rank still running then is killed: "timeout").
+    Returns (exit codes, the ranks' logs)."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for proc, log in procs:
         try:
-            rc = proc.wait(timeout=timeout)
+            codes.append(proc.wait(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             proc.kill()
-            rc = "timeout"
+            proc.wait()
+            codes.append("timeout")
         log.close()
-        if rc != 0:
-            failed.append((rank, rc))
+    logs = "\n".join(f"--- rank {r} (rc {c}):\n" + Path(f"{log_prefix}_rank{r}.log").read_text()
+                     for r, c in enumerate(codes))
+    return codes, logs
+
+
+def wait(procs: list, log_prefix: Path, timeout: float = 300) -> None:
+    """Wait for every rank; raise AssertionError with the failed ranks' log tails."""
+    codes, _ = finish(procs, log_prefix, timeout)
+    failed = [(r, c) for r, c in enumerate(codes) if c != 0]
     if failed:
         logs = "\n".join(f"--- rank {r} (rc {rc}):\n" + Path(f"{log_prefix}_rank{r}.log").read_text()[-4000:]
                          for r, rc in failed)
         raise AssertionError(f"launch {Path(log_prefix).name} failed: {failed}\n{logs}")
+
+
+def start_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None) -> tuple[list, Path]:
+    """Start `jobs` (see the module docstring) on `world` ranks of one process group without waiting;
+    returns (procs, log prefix) for `finish` / `wait`."""
+    root = Path(root)
+    spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*.json')))}.json"
+    spec.write_text(json.dumps({"jobs": jobs}))
+    procs = start([__file__, "--jobs", str(spec)], cwd=root, log_prefix=root / spec.stem, world=world,
+                  env={"VIDEO_DIT_FAULT": fault} if fault else None)
+    return procs, root / spec.stem
+
+
+def run_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None, timeout: float = 900,
+             check: bool = True) -> tuple[list, str, float]:
+    """Run `jobs` (see the module docstring) in order on `world` ranks of one process group.
+    Returns (exit codes, the ranks' logs, seconds until the last rank exited); with `check`, a failed
+    launch raises with the logs."""
+    t0 = time.monotonic()
+    procs, prefix = start_jobs(root, jobs, world, fault=fault)
+    codes, logs = finish(procs, prefix, timeout)
+    elapsed = time.monotonic() - t0
+    if check and any(c != 0 for c in codes):
+        raise AssertionError(f"launch {prefix.name} failed: {codes}\n{logs[-8000:]}")
+    return codes, logs, elapsed
+
+
+def result(out_dir: Path, rank: int = 0) -> dict:
+    """The worker's result_rank<r>.json of a job's output folder."""
+    return json.loads((Path(out_dir) / f"result_rank{rank}.json").read_text())
+
+
+# ---------------------------------------------------------------- the worker (one rank)
+
+def full_state(trainer) -> dict:
+    """The trainable state as full tensors, whatever the ZeRO partitioning: fp32 params and Adam moments
+    (collective under ZeRO; every rank calls), plus the step and the LR scheduler's position."""
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    out = {}
+    for name, p in trainer.module.named_parameters():
+        if not p.requires_grad:
+            continue
+        out[f"param/{name}"] = safe_get_full_fp32_param(p).detach().cpu().clone()
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"{key}/{name}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
+    out["step"] = torch.tensor(trainer.step)
+    out["lr_step"] = torch.tensor(trainer.scheduler.last_epoch)
+    return out
+
+
+class _Calls:
+    """Counts calls of a class's method (patched on the class: the trainer builds its own instances)."""
+
+    def __init__(self, cls, name: str):
+        self.n, original = 0, getattr(cls, name)
+
+        def counted(obj, *a, **kw):
+            self.n += 1
+            return original(obj, *a, **kw)
+        setattr(cls, name, counted)
+
+
+def _poison(trainer, nan: dict) -> None:
+    loss_of, calls = trainer.loss_of, [0]
+
+    def poisoned(batch, micro):
+        loss = loss_of(batch, micro)
+        calls[0] += 1
+        if trainer.rank == nan["rank"] and (calls[0] in nan["calls"] or calls[0] >= nan["from_call"]):
+            return loss * float("nan")
+        return loss
+    trainer.loss_of = poisoned
+
+
+def _record(trainer, out: Path):
+    loss_of, record = trainer.loss_of, open(out / f"items_rank{trainer.rank}.jsonl", "a")
+
+    def recording(batch, micro):
+        record.write(json.dumps([trainer.step + 1, trainer.rank, batch["index"].tolist()]) + "\n")
+        record.flush()
+        return loss_of(batch, micro)
+    trainer.loss_of = recording
+    return record
+
+
+def _dump(trainer, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    def dump(tag):
+        state = full_state(trainer)
+        if trainer.rank == 0:
+            save_file(state, str(out / f"state_{tag}_{trainer.step}.safetensors"))
+
+    if trainer.step > 0:  # resumed: the state as loaded (a fresh start has no Adam moments yet)
+        dump("start")
+    save = trainer.save
+
+    def save_and_dump():
+        save()
+        dump("saved")
+    trainer.save = save_and_dump
+
+
+def _predict(trainer, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from helpers import probe_inputs
+    from video_dit.train.engine import gathered
+
+    module = trainer.module
+    x, t, ctx = probe_inputs(module.config.in_dim, module.config.text_dim)
+    module.eval()
+    with torch.no_grad():  # under ZeRO-3 every rank runs the forward (hooks gather each block)
+        pred = module(x.to(trainer.dtype), t, [c.to(trainer.dtype) for c in ctx])
+    with gathered(list(module.parameters()), trainer.zero_stage):
+        if trainer.rank == 0:
+            save_file({"pred": pred.float().contiguous()}, str(out / "pred.safetensors"))
+
+
+def worker(spec_path: str) -> int:
+    import torch
+
+    from video_dit.models.text_encoder import TextEncoder
+    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.train.config import load_job
+    from video_dit.train.trainer import NonFiniteError, Trainer, run
+
+    torch.set_num_threads(1)
+    vae_calls, text_calls = _Calls(CausalVideoVAE, "encode"), _Calls(TextEncoder, "encode")
+    for item in json.loads(Path(spec_path).read_text())["jobs"]:
+        job = load_job(item["config"])
+        vae0, text0 = vae_calls.n, text_calls.n
+        if item.get("run"):
+            code = run(job, resume=item.get("resume"))
+            if code:
+                return code
+            continue
+        trainer = Trainer(job, resume=item.get("resume"))
+        out = job.out_dir
+        res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0}
+        base = getattr(trainer.module.blocks[0].ffn[0], "base_layer", None)
+        res["quantized"] = type(base).__name__ if base is not None else None
+        if item.get("nan") is not None:
+            _poison(trainer, item["nan"])
+        record = _record(trainer, out) if item.get("record") else None
+        if item.get("dump"):
+            _dump(trainer, out)
+        if item.get("stop_at"):
+            trainer.p.train.steps = item["stop_at"]
+        code = 0
+        try:
+            code = trainer.train()
+        except NonFiniteError as exc:
+            res["nonfinite"] = str(exc)
+        res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0, step=trainer.step,
+                   scheduler_steps=trainer.scheduler.last_epoch, engine_global_steps=trainer.engine.global_steps,
+                   engine_micro_steps=trainer.engine.micro_steps)
+        (out / f"result_rank{trainer.rank}.json").write_text(json.dumps(res))
+        if record is not None:
+            record.close()
+        if item.get("predict"):
+            _predict(trainer, out)
+        trainer.close()
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--jobs":
+        sys.exit(worker(sys.argv[2]))
+    sys.exit(f"usage: {sys.argv[0]} --jobs SPEC.json")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import types
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,8 +43,7 @@ def sd(aitk):
     0 and passes no gradient back to the blocks' LoRA)."""
     model = build(aitk)
     model.load_model()
-    with torch.no_grad():
-        model.model.head.head.weight.normal_(std=0.05)
+    helpers.randomize_head(model.model)
     return model
 
 
@@ -74,6 +74,17 @@ def test_flags_are_instance_attributes_set_after_base_init(aitk):
     assert model.get_transformer_block_names() == ["blocks"]
     assert model.get_bucket_divisibility() == 16 and model.get_frame_count_snapper()(20) == 17
     assert build(aitk, arch="video_dit:tiny").arch == "video_dit"  # the UI's arch:tag form
+
+
+def test_frame_count_snapper_is_ai_toolkits_own_rule_for_a_4x_vae(aitk):
+    """ai-toolkit 27a03a91, toolkit/dataloader_mixins.py get_auto_frame_count: without a model snapper,
+    `max(0, n - 1) // 4 * 4 + 1` (trim_auto_frame_count_tail: never above the clip). The arch's snapper
+    replaces that rule, so it must give the same counts, 0 included (a clip under one frame at the fps)."""
+    import pickle
+
+    snap = build(aitk).get_frame_count_snapper()
+    assert [snap(n) for n in range(0, 100)] == [max(0, n - 1) // 4 * 4 + 1 for n in range(0, 100)]
+    assert pickle.loads(pickle.dumps(snap))(18) == 17  # ai-toolkit's dataloader workers pickle it
 
 
 def test_components_have_the_surface_ai_toolkit_touches(sd):

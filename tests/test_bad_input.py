@@ -20,6 +20,7 @@ import warnings
 import zlib
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -146,11 +147,7 @@ def test_train_sh_never_interpolates_the_config_path_into_a_shell(good_job, tmp_
 # ---------------------------------------------------------------- weights
 
 def _tiny_dit(**changes):
-    from video_dit.models.dit import VideoDiT
-    from video_dit.models.presets import get_preset, with_dit
-
-    torch.manual_seed(0)
-    return VideoDiT(with_dit(get_preset("tiny"), **changes).dit)
+    return helpers.preset_dit("tiny", **changes)
 
 
 def test_weights_of_another_model_name_the_file_and_keys(tmp_path):

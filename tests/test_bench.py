@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 from types import SimpleNamespace
 
+import helpers
 import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -21,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from video_dit.bench import common
 from video_dit.bench import train as train_bench
-from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
+from video_dit.models.dit import dit_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,12 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _tiny():
-    cfg = DiTConfig(in_dim=16, out_dim=16, dim=32, ffn_dim=64, freq_dim=16, text_dim=24, num_heads=2,
-                    num_layers=2, text_len=8)
-    torch.manual_seed(0)
-    model = VideoDiT(cfg)
-    with torch.no_grad():
-        model.head.head.weight.normal_(std=0.02)
+    model = helpers.tiny_dit(in_dim=16, out_dim=16, text_len=8, head_std=0.02)
+    cfg = model.config
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, 16, 2, 4, 6, generator=g)  # 2 x 2 x 3 = 12 tokens
     return cfg, model, (x, torch.tensor([500.0]), torch.randn(1, 8, 24, generator=g)), 12
@@ -146,11 +143,10 @@ def test_engine_memory_split_real_deepspeed_zero0_zero2():
     """One real rank (gloo): ZeRO-0 holds params, grads and Adam's two moments at full size;
     ZeRO-2 adds the fp32 master partition DeepSpeed keeps; both splits add up to what exists."""
     script = textwrap.dedent("""
-        import json, os, socket, torch, deepspeed
+        import json, os, torch, deepspeed
         from video_dit.bench.train import engine_memory_split
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        from video_dit.train.engine import free_port
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         deepspeed.init_distributed(dist_backend="gloo")
         out = {}
         for stage in (0, 2):

@@ -229,14 +229,12 @@ def _rank_main(rank, world_size, port, root, out_q):
 
 @pytest.mark.multirank
 def test_two_ranks_build_disjoint_halves_then_share_the_cache(tmp_path):
-    import socket
-
     import torch.multiprocessing as mp
 
+    from video_dit.train.engine import free_port
+
     root = _good_folder(tmp_path / "data", n=6)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, 2, port, root, q)) for r in range(2)]

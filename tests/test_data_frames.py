@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -46,8 +47,23 @@ def test_short_clip_skip_and_stretch():
 
 def test_snap_num_frames():
     assert [snap_num_frames(n) for n in (1, 2, 4, 5, 16, 17, 18, 80, 81)] == [1, 1, 1, 5, 13, 17, 17, 77, 81]
+    assert [snap_num_frames(n, temporal=8) for n in (1, 8, 9, 16, 17, 25)] == [1, 1, 9, 9, 17, 25]
     with pytest.raises(ValueError):
         snap_num_frames(0)
+
+
+def test_the_pipeline_snaps_frames_with_the_same_rule():
+    from video_dit.models.presets import get_preset
+    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.pipeline import VideoPipeline
+
+    preset = get_preset("tiny")
+    pipe = VideoPipeline(helpers.preset_dit("tiny"), CausalVideoVAE(preset.vae))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [pipe.snap(n, 64, 64)[0] for n in range(1, 30)] == [snap_num_frames(n) for n in range(1, 30)]
+    with pytest.raises(ValueError, match="must be >= 1"):
+        pipe.snap(0, 64, 64)
 
 
 def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):

@@ -3,6 +3,7 @@ gradient checkpointing, activation memory, quantization and the attention entry 
 
 import threading
 
+import helpers
 import pytest
 import torch
 
@@ -51,14 +52,8 @@ def ours_from(ref) -> VideoDiT:
 
 
 def tiny(seed=0, **changes) -> VideoDiT:
-    """A tiny random VideoDiT with every weight non-trivial (the zero-initialised head randomised)."""
-    cfg = DiTConfig(**{**dict(in_dim=4, out_dim=4, dim=32, ffn_dim=64, freq_dim=16, text_dim=TEXT_DIM,
-                              num_heads=2, num_layers=2, text_len=TEXT_LEN), **changes})
-    torch.manual_seed(seed)
-    model = VideoDiT(cfg)
-    with torch.no_grad():
-        model.head.head.weight.normal_(std=0.1)
-    return model
+    """helpers.tiny_dit: in/out 4, dim 32, 2 heads, 2 blocks, text 24 x 10, the head randomised."""
+    return helpers.tiny_dit(seed, **changes)
 
 
 def inputs(model, B=2, frames=3, h=4, w=6, seed=1):

@@ -9,145 +9,41 @@ Three launches, each checking several things (the launch costs more than the ste
      previews), ZeRO-3 full and ZeRO-2 full (the sharded export loads with `load_dit` and reproduces
      predictions), and a quantized-base LoRA job with non-finite losses injected on one rank
      (skipped on both ranks; N in a row stop the job with the last good checkpoint kept).
-Run this file as a script (`--worker SPEC`) to be one rank of a launch.
+The ranks run tests/ranks.py's job worker.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import ranks
 import torch
-import yaml
+from helpers import probe_inputs
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.multirank
-
-
-# ---------------------------------------------------------------- fixtures and helpers
-
-def make_base(path: Path) -> None:
-    """A 'pretrained' tiny DiT: the preset's random init with a non-zero output layer (the preset's
-    head is zeroed, which would leave a LoRA on the blocks without any gradient)."""
-    from safetensors.torch import save_file
-
-    from video_dit.models.loading import load_dit
-
-    dit = load_dit("preset:tiny", seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        dit.head.head.weight.copy_(torch.randn(dit.head.head.weight.shape, generator=g) * 0.05)
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The shared 2-clip dataset (9 frames, 32x32, one held-out first frame) and the base weights."""
-    from video_dit.data.demo import make_demo_data
-
-    root = tmp_path_factory.mktemp("train")
-    make_demo_data(root / "data", count=2, frames=9, size=32, seed=0, holdout=1)
-    make_base(root / "base.safetensors")
-    return root
+    return helpers.make_world(tmp_path_factory.mktemp("train"))
 
 
-def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int = 3, save_every: int = 3,
-             sample_every: int | None = None, lr: float = 3e-3, keep: int = 3, model: dict | None = None,
-             train: dict | None = None) -> Path:
-    process = {
-        "type": "sd_trainer", "training_folder": str(root / "out"), "device": "cpu",
-        "save": {"dtype": "float32", "save_every": save_every, "max_step_saves_to_keep": keep, "resume": "none"},
-        "datasets": [{"folder_path": str(root / "data"), "num_frames": 9, "resolution": [32], "do_i2v": True,
-                      "caption_ext": "txt"}],
-        "train": {"steps": steps, "lr": lr, "batch_size": 1, "dtype": "fp32", "seed": 7, "warmup_steps": 2,
-                  "lr_scheduler": "cosine", "timestep_type": "shift", "noise_scheduler": "flowmatch",
-                  "skip_first_sample": sample_every is None, "disable_sampling": sample_every is None},
-        "model": {"arch": "video_dit", "name_or_path": str(root / "base.safetensors"), "preset": "tiny"},
-        "deepspeed": {"zero_stage": zero, "timeout_s": 120},
-    }
-    process["model"].update(model or {})
-    process["train"].update(train or {})
-    if lora:
-        process["network"] = {"type": "lora", "linear": 4, "linear_alpha": 4}
-    if sample_every is not None:
-        caption = (root / "data" / "holdout" / "000.txt").read_text().strip()
-        process["sample"] = {"sample_every": sample_every, "width": 32, "height": 32, "num_frames": 5, "fps": 8,
-                             "sample_steps": 2, "guidance_scale": 1.0,
-                             "samples": [{"prompt": caption, "ctrl_img": str(root / "data/holdout/000.png")}]}
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": name, "process": [process]}}))
-    return path
+def job_yaml(root: Path, name: str, *, sample_every: int | None = None, **kw) -> Path:
+    """A job of this file (helpers.train_process); `sample_every` turns on one i2v preview."""
+    samples = None if sample_every is None else [helpers.holdout_sample(root / "data")]
+    return helpers.write_job(root, name, samples=samples, sample_every=sample_every or 1000, **kw)
 
 
 def launch(root: Path, jobs: list[dict], timeout: int = 900) -> None:
-    """Run `jobs` ({config, resume, predict}) in order on 2 gloo ranks; raise with the log on failure."""
-    spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*')))}.json"
-    spec.write_text(json.dumps({"jobs": jobs}))
-    procs = ranks.start([__file__, "--worker", str(spec)], cwd=root, log_prefix=root / spec.stem)
-    ranks.wait(procs, root / spec.stem, timeout)
-
-
-def probe_inputs():
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(1, 16, 3, 4, 4, generator=g)
-    return x, torch.tensor([600.0]), [torch.randn(5, 64, generator=g)]
+    """Run `jobs` ({config, resume, predict, nan}) in order on 2 gloo ranks; raise with the log on failure."""
+    ranks.run_jobs(root, jobs, timeout=timeout)
 
 
 def losses(root: Path, name: str) -> dict[int, float]:
-    from video_dit.train.metrics import read_metrics
-
-    return {r["step"]: r["loss"] for r in read_metrics(root / "out" / name / "metrics.jsonl")}
-
-
-# ---------------------------------------------------------------- the worker (one rank)
-
-def worker(spec_path: str) -> int:
-    from safetensors.torch import save_file
-
-    from video_dit.train.config import load_job
-    from video_dit.train.engine import gathered
-    from video_dit.train.trainer import NonFiniteError, Trainer
-
-    spec = json.loads(Path(spec_path).read_text())
-    for item in spec["jobs"]:
-        job = load_job(item["config"])
-        trainer = Trainer(job, resume=item.get("resume"))
-        nan = item.get("nan")  # {"rank": r, "calls": [k, ...], "from_call": k}: non-finite k-th losses
-        if nan is not None:
-            loss_of = trainer.loss_of
-
-            calls = [0]
-
-            def poisoned(batch, micro, loss_of=loss_of, nan=nan, trainer=trainer, calls=calls):
-                loss = loss_of(batch, micro)
-                calls[0] += 1
-                if trainer.rank == nan["rank"] and (calls[0] in nan["calls"] or calls[0] >= nan["from_call"]):
-                    return loss * float("nan")
-                return loss
-            trainer.loss_of = poisoned
-        result = {"quantized": type(trainer.module.blocks[0].ffn[0].base_layer).__name__
-                  if hasattr(trainer.module.blocks[0].ffn[0], "base_layer") else None}
-        try:
-            trainer.train()
-        except NonFiniteError as exc:
-            result["nonfinite"] = str(exc)
-        if trainer.rank == 0:
-            (job.out_dir / "result.json").write_text(json.dumps(result))
-        if item.get("predict"):
-            x, t, ctx = probe_inputs()
-            module = trainer.module
-            module.eval()
-            with torch.no_grad():  # under ZeRO-3 every rank runs the forward (hooks gather each block)
-                pred = module(x, t, ctx)
-            with gathered(list(module.parameters()), trainer.zero_stage):
-                if trainer.rank == 0:
-                    save_file({"pred": pred.contiguous()}, str(job.out_dir / "pred.safetensors"))
-        trainer.close()
-    return 0
+    return helpers.losses(root / "out" / name)
 
 
 # ---------------------------------------------------------------- tests
@@ -248,7 +144,7 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(world):
         with torch.no_grad():
             assert (base(x, t, ctx) - trained).abs().max() > 1e-4  # the LoRA changed the prediction
 
-    result = json.loads((world / "out/qn/result.json").read_text())
+    result = ranks.result(world / "out/qn")
     assert result["quantized"] == "QLinear"
     assert "2 non-finite losses in a row" in result["nonfinite"] and "step_000000002" in result["nonfinite"]
     assert sorted(losses(world, "qn")) == [1, 2, 3]  # the skipped batch took no step; stopped before step 4
@@ -266,8 +162,3 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(world):
     a, b = (load_dit(str(world / f"out/{n}/{n}")).state_dict() for n in ("f3", "f2"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        sys.exit(worker(sys.argv[2]))
-    sys.exit(f"usage: {sys.argv[0]} --worker SPEC.json")

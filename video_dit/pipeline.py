@@ -18,6 +18,7 @@ import torch.nn.functional as F_
 from PIL import Image
 from torch import nn
 
+from video_dit.data.frames import snap_num_frames
 from video_dit.diffusion.conditioning import FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, encode_conditioning
 from video_dit.diffusion.flow import sampling_schedule
 from video_dit.diffusion.sampler import flow_sample, module_dtype_device
@@ -82,7 +83,7 @@ class VideoPipeline:
         t, d = self.temporal, self.divisibility
         if min(num_frames, height, width) < 1:
             raise ValueError(f"num_frames, height and width must be >= 1, got {num_frames}, {height}, {width}")
-        snapped = ((num_frames - 1) // t * t + 1, max(d, height // d * d), max(d, width // d * d))
+        snapped = (snap_num_frames(num_frames, t), max(d, height // d * d), max(d, width // d * d))
         if snapped != (num_frames, height, width):
             warnings.warn(f"snapped (frames, height, width) {(num_frames, height, width)} -> {snapped}: "
                           f"frames must be {t}k + 1 and sides multiples of {d}", stacklevel=2)

@@ -30,7 +30,7 @@ sys.exit(0)
 
 
 def test_a_stuck_peer_times_out_the_collective(tmp_path):
-    port = h._port()
+    port = h.free_port()
     procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,
                               env=h.rank_env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -29,12 +28,6 @@ SHAPES = {
     "wan1.3b": dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 16, 32, 32), text_len=512,
                     text_dim=4096),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, shape: dict, checkpointing: bool, repeats: int, out_dir: str,
@@ -98,13 +91,15 @@ def run(sp: int = 2, shape: str | dict = "small", checkpointing: bool = False, r
     """Measure SP=1 then SP=`sp`; returns the figures (bytes and GB, seconds, ratio per rank)."""
     import torch.multiprocessing as mp
 
+    from video_dit.train.engine import free_port
+
     shape = SHAPES[shape] if isinstance(shape, str) else dict(shape)
     if shape["heads"] % sp:
         raise ValueError(f"sp={sp} does not divide heads={shape['heads']}")
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as tmp:
         for world in (1, sp):
-            mp.start_processes(_worker, args=(world, _free_port(), shape, checkpointing, repeats, tmp,
+            mp.start_processes(_worker, args=(world, free_port(), shape, checkpointing, repeats, tmp,
                                               max(1, cores // world)),
                                nprocs=world, start_method="spawn", join=True)
         base = json.loads((Path(tmp) / "sp1_rank0.json").read_text())

@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -270,16 +269,11 @@ def _rank_main(spec: dict) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, threads: int, workdir: Path,
               dtype: str) -> list:
     """Start `world_size` rank processes of `_rank_main` and return their results (rank order)."""
     from video_dit.data.demo import make_demo_data
+    from video_dit.train.engine import free_port
 
     make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # the job must name a dataset
     spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device, "dtype": dtype,
@@ -287,7 +281,7 @@ def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, t
             "data_dir": str(workdir / "job_data"), "out_dir": str(workdir / "job_out")}
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world_size),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
            "OMP_NUM_THREADS": str(spec["threads"])}
     procs = []
     for r in range(world_size):

@@ -32,11 +32,13 @@ class ClipTooShort(ValueError):
     """The clip cannot give `num_frames` frames under `short_clip: skip`; the message says why."""
 
 
-def snap_num_frames(n: int) -> int:
-    """The largest `4k + 1` not above `n` (`n >= 1`)."""
+def snap_num_frames(n: int, temporal: int = TEMPORAL_FACTOR) -> int:
+    """The largest `temporal * k + 1` not above `n` (`n >= 1`; never rounds up, so a clip is never
+    asked for frames it lacks). The one home of the frame rule: the dataset config, the pipeline and
+    the ai-toolkit arch all snap with it."""
     if n < 1:
         raise ValueError(f"num_frames must be >= 1, got {n}")
-    return (n - 1) // TEMPORAL_FACTOR * TEMPORAL_FACTOR + 1
+    return (int(n) - 1) // temporal * temporal + 1
 
 
 def select_frames(total: int, num_frames: int, *, shrink: bool = True, src_fps: float = 0.0,

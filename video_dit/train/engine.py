@@ -32,7 +32,8 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a process group's MASTER_PORT; the one home of this helper)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -45,7 +46,7 @@ def init_distributed(timeout_s: int) -> tuple[int, int]:
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # plain `python launch/train.py`: a group of one
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(_free_port()))
+                              MASTER_PORT=str(free_port()))
         if on_gpu():
             torch.cuda.set_device(local_device())
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from video_dit.data.frames import snap_num_frames
 from video_dit.media import VIDEO_EXTS, read_video
 
 CONFIG_NAME = "config.json"
@@ -138,7 +139,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
 
     if preset not in VAE_PRESETS:
         raise KeyError(f"unknown VAE preset {preset!r}; valid: {', '.join(VAE_PRESETS)}")
-    if frames < 1 or (frames - 1) % 4:
+    if frames < 1 or snap_num_frames(frames) != frames:
         raise ValueError(f"frames must be 4k + 1 (1, 5, 9, ...), got {frames}")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
@@ -152,7 +153,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         length = min(c.shape[1] for c in clips)
         if length < frames:
             raise ValueError(f"{data_dir}: clips have {length} frames, fewer than the {frames}-frame windows")
-        stats_frames = (length - 1) // 4 * 4 + 1
+        stats_frames = snap_num_frames(length)
         H, W = clips[0].shape[2:]
         fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
         cell = VAE_PRESETS[preset].spatial_compression

@@ -37,6 +37,7 @@ from typing import Literal
 
 import torch
 
+from video_dit.data.frames import snap_num_frames as snap_frame_count
 from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
 from video_dit.diffusion.flow import velocity_target
 from video_dit.models.loading import WeightsError
@@ -58,8 +59,11 @@ SAVED_SOURCES = "video_dit_sources.json"  # written by save_model beside full fi
 
 
 def snap_num_frames(num_frames: int) -> int:
-    """Frame count down to the 4k + 1 the VAE encodes (module level: ai-toolkit pickles it)."""
-    return max(1, (int(num_frames) - 1) // TEMPORAL * TEMPORAL + 1)
+    """Frame count down to the 4k + 1 the VAE encodes (module level: ai-toolkit pickles it).
+
+    ai-toolkit's auto_frame_count asks for int(seconds * fps) frames, 0 for a clip shorter than one
+    frame at the dataset fps; its own rule then keeps the key frame, so 0 gives 1 here too."""
+    return snap_frame_count(max(1, int(num_frames)), TEMPORAL)
 
 
 @dataclass

@@ -1,0 +1,188 @@
+"""The suite's shared builders: tiny DiTs, 'pretrained' base weights, trainer job files, metrics.
+
+Launching ranks (and the worker that runs trainer jobs as one rank) lives in tests/ranks.py.
+Every test file imports these instead of writing its own copy (tests/conftest.py puts tests/ on the path).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the explicit widths of `tiny_dit` (far smaller than preset:tiny): 32 wide, 2 heads of 16, 2 blocks
+TINY_DIT = dict(in_dim=4, out_dim=4, dim=32, ffn_dim=64, freq_dim=16, text_dim=24, num_heads=2, num_layers=2,
+                text_len=10)
+
+
+def tiny_dit(seed: int = 0, head_std: float = 0.1, **changes):
+    """A small random VideoDiT (`TINY_DIT` with `changes`), every weight non-trivial: the zero-initialised
+    output layer is drawn N(0, head_std) after the seeded init (torch's global RNG, seeded here)."""
+    from video_dit.models.dit import DiTConfig, VideoDiT
+
+    torch.manual_seed(seed)
+    model = VideoDiT(DiTConfig(**{**TINY_DIT, **changes}))
+    with torch.no_grad():
+        model.head.head.weight.normal_(std=head_std)
+    return model
+
+
+def randomize_head(dit, std: float = 0.05, seed: int = 1):
+    """Give a fresh DiT's zeroed output layer weights (a zero head predicts 0 and passes no gradient
+    back to a LoRA on the blocks), from its own generator so the result does not depend on global RNG."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        dit.head.head.weight.copy_(torch.randn(dit.head.head.weight.shape, generator=g) * std)
+    return dit
+
+
+def preset_dit(preset: str = "tiny", seed: int = 0, **changes):
+    """A preset-shaped VideoDiT (its DiT config changed by `changes`, e.g. in_dim=36), seeded init."""
+    from video_dit.models.dit import VideoDiT
+    from video_dit.models.presets import get_preset, with_dit
+
+    torch.manual_seed(seed)
+    return VideoDiT(with_dit(get_preset(preset), **changes).dit)
+
+
+def write_base(path: Path, preset: str = "tiny", seed: int = 0, **dit_changes) -> Path:
+    """'Pretrained' DiT weights for trainer jobs: the preset's seeded init (`load_dit("preset:NAME")`,
+    or `preset_dit` when `dit_changes` are given) with a non-zero output layer, as one safetensors file."""
+    from safetensors.torch import save_file
+
+    from video_dit.models.loading import load_dit
+
+    dit = preset_dit(preset, seed, **dit_changes) if dit_changes else load_dit(f"preset:{preset}", seed=seed)
+    randomize_head(dit)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    return Path(path)
+
+
+def make_world(root: Path, count: int = 2, frames: int = 9, size: int = 32, holdout: int = 1) -> Path:
+    """`root/data` (demo clips, `holdout` held-out first frames) and `root/base.safetensors`."""
+    from video_dit.data.demo import make_demo_data
+
+    make_demo_data(root / "data", count=count, frames=frames, size=size, seed=0, holdout=holdout)
+    write_base(root / "base.safetensors")
+    return root
+
+
+def holdout_sample(data: Path, index: int = 0) -> dict:
+    """A preview prompt of a demo folder: a held-out first frame and its caption."""
+    return {"prompt": (data / "holdout" / f"{index:03d}.txt").read_text().strip(),
+            "ctrl_img": str(data / "holdout" / f"{index:03d}.png")}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`base` with `extra` merged in (nested dicts merged key by key, everything else replaced)."""
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def train_process(root: Path, *, data: Path | str = "data", base: Path | str = "base.safetensors", zero: int = 2,
+                  lora: bool = True, steps: int = 3, save_every: int = 3, keep: int = 3, lr: float = 3e-3,
+                  frames: int = 9, size: int = 32, samples: list[dict] | None = None,
+                  sample_every: int = 1000, sample_steps: int = 2, timeout_s: int = 120, **sections) -> dict:
+    """`config.process[0]` of a deterministic fp32 CPU job on the tiny preset (i2v demo data under
+    `root / data`, the weights `root / base`, outputs in `root/out/<name>`). `samples` turns previews
+    on; each keyword section (train=, model=, save=, deepspeed=, network=, ...) is merged last, and
+    `network=None` / `lora=False` makes it a full fine-tune."""
+    root = Path(root)
+    process = {
+        "type": "sd_trainer", "training_folder": str(root / "out"), "device": "cpu",
+        "save": {"dtype": "float32", "save_every": save_every, "max_step_saves_to_keep": keep, "resume": "none"},
+        "datasets": [{"folder_path": str(root / data), "num_frames": frames, "resolution": [size], "do_i2v": True,
+                      "caption_ext": "txt"}],
+        "train": {"steps": steps, "lr": lr, "batch_size": 1, "dtype": "fp32", "seed": 7, "warmup_steps": 2,
+                  "lr_scheduler": "cosine", "timestep_type": "shift", "noise_scheduler": "flowmatch",
+                  "skip_first_sample": samples is None, "disable_sampling": samples is None},
+        "model": {"arch": "video_dit", "name_or_path": str(root / base), "preset": "tiny"},
+        "deepspeed": {"zero_stage": zero, "timeout_s": timeout_s},
+    }
+    if lora:
+        process["network"] = {"type": "lora", "linear": 4, "linear_alpha": 4}
+    if samples is not None:
+        process["sample"] = {"sample_every": sample_every, "width": size, "height": size, "num_frames": 5, "fps": 8,
+                             "sample_steps": sample_steps, "guidance_scale": 1.0, "samples": samples}
+    network = sections.pop("network", "keep")
+    process = merge(process, sections)
+    if network is None:
+        process.pop("network", None)
+    elif network != "keep":
+        process["network"] = network
+    return process
+
+
+def write_job(root: Path, name: str, process: dict | None = None, **kw) -> Path:
+    """`root/<name>.yaml`: ai-toolkit's job layout around `process` (default: `train_process(root, **kw)`)."""
+    process = train_process(root, **kw) if process is None else process
+    path = Path(root) / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": name, "process": [process]}}))
+    return path
+
+
+def metrics(out_dir: Path) -> list[dict]:
+    from video_dit.train.metrics import read_metrics
+
+    return read_metrics(Path(out_dir) / "metrics.jsonl")
+
+
+def losses(out_dir: Path) -> dict[int, float]:
+    """step -> loss of `out_dir/metrics.jsonl` (the last row of a step wins: a relaunch appends)."""
+    return {r["step"]: r["loss"] for r in metrics(out_dir)}
+
+
+def probe_inputs(in_dim: int = 16, text_dim: int = 64):
+    """A fixed (x, t, context) for preset:tiny-shaped DiTs: latents (1, in_dim, 3, 4, 4), 5 text tokens."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, in_dim, 3, 4, 4, generator=g)
+    return x, torch.tensor([600.0]), [torch.randn(5, text_dim, generator=g)]
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    """Largest |a[k] - b[k]| over two state dicts with the same keys (asserted)."""
+    assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+# Two runs that differ only in how fp32 sums are ordered (SP=2 vs SP=1, ZeRO-3 vs ZeRO-0, offload, micro-
+# batches) compute gradients equal to ~1e-7 relative, but Adam's normalised update m/sqrt(v) turns a
+# gradient entry's RELATIVE error into an update error: an entry that nearly cancels (|g| near its own
+# rounding error) moves by a different fraction of lr in each run. So trained weights are compared by
+# what training changed, per tensor and in norm, not element by element against a fixed epsilon:
+# a LoRA by its weight delta (alpha/r) B A, zero at the start; a full fine-tune by theta - theta_base.
+TRAINED_RTOL = 1e-3  # measured <= 5e-5 for SP=2 vs SP=1 (4 Adam steps); a missing or doubled gradient term is O(1)
+
+
+def lora_deltas(state: dict) -> dict:
+    """{module: B @ A} of a LoRA file's state (our ComfyUI keys), the weight change up to alpha/r."""
+    return {k[: -len(".lora_B.weight")]: state[k].float() @ state[k.replace("lora_B", "lora_A")].float()
+            for k in state if k.endswith(".lora_B.weight")}
+
+
+def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float = TRAINED_RTOL) -> float:
+    """Two trained results agree in what training changed, tensor by tensor: `a`, `b` LoRA states
+    (compared by `lora_deltas`) or, with `base`, full state dicts (compared by the change from `base`).
+    Returns the worst ||change_a - change_b|| / ||change_b||; raises naming the tensor."""
+    if base is None:
+        a, b = lora_deltas(a), lora_deltas(b)
+        assert a, "no lora_B tensors: not a LoRA file"
+    else:
+        a = {k: a[k].float() - base[k].float() for k in base}
+        b = {k: b[k].float() - base[k].float() for k in base}
+    assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+    worst, name = 0.0, None
+    for k in a:
+        scale = b[k].norm().item()
+        assert scale > 0 or a[k].norm().item() == 0, f"{k}: trained in one run only"
+        err = (a[k] - b[k]).norm().item() / scale if scale > 0 else 0.0
+        if err > worst:
+            worst, name = err, k
+    assert worst <= rtol, f"{name}: trained change differs by {worst:.2e} (relative, > {rtol:.0e})"
+    return worst
