@@ -27,7 +27,7 @@ def _latents(seed=0):
 def test_replace_with_per_token_timesteps_matches_wan22_ti2v_layout():
     noisy, first = _latents()
     t = torch.tensor([800.0, 300.0])
-    x, ts, mask = FirstFrameConditioning("replace", True).apply(noisy, t, {"first_frame_latents": first})
+    x, ts, mask = FirstFrameConditioning("replace").apply(noisy, t, {"first_frame_latents": first})
     assert torch.equal(x[:, :, :1], first) and torch.equal(x[:, :, 1:], noisy[:, :, 1:])
     # diffusers' WanPipeline (expand_timesteps, Wan 2.2 TI2V): mask[:, :, 0] = 0, then
     # (mask[0][0][:, ::2, ::2] * t).flatten() over the (F', h/2, w/2) token grid.
@@ -39,14 +39,25 @@ def test_replace_with_per_token_timesteps_matches_wan22_ti2v_layout():
     assert torch.equal(mask, ref_mask.expand(B, 1, FL, H, W))
 
 
-def test_replace_scalar_timesteps_and_restore():
+def test_restore_puts_the_clean_first_frame_back():
     noisy, first = _latents()
-    t = torch.tensor([800.0, 300.0])
-    cond = FirstFrameConditioning("replace", per_token_timesteps=False)
-    x, ts, mask = cond.apply(noisy, t, {"first_frame_latents": first})
-    assert torch.equal(ts, t) and torch.equal(x[:, :, :1], first)
+    cond = FirstFrameConditioning("replace")
     restored = cond.restore(noisy, {"first_frame_latents": first})
     assert torch.equal(restored[:, :, 0:1], first) and torch.equal(restored[:, :, 1:], noisy[:, :, 1:])
+    assert FirstFrameConditioning("concat").restore(noisy, {}) is noisy
+
+
+def test_replace_conditions_only_the_active_samples():
+    """A t2v item in an i2v job (replace mode): exactly what an unconditioned t2v step feeds the DiT
+    (x_t, the clip's t on every token) and no mask; the conditioned item as if alone."""
+    noisy, first = _latents()
+    t = torch.tensor([800.0, 300.0])
+    cond = FirstFrameConditioning("replace")
+    x, ts, mask = cond.apply(noisy, t, {"first_frame_latents": first}, active=torch.tensor([True, False]))
+    x_all, ts_all, mask_all = cond.apply(noisy, t, {"first_frame_latents": first})
+    assert torch.equal(x[0], x_all[0]) and torch.equal(ts[0], ts_all[0]) and torch.equal(mask[0], mask_all[0])
+    assert torch.equal(x[1], noisy[1]) and bool((ts[1] == 300.0).all()) and bool((mask[1] == 1).all())
+    assert cond.apply(noisy, t, {"first_frame_latents": first}, active=torch.ones(B, dtype=torch.bool))[0].equal(x_all)
 
 
 def _diffusers_i2v_mask(batch, num_frames, h, w, temporal=4, given=(0,)):
@@ -65,13 +76,16 @@ def test_concat_layout_matches_wan_i2v():
     noisy, _ = _latents()
     cond_latents = torch.randn(B, 16, FL, H, W)
     t = torch.tensor([800.0, 300.0])
-    x, ts, mask = FirstFrameConditioning("concat", per_token_timesteps=False).apply(
-        noisy, t, {"cond_latents": cond_latents})
+    x, ts, mask = FirstFrameConditioning("concat").apply(noisy, t, {"cond_latents": cond_latents})
     assert x.shape == (B, 36, FL, H, W) and torch.equal(ts, t)
     num_frames = 4 * (FL - 1) + 1
     ref = torch.cat([noisy, _diffusers_i2v_mask(B, num_frames, H, W), cond_latents], dim=1)
     assert torch.equal(x, ref)
-    assert torch.equal(mask[:, :, 0], torch.zeros(B, 1, H, W)) and bool((mask[:, :, 1:] == 1).all())
+    # frame 0 is the video's first frame (nothing replaces it while sampling): in the loss by default
+    assert mask.shape == (B, 1, FL, H, W) and bool((mask == 1).all())
+    _, _, masked = FirstFrameConditioning("concat", mask_first_frame_loss=True).apply(
+        noisy, t, {"cond_latents": cond_latents})
+    assert torch.equal(masked[:, :, 0], torch.zeros(B, 1, H, W)) and bool((masked[:, :, 1:] == 1).all())
     # the packing itself, with a mask that is not constant per latent frame (first + last frame given)
     frame_mask = torch.zeros(B, num_frames, H, W)
     frame_mask[:, 0] = frame_mask[:, -1] = 1
@@ -103,7 +117,7 @@ def test_encode_conditioning_is_the_normalized_vae_latent(vae):
 
 def test_masked_mse_ignores_conditioned_tokens():
     pred, target = _latents(1)[0], _latents(2)[0]
-    _, _, mask = FirstFrameConditioning("replace", True).apply(pred, torch.ones(B), {"first_frame_latents": pred[:, :, :1]})
+    _, _, mask = FirstFrameConditioning("replace").apply(pred, torch.ones(B), {"first_frame_latents": pred[:, :, :1]})
     loss = masked_mse(pred, target, mask)
     torch.testing.assert_close(loss, ((pred[:, :, 1:] - target[:, :, 1:]) ** 2).mean())
     changed = pred.clone()
@@ -116,11 +130,16 @@ def test_masked_mse_ignores_conditioned_tokens():
 
 def test_validation():
     with pytest.raises(ValueError, match="accepted: replace, concat"):
-        FirstFrameConditioning("inpaint", False)
-    with pytest.raises(ValueError, match="per_token_timesteps=False"):
-        FirstFrameConditioning("concat", True)
+        FirstFrameConditioning("inpaint")
+    with pytest.raises(ValueError, match="mask_first_frame_loss=False needs i2v mode 'concat'"):
+        FirstFrameConditioning("replace", mask_first_frame_loss=False)
+    assert FirstFrameConditioning("replace").mask_first_frame_loss is True
+    assert FirstFrameConditioning("concat").mask_first_frame_loss is False
     noisy, first = _latents()
     with pytest.raises(KeyError, match="first_frame_latents"):
-        FirstFrameConditioning("replace", True).apply(noisy, torch.ones(B), {})
+        FirstFrameConditioning("replace").apply(noisy, torch.ones(B), {})
     with pytest.raises(ValueError, match="expected"):
-        FirstFrameConditioning("replace", True).apply(noisy, torch.ones(B), {"first_frame_latents": noisy})
+        FirstFrameConditioning("replace").apply(noisy, torch.ones(B), {"first_frame_latents": noisy})
+    with pytest.raises(ValueError, match="conditions every sample"):
+        FirstFrameConditioning("concat").apply(noisy, torch.ones(B), {"cond_latents": torch.zeros(B, 16, FL, H, W)},
+                                               active=torch.tensor([True, False]))

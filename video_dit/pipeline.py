@@ -45,18 +45,16 @@ class VideoPipeline:
 
     dit: a `VideoDiT`, or any module called once per step as `dit(x, t, context)` (a DeepSpeed engine:
     its config is read from `.module.config`; else pass `dit_config`). vae: a `CausalVideoVAE`.
-    per_token_timesteps: for i2v in replace mode, give the clean first-frame tokens t = 0 (the right
-    choice for every model; see conditioning.py). The i2v mode follows from the DiT config:
+    In i2v replace mode the clean first-frame tokens get t = 0 (per-token timesteps, as in training:
+    the one `FirstFrameConditioning` decides it; see conditioning.py). The i2v mode follows from the DiT config:
     in_dim == out_dim + 4 + z_dim is concat (Wan I2V, in_dim 36), in_dim == out_dim is replace;
     `i2v_mode`, when given, is checked against it (a clear error instead of a wrong conditioning).
     """
 
-    def __init__(self, dit: nn.Module, vae: nn.Module, *, per_token_timesteps: bool = True,
-                 i2v_mode: str | None = None, dit_config=None):
+    def __init__(self, dit: nn.Module, vae: nn.Module, *, i2v_mode: str | None = None, dit_config=None):
         self.dit, self.vae = dit, vae
         self.dit_config = dit_config if dit_config is not None else _config_of(dit, "dit")
         self.vae_config = _config_of(vae, "vae")
-        self.per_token_timesteps = per_token_timesteps
         cfg, z = self.dit_config, self.vae_config.z_dim
         if cfg.out_dim != z:
             raise ValueError(f"DiT out_dim {cfg.out_dim} does not match the VAE's z_dim {z}")
@@ -122,9 +120,7 @@ class VideoPipeline:
         conditioning = cond = None
         if first_frame is not None:
             pixels = _first_frames(first_frame, B, height, width)  # (B, 3, H, W)
-            conditioning = FirstFrameConditioning(
-                self.i2v_mode, per_token_timesteps=self.per_token_timesteps and self.i2v_mode == "replace",
-                patch_size=tuple(self.dit_config.patch_size))
+            conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(self.dit_config.patch_size))
             cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
         # 3. the solver
         return flow_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,

@@ -4,21 +4,31 @@ Two styles (`mode`):
 
 1. "replace" (Wan 2.2 TI2V style; works with any t2v model, in_dim == out_dim):
        model_input = noisy, with latent frame 0 overwritten by the clean normalized first-frame latent
-       timestep    = (B, L) per token, 0 on frame-0 tokens and t elsewhere   (per_token_timesteps=True)
-                     or (B,) = t                                            (per_token_timesteps=False)
-       loss_mask   = 1 everywhere but latent frame 0
-   Per-token timesteps are the right default for EVERY model in replace mode, Wan 2.1 t2v included:
-   frame 0 is clean, so t = 0 is the truth for its tokens, and our DiT accepts (B, L) for any config.
-   `per_token_timesteps=False` (frame 0 clean but labelled with the clip's t) is kept only to
-   reproduce setups trained that way; presets say which (`Preset.per_token_timesteps`).
+       timestep    = (B, L) per token, 0 on frame-0 tokens and t elsewhere
+       loss_mask   = 1 everywhere but latent frame 0 (always: see below)
+   Per-token timesteps are right for EVERY model in replace mode, Wan 2.1 t2v included: frame 0 is
+   clean, so t = 0 is the truth for its tokens (Wan 2.2 TI2V and diffusers' `expand_timesteps` do
+   this), and our DiT accepts (B, L) for any config. There is no scalar-t variant: the trainer, the
+   pipeline and the ai-toolkit arch all get their timesteps from `apply`.
+   Sampling overwrites frame 0 before every step and `restore` puts it back at the end, so the
+   model's frame-0 prediction never reaches the video; its target (noise - x0 for an input that
+   holds no noise) is meaningless, and the mask keeps it out of the loss.
 
 2. "concat" (Wan 2.1 / 2.2 I2V, in_dim 36 = 16 + 4 + 16):
        model_input = [noisy 16 | mask 4 | normalized VAE(first frame, zero frames...) 16]  (B, 36, F', h, w)
        timestep    = (B,) = t (frame 0 of `noisy` is noisy here, so per-token t = 0 would be wrong)
-       loss_mask   = 1 everywhere but latent frame 0 (the model reproduces a given frame there)
+       loss_mask   = 1 everywhere by default (`mask_first_frame_loss=False`)
+   Nothing replaces latent frame 0 while sampling (Wan's image2video.py loop steps the whole 16-channel
+   latent and decodes it), so the model's frame-0 prediction IS the first frame of the output video
+   and belongs in the loss, as in Wan's training setups: ai-toolkit's Wan I2V models (no
+   `scale_loss` mask), DiffSynth-Studio's FlowMatchSFTLoss (it drops frame 0 only when
+   `first_frame_latents` replace it, the TI2V case) and diffusion-pipe's Wan (target over every
+   frame). `mask_first_frame_loss=True` masks it anyway (key `model.mask_first_frame_loss`).
    The 4 mask channels are Wan's packing of the per-pixel-frame mask: latent frame 0 stands for pixel
    frame 0 (repeated 4x), latent frame f > 0 for pixel frames 4f-3..4f (one channel each).
 
+`apply(..., active=)` conditions some samples of a batch and leaves the others as plain t2v (replace
+mode: a t2v dataset mixed into an i2v job): the one place that per-sample choice is made.
 Conditioning tensors come from `encode_conditioning(vae, frames, mode, num_frames)`, called by the
 data cache and by the pipeline, so both see exactly the same latents.
 """
@@ -47,49 +57,73 @@ def pack_frame_mask(frame_mask: torch.Tensor, temporal_factor: int = MASK_CHANNE
     return m.view(B, -1, temporal_factor, h, w).transpose(1, 2)  # (B, 4, F', h, w)
 
 
+def default_mask_first_frame_loss(mode: I2VMode) -> bool:
+    """Whether latent frame 0 stays out of the loss when the job does not say: replace yes, concat no."""
+    return mode == "replace"
+
+
 class FirstFrameConditioning:
     """Apply first-frame conditioning to a noisy latent; see the module docstring for both modes.
 
     `patch_size` is the DiT's (pt, ph, pw): per-token timesteps follow the DiT's token order
-    (frame, y, x) with L = F'/pt * h/ph * w/pw.
+    (frame, y, x) with L = F'/pt * h/ph * w/pw. `mask_first_frame_loss`: None = the mode's default
+    (`default_mask_first_frame_loss`); True masks frame 0 out of the loss in either mode; False is
+    concat only (in replace mode frame 0's prediction is discarded, so it is refused).
     """
 
-    def __init__(self, mode: I2VMode, per_token_timesteps: bool = True,
-                 patch_size: tuple[int, int, int] = (1, 2, 2)):
+    def __init__(self, mode: I2VMode, patch_size: tuple[int, int, int] = (1, 2, 2),
+                 mask_first_frame_loss: bool | None = None):
         if mode not in I2V_MODES:
             raise ValueError(f"unknown i2v mode {mode!r}; accepted: {', '.join(I2V_MODES)}")
-        if mode == "concat" and per_token_timesteps:
-            raise ValueError("i2v mode 'concat' keeps frame 0 noisy, so per-token timesteps (t = 0 on "
-                             "frame 0) do not apply; use per_token_timesteps=False")
         if patch_size[0] != 1:
             raise ValueError(f"first-frame conditioning needs a temporal patch of 1, got {patch_size}")
-        self.mode, self.per_token_timesteps, self.patch_size = mode, per_token_timesteps, tuple(patch_size)
+        if mask_first_frame_loss is None:
+            mask_first_frame_loss = default_mask_first_frame_loss(mode)
+        if mode == "replace" and not mask_first_frame_loss:
+            raise ValueError("mask_first_frame_loss=False needs i2v mode 'concat': in replace mode latent frame 0 "
+                             "is overwritten by the clean first frame, so its prediction has no target to learn; "
+                             "accepted in replace mode: true (or leave it unset)")
+        self.mode, self.patch_size = mode, tuple(patch_size)
+        self.mask_first_frame_loss = bool(mask_first_frame_loss)
 
     def __repr__(self) -> str:
-        return (f"FirstFrameConditioning(mode={self.mode!r}, per_token_timesteps={self.per_token_timesteps}, "
-                f"patch_size={self.patch_size})")
+        return (f"FirstFrameConditioning(mode={self.mode!r}, patch_size={self.patch_size}, "
+                f"mask_first_frame_loss={self.mask_first_frame_loss})")
 
-    def apply(self, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor]):
+    def apply(self, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor],
+              active: torch.Tensor | None = None):
         """Conditioned model input, the DiT timestep and the loss mask.
 
         noisy (B, C, F', h, w): normalized noisy latents x_t; t (B,) on 0..1000;
         cond: {"first_frame_latents": (B, C, 1, h, w)} for replace, {"cond_latents": (B, 16, F', h, w)}
-        for concat, as made by `encode_conditioning`.
-        Returns (model_input, timestep (B,) or (B, L), loss_mask (B, 1, F', h, w) float, 0 on frame 0).
+        for concat, as made by `encode_conditioning`. active: optional (B,) bool, the samples to
+        condition (replace mode; the others pass through as t2v: input `noisy`, t on every token, loss
+        mask 1); None = all.
+        Returns (model_input, timestep (B, L) for replace, (B,) for concat, loss_mask (B, 1, F', h, w)
+        float32: 0 on latent frame 0 of the conditioned samples when the loss is masked, else 1).
         """
         B, C, Fl, h, w = noisy.shape
         if t.shape != (B,):
             raise ValueError(f"t must have shape (B,) = ({B},), got {tuple(t.shape)}")
+        if active is not None:
+            active = active.to(device=noisy.device, dtype=torch.bool).reshape(B)
+            if bool(active.all()):
+                active = None
+            elif self.mode == "concat":
+                raise ValueError("i2v mode 'concat' conditions every sample (an in_dim 36 DiT has no t2v input); "
+                                 "got a batch with unconditioned samples")
         loss_mask = torch.ones(B, 1, Fl, h, w, device=noisy.device, dtype=torch.float32)
-        loss_mask[:, :, 0] = 0.0
+        if self.mask_first_frame_loss:
+            loss_mask[:, :, 0] = 0.0 if active is None else (~active).float().view(B, 1, 1, 1)
         if self.mode == "replace":
             first = _get(cond, "first_frame_latents", (B, C, 1, h, w))
             model_input = torch.cat([first.to(noisy.dtype), noisy[:, :, 1:]], dim=2)  # (B, C, F', h, w)
-            if not self.per_token_timesteps:
-                return model_input, t, loss_mask
             _, ph, pw = self.patch_size
             per_frame = t.float()[:, None].repeat(1, Fl)  # (B, F')
             per_frame[:, 0] = 0.0
+            if active is not None:
+                model_input = torch.where(active.view(B, 1, 1, 1, 1), model_input, noisy)
+                per_frame[:, 0] = torch.where(active, per_frame[:, 0], t.float())
             timestep = per_frame[:, :, None].expand(B, Fl, (h // ph) * (w // pw)).reshape(B, -1)  # (B, L)
             return model_input, timestep, loss_mask
         cond_latents = _get(cond, "cond_latents", (B, None, Fl, h, w))

@@ -65,7 +65,6 @@ class Preset:
     text_encoder: TextEncoderConfig
     sample_shift: float = 5.0  # flow-matching shift for sampling (Wan: 3.0 at 480p, 5.0 at 720p)
     train_shift: float = 3.0
-    per_token_timesteps: bool = False  # Wan 2.2 TI2V: conditioned first-frame tokens get t = 0
     i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
     fps: int = 16
     image_encoder: ImageEncoderConfig | None = None  # the CLIP vision model of the DiT's image branch
@@ -97,7 +96,7 @@ PRESETS: dict[str, Preset] = {
         Preset("wan2.2-ti2v-5b",
                DiTConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
                VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
-               per_token_timesteps=True, i2v_mode="replace", fps=24),
+               i2v_mode="replace", fps=24),
         # Two experts of this shape (high-noise and low-noise); one is loaded and trained at a time.
         Preset("wan2.2-i2v-a14b",
                DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),

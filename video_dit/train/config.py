@@ -163,12 +163,20 @@ class TrainConfig:
                                                            "accepted: false")
 
 
+# `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
+# video_dit/integrations/ai_toolkit/model.py `ModelKwargs`); each is also accepted as `model.<key>`.
+MODEL_KWARGS = ("preset", "i2v_mode", "attention_backend", "mask_first_frame_loss")
+
+
 @dataclass
 class ModelConfig:
     """`model`. `name_or_path`: `preset:NAME` (seeded random init) or a weights file/folder (then
     `preset` names the VAE / text encoder / schedule family). Ours: `vae_path`, `text_encoder_path`
     (default: the preset's random init for `tiny`, else the `vae/` / `text_encoder/` folders next to
-    `name_or_path`), `tokenizer_path`, `seed` (of random inits)."""
+    `name_or_path`), `tokenizer_path`, `seed` (of random inits). `mask_first_frame_loss` (ours; put it in
+    `model_kwargs` in a job shared with ai-toolkit, whose arch reads it there): None = latent frame 0 is
+    out of the loss in i2v replace mode and in it in concat mode (diffusion/conditioning.py says why);
+    true masks it in either mode; false is concat only."""
 
     arch: Literal["video_dit"] = "video_dit"
     name_or_path: str = "preset:tiny"
@@ -178,6 +186,7 @@ class ModelConfig:
     quantize_te: bool = False
     qtype_te: Literal["qfloat8", "qint8", "float8"] = "qfloat8"
     i2v_mode: Literal["replace", "concat"] | None = None
+    mask_first_frame_loss: bool | None = None
     attention_backend: Literal["native", "flash"] = "native"
     vae_path: str | None = None
     text_encoder_path: str | None = None
@@ -185,21 +194,24 @@ class ModelConfig:
     tokenizer_path: str | None = None
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
-    model_kwargs: dict | None = None  # ai-toolkit key; `preset`, `i2v_mode`, `attention_backend` may sit here
+    model_kwargs: dict | None = None  # ai-toolkit key; the MODEL_KWARGS keys may sit here (the arch reads them)
 
     def validate(self, path: str) -> None:
         from video_dit.models.presets import PRESETS
 
         kwargs = dict(self.model_kwargs or {})
-        for key in ("preset", "i2v_mode", "attention_backend"):
+        for key in MODEL_KWARGS:
             if key in kwargs:
                 value = kwargs.pop(key)
                 if getattr(self, key) not in (None, value, "native"):
                     raise ConfigError(f"{path}.model_kwargs.{key}", f"conflicts with {path}.{key}")
                 setattr(self, key, value)
         if kwargs:
-            raise ConfigError(f"{path}.model_kwargs.{next(iter(kwargs))}",
-                              "unknown key; accepted in model_kwargs: preset, i2v_mode, attention_backend")
+            key = next(iter(kwargs))
+            raise ConfigError(f"{path}.model_kwargs.{key}", f"unknown key{did_you_mean(key, MODEL_KWARGS)}; "
+                                                            f"accepted in model_kwargs: {', '.join(MODEL_KWARGS)}")
+        if self.mask_first_frame_loss not in (None, True, False):
+            raise ConfigError(f"{path}.mask_first_frame_loss", f"{self.mask_first_frame_loss!r}; accepted: true, false")
         if self.te_name_or_path is not None:
             if self.text_encoder_path not in (None, self.te_name_or_path):
                 raise ConfigError(f"{path}.te_name_or_path", f"conflicts with {path}.text_encoder_path; set one")
@@ -397,6 +409,11 @@ class ProcessConfig:
         if i2v == "replace" and preset.dit.in_dim != preset.dit.out_dim:
             raise ConfigError(f"{path}.model.i2v_mode", f"preset {preset.name!r} (in_dim {preset.dit.in_dim}) "
                                                         "takes 'concat'")
+        if i2v != "concat" and self.model.mask_first_frame_loss is False:
+            raise ConfigError(f"{path}.model.mask_first_frame_loss",
+                              "false needs i2v_mode 'concat': in replace mode latent frame 0 is overwritten by the "
+                              "clean first frame, so its prediction has no target to learn; accepted here: true "
+                              "(or leave it unset)")
         if preset.dit.in_dim != preset.dit.out_dim and not all(d.do_i2v for d in self.datasets):
             raise ConfigError(f"{path}.datasets", f"preset {preset.name!r} is an image-to-video model: every "
                                                   "dataset needs do_i2v: true")

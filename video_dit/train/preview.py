@@ -69,7 +69,7 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
         was_training = dit.training
         dit.eval()
         param = next(p for p in dit.parameters())
-        pipe = VideoPipeline(dit, vae, per_token_timesteps=True, i2v_mode=i2v_mode)
+        pipe = VideoPipeline(dit, vae, i2v_mode=i2v_mode)
         for job in jobs:
             path = Path(out_dir) / "samples" / f"{step:09d}_{job.index}.mp4"
             try:

@@ -151,14 +151,8 @@ class Trainer:
         if p.model.quantize:
             eng.quantize_frozen(self.module, p.model.qtype_name)
 
-        from video_dit.diffusion.conditioning import FirstFrameConditioning
-        from video_dit.diffusion.flow import TimestepSampler
-
-        shift = p.train.timestep_shift if p.train.timestep_shift is not None else self.preset.train_shift
-        self.timesteps = TimestepSampler(p.train.timestep_type, shift=shift, min_t=p.train.min_t, max_t=p.train.max_t)
-        self.conditioning = FirstFrameConditioning(
-            self.i2v_mode, per_token_timesteps=self.i2v_mode == "replace",
-            patch_size=tuple(self.dit_config.patch_size)) if self.any_i2v else None
+        self.timesteps = timestep_sampler(p, self.preset)
+        self.conditioning = build_conditioning(p, self.dit_config)
 
         self.step = 0
         self.nonfinite_in_row = 0
@@ -242,35 +236,28 @@ class Trainer:
     # ---------------------------------------------------------------- one micro-batch
     def loss_of(self, batch: dict, micro: int) -> torch.Tensor:
         """Flow-matching loss of one micro-batch (forward only). `micro` numbers micro-batches within the
-        optimizer step being built, for the (seed, rank, step, micro) noise generator."""
-        from video_dit.diffusion.conditioning import masked_mse
-        from video_dit.diffusion.flow import add_noise, velocity_target
+        optimizer step being built, for the (seed, rank, step, micro) generator of its t and noise."""
+        B = batch["latents"].shape[0]
+        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, micro))
+        t = self.timesteps.sample(B, gen)  # (B,) on [min_t, max_t]
+        noise = torch.randn(batch["latents"].shape, generator=gen)
+        return self.loss_at(batch, t, noise)
+
+    def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
+        `loss_of` computes after drawing them (a validation loss calls this with fixed ones)."""
+        from video_dit.diffusion.objective import flow_matching_loss
 
         x0 = batch["latents"].to(self.device, torch.float32)  # (B, C, F', h, w)
-        B = x0.shape[0]
-        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, micro))
-        t = self.timesteps.sample(B, gen).to(self.device)  # (B,) on 0..1000
-        noise = torch.randn(x0.shape, generator=gen).to(self.device)
-        x_t, target = add_noise(x0, noise, t), velocity_target(x0, noise)
-        timestep, mask = t, None
+        t, noise = t.to(self.device, torch.float32), noise.to(self.device, torch.float32)
+        cond = active = None
         if self.conditioning is not None:
             cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents") if k in batch}
-            model_in, timestep, mask = self.conditioning.apply(x_t, t, cond)
-            i2v = torch.tensor([self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
-            if not bool(i2v.all()):  # a t2v dataset mixed into an i2v job (replace mode): per sample
-                sel = i2v.view(B, 1, 1, 1, 1)
-                model_in = torch.where(sel, model_in, x_t)
-                if timestep.ndim == 2:
-                    timestep = torch.where(i2v.view(B, 1), timestep, t.view(B, 1).expand_as(timestep))
-                mask = torch.where(sel, mask, torch.ones_like(mask))
-        else:
-            model_in = x_t
+            # per sample: a t2v dataset mixed into an i2v job (replace mode) trains unconditioned
+            active = torch.tensor([self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
         context = [e.to(self.device) for e in batch["text_embeds"]]
-        pred = self.engine(model_in, timestep, context)  # (B, C, F', h, w)
-        weight = self.timesteps.loss_weight(t)  # (B,) ones unless timestep_type is "weighted"
-        per_sample = torch.stack([masked_mse(pred[i:i + 1], target[i:i + 1], None if mask is None else mask[i:i + 1])
-                                  for i in range(B)])
-        return (per_sample * weight.to(per_sample.device)).mean()
+        return flow_matching_loss(self.engine, x0, context, t, noise, conditioning=self.conditioning, cond=cond,
+                                  active=active, weight=self.timesteps.loss_weight(t))
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
@@ -408,6 +395,27 @@ class Trainer:
         self.metrics.close()
 
 
+def timestep_sampler(process, preset):
+    """The job's `TimestepSampler`: `train.timestep_type` at `train.timestep_shift` (default: the
+    preset's training shift), conditioned on [train.min_t, train.max_t]."""
+    from video_dit.diffusion.flow import TimestepSampler
+
+    t = process.train
+    shift = t.timestep_shift if t.timestep_shift is not None else preset.train_shift
+    return TimestepSampler(t.timestep_type, shift=shift, min_t=t.min_t, max_t=t.max_t)
+
+
+def build_conditioning(process, dit_config):
+    """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
+    patch, and `model.mask_first_frame_loss` (None: the mode's default)."""
+    from video_dit.diffusion.conditioning import FirstFrameConditioning
+
+    if not any(d.do_i2v for d in process.datasets):
+        return None
+    return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
+                                  mask_first_frame_loss=process.model.mask_first_frame_loss)
+
+
 def check_matches_preset(dit, preset, source: str) -> None:
     """`WeightsError` naming `source` and the first mismatching keys when the loaded DiT is not shaped
     like `model.preset`'s (weights of another preset would otherwise meet the wrong VAE/text encoder)."""
@@ -442,5 +450,5 @@ def run(job, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "check_matches_preset",
-           "run"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "build_conditioning",
+           "check_matches_preset", "run", "timestep_sampler"]

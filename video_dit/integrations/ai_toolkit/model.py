@@ -45,8 +45,10 @@ from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.typed_config import ConfigError, parse
 
 ARCH = "video_dit"
-# ai-toolkit builds the training scheduler from the class, before any preset is known, so it is static.
-# It only draws training timesteps and adds noise there (shift applies with `timestep_type: shift`);
+# ai-toolkit builds a first training scheduler from the class, before any preset is known
+# (BaseSDTrainProcess calls the static get_train_scheduler() and hands it to the constructor); load_model
+# replaces it with one at the preset's `train_shift`, and the trainer reads `sd.noise_scheduler` from
+# then on. It draws training timesteps and adds noise (the shift applies with `timestep_type: shift`);
 # previews use our own sampler with the preset's `sample_shift`.
 TRAIN_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
 # Bump when get_prompt_embeds / encode_images change what they compute: the numbers are part of
@@ -73,11 +75,14 @@ class ModelKwargs:
     preset: names the DiT/VAE/text-encoder family; required when `name_or_path` is a weights path
         (`preset:NAME` implies it). i2v_mode: first-frame conditioning for `do_i2v` datasets; default:
         the preset's, else "replace" for a t2v DiT. attention_backend: "native" (SDPA) or "flash".
+    mask_first_frame_loss: None = latent frame 0 out of the loss in replace mode, in it in concat
+        mode; true masks it in either; false is concat only (the key our DeepSpeed trainer reads too).
     """
 
     preset: str | None = None
     i2v_mode: Literal["replace", "concat"] | None = None
     attention_backend: Literal["native", "flash"] = "native"
+    mask_first_frame_loss: bool | None = None
 
     def validate(self, path: str) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -131,6 +136,16 @@ def resolve_i2v_mode(preset: Preset, requested: str | None) -> str:
     return natural
 
 
+def _prompt_text(prompt) -> str:
+    """A prompt as text: None and False (ai-toolkit's default `sample.neg`) are the empty prompt."""
+    if prompt is None or prompt is False:
+        return ""
+    if not isinstance(prompt, str):
+        raise TypeError(f"a prompt must be a string (or None / false for none), got {type(prompt).__name__} "
+                        f"{prompt!r}")
+    return prompt
+
+
 def _device_of(module) -> torch.device:
     for p in module.parameters():
         return p.device
@@ -177,16 +192,21 @@ class VideoDiTModel(BaseModel):
         """Preset-derived settings; redone in load_model with the DiT config the weights carry."""
         self.preset = preset
         self.i2v_mode = resolve_i2v_mode(preset, self.options.i2v_mode or preset.i2v_mode)
-        # Replace mode: the clean first-frame tokens get t = 0 (see diffusion/conditioning.py); concat
-        # keeps frame 0 noisy, so one t per sample.
-        self.conditioning = FirstFrameConditioning(self.i2v_mode, per_token_timesteps=self.i2v_mode == "replace",
-                                                   patch_size=tuple(preset.dit.patch_size))
+        # the object our DeepSpeed trainer and pipeline use: per-token t = 0 on the clean first frame in
+        # replace mode, one t per sample in concat; the loss mask by `mask_first_frame_loss`
+        try:
+            self.conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(preset.dit.patch_size),
+                                                       mask_first_frame_loss=self.options.mask_first_frame_loss)
+        except ValueError as exc:
+            raise ConfigError("model.model_kwargs.mask_first_frame_loss", str(exc)) from exc
 
     # ---------------------------------------------------------------- identity and sizes
 
     @staticmethod
-    def get_train_scheduler():
-        return CustomFlowMatchEulerDiscreteScheduler(**TRAIN_SCHEDULER_CONFIG)
+    def get_train_scheduler(shift: float = TRAIN_SCHEDULER_CONFIG["shift"]):
+        """ai-toolkit's flow-matching training scheduler; ai-toolkit calls it with no argument before
+        the model exists, load_model again with the preset's `train_shift`."""
+        return CustomFlowMatchEulerDiscreteScheduler(**{**TRAIN_SCHEDULER_CONFIG, "shift": float(shift)})
 
     @property
     def text_embedding_space_version(self) -> str:
@@ -261,7 +281,7 @@ class VideoDiTModel(BaseModel):
                                quantize=cfg.qtype_te if cfg.quantize_te else None)  # qfloat8 | qint8
         te.eval().requires_grad_(False)
 
-        self.noise_scheduler = VideoDiTModel.get_train_scheduler()
+        self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = te.tokenizer
         self.sources = {"preset": self.preset.name, "vae": vae_src, "text_encoder": te_src}
@@ -307,8 +327,12 @@ class VideoDiTModel(BaseModel):
     @torch.no_grad()
     def get_prompt_embeds(self, prompt) -> AdvancedPromptEmbeds:
         """Prompts -> `text_embeds`: one 2D (Lt_i, D) tensor per prompt at its natural length, so
-        ai-toolkit caches stay small and any prompts share a batch (padding happens in the DiT)."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        ai-toolkit caches stay small and any prompts share a batch (padding happens in the DiT).
+
+        A prompt of None or False is the empty prompt: ai-toolkit's `sample.neg` defaults to False
+        and reaches here as the negative prompt of every preview."""
+        prompts = [_prompt_text(p) for p in ([prompt] if isinstance(prompt, (str, bool)) or prompt is None
+                                             else prompt)]
         _ensure_on(self.text_encoder, self.te_device_torch)
         embeds = self.text_encoder.encode(prompts)
         return AdvancedPromptEmbeds(text_embeds=[e.to(self.te_device_torch, self.torch_dtype) for e in embeds])
@@ -373,7 +397,8 @@ class VideoDiTModel(BaseModel):
             else te.to(self.device_torch, self.torch_dtype)
         cond = self._first_frame_condition(batch, x)
         if cond is not None:
-            x, t, self._i2v_loss_mask = self.conditioning.apply(x, t, cond)  # t: (B,) or per token (B, L)
+            x, t, mask = self.conditioning.apply(x, t, cond)  # t: per token (B, L) in replace, (B,) in concat
+            self._i2v_loss_mask = mask if self.conditioning.mask_first_frame_loss else None
         return self.model(x, t, context)  # (B, C, F', h, w)
 
     def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
@@ -381,23 +406,24 @@ class VideoDiTModel(BaseModel):
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Element-wise loss (B, C, F', h, w) -> masked: conditioned first-frame positions contribute
-        nothing, and dividing by the mask's mean makes ai-toolkit's plain mean a masked mean (the same
-        loss as our trainer's `masked_mse`)."""
+        nothing, and dividing each sample by its mask's mean makes ai-toolkit's per-sample mean
+        (SDTrainer: `loss.mean([1, 2, 3, 4])`, then the timestep weight, then the batch mean) a masked
+        mean per sample: our trainer's loss (diffusion/objective.py). ai-toolkit's Wan 2.2 5B divides
+        by the batch's mask mean instead; the two agree whenever every sample is conditioned alike."""
         mask, self._i2v_loss_mask = self._i2v_loss_mask, None
         if mask is None:
             return loss
         if mask.shape[0] != loss.shape[0] or mask.shape[2:] != loss.shape[2:]:
             raise ValueError(f"i2v loss mask {tuple(mask.shape)} does not fit the loss {tuple(loss.shape)}")
         m = mask.to(loss.device, loss.dtype)
-        return loss * m / m.mean().clamp(min=1e-8)
+        return loss * m / m.mean(dim=(1, 2, 3, 4), keepdim=True).clamp(min=1e-8)
 
     # ---------------------------------------------------------------- previews
 
     def get_generation_pipeline(self):
         from video_dit.pipeline import VideoPipeline
 
-        return VideoPipeline(self.model, self.vae, per_token_timesteps=self.conditioning.per_token_timesteps,
-                             i2v_mode=self.i2v_mode, dit_config=self.preset.dit)
+        return VideoPipeline(self.model, self.vae, i2v_mode=self.i2v_mode, dit_config=self.preset.dit)
 
     def generate_single_image(self, pipeline, gen_config, conditional_embeds, unconditional_embeds, generator,
                               extra):
