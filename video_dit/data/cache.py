@@ -6,8 +6,9 @@ Layout (next to the data, or under `cache_dir`), following ai-toolkit's `_latent
   <root>/_latent_cache/<file name>_<item key>.skip.json                 a file that failed to decode
   <root>/_text_cache/<caption key>_<space key>.safetensors              `text_embeds` (Lt, D)
 The item key hashes the file identity (absolute path, size, mtime), the frame selection, the
-bucket/resize/crop and `do_i2v`; the space key hashes `space_version` (the trainer passes a string
-naming the VAE and its weights; the text key uses `text_space_version`, default the same string).
+bucket/resize/crop and `do_i2v`; the space key hashes `space_version` (`latent_space`: the preset, the
+VAE weights' identity, its dtype and what is stored; the text key uses `text_space_version`, default
+the same string; `text_space`: the preset, the text encoder's weights, tokenizer, dtype, quantization).
 Touching or replacing a file changes its key, so exactly that entry is recomputed; old entries are
 left in place (another job with other settings may still use them). Every write is atomic: a temp
 file in the same folder, then `os.replace`.
@@ -49,6 +50,42 @@ def item_key(item: DataItem) -> str:
     """16 hex digits over everything that decides the pixels fed to the VAE."""
     return _sha([item.path, item.size, item.mtime_ns, item.kind, list(item.frames), list(item.bucket),
                  list(item.resize), list(item.crop), item.do_i2v])[:16]
+
+
+def source_identity(source: str | os.PathLike, subfolder: str | None = None) -> str:
+    """A string naming a weights source and changing whenever a file its loader reads changes (for
+    the space strings of the caches): `preset:NAME` as is; a file: its resolved path, size and mtime,
+    and those of a `config.json` beside it (the tiny VAE keeps its latent mean / std there); a folder
+    (its `subfolder` when it has one, e.g. `vae/` of a diffusers model folder): a hash over every
+    file under it (relative path, size, mtime). A path that does not exist is named as given."""
+    src = str(source)
+    path = Path(src)
+    if src.startswith("preset:") or not path.exists():
+        return src
+    if path.is_dir():
+        if subfolder is not None and (path / subfolder).is_dir():
+            path = path / subfolder
+        files = sorted(f for f in path.rglob("*") if f.is_file())
+        stats = [[str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+        return f"{path.resolve()}/:{_sha(stats)[:16]}"
+    files = [path] + [c for c in (path.parent / "config.json",) if c.is_file() and c != path]
+    return ";".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+def latent_space(preset: str, vae_source: str, vae_dtype, stores: str = "latents") -> str:
+    """The latent cache's space string: the preset, the VAE weights (`source_identity`), the dtype
+    the VAE encoded in, and what is stored besides the latents (`stores`, e.g. the i2v mode)."""
+    return f"preset={preset};vae={source_identity(vae_source, 'vae')};vae_dtype={vae_dtype};stores={stores}"
+
+
+def text_space(preset: str, te_source: str, tokenizer: str | None, te_dtype, quantization: str | None) -> str:
+    """The text cache's space string: the preset, the text encoder weights, its tokenizer (a folder,
+    or None: the one beside a model folder's `text_encoder/`, or the preset's), the dtype it ran in
+    and its quantization (None, "qfloat8", "qint8")."""
+    if tokenizer is None:
+        tokenizer = str(Path(te_source) / "tokenizer") if Path(te_source).is_dir() else "none"
+    return (f"preset={preset};te={source_identity(te_source, 'text_encoder')};"
+            f"tokenizer={source_identity(tokenizer)};te_dtype={te_dtype};quant={quantization}")
 
 
 def space_key(space_version: str) -> str:

@@ -318,6 +318,14 @@ TEXT_ENCODER_DOWNLOAD = (
 TEXT_ENCODER_QUANTIZE = ("qfloat8", "qint8")
 
 
+def te_quantization(model_config) -> str | None:
+    """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
+    `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
+    if not model_config.quantize_te:
+        return None
+    return "qfloat8" if model_config.qtype_te == "float8" else model_config.qtype_te
+
+
 def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
                       quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
     """A `TextEncoder` (umT5 encoder + tokenizer), from local files only; nothing is fetched.

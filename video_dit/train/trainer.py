@@ -66,13 +66,17 @@ def load_vae_for(source: str, dtype, device):
     return load_vae(source, dtype=dtype, device=device).eval().requires_grad_(False)
 
 
-def _identity(source: str) -> str:
-    """A string that changes when a weights file/folder changes (for cache keys)."""
-    p = Path(source)
-    if source.startswith("preset:") or not p.exists():
-        return source
-    st = p.stat()
-    return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype) -> tuple[str, str]:
+    """(latent space, text space) of a job (`data.cache.latent_space` / `text_space`): everything that
+    changes what the caches hold (preset, weights, encoder dtypes, the text encoder's quantization
+    and tokenizer, the i2v tensors stored). Equal strings reuse a cache; any difference recomputes it."""
+    from video_dit.data.cache import latent_space, text_space
+    from video_dit.models.loading import te_quantization
+
+    m = process.model
+    i2v = process.i2v_mode if any(d.do_i2v for d in process.datasets) else "none"
+    return (latent_space(preset.name, vae_src, vae_dtype, stores=f"i2v={i2v}"),
+            text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
 
 class Trainer:
@@ -185,11 +189,10 @@ class Trainer:
         return s is not None and bool(s.samples) and not self.p.train.disable_sampling
 
     def _load_text_encoder(self, source: str, dtype):
-        from video_dit.models.loading import load_text_encoder
+        from video_dit.models.loading import load_text_encoder, te_quantization
 
         m = self.p.model
-        quant = (m.qtype_te if m.qtype_te != "float8" else "qfloat8") if m.quantize_te else None
-        return load_text_encoder(source, dtype=dtype, device=self.device, quantize=quant,
+        return load_text_encoder(source, dtype=dtype, device=self.device, quantize=te_quantization(m),
                                  tokenizer=m.tokenizer_path)
 
     def _build_data(self, vae_src: str, te_src: str, text_encoder) -> None:
@@ -198,9 +201,8 @@ class Trainer:
 
         p = self.p
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0)
-        # the cache key names the VAE weights and what encode_fn stores (i2v mode)
-        space = f"vae={_identity(vae_src)};i2v={self.i2v_mode if self.any_i2v else 'none'}"
-        text_space = f"te={_identity(te_src)};quant={p.model.quantize_te}"
+        space, text_space = cache_spaces(p, self.preset, vae_src, te_src, next(self.vae.parameters()).dtype,
+                                         text_encoder.dtype)
         vae, mode = self.vae, self.i2v_mode
 
         def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
@@ -451,4 +453,4 @@ def run(job, resume: str | None = None) -> int:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "build_conditioning",
-           "check_matches_preset", "run", "timestep_sampler"]
+           "cache_spaces", "check_matches_preset", "run", "timestep_sampler"]

@@ -210,8 +210,10 @@ class VideoDiTModel(BaseModel):
 
     @property
     def text_embedding_space_version(self) -> str:
-        te = self.preset.text_encoder
-        return f"{ARCH}.te{TEXT_EMBEDDING_VERSION}.{te.tokenizer}.{te.d_model}x{te.num_layers}"
+        """Set by load_model (the text encoder's weights, tokenizer, dtype, quantization)."""
+        if getattr(self, "_text_space", None) is None:
+            raise RuntimeError("text_embedding_space_version is known once load_model has run")
+        return self._text_space
 
     def get_bucket_divisibility(self) -> int:
         return self.preset.divisibility  # VAE factor x DiT patch: 16 (Wan 2.1 VAE) or 32 (Wan 2.2 VAE)
@@ -258,7 +260,8 @@ class VideoDiTModel(BaseModel):
         return tuple(out)
 
     def load_model(self):
-        from video_dit.models.loading import load_dit, load_text_encoder, load_vae
+        from video_dit.data.cache import latent_space, text_space
+        from video_dit.models.loading import load_dit, load_text_encoder, load_vae, te_quantization
 
         cfg = self.model_config
         dit_src, vae_src, te_src = self._sources()
@@ -278,14 +281,19 @@ class VideoDiTModel(BaseModel):
 
         self.print_and_status_update(f"Loading video_dit text encoder from {te_src}")
         te = load_text_encoder(te_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
-                               quantize=cfg.qtype_te if cfg.quantize_te else None)  # qfloat8 | qint8
+                               quantize=te_quantization(cfg))  # qfloat8 | qint8
         te.eval().requires_grad_(False)
 
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = te.tokenizer
         self.sources = {"preset": self.preset.name, "vae": vae_src, "text_encoder": te_src}
-        self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}.{self.preset.vae_name}:{vae_src}"
+        # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
+        # everything that changes what they hold, as our trainer's caches do (data/cache.py)
+        self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}." + latent_space(
+            self.preset.name, vae_src, next(vae.parameters()).dtype)
+        self._text_space = f"{ARCH}.te{TEXT_EMBEDDING_VERSION}." + text_space(
+            self.preset.name, te_src, None, te.dtype, te_quantization(cfg))
         self.pipeline = self.get_generation_pipeline()
         self.print_and_status_update("video_dit model loaded")
 
