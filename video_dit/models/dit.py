@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import math
 import weakref
 from dataclasses import dataclass, fields
@@ -368,6 +369,42 @@ class Head(nn.Module):
         return self.head(modulate(x, shift, scale, self.eps))
 
 
+# ---------------------------------------------------------------- initialisation
+
+
+def parameter_generator(seed: int, name: str) -> torch.Generator:
+    """The CPU generator of one parameter's initial values: seeded by (seed, parameter name)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
+
+
+@torch.no_grad()
+def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Wan's initial value of the parameter called `name` (native names), written into `t` in place.
+    Drawn in float32 on the CPU from `generator` and then copied, so every dtype and device gets the
+    same numbers. A name no rule covers is an error: a new parameter needs its rule here."""
+    values = torch.empty(t.shape, dtype=torch.float32)
+    if name == "head.head.weight":  # output layer zeroed: a fresh model predicts 0
+        values.zero_()
+    elif name.endswith("modulation"):  # adaLN tables: random unit-scale per channel (added to the time projection)
+        values.normal_(std=config.dim ** -0.5, generator=generator)
+    elif name.startswith(("text_embedding.", "time_embedding.")) and name.endswith(".weight"):
+        values.normal_(std=0.02, generator=generator)  # text and time MLPs: small normal weights
+    elif name == "img_emb.emb_pos":  # FLF2V's image position embedding starts at zero (Wan)
+        values.zero_()
+    elif name == "patch_embedding.weight":  # Xavier over the flattened (in_dim * patch) fan-in, like a Linear
+        nn.init.xavier_uniform_(values.flatten(1), generator=generator)
+    elif name.endswith(".bias"):  # every Linear / conv / norm bias
+        values.zero_()
+    elif name.endswith(".weight") and t.dim() == 1:  # RMSNorm / LayerNorm scales
+        values.fill_(1.0)
+    elif name.endswith(".weight") and t.dim() == 2:  # every other Linear: Xavier-uniform
+        nn.init.xavier_uniform_(values, generator=generator)
+    else:
+        raise ValueError(f"init_parameter: no initialisation rule for DiT parameter {name!r} {tuple(t.shape)}")
+    return t.copy_(values)
+
+
 class VideoDiT(nn.Module):
     """The Wan 2.x DiT. Build on the meta device and materialise with
     `load_state_dict(sd, assign=True)` (see `video_dit.models.loading.load_dit`).
@@ -383,7 +420,7 @@ class VideoDiT(nn.Module):
     local; padding to a multiple of the ranks is the sp object's business.
     """
 
-    def __init__(self, config: DiTConfig):
+    def __init__(self, config: DiTConfig, init_seed: int | None = None):
         super().__init__()
         cfg = self.config = config
         self.patch_embedding = nn.Conv3d(cfg.in_dim, cfg.dim, kernel_size=cfg.patch_size, stride=cfg.patch_size)
@@ -398,40 +435,22 @@ class VideoDiT(nn.Module):
         self.offload_checkpoints = False
         self.seq_parallel = None  # set from outside (video_dit/parallel); see forward()
         self._rope_cache: dict = {}
-        self.initialize_weights()
+        self.initialize_weights(init_seed)
 
     # -------------------------------------------------------------- set-up
 
     @torch.no_grad()
-    def initialize_weights(self) -> None:
-        """Wan's initialisation (a no-op on the meta device)."""
-        cfg = self.config
-        # Every Linear: Xavier-uniform weights, zero bias.
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, (RMSNorm, nn.LayerNorm)) and m.weight is not None:
-                nn.init.ones_(m.weight)
-                if getattr(m, "bias", None) is not None:
-                    nn.init.zeros_(m.bias)
-        # Patch embedding: Xavier over the flattened (in_dim * patch) fan-in, like a Linear.
-        nn.init.xavier_uniform_(self.patch_embedding.weight.flatten(1))
-        nn.init.zeros_(self.patch_embedding.bias)
-        # Text and time MLPs: small normal weights.
-        for seq in (self.text_embedding, self.time_embedding):
-            for m in seq:
-                if isinstance(m, nn.Linear):
-                    nn.init.normal_(m.weight, std=0.02)
-        # adaLN tables: random unit-scale per channel (added to the time projection).
-        for block in self.blocks:
-            block.modulation.normal_(std=cfg.dim ** -0.5)
-        self.head.modulation.normal_(std=cfg.dim ** -0.5)
-        # FLF2V's image position embedding starts at zero (Wan).
-        if self.img_emb is not None and self.img_emb.emb_pos is not None:
-            nn.init.zeros_(self.img_emb.emb_pos)
-        # Output layer zeroed: a fresh model predicts 0.
-        nn.init.zeros_(self.head.head.weight)
+    def initialize_weights(self, seed: int | None = None) -> None:
+        """Wan's initialisation, one parameter at a time by name (`init_parameter`), each from its own
+        generator seeded by (`seed`, name): the same values whatever order or device the parameters
+        are made in (a ZeRO-3 build materialises them one module at a time). `seed=None` draws the
+        seed from torch's global RNG, so `torch.manual_seed(s); VideoDiT(cfg)` stays reproducible.
+        A no-op on the meta device."""
+        params = [(n, p) for n, p in self.named_parameters() if p.device.type != "meta"]
+        if params and seed is None:
+            seed = int(torch.randint(0, 2 ** 62, (), device="cpu").item())
+        for name, p in params:
+            init_parameter(self.config, name, p, parameter_generator(seed, name))
 
     @property
     def device(self) -> torch.device:
