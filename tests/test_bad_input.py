@@ -155,7 +155,7 @@ def test_weights_of_another_model_name_the_file_and_keys(tmp_path):
 
     from video_dit.models.loading import WeightsError, load_dit
     from video_dit.models.presets import get_preset
-    from video_dit.train.trainer import check_matches_preset
+    from video_dit.train.build import check_matches_preset
 
     other = tmp_path / "other_model.safetensors"
     save_file({k: v.contiguous() for k, v in _tiny_dit(num_layers=5, ffn_dim=256).state_dict().items()}, str(other))

@@ -126,11 +126,13 @@ class Trainer:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-        # 2. the DiT, its trainable parameters, checkpointing
-        from video_dit.models.loading import load_dit
+        # 2. the DiT (under ZeRO-3 built partitioned: no rank holds the whole model), its trainable
+        # parameters, checkpointing
+        from video_dit.train.build import build_dit
 
-        dit = load_dit(p.model.name_or_path, dtype=self.dtype, device=self.device, seed=p.model.seed)
-        check_matches_preset(dit, self.preset, p.model.name_or_path)
+        dit = build_dit(p.model.name_or_path, self.preset, zero_stage=self.zero_stage, dtype=self.dtype,
+                        device=self.device, seed=p.model.seed,
+                        ds_config=eng.ds_config(job, self.world, self.dtype) if self.zero_stage == 3 else None)
         dit.set_attention_backend(p.model.attention_backend)
         if p.network is not None:
             from video_dit.lora import add_lora
@@ -418,17 +420,6 @@ def build_conditioning(process, dit_config):
                                   mask_first_frame_loss=process.model.mask_first_frame_loss)
 
 
-def check_matches_preset(dit, preset, source: str) -> None:
-    """`WeightsError` naming `source` and the first mismatching keys when the loaded DiT is not shaped
-    like `model.preset`'s (weights of another preset would otherwise meet the wrong VAE/text encoder)."""
-    from video_dit.models.dit import VideoDiT
-    from video_dit.models.loading import check_state_dict
-
-    with torch.device("meta"):
-        expected = VideoDiT(preset.dit)
-    check_state_dict(expected, dit.state_dict(), f"{source} (model.preset: {preset.name})")
-
-
 def run(job, resume: str | None = None) -> int:
     """Build, train, close; the exit code (0, EXIT_BAD_INPUT, EXIT_NONFINITE or EXIT_SAVE_FAILED)."""
     from video_dit.data import DataError
@@ -453,4 +444,4 @@ def run(job, resume: str | None = None) -> int:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "build_conditioning",
-           "cache_spaces", "check_matches_preset", "run", "timestep_sampler"]
+           "cache_spaces", "run", "timestep_sampler"]
