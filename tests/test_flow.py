@@ -28,15 +28,70 @@ def test_interpolation_endpoints_and_velocity():
         add_noise(x0, noise, torch.zeros(2))
 
 
-def test_shift_and_schedule():
+def test_shift():
     t = torch.linspace(0, 1000, 11)
     torch.testing.assert_close(shift_timesteps(t, 1.0), t)
     s = shift_timesteps(t, 3.0)
     assert s[0] == 0 and s[-1] == 1000 and bool((s[1:-1] > t[1:-1]).all())  # more time at high noise
     assert math.isclose(float(shift_timesteps(torch.tensor(500.0), 3.0)), 750.0, rel_tol=1e-6)
-    sched = sampling_schedule(10, 5.0)
-    assert sched.shape == (11,) and sched[0] == 1000 and sched[-1] == 0
-    assert bool((sched[1:] < sched[:-1]).all())
+
+
+def _shifted(s, shift):
+    return [shift * v / (1 + (shift - 1) * v) for v in s]
+
+
+@pytest.mark.parametrize("steps,shift", [(1, 1.0), (4, 3.0), (10, 5.0), (50, 5.0), (40, 12.0)])
+def test_sampling_schedules_follow_the_reference_formulas(steps, shift):
+    """Each schedule against its rule written out here in plain Python (not our code's numpy):
+    Wan's UniPC grid linspace(0.999, 0, n + 1)[:-1], diffusers' UniPC grid linspace(1, 1/1000, n + 1)[:-1]
+    (first sigma 1 - 1e-6 when it shifts to 1), both shifted and fed to the DiT as int(sigma * 1000);
+    diffusers' flow-matching Euler: shift(linspace(1, shift(1/1000), n)), fed as float sigma * 1000."""
+    def lin(a, b, n):
+        return [a + (b - a) * k / (n - 1) for k in range(n)] if n > 1 else [a]
+
+    wan = _shifted(lin(0.999, 0.0, steps + 1)[:-1], shift)
+    dif = _shifted(lin(1.0, 0.001, steps + 1)[:-1], shift)
+    dif[0] = dif[0] - 1e-6 if abs(dif[0] - 1) < 1e-6 else dif[0]
+    s_min = _shifted([0.001], shift)[0]
+    eul = _shifted(lin(1.0, s_min, steps), shift)
+    for grid, solver, ref, integer in [("wan", "unipc", wan, True), ("diffusers", "unipc", dif, True),
+                                       ("wan", "euler", eul, False), ("diffusers", "euler", eul, False)]:
+        sched = sampling_schedule(steps, shift, solver, grid)
+        assert sched.solver == solver and sched.steps == steps
+        assert sched.sigmas.dtype == torch.float32 and sched.timesteps.dtype == torch.float32
+        torch.testing.assert_close(sched.sigmas, torch.tensor(ref + [0.0]), rtol=0, atol=2e-7)
+        expected_t = [float(math.floor(v * 1000)) for v in ref] if integer else [v * 1000 for v in ref]
+        if integer:  # exact, but for a value within rounding of an integer (none in these cases)
+            assert sched.timesteps.tolist() == expected_t
+        else:
+            torch.testing.assert_close(sched.timesteps, torch.tensor(expected_t), rtol=0, atol=1e-4)
+    if steps == 10 and shift == 5.0:  # the numbers the issue quotes
+        assert sampling_schedule(10, 5.0, "unipc", "wan").timesteps[:3].tolist() == [999, 978, 952]
+        assert sampling_schedule(10, 5.0, "unipc", "diffusers").timesteps[:4].tolist() == [999, 978, 952, 921]
+
+
+def test_sampling_schedules_equal_diffusers_schedulers():
+    """Bit-equal sigmas and timesteps to diffusers' own schedulers (the UniPC of its Wan folders and
+    the flow-matching Euler), over step counts and shifts."""
+    diffusers = pytest.importorskip("diffusers")
+    for steps in (1, 2, 7, 30, 50):
+        for shift in (1.0, 3.0, 5.0, 7.3):
+            unipc = diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                      flow_shift=shift)
+            unipc.set_timesteps(steps)
+            ours = sampling_schedule(steps, shift, "unipc", "diffusers")
+            assert torch.equal(ours.sigmas, unipc.sigmas) and torch.equal(ours.timesteps, unipc.timesteps.float())
+            euler = diffusers.FlowMatchEulerDiscreteScheduler(shift=shift)
+            euler.set_timesteps(steps)
+            ours = sampling_schedule(steps, shift, "euler")
+            assert torch.equal(ours.sigmas, euler.sigmas) and torch.equal(ours.timesteps, euler.timesteps)
+
+
+def test_sampling_schedule_validation():
+    for args, message in [((0, 5.0), "steps"), ((4, 0.0), "shift"), ((4, 5.0, "dpm"), "accepted: unipc, euler"),
+                          ((4, 5.0, "unipc", "comfy"), "accepted: wan, diffusers")]:
+        with pytest.raises(ValueError, match=message):
+            sampling_schedule(*args)
 
 
 def _ks_statistic(a: np.ndarray, b: np.ndarray) -> float:
@@ -169,23 +224,28 @@ class PerfectVelocity(torch.nn.Module):
 def test_euler_with_perfect_velocity_recovers_x0(steps, shift):
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 3, 4, 4, generator=g), torch.randn(2, 4, 3, 4, 4, generator=g)
-    out = flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(steps, shift))
+    out = flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2,
+                      sampling_schedule(steps, shift, "euler"))
     torch.testing.assert_close(out, x0, atol=1e-5, rtol=1e-5)
 
 
 class Nonlinear(torch.nn.Module):
-    """A velocity field that depends nonlinearly on x (not on t: diffusers hands its model int64 t)."""
+    """A velocity field nonlinear in x that also depends on t, so the timesteps fed matter."""
 
     def __init__(self):
         super().__init__()
         self.A = torch.nn.Parameter(torch.randn(6, 6, generator=torch.Generator().manual_seed(0)) * 0.5)
 
     def forward(self, x, t, context):
-        return torch.tanh(torch.einsum("bcfhw,cd->bdfhw", x, self.A)) + 0.3 * x
+        tt = torch.as_tensor(t, dtype=torch.float32).reshape(-1)[:1] / 1000  # diffusers hands int64 t
+        return torch.tanh(torch.einsum("bcfhw,cd->bdfhw", x, self.A)) * (1 + tt) + 0.3 * x
 
 
 @pytest.mark.parametrize("steps,shift,order", [(1, 3.0, 2), (3, 5.0, 2), (12, 3.0, 2), (7, 3.0, 3)])
 def test_unipc_matches_diffusers(steps, shift, order):
+    """Our UniPC steps against diffusers' scheduler on its own schedule, through `flow_sample` as the
+    pipeline runs it (order 2), or the solver alone (order 3)."""
+    from video_dit.diffusion.flow import SamplingSchedule
     from video_dit.diffusion.sampler import UniPC
 
     diffusers = pytest.importorskip("diffusers")
@@ -198,22 +258,40 @@ def test_unipc_matches_diffusers(steps, shift, order):
     with torch.no_grad():
         for t in scheduler.timesteps:
             ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
-        if order == 2:  # through the sampler, as the pipeline runs it
-            out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, scheduler.sigmas * 1000, solver="unipc")
+        if order == 2:
+            schedule = sampling_schedule(steps, shift, "unipc", "diffusers")
+            out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, schedule)
         else:
-            solver, out = UniPC(scheduler.sigmas.tolist(), order=order), noise
+            schedule = SamplingSchedule("unipc", scheduler.sigmas, scheduler.timesteps.float())
+            solver, out = UniPC(schedule.sigmas.tolist(), order=order), noise
             for i in range(steps):
-                out = solver.step(i, out, model(out, None, None))
+                out = solver.step(i, out, model(out, schedule.timesteps[i], None))
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_unipc_with_perfect_velocity_recovers_x0():
+def test_euler_matches_diffusers():
+    diffusers = pytest.importorskip("diffusers")
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0)
+    scheduler.set_timesteps(6)
+    model = Nonlinear()
+    noise = torch.randn(2, 6, 2, 4, 4, generator=torch.Generator().manual_seed(1))
+    ref = noise.clone()
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
+        out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, sampling_schedule(6, 5.0, "euler"))
+    assert torch.equal(out, ref)  # the same float32 operations in the same order
+
+
+@pytest.mark.parametrize("grid", ["wan", "diffusers"])
+def test_unipc_with_perfect_velocity_recovers_x0(grid):
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 3, 4, 4, generator=g), torch.randn(2, 4, 3, 4, 4, generator=g)
-    out = flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(6, 5.0),
-                       solver="unipc")
-    # the schedule starts at exactly 1000; UniPC treats it as 1 - 1e-6, so x0 is off by ~1e-6 * |noise|
-    torch.testing.assert_close(out, x0, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="accepted: euler, unipc"):
-        flow_sample(PerfectVelocity(x0, noise), noise, [torch.zeros(1, 8)] * 2, sampling_schedule(2, 1.0),
-                     solver="dpm")
+    schedule = sampling_schedule(6, 5.0, "unipc", grid)
+    s0 = float(schedule.sigmas[0])  # 0.9998 (Wan) or 1 - 1e-6 (diffusers): start on the path there
+    out = flow_sample(PerfectVelocity(x0, noise), (1 - s0) * x0 + s0 * noise, [torch.zeros(1, 8)] * 2, schedule)
+    torch.testing.assert_close(out, x0, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"sigmas in \(0, 1\)"):
+        from video_dit.diffusion.sampler import UniPC
+
+        UniPC([1.0, 0.5, 0.0])

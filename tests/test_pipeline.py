@@ -125,17 +125,30 @@ def test_cfg_scale_one_equals_conditional_only(models):
     # scale s: one batched forward combines as v_u + s (v_c - v_u); check against separate forwards
     spy = Spy(dit)
     guided = VideoPipeline(spy, vae).generate_latents(_embeds(2), _embeds(1, seed=9)[0], guidance_scale=4.0,
-                                                      generator=_gen(), **{**kw, "steps": 1})
+                                                      generator=_gen(), solver="euler", **{**kw, "steps": 1})
     assert len(spy.calls) == 1 and spy.calls[0][0].shape[0] == 4  # cond and uncond in one batch
     noise = torch.randn(cond_only.shape, generator=_gen())
+    schedule = sampling_schedule(1, 3.0, "euler")  # one step from sigma 1 (t = 1000) to 0
+    assert schedule.timesteps.tolist() == [1000.0] and schedule.sigmas.tolist() == [1.0, 0.0]
     t = torch.full((2,), 1000.0)
     with torch.no_grad():
         v_c = dit(noise, t, _embeds(2))
         v_u = dit(noise, t, [_embeds(1, seed=9)[0]] * 2)
-    dt = float(sampling_schedule(1, 3.0)[1] - 1000.0) / 1000.0
-    torch.testing.assert_close(guided, noise + dt * (v_u + 4.0 * (v_c - v_u)), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(guided, noise - (v_u + 4.0 * (v_c - v_u)), atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="negative"):
         pipe.generate_latents(_embeds(1), None, guidance_scale=4.0, **kw)
+
+
+def test_initial_latents_replace_the_drawn_noise(models):
+    dit, vae = models
+    pipe = VideoPipeline(dit, vae)
+    kw = dict(num_frames=FRAMES, height=HEIGHT, width=WIDTH, steps=2, guidance_scale=1.0, shift=3.0)
+    drawn = pipe.generate_latents(_embeds(2), generator=_gen(7), **kw)
+    noise = torch.randn(drawn.shape, generator=_gen(7))
+    assert torch.equal(pipe.generate_latents(_embeds(2), latents=noise, generator=_gen(0), **kw), drawn)
+    assert not torch.equal(pipe.generate_latents(_embeds(2), latents=noise * 0.5, **kw), drawn)
+    with pytest.raises(ValueError, match=r"latents have shape \(1, 16, 2, 4, 6\).*need \(2, 16, 2, 4, 6\)"):
+        pipe.generate_latents(_embeds(2), latents=noise[:1], **kw)
 
 
 def test_first_frame_is_fitted_to_cover_and_centre_cropped():
@@ -198,11 +211,11 @@ def test_sample_command_from_a_model_folder_with_lora(tmp_path):
     ByT5Tokenizer().save_pretrained(folder / "tokenizer")
 
     common = ["--prompt", "a red ball", "--negative", "blurry", "--frames", "5", "--height", "32", "--width", "32",
-              "--steps", "2", "--cfg", "2", "--shift", "3", "--seed", "4"]
+              "--steps", "2", "--cfg", "2", "--shift", "3", "--seed", "4", "--solver", "euler"]
     assert cli(["sample", "--model", str(folder), *common, "--out", str(tmp_path / "folder.mp4")]) == 0
     embeds = TextEncoder(umt5, ByT5Tokenizer()).encode(["a red ball", "blurry"])
     frames = VideoPipeline(dit, vae).generate(embeds[0], embeds[1], num_frames=5, height=32, width=32, steps=2,
-                                              guidance_scale=2.0, shift=3.0, generator=_gen(4))
+                                              guidance_scale=2.0, shift=3.0, generator=_gen(4), solver="euler")
     write_video(frames, tmp_path / "direct.mp4", fps=16)
     assert (tmp_path / "folder.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
 

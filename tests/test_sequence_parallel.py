@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 import helpers
+import numpy as np
 import pytest
 import ranks
 import torch
+from PIL import Image
 
 from video_dit.models.dit import VideoDiT
 from video_dit.parallel.sequence import SPInfo, attach, check_heads
@@ -190,9 +192,13 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     # the LoRA weight deltas agree to helpers.TRAINED_RTOL (why not element by element: see helpers)
     a, b = (load_file(str(tmp_path / "out" / n / f"{n}.safetensors")) for n in ("sp2", "sp1"))
     helpers.assert_trained_close(a, b)
-    # the step-4 preview was sampled with the sequence split over both ranks: the same video
+    # the step-4 preview was sampled with the sequence split over both ranks: the same video, compared
+    # on the lossless PNG sheet (H.264 can turn a 1-level difference in a pixel into several levels)
     va, vb = (read_video(tmp_path / "out" / n / "samples" / "000000004_0.mp4") for n in ("sp2", "sp1"))
-    assert va.shape == vb.shape and (va - vb).abs().max().item() < 2 / 255
+    assert va.shape == vb.shape
+    sa, sb = (np.asarray(Image.open(tmp_path / "out" / n / "samples" / "000000004_0.png"), dtype=np.int16)
+              for n in ("sp2", "sp1"))
+    assert sa.shape == sb.shape and np.abs(sa - sb).max() <= 1 and (sa != sb).mean() < 1e-3
 
 
 if __name__ == "__main__" and len(sys.argv) >= 4 and sys.argv[1] == "--worker":

@@ -1,11 +1,15 @@
 """Embeds in, PIL frames out: text-to-video and image-to-video sampling.
 
-    prompt embeds [(Lt_i, D)] --+
-    noise (B, C, F', h, w) -----+--> Euler steps: conditioning -> dit(x, t, context) -> guidance -> step
-    first frame (B, 3, H, W) -> encode_conditioning (VAE) --^                    |
-                                                             VAE decode (B, 3, F, H, W) -> PIL frames
+    prompt embeds [(Lt_i, D)] ---------+
+    noise or latents= (B, C, F', h, w) -+--> solver steps (flow.sampling_schedule: UniPC or Euler):
+    first frame (B, 3, H, W) -> encode_conditioning (VAE) --^   conditioning -> dit(x, t, context)
+                                                                -> guidance -> step
+                                               VAE decode (B, 3, F, H, W) -> PIL frames
 
 The pipeline never sees text: encode prompts with `TextEncoder.encode` (or read cached embeds).
+With the same weights, embeds, initial latents and settings it samples what diffusers' `WanPipeline` /
+`WanImageToVideoPipeline` sample (tests/test_sampling_reference.py); the defaults here are Wan's
+generate.py ones (UniPC on Wan's grid, 50 steps, shift 5, guidance 5); `Preset` carries each model's.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import nn
 
 from video_dit.data.frames import snap_num_frames
 from video_dit.diffusion.conditioning import FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, encode_conditioning
-from video_dit.diffusion.flow import sampling_schedule
+from video_dit.diffusion.flow import SCHEDULE_GRIDS, sampling_schedule
 from video_dit.diffusion.sampler import flow_sample, module_dtype_device
 
 
@@ -90,9 +94,10 @@ class VideoPipeline:
     # ---------------------------------------------------------------- sampling
     @torch.no_grad()
     def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
-                         width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
+                         width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                          generator: torch.Generator | None = None, first_frame=None,
-                         i2v_mode: str | None = None, progress: bool = False, solver: str = "euler") -> torch.Tensor:
+                         i2v_mode: str | None = None, progress: bool = False, solver: str = "unipc",
+                         grid: str = "wan", latents: torch.Tensor | None = None) -> torch.Tensor:
         """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
         prompts = _as_list(prompt_embeds, "prompt_embeds")
         B = len(prompts)
@@ -108,14 +113,25 @@ class VideoPipeline:
                              f"takes {self.i2v_mode!r})")
         if first_frame is None and self.i2v_mode == "concat":
             raise ValueError(f"this DiT (in_dim {self.dit_config.in_dim}) is image-to-video: pass first_frame")
+        if grid not in SCHEDULE_GRIDS:
+            raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
         num_frames, height, width = self.snap(num_frames, height, width)
+        schedule = sampling_schedule(steps, shift, solver, grid)  # checks steps, shift and solver first
 
-        # 1. noise, drawn on the generator's device (CPU by default) so a seed means the same video anywhere
+        # 1. initial latents: `latents` as given, or noise drawn on the generator's device (CPU by
+        #    default, as diffusers' randn_tensor does with a CPU generator) so a seed means the same
+        #    video anywhere; float32 either way
         _, device = module_dtype_device(self.dit)
         shape = (B, self.vae_config.z_dim, (num_frames - 1) // self.temporal + 1,
                  height // self.spatial, width // self.spatial)
-        noise = torch.randn(shape, generator=generator,
-                            device=generator.device if generator is not None else "cpu").to(device)
+        if latents is not None:
+            if tuple(latents.shape) != shape:
+                raise ValueError(f"latents have shape {tuple(latents.shape)}; {B} video(s) of {num_frames} frames "
+                                 f"at {height}x{width} need {shape}")
+            noise = latents.to(device=device, dtype=torch.float32)
+        else:
+            noise = torch.randn(shape, generator=generator,
+                                device=generator.device if generator is not None else "cpu").to(device)
         # 2. first-frame conditioning latents, computed once
         conditioning = cond = None
         if first_frame is not None:
@@ -123,9 +139,8 @@ class VideoPipeline:
             conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(self.dit_config.patch_size))
             cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
         # 3. the solver
-        return flow_sample(self.dit, noise, prompts, sampling_schedule(steps, shift), negative_context=negatives,
-                           guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress,
-                           solver=solver)
+        return flow_sample(self.dit, noise, prompts, schedule, negative_context=negatives,
+                           guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
@@ -141,23 +156,28 @@ class VideoPipeline:
         return videos
 
     def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
-                 width: int = 832, steps: int = 30, guidance_scale: float = 5.0, shift: float = 5.0,
+                 width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
-                 progress: bool = False, solver: str = "euler"):
+                 progress: bool = False, solver: str = "unipc", grid: str = "wan",
+                 latents: torch.Tensor | None = None):
         """Render videos as PIL frames.
 
         prompt_embeds: one (Lt, D) tensor -> returns list[PIL.Image] (F frames); or a list of B (Lt_i, D)
         tensors -> returns B such lists. negative_embeds: one (Lt, D) for all prompts or B of them;
         required when guidance_scale != 1 (guidance 1 runs the conditional pass alone).
-        num_frames (snapped to 4k + 1), height, width (snapped to the divisibility), steps Euler steps
-        on `sampling_schedule(steps, shift)`. generator: seeds the noise. first_frame: a PIL image, a
-        (3, H, W) / (B, 3, H, W) tensor in [-1, 1], or a list of B PIL images; resized to cover
-        height x width and centre-cropped; makes it image-to-video in the DiT's i2v mode.
+        num_frames (snapped to 4k + 1), height, width (snapped to the divisibility). steps, shift, solver
+        ("unipc", Wan's default, or "euler") and grid ("wan", or "diffusers" for a diffusers folder's
+        UniPC) pick the schedule, `flow.sampling_schedule(steps, shift, solver, grid)`.
+        generator: seeds the noise. latents: initial latents (B, C, F', h, w) used instead of drawn
+        noise, as diffusers' pipelines take them. first_frame: a PIL image, a (3, H, W) / (B, 3, H, W)
+        tensor in [-1, 1], or a list of B PIL images; resized to cover height x width and
+        centre-cropped; makes it image-to-video in the DiT's i2v mode.
         i2v_mode: optional check that the DiT's mode is the one expected. progress: a tqdm bar.
-        solver: "euler" or "unipc" (Wan's default solver; see diffusion/sampler.py).
         """
-        latents = self.generate_latents(prompt_embeds, negative_embeds, num_frames, height, width, steps,
-                                        guidance_scale, shift, generator, first_frame, i2v_mode, progress, solver)
+        latents = self.generate_latents(prompt_embeds, negative_embeds, num_frames=num_frames, height=height,
+                                        width=width, steps=steps, guidance_scale=guidance_scale, shift=shift,
+                                        generator=generator, first_frame=first_frame, i2v_mode=i2v_mode,
+                                        progress=progress, solver=solver, grid=grid, latents=latents)
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
 

@@ -16,8 +16,10 @@ Training step in four lines (the trainer's whole use of this module):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 NUM_TRAIN_TIMESTEPS = 1000.0
@@ -62,15 +64,77 @@ def shift_timesteps(t: torch.Tensor, shift: float) -> torch.Tensor:
     return NUM_TRAIN_TIMESTEPS * (shift * s / (1.0 + (shift - 1.0) * s))
 
 
-def sampling_schedule(steps: int, shift: float) -> torch.Tensor:
-    """Float32 timesteps (steps + 1,) from exactly 1000 down to exactly 0: a linear grid, shifted.
+SOLVERS: tuple[str, ...] = ("unipc", "euler")
+SCHEDULE_GRIDS: tuple[str, ...] = ("wan", "diffusers")
 
-    The solver takes one step from schedule[i] to schedule[i + 1] for i < steps.
+
+@dataclass(frozen=True)
+class SamplingSchedule:
+    """What a solver integrates over: step i goes from noise level sigmas[i] to sigmas[i + 1] and tells
+    the DiT `timesteps[i]`. Made by `sampling_schedule`."""
+
+    solver: str               # "unipc" or "euler"
+    sigmas: torch.Tensor      # (steps + 1,) float32, descending, last 0: s = t/1000 before each step
+    timesteps: torch.Tensor   # (steps,) float32 on 0..1000: the DiT's t (integer-valued for UniPC)
+
+    @property
+    def steps(self) -> int:
+        return len(self.timesteps)
+
+
+def _shift_np(s, shift: float):
+    return shift * s / (1.0 + (shift - 1.0) * s)
+
+
+def sampling_schedule(steps: int, shift: float, solver: str = "unipc", grid: str = "wan") -> SamplingSchedule:
+    """The reference's sampling schedule for `solver`, computed as the reference computes it (numpy
+    float64 grids, float32 sigmas) so sigmas and timesteps are bit-equal to it. shift(s) is the SD3/Wan
+    shift of `shift_timesteps`; int() truncates toward zero, as the reference's int64 cast does.
+
+    UniPC, grid "wan": Wan 2.1 / 2.2 `FlowUniPCMultistepScheduler(shift=1).set_timesteps(steps,
+    shift=shift)` (wan/utils/fm_solvers_unipc.py, used by generate.py for every task):
+        s = shift(linspace(s_max, 0, steps + 1)[:-1]), s_max = float32(0.999), the first of its 1000
+        training sigmas 1 - linspace(1, 1/1000, 1000)[::-1]
+        timesteps = int(s * 1000) (999, 978, 952, ... for 10 steps at shift 5); sigmas = float32(s) + [0]
+    UniPC, grid "diffusers": diffusers' `UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=shift,
+    prediction_type="flow_prediction")`, the scheduler of diffusers' Wan folders:
+        s = shift(linspace(1, 1/1000, steps + 1)[:-1]), then s[0] -= 1e-6 when within 1e-6 of 1
+        timesteps = int(s * 1000) (999, 978, 952, 921, ...); sigmas = float32(s) + [0]
+      Wan and diffusers disagree here: Wan's grid is diffusers' minus 1/1000 (0.999 - k h vs 1 - k h,
+      h = 0.999 / steps). We follow Wan by default; "diffusers" is for a diffusers folder whose
+      scheduler_config.json names that scheduler, so the folder samples as diffusers samples it.
+    Euler (either grid; Wan has no Euler solver): diffusers' `FlowMatchEulerDiscreteScheduler(shift=
+    shift).set_timesteps(steps)`:
+        s_min = shift(1/1000) in float32 (the last of its training sigmas, shifted at construction)
+        s = shift(linspace(1, s_min, steps)): both ends kept, s_min shifted a second time, as there
+        timesteps = float32(s) * 1000 (not rounded: 1000.0, 975.743, ...); sigmas = float32(s) + [0]
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    t = torch.linspace(NUM_TRAIN_TIMESTEPS, 0.0, steps + 1, dtype=torch.float64)
-    return shift_timesteps(t, shift).float()
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(SOLVERS)}")
+    if grid not in SCHEDULE_GRIDS:
+        raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
+    n = int(NUM_TRAIN_TIMESTEPS)
+    if solver == "euler":
+        train_ends = torch.tensor([float(n), 1.0]) / n  # float32, as its training grid is
+        s_max, s_min = (shift * train_ends / (1 + (shift - 1) * train_ends)).tolist()
+        s = _shift_np(np.linspace(s_max * n, s_min * n, steps) / n, shift)
+        sigmas = torch.from_numpy(s).float()
+        timesteps = sigmas * n
+    else:
+        if grid == "wan":
+            s_max = float(np.float32(1.0 - 1.0 / n))
+            s = _shift_np(np.linspace(s_max, 0.0, steps + 1)[:-1], shift)
+        else:
+            s = _shift_np(np.linspace(1.0, 1 / n, steps + 1)[:-1], shift)
+            if abs(s[0] - 1.0) < 1e-6:
+                s[0] -= 1e-6
+        sigmas = torch.from_numpy(s).float()
+        timesteps = torch.from_numpy((s * n).astype(np.int64)).float()
+    return SamplingSchedule(solver, torch.cat([sigmas, sigmas.new_zeros(1)]), timesteps)
 
 
 def _normal_cdf(x: float) -> float:

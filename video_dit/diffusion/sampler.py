@@ -1,24 +1,27 @@
 """Flow-matching ODE solvers with classifier-free guidance and first-frame conditioning.
 
-Conventions are those of `flow.py`: time on 0..1000 (s = t/1000), the DiT predicts velocity
-v = noise - x0, so x0 is predicted as x - s * v.
-- "euler": x <- x + (t_next - t)/1000 * v. A perfect velocity recovers x0 exactly.
-- "unipc": UniPC-2 (B2(h), x0-prediction, predictor + corrector), Wan's default solver; equal to
-  diffusers' `UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)`
-  with its defaults (solver_order 2, bh2, lower_order_final) on the same sigmas (tested).
-Both make one DiT call per step.
+Conventions are those of `flow.py`: noise level s = t/1000, the DiT predicts velocity v = noise - x0,
+so x0 is predicted as x - s * v. Steps follow a `flow.SamplingSchedule` (the reference's sigmas and
+the timesteps the DiT is told, integer for UniPC as in Wan and diffusers).
+- "euler": x <- x + (sigmas[i + 1] - sigmas[i]) * v, diffusers' `FlowMatchEulerDiscreteScheduler.step`.
+  A perfect velocity recovers x0 exactly.
+- "unipc": UniPC-2 (B2(h), x0-prediction, predictor + corrector), Wan's default solver; the update of
+  Wan's `FlowUniPCMultistepScheduler` and diffusers' `UniPCMultistepScheduler(prediction_type=
+  "flow_prediction", use_flow_sigmas=True)` with their defaults (solver_order 2, bh2,
+  lower_order_final), which share it; ours runs its coefficients in float64, theirs in float32.
+Both make one DiT call per step (conditional and unconditional halves batched under guidance).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
 from video_dit.diffusion.conditioning import FirstFrameConditioning
-from video_dit.diffusion.flow import NUM_TRAIN_TIMESTEPS
+from video_dit.diffusion.flow import SOLVERS, SamplingSchedule
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
@@ -28,9 +31,6 @@ def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
         if p.is_floating_point():
             return p.dtype, p.device
     raise ValueError(f"{type(module).__name__} has no floating-point parameters")
-
-
-SOLVERS: tuple[str, ...] = ("euler", "unipc")
 
 
 def _lam(s: float) -> float:
@@ -44,15 +44,14 @@ class UniPC:
     One `step(i, x, v)` per timestep: v is the velocity predicted at (x, sigmas[i]); returns x at
     sigmas[i + 1]. The corrector refines the current x with the new prediction before the predictor
     extrapolates. Order warms up from 1 and drops to 1 on the final step (diffusers' lower_order_final).
-    sigmas[0] within 1e-6 of 1 is moved to 1 - 1e-6 (log-SNR is -inf at pure noise), as diffusers does.
+    Every sigma but the last must be < 1 (log-SNR is -inf at pure noise): `flow.sampling_schedule`
+    starts at 0.9998 (Wan) or 1 - 1e-6 (diffusers).
     """
 
     def __init__(self, sigmas: Sequence[float], order: int = 2):
         if order not in (1, 2, 3):
             raise ValueError(f"UniPC order must be 1, 2 or 3, got {order}")
         self.sigmas = [float(v) for v in sigmas]
-        if abs(self.sigmas[0] - 1.0) < 1e-6:
-            self.sigmas[0] = 1.0 - 1e-6
         if any(not 0.0 < v < 1.0 for v in self.sigmas[:-1]) or not 0.0 <= self.sigmas[-1] < 1.0:
             raise ValueError(f"UniPC needs sigmas in (0, 1) and a last one in [0, 1), got {self.sigmas}")
         self.order, self.history, self.last_x, self.last_order = order, [], None, 1
@@ -97,24 +96,23 @@ class UniPC:
 
 
 @torch.no_grad()
-def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor],
-                timesteps: torch.Tensor, *, negative_context: Sequence[torch.Tensor] | None = None,
-                guidance_scale: float = 1.0, conditioning: FirstFrameConditioning | None = None,
-                cond: dict[str, torch.Tensor] | None = None, progress: bool = False,
-                solver: Literal["euler", "unipc"] = "euler") -> torch.Tensor:
-    """Integrate the flow ODE from `noise` at timesteps[0] to timesteps[-1]; returns float32 latents.
+def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor], schedule: SamplingSchedule,
+                *, negative_context: Sequence[torch.Tensor] | None = None, guidance_scale: float = 1.0,
+                conditioning: FirstFrameConditioning | None = None, cond: dict[str, torch.Tensor] | None = None,
+                progress: bool = False) -> torch.Tensor:
+    """Integrate the flow ODE from `noise` along `schedule`; returns float32 latents at sigma 0.
 
     dit: called exactly once per step as `dit(x, t, context)` (x in the DiT's dtype, t float32 (B,) or
     (B, L), context a list of (Lt_i, D) tensors), so a DeepSpeed engine can stand in for the model.
-    noise (B, C, F', h, w); context: B per-prompt embeds; timesteps: (steps + 1,) on 0..1000, descending
-    (`flow.sampling_schedule`). negative_context: B embeds; with guidance_scale != 1 the conditional and
-    unconditional passes run batched in one forward (2B) and combine as v_u + s * (v_c - v_u);
-    guidance_scale == 1 runs the conditional pass alone. conditioning + cond: first-frame conditioning,
-    re-applied before every forward; the returned latent has the clean first frame restored.
-    solver: "euler" or "unipc" (see the module docstring).
+    noise (B, C, F', h, w): the initial latents (float32 state); context: B per-prompt embeds;
+    schedule: `flow.sampling_schedule(steps, shift, solver, grid)`. negative_context: B embeds; with
+    guidance_scale != 1 the conditional and unconditional passes run batched in one forward (2B) and
+    combine as v_u + s * (v_c - v_u) (Wan's and diffusers' order); guidance_scale == 1 runs the
+    conditional pass alone. conditioning + cond: first-frame conditioning, re-applied to the model
+    input before every forward; the returned latent has the clean first frame restored.
     """
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(SOLVERS)}")
+    if schedule.solver not in SOLVERS:
+        raise ValueError(f"unknown solver {schedule.solver!r}; accepted: {', '.join(SOLVERS)}")
     B = noise.shape[0]
     context = list(context)
     if len(context) != B:
@@ -132,29 +130,32 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
     dtype, device = module_dtype_device(dit)
     ctx = [c.to(device=device, dtype=dtype) for c in context + (negative_context if guided else [])]
     x = noise.to(device=device, dtype=torch.float32)
-    unipc = UniPC((timesteps.double() / NUM_TRAIN_TIMESTEPS).tolist()) if solver == "unipc" else None
-    steps = range(len(timesteps) - 1)
+    sigmas = schedule.sigmas.float()
+    unipc = UniPC(sigmas.tolist()) if schedule.solver == "unipc" else None
+    steps = range(schedule.steps)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="sampling", unit="step")
 
     for i in steps:
-        # 1. the current time for every sample, and the conditioned model input
-        t = timesteps[i].to(device=device, dtype=torch.float32).expand(B)
-        dt = float(timesteps[i + 1] - timesteps[i]) / NUM_TRAIN_TIMESTEPS
+        # 1. this step's time for every sample, its model and its guidance (one DiT and one scale for
+        #    every step here; a two-expert model would pick both by t at this point)
+        t = schedule.timesteps[i].to(device=device, dtype=torch.float32).expand(B)  # (B,)
+        model, scale = dit, guidance_scale
+        # 2. the conditioned model input
         model_in, t_in = x, t
         if conditioning is not None:
             model_in, t_in, _ = conditioning.apply(x, t, cond)
-        # 2. one forward: conditional and unconditional halves batched together under guidance
+        # 3. one forward: conditional and unconditional halves batched together under guidance
         if guided:
             model_in, t_in = torch.cat([model_in, model_in]), torch.cat([t_in, t_in])
-        v = dit(model_in.to(dtype), t_in, ctx).float()
+        v = model(model_in.to(dtype), t_in, ctx).float()
         if guided:
             v_cond, v_uncond = v.chunk(2)
-            v = v_uncond + guidance_scale * (v_cond - v_uncond)
-        # 3. the solver step
-        x = x + dt * v if unipc is None else unipc.step(i, x, v)
+            v = v_uncond + scale * (v_cond - v_uncond)
+        # 4. the solver step (Euler's dt in float32, as diffusers computes it)
+        x = x + float(sigmas[i + 1] - sigmas[i]) * v if unipc is None else unipc.step(i, x, v)
 
     if conditioning is not None:
         x = conditioning.restore(x, cond)

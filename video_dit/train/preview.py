@@ -81,7 +81,7 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
                                        steps=job.steps, guidance_scale=job.guidance_scale, shift=shift,
-                                       generator=gen, first_frame=first)
+                                       generator=gen, first_frame=first, solver="euler")
                 if rank == 0:
                     write_video(frames, path, fps=job.fps)
                     contact_sheet(frames).save(path.with_suffix(".png"))

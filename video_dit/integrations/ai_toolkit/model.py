@@ -457,7 +457,7 @@ class VideoDiTModel(BaseModel):
             list(conditional_embeds.text_embeds), negative, num_frames=gen_config.num_frames,
             height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
             guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
-            first_frame=first_frame, i2v_mode=self.i2v_mode)[0]
+            first_frame=first_frame, i2v_mode=self.i2v_mode, solver="euler")[0]
         if gen_config.num_frames == 1:
             return frames[0]
         # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does

@@ -1,0 +1,134 @@
+"""Sampling end to end against diffusers' Wan pipelines: a tiny random diffusers folder (as
+`WanPipeline.save_pretrained` / `WanImageToVideoPipeline.save_pretrained` write it) sampled by
+diffusers in memory and by us from the folder (our loaders, our `VideoPipeline`), with the same prompt
+embeds, initial latents and settings, gives the same frames (fp32, within 1e-3): text-to-video, Wan 2.2
+TI2V-style image-to-video (first-frame latent replace, diffusers' `expand_timesteps`) and Wan 2.2
+I2V-style channel concat without an image encoder; UniPC on diffusers' grid and on Wan's, and Euler."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from video_dit.models.convert import vae_config_to_diffusers
+from video_dit.models.loading import load_dit, load_vae
+from video_dit.models.vae import VAEConfig
+from video_dit.pipeline import VideoPipeline
+
+diffusers = pytest.importorskip("diffusers")
+
+FRAMES, SIZE, STEPS, SHIFT, CFG, TEXT_DIM = 5, 32, 4, 3.0, 3.0, 24
+# 8x spatial, 4x temporal VAEs: Wan 2.1's layout (t2v, concat) and Wan 2.2's patchified residual one (TI2V)
+VAE21 = VAEConfig(dim=4, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
+                  mean=(0.1, -0.2, 0.3, 0.0), std=(1.5, 0.8, 1.2, 2.0))
+VAE22 = VAEConfig(dim=4, dec_dim=8, z_dim=6, dim_mult=(1, 2, 2), num_res_blocks=1,
+                  temperal_downsample=(True, True), is_residual=True, patch_size=2,
+                  mean=tuple(0.1 * i for i in range(6)), std=(2.0, 1.0, 0.5, 1.5, 1.0, 0.7))
+
+
+class WanGridUniPC(diffusers.UniPCMultistepScheduler):
+    """diffusers' UniPC on Wan's sigma grid: Wan's FlowUniPCMultistepScheduler(shift=1)
+    .set_timesteps(n, shift) (wan/utils/fm_solvers_unipc.py) is diffusers' UniPC with the grid
+    linspace(sigma_max, 0, n + 1)[:-1], sigma_max = float32(0.999) the first of its training sigmas,
+    written out here; diffusers then shifts it by flow_shift and feeds int64(sigma * 1000) as Wan does."""
+
+    def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None):
+        grid = np.linspace(float(np.float32(0.999)), 0.0, num_inference_steps + 1)[:-1]
+        super().set_timesteps(device=device, sigmas=grid)
+
+
+SCHEDULERS = {
+    "unipc": lambda: diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                       flow_shift=SHIFT),
+    "unipc-wan": lambda: WanGridUniPC(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=SHIFT),
+    "euler": lambda: diffusers.FlowMatchEulerDiscreteScheduler(shift=SHIFT),
+}
+OURS = {"unipc": dict(solver="unipc", grid="diffusers"), "unipc-wan": dict(solver="unipc", grid="wan"),
+        "euler": dict(solver="euler")}
+
+
+def _transformer(in_dim, out_dim, seed):
+    torch.manual_seed(seed)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_dim,
+        out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", eps=1e-6).eval()
+    with torch.no_grad():  # norms perturbed so their weights matter; a larger head so steps move the latents
+        for name, p in ref.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+        ref.proj_out.weight.mul_(4.0)
+    return ref
+
+
+def _folder(tmp_path_factory, kind):
+    """(diffusers pipeline in memory, its save_pretrained folder) for kind t2v | ti2v | concat."""
+    vae_cfg = VAE22 if kind == "ti2v" else VAE21
+    z = vae_cfg.z_dim
+    torch.manual_seed(1)
+    vae = diffusers.AutoencoderKLWan(**vae_config_to_diffusers(vae_cfg)).eval()
+    transformer = _transformer(z + 4 + z if kind == "concat" else z, z, seed=2)
+    common = dict(tokenizer=None, text_encoder=None, vae=vae, scheduler=SCHEDULERS["unipc"](), transformer=transformer)
+    if kind == "t2v":
+        pipe = diffusers.WanPipeline(**common)
+    else:  # Wan 2.2 TI2V (expand_timesteps) or Wan 2.2 I2V-style concat, both without a CLIP image encoder
+        pipe = diffusers.WanImageToVideoPipeline(**common, image_encoder=None, image_processor=None,
+                                                 expand_timesteps=kind == "ti2v")
+    pipe.set_progress_bar_config(disable=True)
+    folder = tmp_path_factory.mktemp(f"wan_{kind}")
+    pipe.save_pretrained(folder)
+    return pipe, folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return {kind: _folder(tmp_path_factory, kind) for kind in ("t2v", "ti2v", "concat")}
+
+
+def _inputs(z, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    prompt, negative = torch.randn(5, TEXT_DIM, generator=g), torch.randn(3, TEXT_DIM, generator=g)
+    latents = torch.randn(1, z, (FRAMES - 1) // 4 + 1, SIZE // 8, SIZE // 8, generator=g)
+    image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=g) * 255).to(torch.uint8).numpy())
+    return prompt, negative, latents, image
+
+
+def _padded(embeds, length=512):
+    """diffusers' `encode_prompt` output: the prompt's tokens zero-padded to max_sequence_length (512),
+    what our DiT does to each (L_i, D) context itself (text_len 512, from the folder's config)."""
+    return torch.nn.functional.pad(embeds, (0, 0, 0, length - embeds.shape[0]))[None]
+
+
+# every kind x solver compares the sampled latents; one run per kind also decodes and compares frames
+# (the VAE decode, equal to diffusers' on its own, is most of the time and does not depend on the solver)
+CASES = [("t2v", "unipc", True), ("t2v", "unipc-wan", False), ("t2v", "euler", False),
+         ("ti2v", "unipc", True), ("ti2v", "euler", False),
+         ("concat", "unipc-wan", True), ("concat", "unipc", False), ("concat", "euler", False)]
+
+
+@pytest.mark.parametrize("kind,scheduler,decode", CASES)
+def test_sampling_equals_diffusers_pipeline(folders, kind, scheduler, decode):
+    pipe, folder = folders[kind]
+    pipe.scheduler = SCHEDULERS[scheduler]()
+    dit, vae = load_dit(folder).eval(), load_vae(folder).eval()
+    ours = VideoPipeline(dit, vae)
+    assert ours.i2v_mode == ("concat" if kind == "concat" else "replace")
+    prompt, negative, latents, image = _inputs(vae.config.z_dim)
+    first = None if kind == "t2v" else image
+    kw = dict(height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=CFG,
+              latents=latents.clone(), output_type="np" if decode else "latent", return_dict=False)
+    with torch.no_grad():
+        ref = pipe(prompt_embeds=_padded(prompt), negative_prompt_embeds=_padded(negative),
+                   **({} if first is None else {"image": first}), **kw)[0]
+        z = ours.generate_latents(prompt, negative, num_frames=FRAMES, height=SIZE, width=SIZE, steps=STEPS,
+                                  guidance_scale=CFG, shift=SHIFT, first_frame=first, latents=latents,
+                                  **OURS[scheduler])
+        if not decode:  # normalized latents (1, C, F', h, w), the clean first frame restored in TI2V
+            assert float((ref - latents).abs().mean()) > 0.05  # the steps moved them
+            torch.testing.assert_close(z, ref, rtol=0, atol=1e-3)
+            return
+        video = vae.decode(vae.denormalize(z))  # (1, 3, F, H, W) in [-1, 1]
+    frames = (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).numpy()  # as diffusers' "np" output
+    assert frames.shape == ref.shape == (1, FRAMES, SIZE, SIZE, 3)
+    assert float(np.std(ref)) > 0.02  # not a flat or saturated video: the comparison means something
+    np.testing.assert_allclose(frames, ref, rtol=0, atol=1e-3)
