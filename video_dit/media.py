@@ -200,7 +200,8 @@ def write_video(frames, path, fps: float = 16) -> Path:
     """Write frames (PIL list, `(F, H, W, 3)` uint8 array or `(F, 3, H, W)` tensor in [-1, 1]).
 
     `.mp4`/`.mov`/`.mkv`: H.264 (`libx264`, `yuv420p`, odd sizes padded to even by edge replication),
-    single-threaded and with fixed options so equal frames give byte-identical files.
+    single-threaded, without x264's macroblock tree, so equal frames give byte-identical files (tested
+    at several sizes: with mbtree on, small frames such as 64x96 encode differently from run to run).
     `.webp`/`.gif`: animated image through PIL. Written to a temp file, then renamed into place.
     """
     path = Path(path)
@@ -239,7 +240,11 @@ def _write_h264(array: np.ndarray, path: Path, fps: float) -> None:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height = array.shape[2], array.shape[1]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "medium", "threads": "1"}
+        # threads=1: one slice/frame order. mbtree=0: x264's macroblock-tree rate control (its lookahead
+        # propagation) reads memory it has not written for small frames (64x96, 96x64, 80x144, ... at
+        # 5-17 frames), so the same frames gave different bytes from one call to the next; without it
+        # (and with asm or B-frames off, both slower or larger) the output is a function of the frames.
+        stream.options = {"crf": "18", "preset": "medium", "threads": "1", "x264-params": "mbtree=0"}
         stream.codec_context.thread_count = 1
         for a in array:
             for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
