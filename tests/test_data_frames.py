@@ -75,9 +75,11 @@ def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):
     assert [str(w.message) for w in caught if w.category is DataWarning] == \
         ["ds.num_frames: 18 is not 4k+1; using 17"]
     assert parse(DatasetConfig, {"folder_path": str(tmp_path), "resolution": 256}, "ds").resolution == [256]
+    # ai-toolkit's defaults (false): accepted, the tensors are cached either way
+    assert parse(DatasetConfig, {"folder_path": str(tmp_path), "cache_latents_to_disk": False,
+                                 "cache_text_embeddings": False}, "ds").cache_latents_to_disk is False
     bad = [({"num_frames": 0}, "ds.num_frames"), ({"num_frame": 17}, "did you mean 'num_frames'"),
            ({"caption_dropout_rate": 1.5}, "ds.caption_dropout_rate"),
-           ({"cache_latents_to_disk": False}, "ds.cache_latents_to_disk"),
            ({"short_clip": "pad"}, "ds.short_clip"), ({"shuffle_tokens": True}, "ds.shuffle_tokens"),
            ({"folder_path": str(tmp_path / "nope")}, "ds.folder_path")]
     for extra, match in bad:

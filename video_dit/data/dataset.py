@@ -51,8 +51,10 @@ class DatasetConfig:
     `CachedDataset`), `num_frames` (4k+1; snapped down with a warning), `shrink_video_to_frames`
     (spread frames over the whole clip; false: consecutive frames at `fps`), `fps`, `do_i2v` (cache
     the first frame's latents too), `resolution` (one or several target sides; an item is used once
-    per resolution), `cache_latents_to_disk` and `cache_text_embeddings` (must be true: training
-    reads only cached tensors), `num_repeats` (each item appears this many times per epoch),
+    per resolution), `cache_latents_to_disk` and `cache_text_embeddings` (either value: training here
+    always reads cached tensors, which equal what encoding every step would give, since the VAE's
+    posterior mode and the text encoder are deterministic; false is ai-toolkit's default),
+    `num_repeats` (each item appears this many times per epoch),
     `default_caption` (prompt of files without a caption file, instead of the empty prompt).
     Accepted for ai-toolkit files, with this meaning here: `cache_latents` (ai-toolkit's in-memory
     latent cache; latents here are always cached on disk and read per step, either value is
@@ -109,10 +111,6 @@ class DatasetConfig:
             raise ConfigError(f"{path}.num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.caption_ext or "/" in self.caption_ext:
             raise ConfigError(f"{path}.caption_ext", f"expected an extension such as 'txt', got {self.caption_ext!r}")
-        for key in ("cache_latents_to_disk", "cache_text_embeddings"):
-            if not getattr(self, key):
-                raise ConfigError(f"{path}.{key}", "video_dit trains on cached latents and text embeds only; "
-                                                   "set it to true (or leave it out)")
         if self.shuffle_tokens:
             raise ConfigError(f"{path}.shuffle_tokens", "only false is supported: text embeds are cached per "
                                                       "caption, so tags cannot be reshuffled each step")

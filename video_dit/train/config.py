@@ -38,7 +38,7 @@ IGNORED = {
     "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
               "ema_config", "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
     "model": ("low_vram",),  # ZeRO offload is the memory lever here
-    "sample": ("sampler", "format"),  # the Euler flow-matching solver; previews are always MP4 + PNG sheet
+    "sample": ("sampler", "format"),  # our pipeline's solver (any name); previews are always MP4 + PNG sheet
     "job": ("meta",),  # kept and written into the exports' metadata
 }
 
@@ -128,7 +128,9 @@ class TrainConfig:
     skip_first_sample: bool = False
     disable_sampling: bool = False
     # ai-toolkit keys accepted and ignored (see IGNORED)
-    noise_scheduler: Literal["flowmatch"] = "flowmatch"
+    # flow matching either way; ai-toolkit's default "ddpm" makes ai-toolkit draw t from its shifted sampling
+    # grid instead of by timestep_type: a job shared with ai-toolkit should say flowmatch
+    noise_scheduler: Literal["flowmatch", "ddpm"] = "flowmatch"
     train_unet: bool = True
     train_text_encoder: Literal[False] = False
     cache_text_embeddings: bool = True
@@ -239,11 +241,22 @@ class ModelConfig:
         return "qfloat8" if self.qtype == "float8" else self.qtype
 
 
+def _no_negative(value, path: str):
+    """ai-toolkit's `neg` defaults to the boolean False (no negative prompt): False means ""."""
+    if value is True:
+        raise ConfigError(path, "expected a negative prompt (a string), or false / empty for none; got true")
+    return "" if value is False else value
+
+
 @dataclass
 class SampleItem:
+    """One preview. ai-toolkit's per-sample keys are accepted at the values our previews honour:
+    `ctrl_img_1` is `ctrl_img` (one first frame), `ctrl_img_2` / `ctrl_img_3` none, `ctrl_idx` 0,
+    `network_multiplier` 1 (the LoRA as trained), `do_cfg_norm` false; `neg: false` is no negative."""
+
     prompt: str
     ctrl_img: str | None = None
-    neg: str | None = None
+    neg: str | bool | None = None
     seed: int | None = None
     guidance_scale: float | None = None
     sample_steps: int | None = None
@@ -251,35 +264,61 @@ class SampleItem:
     width: int | None = None
     height: int | None = None
     fps: int | None = None
+    ctrl_idx: int = 0
+    network_multiplier: float = 1.0
+    ctrl_img_1: str | None = None
+    ctrl_img_2: str | None = None
+    ctrl_img_3: str | None = None
+    do_cfg_norm: bool = False
+
+    def validate(self, path: str) -> None:
+        self.neg = _no_negative(self.neg, f"{path}.neg")
+        if self.ctrl_img_1 is not None:
+            if self.ctrl_img not in (None, self.ctrl_img_1):
+                raise ConfigError(f"{path}.ctrl_img_1", "differs from ctrl_img; give the first frame once")
+            self.ctrl_img = self.ctrl_img_1
+        for key, default, why in (("ctrl_img_2", None, "previews take one first frame (ctrl_img)"),
+                                  ("ctrl_img_3", None, "previews take one first frame (ctrl_img)"),
+                                  ("ctrl_idx", 0, "previews take one first frame (ctrl_img)"),
+                                  ("network_multiplier", 1.0, "previews apply the LoRA as trained"),
+                                  ("do_cfg_norm", False, "previews use plain classifier-free guidance")):
+            if getattr(self, key) != default:
+                raise ConfigError(f"{path}.{key}", f"{getattr(self, key)!r} is not supported by video_dit's "
+                                                   f"trainer ({why}); accepted: {default!r}")
 
 
 @dataclass
 class SampleConfig:
-    """`sample`: previews every `sample_every` steps (and before step 1 unless `train.skip_first_sample`)."""
+    """`sample`: previews every `sample_every` steps from step `sample_start_step` on (and before step 1
+    unless `train.skip_first_sample`). `neg: false` (ai-toolkit's default) is no negative prompt."""
 
     sample_every: int = 250
+    sample_start_step: int = 0
     width: int = 832
     height: int = 480
     num_frames: int = 17
     fps: int = 16
     samples: list[SampleItem] = field(default_factory=list)
     prompts: list[str] | None = None  # ai-toolkit's older form: plain prompt strings
-    neg: str = ""
+    neg: str | bool = ""
     seed: int = 42
     walk_seed: bool = True
     guidance_scale: float = 5.0
     sample_steps: int = 30
     shift: float | None = None      # ours: None = the preset's sampling shift
-    sampler: Literal["flowmatch"] = "flowmatch"  # ai-toolkit key; the Euler flow-matching solver is used
+    sampler: str = "flowmatch"      # ai-toolkit key (its default: ddpm); ignored by both trainers with this arch
     format: str | None = None       # ai-toolkit key; previews are always MP4 here (+ a PNG contact sheet)
 
     def validate(self, path: str) -> None:
+        self.neg = _no_negative(self.neg, f"{path}.neg")
         if self.prompts:
             if self.samples:
                 raise ConfigError(f"{path}.prompts", "give either samples or prompts, not both")
             self.samples = [SampleItem(prompt=p) for p in self.prompts]
         if self.sample_every < 1:
             raise ConfigError(f"{path}.sample_every", f"must be >= 1, got {self.sample_every}")
+        if self.sample_start_step < 0:
+            raise ConfigError(f"{path}.sample_start_step", f"must be >= 0, got {self.sample_start_step}")
         for key in ("width", "height", "num_frames", "sample_steps", "fps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")

@@ -333,7 +333,7 @@ class Trainer:
             micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
             if self.step % p.save.save_every == 0 or self.step == total:
                 self.save()
-            if self.previews and self.step % p.sample.sample_every == 0:
+            if self.previews and self.step % p.sample.sample_every == 0 and self.step >= p.sample.sample_start_step:
                 self.preview()
             t_step = time.perf_counter()
         if bar is not None:

@@ -32,6 +32,7 @@ import dataclasses
 import functools
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -134,6 +135,14 @@ def resolve_i2v_mode(preset: Preset, requested: str | None) -> str:
         raise ConfigError("model.model_kwargs.i2v_mode", f"{requested!r} does not fit preset {preset.name!r} "
                                                          f"(DiT in_dim {cfg.in_dim}); accepted: {natural!r}")
     return natural
+
+
+# GenerateImageConfig fields our previews do not act on, with ai-toolkit's default (accepted silently)
+PREVIEW_IGNORED = (("guidance_rescale", 0.0, "plain classifier-free guidance"),
+                   ("do_cfg_norm", False, "plain classifier-free guidance"),
+                   ("ctrl_idx", 0, "one first frame: ctrl_img"),
+                   ("ctrl_img_2", None, "one first frame: ctrl_img"),
+                   ("ctrl_img_3", None, "one first frame: ctrl_img"))
 
 
 def _prompt_text(prompt) -> str:
@@ -442,6 +451,10 @@ class VideoDiTModel(BaseModel):
         """
         if extra:
             raise TypeError(f"video_dit previews take no adapter inputs; got {sorted(extra)}")
+        for key, default, why in PREVIEW_IGNORED:  # ai-toolkit's defaults are fine; anything else is said once
+            value = getattr(gen_config, key, default)
+            if value != default:
+                warnings.warn(f"video_dit previews ignore {key}={value!r} ({why})", stacklevel=2)
         gen_config.num_frames = snap_num_frames(gen_config.num_frames)
         d = self.get_bucket_divisibility()
         gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
