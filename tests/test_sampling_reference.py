@@ -12,12 +12,14 @@ from PIL import Image
 
 from video_dit.models.convert import vae_config_to_diffusers
 from video_dit.models.loading import load_dit, load_vae
+from video_dit.models.presets import get_preset
 from video_dit.models.vae import VAEConfig
 from video_dit.pipeline import VideoPipeline
 
 diffusers = pytest.importorskip("diffusers")
 
-FRAMES, SIZE, STEPS, SHIFT, CFG, TEXT_DIM = 5, 32, 4, 3.0, 3.0, 24
+FRAMES, SIZE, STEPS, SHIFT, CFG = 5, 32, 4, 3.0, 3.0
+TEXT_DIM = get_preset("tiny").text_encoder.d_model  # 64: the t2v folder carries the tiny umT5 + ByT5 tokenizer
 # 8x spatial, 4x temporal VAEs: Wan 2.1's layout (t2v, concat) and Wan 2.2's patchified residual one (TI2V)
 VAE21 = VAEConfig(dim=4, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
                   mean=(0.1, -0.2, 0.3, 0.0), std=(1.5, 0.8, 1.2, 2.0))
@@ -69,7 +71,12 @@ def _folder(tmp_path_factory, kind):
     vae = diffusers.AutoencoderKLWan(**vae_config_to_diffusers(vae_cfg)).eval()
     transformer = _transformer(z + 4 + z if kind == "concat" else z, z, seed=2)
     common = dict(tokenizer=None, text_encoder=None, vae=vae, scheduler=SCHEDULERS["unipc"](), transformer=transformer)
-    if kind == "t2v":
+    if kind == "t2v":  # with a (tiny) text encoder, so `video-dit sample` can run on the folder as it is
+        from transformers import ByT5Tokenizer
+
+        from video_dit.models.text_encoder import build_umt5
+
+        common.update(tokenizer=ByT5Tokenizer(), text_encoder=build_umt5(get_preset("tiny").text_encoder, seed=4))
         pipe = diffusers.WanPipeline(**common)
     else:  # Wan 2.2 TI2V (expand_timesteps) or Wan 2.2 I2V-style concat, both without a CLIP image encoder
         pipe = diffusers.WanImageToVideoPipeline(**common, image_encoder=None, image_processor=None,
@@ -132,3 +139,32 @@ def test_sampling_equals_diffusers_pipeline(folders, kind, scheduler, decode):
     assert frames.shape == ref.shape == (1, FRAMES, SIZE, SIZE, 3)
     assert float(np.std(ref)) > 0.02  # not a flat or saturated video: the comparison means something
     np.testing.assert_allclose(frames, ref, rtol=0, atol=1e-3)
+
+
+def test_sample_command_takes_solver_and_shift_from_the_scheduler_config(folders, tmp_path, capsys):
+    """`video-dit sample` on the diffusers folder: UniPC on diffusers' grid at the config's flow_shift
+    (3, not the default 5), said in one line; the MP4 is the one our pipeline renders with those
+    settings (the pipeline equals diffusers' above)."""
+    from video_dit.cli import main as cli
+    from video_dit.media import write_video
+    from video_dit.models.loading import load_text_encoder
+
+    _, folder = folders["t2v"]
+    args = ["sample", "--model", str(folder), "--prompt", "a red ball", "--negative", "blurry", "--frames", str(FRAMES),
+            "--height", str(SIZE), "--width", str(SIZE), "--steps", "2", "--cfg", str(CFG), "--seed", "5"]
+    assert cli(args + ["--out", str(tmp_path / "cli.mp4")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("sampling:"))
+    config = str(folder / "scheduler" / "scheduler_config.json")
+    assert line == (f"sampling: unipc on diffusers' grid, 2 steps, shift 3, guidance 3, negative prompt 'blurry' "
+                    f"[solver, shift: {config}; steps: --steps; guidance: --cfg; negative: --negative]")
+    te = load_text_encoder(folder)
+    embeds = te.encode(["a red ball", "blurry"])
+    frames = VideoPipeline(load_dit(folder).eval(), load_vae(folder).eval()).generate(
+        embeds[0], embeds[1], num_frames=FRAMES, height=SIZE, width=SIZE, steps=2, guidance_scale=CFG, shift=SHIFT,
+        solver="unipc", grid="diffusers", generator=torch.Generator().manual_seed(5))
+    write_video(frames, tmp_path / "direct.mp4", fps=16)
+    assert (tmp_path / "cli.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
+    # the command's --solver / --shift win over the folder's config, and the line says so
+    assert cli(args + ["--solver", "euler", "--shift", "5", "--out", str(tmp_path / "euler.mp4")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("sampling:"))
+    assert line.startswith("sampling: euler, 2 steps, shift 5,") and "scheduler_config" not in line

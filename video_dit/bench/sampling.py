@@ -1,6 +1,6 @@
 """Sampling benchmark: seconds per denoising step and per rendered second of video, through
-`video_dit.pipeline.VideoPipeline` (Euler steps with classifier-free guidance, then VAE decode to
-PIL frames), with random weights of a preset.
+`video_dit.pipeline.VideoPipeline` (UniPC steps, its default, with classifier-free guidance, then VAE
+decode to PIL frames), with random weights of a preset.
 
     python -m video_dit.bench.sampling [--small] [--repeats 3] [--device cpu|cuda]
     video-dit bench --suite sampling
@@ -8,7 +8,7 @@ PIL frames), with random weights of a preset.
 per step        = median seconds of `generate_latents(steps=S)` / S (one CFG-batched DiT call per step)
 decode          = median seconds of `VideoPipeline.decode` (VAE decode + PIL conversion)
 per video second = (S_ref * per step + decode) / (num_frames / fps), at S_ref = 30 steps (Wan's
-                  default), so it reads as "seconds of compute per second of rendered video".
+                  generate.py uses 40-50), so it reads as "seconds of compute per second of rendered video".
 """
 
 from __future__ import annotations

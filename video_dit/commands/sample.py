@@ -8,6 +8,8 @@
 the DiT weights (diffusers `transformer/`, or weight files) and the VAE (`vae/` or a `*vae*` file; or
 pass --vae), plus `text_encoder/` + `tokenizer/` (or pass --text-encoder). Order of work: the prompts
 are encoded and the text encoder freed before the DiT is loaded, so the two never share memory.
+Sampling settings left out come from PATH/scheduler/scheduler_config.json (solver, shift), then the
+preset's defaults (diffusion/sampling_settings.py); one printed line says which were used.
 """
 
 from __future__ import annotations
@@ -60,21 +62,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantize-text-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the text encoder's weights with optimum-quanto")
     parser.add_argument("--preset", default=None,
-                        help="preset whose defaults (shift, fps) apply to a PATH model (default: the model's preset)")
+                        help="preset whose defaults (solver, steps, shift, guidance, negative prompt, fps) apply to a "
+                             "PATH model (default: the model's preset)")
     parser.add_argument("--lora", default=None, help="a LoRA file (video_dit / ComfyUI format) applied to the DiT")
     parser.add_argument("--prompt", required=True, help="the text prompt")
-    parser.add_argument("--negative", default="", help="negative prompt for classifier-free guidance (default: '')")
+    parser.add_argument("--negative", default=None,
+                        help="negative prompt of classifier-free guidance (default: the preset's, e.g. Wan's; '' for none)")
     parser.add_argument("--image", default=None, help="first frame (image-to-video); resized to cover and centre-cropped")
     parser.add_argument("--frames", type=_positive_int, default=17, help="frames, snapped to 4k + 1 (default 17)")
     parser.add_argument("--height", type=_positive_int, default=480, help="pixels, snapped to the model's multiple (default 480)")
     parser.add_argument("--width", type=_positive_int, default=832, help="pixels, snapped to the model's multiple (default 832)")
-    parser.add_argument("--steps", type=_positive_int, default=30, help="solver steps (default 30)")
-    parser.add_argument("--solver", choices=("euler", "unipc"), default="euler",
-                        help="flow ODE solver: euler, or unipc (Wan's default, better at few steps) (default euler)")
-    parser.add_argument("--cfg", type=_float_in(0.0, strict=False), default=5.0,
-                        help="classifier-free guidance scale; 1 disables guidance (default 5)")
+    parser.add_argument("--steps", type=_positive_int, default=None, help="solver steps (default: the preset's)")
+    parser.add_argument("--solver", choices=("unipc", "euler"), default=None,
+                        help="flow ODE solver: unipc (Wan's) or euler (default: the model folder's scheduler "
+                             "config, else the preset's)")
+    parser.add_argument("--cfg", type=_float_in(0.0, strict=False), default=None,
+                        help="classifier-free guidance scale; 1 disables guidance (default: the preset's)")
     parser.add_argument("--shift", type=_float_in(0.0, strict=True), default=None,
-                        help="flow-matching shift of the schedule (default: the preset's sample_shift, else 5)")
+                        help="flow-matching shift of the schedule (default: the model folder's scheduler config, "
+                             "else the preset's)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weights dtype (default float32)")
@@ -129,6 +135,7 @@ def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tu
 def main(args: argparse.Namespace) -> int:
     import torch
 
+    from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
     from video_dit.models.loading import load_dit, load_text_encoder, load_vae
@@ -139,16 +146,22 @@ def main(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:") else None)
     preset = get_preset(preset_name) if preset_name else None
-    shift = args.shift if args.shift is not None else (preset.sample_shift if preset else 5.0)
     fps = args.fps if args.fps is not None else (preset.fps if preset else 16)
     dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)
     image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
+    # the command's values, else the folder's scheduler config (solver, shift), else the preset's
+    given = {name: (value, flag) for name, value, flag in [
+        ("solver", args.solver, "--solver"), ("steps", args.steps, "--steps"), ("shift", args.shift, "--shift"),
+        ("guidance", args.cfg, "--cfg"), ("negative", args.negative, "--negative")] if value is not None}
+    scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
+    settings = resolve_sampling(preset, scheduler, given)
+    print(settings.describe(), flush=True)
 
     # 1. prompts -> embeds, then the text encoder is freed
     te = load_text_encoder(te_src, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
                            tokenizer=args.tokenizer)
-    guided = args.cfg != 1.0
-    embeds = te.encode([args.prompt, args.negative] if guided else [args.prompt])
+    guided = settings.guidance != 1.0
+    embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
     # 2. the DiT (+ LoRA) and the VAE
     dit = load_dit(dit_src, dtype=dtype, device=device).eval()
@@ -163,8 +176,9 @@ def main(args: argparse.Namespace) -> int:
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(args.seed)
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,
-                           width=args.width, steps=args.steps, guidance_scale=args.cfg, shift=shift,
-                           generator=generator, first_frame=image, progress=True, solver=args.solver)
+                           width=args.width, steps=settings.steps, guidance_scale=settings.guidance,
+                           shift=settings.shift, solver=settings.solver, grid=settings.grid, generator=generator,
+                           first_frame=image, progress=True)
     write_video(frames, args.out, fps=fps)
     kind = "i2v" if image is not None else "t2v"
     print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps)")

@@ -43,6 +43,16 @@ VAE_PRESETS: dict[str, VAEConfig] = {
              0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744)),
 }
 
+# Wan's default negative prompt: `sample_neg_prompt` of wan/configs/shared_config.py line 19 (Wan2.1 and
+# Wan2.2, the same string). Wan's generate() uses it whenever the negative prompt is "" (text2video.py,
+# image2video.py, textimage2video.py: `if n_prompt == "": n_prompt = self.sample_neg_prompt`).
+WAN_NEGATIVE_PROMPT = "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走"
+# Wan 2.1 I2V-14B prepends "镜头晃动，" ("camera shake"; wan/configs/wan_i2v_14B.py line 11); Wan 2.2
+# I2V-A14B does not (wan/configs/wan_i2v_A14B.py keeps the shared one).
+WAN21_I2V_NEGATIVE_PROMPT = "镜头晃动，" + WAN_NEGATIVE_PROMPT
+# Wan 2.1 FLF2V-14B prepends "镜头切换，" ("shot change") to the I2V one (wan/configs/__init__.py line 18).
+WAN21_FLF2V_NEGATIVE_PROMPT = "镜头切换，" + WAN21_I2V_NEGATIVE_PROMPT
+
 UMT5_XXL = TextEncoderConfig()
 TINY_TE = TextEncoderConfig(vocab_size=384, d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
                             text_len=64, tokenizer="byt5")
@@ -58,12 +68,21 @@ TINY_CLIP_I2V_DIT = DiTConfig(in_dim=36, out_dim=16, dim=128, ffn_dim=384, freq_
 
 @dataclass(frozen=True)
 class Preset:
+    """One model: its configs, and the reference's sampling defaults (`sample_*`), which `video-dit
+    sample` and the training previews use for whatever the command or job leaves out. The defaults
+    below are Wan's generate.py ones (Wan2.1 generate.py lines 72-81, 231, 244); each Wan preset states
+    its own with the file and line of Wan's config it comes from (tests/test_sampling_defaults.py)."""
+
     name: str
     dit: DiTConfig
     vae: VAEConfig
     vae_name: str
     text_encoder: TextEncoderConfig
-    sample_shift: float = 5.0  # flow-matching shift for sampling (Wan: 3.0 at 480p, 5.0 at 720p)
+    sample_solver: str = "unipc"   # "unipc" (Wan's default solver) or "euler" (flow.SOLVERS)
+    sample_steps: int = 50
+    sample_shift: float = 5.0      # flow-matching shift of the sampling schedule
+    sample_guidance: float = 5.0   # classifier-free guidance scale (1 = no guidance)
+    sample_negative: str = WAN_NEGATIVE_PROMPT  # negative prompt of the guidance's unconditional pass
     train_shift: float = 3.0
     i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
     fps: int = 16
@@ -80,44 +99,62 @@ class Preset:
         return self.vae_spatial * self.dit.patch_size[1]
 
 
+# The tiny presets' sampling defaults. No reference: Euler at 20 steps (the demo's previews were tuned
+# with them), shift 3, guidance 5, no negative prompt (the text encoder is random: Wan's means nothing).
+TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=5.0, sample_negative="")
+
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
         Preset("tiny",
                DiTConfig(in_dim=16, dim=128, ffn_dim=384, freq_dim=64, text_dim=64, out_dim=16,
                          num_heads=4, num_layers=4, text_len=64),
-               VAE_PRESETS["tiny"], "tiny", TINY_TE, sample_shift=3.0, train_shift=3.0),
+               VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING, train_shift=3.0),
+        # Wan2.1 generate.py: t2v 50 steps (line 72), shift 5.0 (line 77; 3.0 only for 480p i2v),
+        # guidance 5.0 (line 244), unipc (line 231); the shared negative prompt.
         Preset("wan2.1-t2v-1.3b",
                DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30),
-               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0),
         Preset("wan2.1-t2v-14b",
                DiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
-               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0),
+        # Wan2.2 wan/configs/wan_ti2v_5B.py lines 32-35: fps 24, shift 5.0, 50 steps, guidance 5.0 (t2v
+        # and i2v alike: generate.py lines 84-91 take them from the config); unipc (generate.py line 204).
         Preset("wan2.2-ti2v-5b",
                DiTConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
-               VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
-               i2v_mode="replace", fps=24),
+               VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_steps=50, sample_shift=5.0,
+               sample_guidance=5.0, train_shift=5.0, i2v_mode="replace", fps=24),
         # Two experts of this shape (high-noise and low-noise); one is loaded and trained at a time.
+        # Wan2.2 wan/configs/wan_i2v_A14B.py lines 34-37: shift 5.0, 40 steps, guidance (3.5, 3.5) for
+        # (low, high) noise (one value while one expert samples), boundary 0.900; the shared negative.
         Preset("wan2.2-i2v-a14b",
                DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
-               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_shift=5.0, train_shift=5.0,
-               i2v_mode="concat"),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=40, sample_shift=5.0,
+               sample_guidance=3.5, train_shift=5.0, i2v_mode="concat"),
         # Wan 2.1 I2V: channel concat (in_dim 36) + the first frame's CLIP features through the image
-        # branch. 480P and 720P share the architecture; Wan samples them at shift 3 and 5 (generate.py).
+        # branch. 480P and 720P share the architecture. Wan2.1 generate.py samples i2v with 40 steps
+        # (line 74) at shift 3 for 480p sizes, else 5 (lines 77-79), guidance 5.0 (line 244), and the
+        # I2V negative prompt (wan/configs/wan_i2v_14B.py line 11).
         # Train shifts are ours (Wan publishes none): the sampling shift of the resolution.
         Preset("wan2.1-i2v-14b-480p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
-               sample_shift=3.0, train_shift=3.0, i2v_mode="concat", image_encoder=VIT_H_14),
+               sample_steps=40, sample_shift=3.0, sample_guidance=5.0, sample_negative=WAN21_I2V_NEGATIVE_PROMPT,
+               train_shift=3.0, i2v_mode="concat", image_encoder=VIT_H_14),
         Preset("wan2.1-i2v-14b-720p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
-               sample_shift=5.0, train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
+               sample_steps=40, sample_shift=5.0, sample_guidance=5.0, sample_negative=WAN21_I2V_NEGATIVE_PROMPT,
+               train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
         # Wan 2.1 FLF2V: the first and last frame (mask + VAE) and both frames' CLIP features (514 tokens,
-        # + img_emb.emb_pos). Wan samples it at shift 16 (generate.py).
+        # + img_emb.emb_pos). Wan2.1 generate.py: 50 steps ("i2v" is not in "flf2v-14B", line 73), shift
+        # 16 (line 81), guidance 5.0; its negative prompt (wan/configs/__init__.py line 18).
         Preset("wan2.1-flf2v-14b-720p", replace(WAN21_I2V_DIT, num_images=2), VAE_PRESETS["wan2.1"], "wan2.1",
-               UMT5_XXL, sample_shift=16.0, train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
-        # Tiny Wan 2.1-style I2V / FLF2V (random init, tests): tiny DiT widths, in_dim 36, a tiny CLIP.
-        Preset("tiny-clip-i2v", TINY_CLIP_I2V_DIT, VAE_PRESETS["tiny"], "tiny", TINY_TE, sample_shift=3.0,
+               UMT5_XXL, sample_steps=50, sample_shift=16.0, sample_guidance=5.0,
+               sample_negative=WAN21_FLF2V_NEGATIVE_PROMPT, train_shift=5.0, i2v_mode="concat",
+               image_encoder=VIT_H_14),
+        # Tiny Wan 2.1-style I2V / FLF2V (random init, tests): tiny DiT widths, in_dim 36, a tiny CLIP;
+        # the tiny preset's sampling defaults.
+        Preset("tiny-clip-i2v", TINY_CLIP_I2V_DIT, VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING,
                train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
         Preset("tiny-clip-flf2v", replace(TINY_CLIP_I2V_DIT, num_images=2), VAE_PRESETS["tiny"], "tiny", TINY_TE,
-               sample_shift=3.0, train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
+               **TINY_SAMPLING, train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
     ]
 }
 

@@ -38,7 +38,7 @@ IGNORED = {
     "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
               "ema_config", "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
     "model": ("low_vram",),  # ZeRO offload is the memory lever here
-    "sample": ("sampler", "format"),  # our pipeline's solver (any name); previews are always MP4 + PNG sheet
+    "sample": ("format",),  # previews are always MP4 + PNG sheet
     "job": ("meta",),  # kept and written into the exports' metadata
 }
 
@@ -300,13 +300,18 @@ class SampleConfig:
     fps: int = 16
     samples: list[SampleItem] = field(default_factory=list)
     prompts: list[str] | None = None  # ai-toolkit's older form: plain prompt strings
-    neg: str | bool = ""
+    # Sampling settings: None (absent) = the model folder's scheduler config (sampler, shift), else the
+    # preset's `sample_*` defaults (diffusion/sampling_settings.py); the trainer logs which were used.
+    neg: str | bool | None = None   # false (ai-toolkit's default when written out) = no negative prompt
     seed: int = 42
     walk_seed: bool = True
-    guidance_scale: float = 5.0
-    sample_steps: int = 30
-    shift: float | None = None      # ours: None = the preset's sampling shift
-    sampler: str = "flowmatch"      # ai-toolkit key (its default: ddpm); ignored by both trainers with this arch
+    guidance_scale: float | None = None
+    sample_steps: int | None = None
+    shift: float | None = None      # ours
+    # ai-toolkit's key: "unipc" (Wan's solver) or "euler" ("flowmatch" is ai-toolkit's name for its
+    # flow-matching Euler); any other ai-toolkit sampler name (its default "ddpm", ...) names no flow
+    # solver of ours: the default above applies (and the logged line says where it came from)
+    sampler: str | None = None
     format: str | None = None       # ai-toolkit key; previews are always MP4 here (+ a PNG contact sheet)
 
     def validate(self, path: str) -> None:
@@ -320,8 +325,12 @@ class SampleConfig:
         if self.sample_start_step < 0:
             raise ConfigError(f"{path}.sample_start_step", f"must be >= 0, got {self.sample_start_step}")
         for key in ("width", "height", "num_frames", "sample_steps", "fps"):
-            if getattr(self, key) < 1:
+            if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
+        for key in ("guidance_scale", "shift"):
+            v = getattr(self, key)
+            if v is not None and (v < 0 or (key == "shift" and v == 0)):
+                raise ConfigError(f"{path}.{key}", f"must be {'> 0' if key == 'shift' else '>= 0'}, got {v}")
         for i, s in enumerate(self.samples):
             for key in ("width", "height", "num_frames", "sample_steps", "fps"):
                 v = getattr(s, key)

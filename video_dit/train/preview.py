@@ -1,7 +1,9 @@
 """Preview renders during training: each `sample.samples[i]` as t2v, or i2v from its `ctrl_img`, to
 `<out>/samples/<step as 9 digits>_<i>.mp4` plus a contact-sheet PNG beside it.
 
-Prompts are encoded once at start-up (`encode_prompts`), so the text encoder can be freed.
+Prompts are encoded once at start-up (`encode_prompts`), so the text encoder can be freed; each
+preview's sampling settings are resolved then too (job keys, else the model folder's scheduler config,
+else the preset's defaults) and the trainer logs them (`describe`).
 Under ZeRO-3 the DiT's parameters are partitioned: every rank runs the same sampling loop and
 DeepSpeed's module hooks gather each block's parameters just before it runs and release them
 after (one block at a time), so all ranks take part and only rank 0 writes files. Under ZeRO 0-2
@@ -18,45 +20,87 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
+
 
 @dataclass
 class PreviewJob:
     index: int
     prompt: str
     embeds: torch.Tensor            # (Lt, D)
-    negative: torch.Tensor | None   # (Lt, D) when guidance_scale != 1
+    negative: torch.Tensor | None   # (Lt, D) when the guidance scale != 1
     ctrl_img: str | None
     seed: int
-    guidance_scale: float
-    steps: int
+    settings: SamplingSettings      # solver, steps, shift, guidance, negative prompt, grid (+ their sources)
     num_frames: int
     width: int
     height: int
     fps: int
 
 
-def encode_prompts(sample_cfg, text_encoder) -> list[PreviewJob]:
-    """One `PreviewJob` per configured sample, with its embeds on CPU."""
+# `sample.sampler` names that pick a solver; any other (ai-toolkit's "ddpm", "lms", ...) leaves the default
+SOLVER_OF_SAMPLER = {"unipc": "unipc", "euler": "euler", "flowmatch": "euler"}
+
+
+def sample_settings(sample_cfg, index: int, preset=None, scheduler=None) -> SamplingSettings:
+    """The settings of one preview: `samples[i]`'s keys, else the `sample` block's, else the model
+    folder's scheduler config (solver, shift), else the preset's (see diffusion/sampling_settings.py)."""
+    item, given = sample_cfg.samples[index], {}
+    solver = SOLVER_OF_SAMPLER.get(sample_cfg.sampler)
+    if solver is not None:
+        given["solver"] = (solver, f"sample.sampler ({sample_cfg.sampler})")
+    if sample_cfg.shift is not None:
+        given["shift"] = (sample_cfg.shift, "sample.shift")
+    for name, key in (("steps", "sample_steps"), ("guidance", "guidance_scale"), ("negative", "neg")):
+        for where, cfg in ((f"sample.samples[{index}].{key}", item), (f"sample.{key}", sample_cfg)):
+            value = getattr(cfg, key)
+            if value is not None:
+                given[name] = (value, where)
+                break
+    return resolve_sampling(preset, scheduler, given)
+
+
+def job_scheduler(process):
+    """The job's model folder's `read_scheduler_config`, when its previews may take the solver or shift
+    from it (None when the job sets both, or has no such folder); ValueError for one we cannot sample."""
+    s = process.sample
+    if s is None or (s.sampler in SOLVER_OF_SAMPLER and s.shift is not None):
+        return None
+    return read_scheduler_config(process.model.name_or_path)
+
+
+def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> list[PreviewJob]:
+    """One `PreviewJob` per configured sample, with its embeds on CPU. preset, scheduler: the job's
+    `Preset` and its model folder's `read_scheduler_config`, for the settings the job leaves out."""
     jobs = []
     if sample_cfg is None:
         return jobs
     for i, s in enumerate(sample_cfg.samples):
-        guidance = s.guidance_scale if s.guidance_scale is not None else sample_cfg.guidance_scale
-        neg = s.neg if s.neg is not None else sample_cfg.neg
+        settings = sample_settings(sample_cfg, i, preset, scheduler)
+        guided = settings.guidance != 1.0
         with torch.no_grad():
-            embeds = text_encoder.encode([s.prompt] + ([neg] if guidance != 1.0 else []))
+            embeds = text_encoder.encode([s.prompt] + ([settings.negative] if guided else []))
         seed = s.seed if s.seed is not None else sample_cfg.seed + (i if sample_cfg.walk_seed else 0)
         jobs.append(PreviewJob(
             index=i, prompt=s.prompt, embeds=embeds[0].float().cpu(),
-            negative=embeds[1].float().cpu() if guidance != 1.0 else None, ctrl_img=s.ctrl_img, seed=seed,
-            guidance_scale=guidance, steps=s.sample_steps or sample_cfg.sample_steps,
-            num_frames=s.num_frames or sample_cfg.num_frames, width=s.width or sample_cfg.width,
+            negative=embeds[1].float().cpu() if guided else None, ctrl_img=s.ctrl_img, seed=seed,
+            settings=settings, num_frames=s.num_frames or sample_cfg.num_frames, width=s.width or sample_cfg.width,
             height=s.height or sample_cfg.height, fps=s.fps or sample_cfg.fps))
     return jobs
 
 
-def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_stage: int, shift: float,
-           i2v_mode: str, log) -> list[Path]:
+def describe(jobs: list[PreviewJob]) -> list[str]:
+    """The settings lines to log: one per distinct setting, naming the previews that use it."""
+    lines: dict[str, list[int]] = {}
+    for job in jobs:
+        lines.setdefault(job.settings.describe(), []).append(job.index)
+    if len(lines) == 1:
+        return [f"previews {next(iter(lines))}"]
+    return [f"previews {', '.join(map(str, idx))}: {line}" for line, idx in lines.items()]
+
+
+def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_stage: int, i2v_mode: str,
+           log) -> list[Path]:
     """Render every preview of `step`; returns the MP4 paths written (rank 0)."""
     from video_dit.media import contact_sheet, load_image, write_video
     from video_dit.pipeline import VideoPipeline
@@ -77,11 +121,12 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
                 if first is None and pipe.i2v_mode == "concat":
                     raise ValueError(f"sample {job.index} has no ctrl_img, but this model is image-to-video")
                 gen = torch.Generator("cpu").manual_seed(job.seed)
+                st = job.settings
                 frames = pipe.generate(job.embeds.to(param.device), job.negative.to(param.device)
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
-                                       steps=job.steps, guidance_scale=job.guidance_scale, shift=shift,
-                                       generator=gen, first_frame=first, solver="euler")
+                                       steps=st.steps, guidance_scale=st.guidance, shift=st.shift, solver=st.solver,
+                                       grid=st.grid, generator=gen, first_frame=first)
                 if rank == 0:
                     write_video(frames, path, fps=job.fps)
                     contact_sheet(frames).save(path.with_suffix(".png"))

@@ -118,9 +118,12 @@ class Trainer:
         self.vae = load_vae_for(vae_src, enc_dtype, self.device)
         text_encoder = self._load_text_encoder(te_src, enc_dtype)
         self._build_data(vae_src, te_src, text_encoder)
-        from video_dit.train.preview import encode_prompts
+        from video_dit.train.preview import describe, encode_prompts, job_scheduler
 
-        self.previews = encode_prompts(p.sample, text_encoder) if self._sampling_enabled() else []
+        self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
+                         if self._sampling_enabled() else [])
+        for line in describe(self.previews):
+            self.log(line)
         del text_encoder
         gc.collect()
         if torch.cuda.is_available():
@@ -344,10 +347,9 @@ class Trainer:
     def preview(self) -> None:
         from video_dit.train.preview import render
 
-        shift = self.p.sample.shift if self.p.sample.shift is not None else self.preset.sample_shift
         t0 = time.perf_counter()
         paths = render(self.module, self.vae, self.previews, self.out_dir, self.step, zero_stage=self.zero_stage,
-                       shift=shift, i2v_mode=self.i2v_mode, log=self.log)
+                       i2v_mode=self.i2v_mode, log=self.log)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     def save(self) -> None:

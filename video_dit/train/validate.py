@@ -84,6 +84,12 @@ def check_paths(job) -> None:
             raise ConfigError(f"{PROCESS}.model.vae_path", f"preset {preset.name!r} needs its trained VAE: set "
                                                           "vae_path (a Wan VAE .pth/.safetensors or a vae/ folder)")
     if p.sample is not None and not p.train.disable_sampling:
+        from video_dit.train.preview import job_scheduler
+
+        try:
+            job_scheduler(p)  # a diffusers folder's scheduler config the previews would follow
+        except ValueError as exc:
+            raise ConfigError(f"{PROCESS}.model.name_or_path", str(exc)) from exc
         for i, s in enumerate(p.sample.samples):
             if s.ctrl_img is not None and not Path(s.ctrl_img).is_file():
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img", f"{s.ctrl_img!r}: no such image file")

@@ -50,7 +50,7 @@ ARCH = "video_dit"
 # (BaseSDTrainProcess calls the static get_train_scheduler() and hands it to the constructor); load_model
 # replaces it with one at the preset's `train_shift`, and the trainer reads `sd.noise_scheduler` from
 # then on. It draws training timesteps and adds noise (the shift applies with `timestep_type: shift`);
-# previews use our own sampler with the preset's `sample_shift`.
+# previews use our own sampler at the preset's `sample_solver` and `sample_shift` (ai-toolkit gives steps, guidance).
 TRAIN_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False}
 # Bump when get_prompt_embeds / encode_images change what they compute: the numbers are part of
 # ai-toolkit's text-embedding and latent cache keys, so old caches are recomputed, never reused.
@@ -470,7 +470,7 @@ class VideoDiTModel(BaseModel):
             list(conditional_embeds.text_embeds), negative, num_frames=gen_config.num_frames,
             height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
             guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
-            first_frame=first_frame, i2v_mode=self.i2v_mode, solver="euler")[0]
+            first_frame=first_frame, i2v_mode=self.i2v_mode, solver=self.preset.sample_solver)[0]
         if gen_config.num_frames == 1:
             return frames[0]
         # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does

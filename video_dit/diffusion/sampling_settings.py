@@ -1,0 +1,161 @@
+"""Which sampling settings a render uses, and where each one came from.
+
+Precedence, highest first:
+1. the command line (`video-dit sample --solver/--steps/--shift/--cfg/--negative`) or the job's
+   `sample:` keys (`sampler`, `sample_steps`, `shift`, `guidance_scale`, `neg`; a `samples[i]` key
+   before the block's);
+2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
+   and with diffusers' UniPC its sigma grid (`flow.sampling_schedule`, grid "diffusers");
+3. the preset's `sample_*` fields (the reference's defaults for that model);
+4. for a model with no preset, Wan's generate.py defaults (unipc, 50 steps, shift 5, guidance 5,
+   Wan's negative prompt).
+`SamplingSettings.describe()` is the one line `video-dit sample` and the trainer print.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from video_dit.diffusion.flow import SOLVERS
+from video_dit.models.presets import WAN21_FLF2V_NEGATIVE_PROMPT, WAN21_I2V_NEGATIVE_PROMPT, WAN_NEGATIVE_PROMPT
+
+FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "negative")
+# Wan2.1 generate.py's defaults for a t2v task (lines 72, 77, 231, 244) and wan/configs/shared_config.py
+WAN_GENERATE_DEFAULTS = dict(solver="unipc", steps=50, shift=5.0, guidance=5.0, negative=WAN_NEGATIVE_PROMPT)
+SCHEDULER_CONFIG = Path("scheduler") / "scheduler_config.json"
+
+# diffusers scheduler classes we sample exactly: class -> (our solver, the key holding the shift, the
+# keys that must keep a value we implement: key -> (accepted values, diffusers' default when absent)).
+# Keys not listed (beta_*, timestep_spacing, steps_offset, ...) have no effect on the flow-sigma path.
+_SCHEDULERS = {
+    "UniPCMultistepScheduler": ("unipc", "flow_shift", {
+        "prediction_type": (("flow_prediction",), "epsilon"),
+        "use_flow_sigmas": ((True,), False),
+        "solver_order": ((2,), 2),
+        "solver_type": (("bh2", "midpoint", "heun", "logrho"), "bh2"),  # diffusers maps the last 3 to bh2
+        "predict_x0": ((True,), True),
+        "lower_order_final": ((True,), True),
+        "final_sigmas_type": (("zero",), "zero"),
+        "disable_corrector": (([],), []),
+        "solver_p": ((None,), None),
+        "thresholding": ((False,), False),
+        "use_dynamic_shifting": ((False,), False),
+        "use_karras_sigmas": ((False,), False),
+        "use_exponential_sigmas": ((False,), False),
+        "use_beta_sigmas": ((False,), False),
+        "shift_terminal": ((None,), None),
+        "num_train_timesteps": ((1000,), 1000),
+    }),
+    "FlowMatchEulerDiscreteScheduler": ("euler", "shift", {
+        "use_dynamic_shifting": ((False,), False),
+        "invert_sigmas": ((False,), False),
+        "shift_terminal": ((None,), None),
+        "use_karras_sigmas": ((False,), False),
+        "use_exponential_sigmas": ((False,), False),
+        "use_beta_sigmas": ((False,), False),
+        "stochastic_sampling": ((False,), False),
+        "num_train_timesteps": ((1000,), 1000),
+    }),
+}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What a diffusers folder's scheduler config says: our solver, its shift, its sigma grid."""
+
+    solver: str
+    shift: float
+    grid: str
+    path: Path
+
+
+def read_scheduler_config(model) -> SchedulerConfig | None:
+    """`<model>/scheduler/scheduler_config.json` as a `SchedulerConfig`; None when `model` is not a
+    folder holding one. A scheduler we cannot sample exactly is a `ValueError` naming the file, the key,
+    its value and what is accepted (pass the solver and shift explicitly to sample without it)."""
+    if model is None or str(model).startswith("preset:"):
+        return None
+    path = Path(model) / SCHEDULER_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    name = cfg.get("_class_name")
+    if name not in _SCHEDULERS:
+        raise ValueError(f"{path}: scheduler class {name!r} is not one we sample; accepted: "
+                         f"{', '.join(_SCHEDULERS)} (or give the solver and shift explicitly)")
+    solver, shift_key, required = _SCHEDULERS[name]
+    for key, (accepted, default) in required.items():
+        value = cfg.get(key, default)
+        if value not in accepted:
+            raise ValueError(f"{path}: {key} = {value!r} is not supported for {name}; accepted: "
+                             f"{', '.join(map(repr, accepted))} (or give the solver and shift explicitly)")
+    shift = cfg.get(shift_key, 1.0)
+    if not isinstance(shift, (int, float)) or isinstance(shift, bool) or shift <= 0:
+        raise ValueError(f"{path}: {shift_key} = {shift!r}; expected a number > 0")
+    return SchedulerConfig(solver, float(shift), "diffusers" if solver == "unipc" else "wan", path)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    solver: str
+    steps: int
+    shift: float
+    guidance: float
+    negative: str
+    grid: str = "wan"
+    sources: dict[str, str] = field(default_factory=dict)  # field -> where its value came from
+
+    def describe(self) -> str:
+        """One line: the values, then which came from where."""
+        solver = self.solver + (" on diffusers' grid" if self.solver == "unipc" and self.grid == "diffusers"
+                                else " on Wan's grid" if self.solver == "unipc" else "")
+        guided = self.guidance != 1.0
+        neg = f", negative prompt {_negative_name(self.negative)}" if guided else " (off: no negative pass)"
+        by_source: dict[str, list[str]] = {}
+        for name in FIELDS:
+            if name != "negative" or guided:
+                by_source.setdefault(self.sources.get(name, "?"), []).append(name)
+        where = "; ".join(f"{', '.join(names)}: {source}" for source, names in by_source.items())
+        return (f"sampling: {solver}, {self.steps} steps, shift {self.shift:g}, guidance {self.guidance:g}{neg} "
+                f"[{where}]")
+
+
+def _negative_name(text: str) -> str:
+    known = {WAN_NEGATIVE_PROMPT: "Wan's default", WAN21_I2V_NEGATIVE_PROMPT: "Wan 2.1 I2V's default",
+             WAN21_FLF2V_NEGATIVE_PROMPT: "Wan 2.1 FLF2V's default"}
+    if text in known:
+        return known[text]
+    return "none ('')" if not text else repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
+                     given: dict[str, tuple[object, str]] | None = None) -> SamplingSettings:
+    """The settings of a render. preset: a `Preset` or None (then Wan's generate.py defaults);
+    scheduler: `read_scheduler_config(model)`; given: field -> (value, where it was given, e.g.
+    "--steps" or "sample.sample_steps") for the values the command or job sets (others absent)."""
+    given = dict(given or {})
+    unknown = set(given) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"unknown sampling settings {sorted(unknown)}; accepted: {', '.join(FIELDS)}")
+    if preset is not None:
+        values = dict(solver=preset.sample_solver, steps=preset.sample_steps, shift=preset.sample_shift,
+                      guidance=preset.sample_guidance, negative=preset.sample_negative)
+        origin = f"preset {preset.name}"
+    else:
+        values, origin = dict(WAN_GENERATE_DEFAULTS), "Wan's generate.py defaults (no preset known)"
+    sources = dict.fromkeys(FIELDS, origin)
+    if scheduler is not None:
+        values.update(solver=scheduler.solver, shift=scheduler.shift)
+        sources.update(solver=str(scheduler.path), shift=str(scheduler.path))
+    for name, (value, where) in given.items():
+        values[name], sources[name] = value, where
+    if values["solver"] not in SOLVERS:
+        raise ValueError(f"{sources['solver']}: unknown solver {values['solver']!r}; accepted: {', '.join(SOLVERS)}")
+    # diffusers' UniPC grid only when the folder's own UniPC is what samples
+    grid = scheduler.grid if scheduler is not None and values["solver"] == scheduler.solver else "wan"
+    return SamplingSettings(**values, grid=grid, sources=sources)
