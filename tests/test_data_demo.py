@@ -32,7 +32,7 @@ def test_make_demo_data_decodes_is_deterministic_and_captions_the_motion(tmp_pat
     assert cli_main(["make-demo-data", str(tmp_path / "c"), "--seed", "8", *args]) == 0
     a, b, c = (_files(tmp_path / x) for x in "abc")
     assert sorted(a) == [f"{i:04d}.{e}" for i in range(6) for e in ("mp4", "txt")] + \
-        ["holdout/000.png", "holdout/000.txt", "holdout/001.png", "holdout/001.txt"]
+        [f"holdout/{j:03d}.{e}" for j in range(2) for e in ("mp4", "png", "txt")]
     assert a == b  # byte-identical for the same seed
     assert a != c
     pattern = re.compile(r"^a (\w+) (square|circle|triangle) moving (left|right|up|down) on a black background$")
@@ -90,3 +90,70 @@ config:
     job.write_text(job.read_text().replace("num_frames: 9", "num_frame: 9"))
     assert cli_main(["inspect-data", str(job)]) == 1
     assert "did you mean 'num_frames'" in capsys.readouterr().out
+
+
+def test_holdout_covers_the_data_and_the_checker_reads_clips(tmp_path):
+    """Five held-out clips hold every colour, direction and shape; the checker passes each of them
+    (and every training clip of the run), and fails a clip that stands still, one whose shape fades,
+    and one of another colour or shape, naming the criterion."""
+    from video_dit.data.demo import DIRECTIONS, SHAPES, check_clip, format_check, parse_caption
+    from video_dit.media import read_video_frames
+
+    make = ["make-demo-data", str(tmp_path), "--count", "4", "--frames", "17", "--size", "64", "--holdout", "5"]
+    assert cli_main(make) == 0
+    captions = [(tmp_path / "holdout" / f"{j:03d}.txt").read_text().strip() for j in range(5)]
+    combos = [parse_caption(c) for c in captions]
+    assert {c[0] for c in combos} == set(SHAPES) and {c[1] for c in combos} == set(COLORS)
+    assert {c[2] for c in combos} == set(DIRECTIONS)
+    for j, caption in enumerate(captions):
+        frames = read_video_frames(tmp_path / "holdout" / f"{j:03d}.mp4")
+        first = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(tmp_path / "holdout" / f"{j:03d}.png"))
+        assert np.abs(frames[0].astype(int) - first.astype(int)).mean() < 4  # the PNG is the clip's frame 0
+        result = check_clip(frames, caption)
+        assert result["ok"], format_check(result)
+        assert result["moved_px"] >= 40  # the shape crosses most of the 64-px frame
+    frames = read_video_frames(tmp_path / "holdout" / "000.mp4")
+    shape, colour, direction = combos[0]
+    still = np.repeat(frames[:1], len(frames), axis=0)
+    assert check_clip(still, captions[0])["failed"] == ["motion"]
+    fading = (frames.astype(float) * np.linspace(1, 0, len(frames))[:, None, None, None]).astype(np.uint8)
+    assert "present" in check_clip(fading, captions[0])["failed"]
+    other = next(c for c in COLORS if c != colour)
+    assert check_clip(frames, captions[0].replace(colour, other))["failed"] == ["colour"]
+    other = next(s for s in SHAPES if s != shape)
+    assert check_clip(frames, captions[0].replace(shape, other))["failed"] == ["shape"]
+    opposite = {"right": "left", "left": "right", "up": "down", "down": "up"}[direction]
+    assert check_clip(frames, captions[0].replace(direction, opposite))["failed"] == ["motion"]
+
+
+def test_check_demo_command_reads_a_jobs_previews(tmp_path, capsys):
+    """`video-dit check-demo CONFIG`: exit 0 when the last step's previews pass, 1 when one fails."""
+    import shutil
+
+    import yaml
+
+    data = tmp_path / "data"
+    assert cli_main(["make-demo-data", str(data), "--count", "2", "--frames", "17", "--size", "64",
+                     "--holdout", "2"]) == 0
+    captions = [(data / "holdout" / f"{j:03d}.txt").read_text().strip() for j in range(2)]
+    job = {"job": "extension", "config": {"name": "d", "process": [{
+        "training_folder": str(tmp_path / "out"), "model": {"name_or_path": "preset:tiny"},
+        "datasets": [{"folder_path": str(data), "num_frames": 17, "resolution": [64]}],
+        "sample": {"samples": [{"prompt": c, "ctrl_img": str(data / f"holdout/{j:03d}.png")}
+                               for j, c in enumerate(captions)]}}]}}
+    config = tmp_path / "job.yaml"
+    config.write_text(yaml.safe_dump(job))
+    samples = tmp_path / "out" / "d" / "samples"
+    samples.mkdir(parents=True)
+    from video_dit.media import read_video_frames, write_video
+
+    for j in range(2):  # step 0 stands still, step 40 is the held-out clip itself
+        frames = read_video_frames(data / "holdout" / f"{j:03d}.mp4")
+        write_video(np.repeat(frames[:1], len(frames), axis=0), samples / f"{0:09d}_{j}.mp4")
+        shutil.copy(data / "holdout" / f"{j:03d}.mp4", samples / f"{40:09d}_{j}.mp4")
+    capsys.readouterr()
+    assert cli_main(["check-demo", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "step 0: 0/2 previews pass" in out and "step 40: 2/2 previews pass" in out
+    assert out.count("[failed: motion]") == 2
+    assert cli_main(["check-demo", str(config), "--steps", "40,0"]) == 1  # the last step asked fails

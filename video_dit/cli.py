@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect-data": ("video_dit.commands.inspect_data", "bucket histogram, counts, skips and cache hits of a job's datasets"),
     "train-vae": ("video_dit.commands.train_vae", "train the tiny VAE of the embedded default"),
     "plot": ("video_dit.commands.plot", "draw loss, throughput and memory curves from metrics.jsonl"),
+    "check-demo": ("video_dit.commands.check_demo", "check the demo's previews: shape, colour and motion as captioned"),
     "aitk-install": ("video_dit.commands.aitk_install", "register the video_dit arch in an ai-toolkit checkout"),
     "bench": ("video_dit.commands.bench", "benchmarks side by side with the reference implementation"),
 }

@@ -1,5 +1,6 @@
 """`video-dit make-demo-data DIR`: the procedural demo dataset (shapes moving on black, MP4 + captions)
-plus held-out first frames under DIR/holdout/ for i2v previews. Same arguments -> byte-identical files."""
+plus held-out clips, their first frames and captions under DIR/holdout/ (validation loss, i2v
+previews). Same arguments -> the same frames."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames", type=int, default=17, help="frames per clip, 4k+1 (default 17)")
     parser.add_argument("--size", type=int, default=64, help="frame side in pixels (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--holdout", type=int, default=4, help="held-out first frames for i2v previews (default 4)")
+    parser.add_argument("--holdout", type=int, default=4, help="held-out clips (+ first frame, caption) for validation and i2v previews; "
+                        "5 cover every colour, direction and shape (default 4)")
     parser.add_argument("--fps", type=float, default=16, help="frame rate written to the MP4s (default 16)")
 
 
@@ -22,5 +24,5 @@ def main(args: argparse.Namespace) -> int:
     paths = make_demo_data(args.dir, count=args.count, frames=args.frames, size=args.size, seed=args.seed,
                            holdout=args.holdout, fps=args.fps)
     print(f"wrote {len(paths)} clips ({args.frames} frames, {args.size}x{args.size}) to {args.dir}"
-          + (f" and {args.holdout} held-out first frames to {args.dir}/holdout" if args.holdout else ""))
+          + (f" and {args.holdout} held-out clips to {args.dir}/holdout" if args.holdout else ""))
     return 0

@@ -1,8 +1,11 @@
 """The procedural demo dataset: coloured shapes moving in a straight line on black.
 
 `make_demo_data(DIR)` writes `DIR/0000.mp4 + 0000.txt, ...` ("a red square moving right on a black
-background") and `DIR/holdout/000.png + 000.txt`: first frames of clips NOT in the training set, with
-their captions, for i2v previews (the default job points `sample.samples[].ctrl_img` at them).
+background") and `DIR/holdout/000.mp4 + 000.png + 000.txt, ...`: clips NOT in the training set (the
+training readers list `DIR` flat), their first frames and captions. The default job renders its i2v
+previews from the first frames (`sample.samples[].ctrl_img`) and computes its validation loss on the
+clips (`train.validation_config`); `holdout_combo` makes them cover every colour, every direction and
+every shape.
 The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 px per frame at
 64x64x17) so a tiny model trained for minutes visibly learns colour, shape and direction.
 Output depends only on the arguments: same seed -> byte-identical files (PNG through PIL; MP4
@@ -65,6 +68,12 @@ def render_clip(shape: str, color: str, direction: str, frames: int, size: int,
     return out
 
 
+def holdout_combo(j: int) -> tuple[str, str, str]:
+    """(shape, colour, direction) of held-out clip j: colour, direction and shape each cycle, so any 5
+    consecutive clips hold every colour, every direction and every shape."""
+    return SHAPES[j % len(SHAPES)], list(COLORS)[j % len(COLORS)], list(DIRECTIONS)[j % len(DIRECTIONS)]
+
+
 def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, seed: int = 0,
                    holdout: int = 4, fps: float = 16) -> list[Path]:
     """Write the dataset (see module docstring); returns the clip paths."""
@@ -85,11 +94,106 @@ def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, s
     hold = out / "holdout"
     if holdout:
         hold.mkdir(exist_ok=True)
-    dirs = list(DIRECTIONS)
-    for j in range(holdout):  # one direction after another, so previews show every direction
-        shape, color = SHAPES[int(rng.integers(len(SHAPES)))], list(COLORS)[int(rng.integers(len(COLORS)))]
-        direction = dirs[j % len(dirs)]
-        first = render_clip(shape, color, direction, frames, size, rng)[0]
-        Image.fromarray(first).save(hold / f"{j:03d}.png", optimize=False)
+    for j in range(holdout):  # new positions (drawn after the training clips'), every colour/direction/shape
+        shape, color, direction = holdout_combo(j)
+        clip = render_clip(shape, color, direction, frames, size, rng)
+        media.write_video(clip, hold / f"{j:03d}.mp4", fps=fps)
+        Image.fromarray(clip[0]).save(hold / f"{j:03d}.png", optimize=False)
         (hold / f"{j:03d}.txt").write_text(caption_for(shape, color, direction) + "\n", encoding="utf-8")
     return paths
+
+
+# ---------------------------------------------------------------- checking a rendered clip
+
+FOREGROUND = 96      # a pixel is the shape when its brightest channel exceeds this (shapes >= 230, black ~0)
+FILL_BOUNDS = (0.64, 0.89)  # area / bounding-box area: triangle 0.5 < circle 0.79 < square 1.0
+
+
+def parse_caption(caption: str) -> tuple[str, str, str]:
+    """(shape, colour, direction) of a demo caption ("a red square moving right on ..."); ValueError
+    naming the caption when it is not one."""
+    words = caption.lower().replace(",", " ").split()
+    found = []
+    for table in (SHAPES, COLORS, DIRECTIONS):
+        hits = [w for w in words if w in table]
+        if len(set(hits)) != 1:
+            raise ValueError(f"{caption!r} is not a demo caption: expected one of each of shapes {SHAPES}, "
+                             f"colours {tuple(COLORS)} and directions {tuple(DIRECTIONS)}")
+        found.append(hits[0])
+    return found[0], found[1], found[2]
+
+
+def classify_fill(fill: float) -> str:
+    """The demo shape whose area / bounding-box ratio `fill` is (square 1.0, circle ~0.79, triangle ~0.5)."""
+    return "triangle" if fill < FILL_BOUNDS[0] else "circle" if fill < FILL_BOUNDS[1] else "square"
+
+
+def nearest_colour(rgb) -> str:
+    rgb = np.asarray(rgb, float)
+    return min(COLORS, key=lambda c: float(np.sum((np.asarray(COLORS[c], float) - rgb) ** 2)))
+
+
+def check_clip(frames: np.ndarray, caption: str) -> dict:
+    """Does the clip `frames` (F, H, W, 3) uint8 show the caption's shape, in its colour, moving in its
+    direction by at least a quarter of the frame width?
+
+    Measured per frame on the foreground (brightest channel > FOREGROUND): its area, its centroid, and
+    its fill of its bounding box (which tells the three shapes apart); the colour is the mean RGB of the
+    foreground over all frames, named by the nearest demo colour. Passes when every frame holds a
+    foreground of at least half the first frame's area, at least 3/4 of the frames classify as the
+    caption's shape, the colour is the caption's, and the centroid moved from the first frame to the
+    last by >= W/4 along the caption's direction and more along it than across it.
+    Returns the figures and `ok` (bool) with `failed` (the criteria that failed).
+    """
+    shape, colour, direction = parse_caption(caption)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"expected (F, H, W, 3) uint8 frames, got {frames.dtype} {frames.shape}")
+    F, H, W, _ = frames.shape
+    fg = frames.max(-1) > FOREGROUND                                   # (F, H, W)
+    areas = fg.sum((1, 2))
+    centroids, shapes = [], []
+    for f in range(F):
+        ys, xs = np.nonzero(fg[f])
+        if len(ys) == 0:
+            centroids.append((float("nan"), float("nan")))
+            shapes.append("none")
+            continue
+        centroids.append((float(xs.mean()), float(ys.mean())))
+        box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
+        shapes.append(classify_fill(len(ys) / box))
+    pixels = frames[fg]
+    mean_rgb = pixels.astype(float).mean(0) if len(pixels) else np.zeros(3)
+    dx, dy = DIRECTIONS[direction]
+    (x0, y0), (x1, y1) = centroids[0], centroids[-1]
+    along = (x1 - x0) * dx + (y1 - y0) * dy
+    across = abs((x1 - x0) * dy) + abs((y1 - y0) * dx)
+    present = bool(areas[0] > 0 and (areas >= 0.5 * areas[0]).all())
+    shape_share = sum(s == shape for s in shapes) / F
+    result = {
+        "caption": caption, "shape": shape, "colour": colour, "direction": direction,
+        "area_first": int(areas[0]), "area_min": int(areas.min()), "shape_share": round(shape_share, 3),
+        "seen_shape": max(set(shapes), key=shapes.count), "mean_rgb": [round(float(v), 1) for v in mean_rgb],
+        "seen_colour": nearest_colour(mean_rgb) if len(pixels) else "none",
+        "moved_px": round(float(along), 1) if np.isfinite(along) else None,
+        "across_px": round(float(across), 1) if np.isfinite(across) else None,
+        "needed_px": W / 4,
+    }
+    checks = {
+        "present": present,
+        "shape": shape_share >= 0.75,
+        "colour": result["seen_colour"] == colour,
+        "motion": bool(np.isfinite(along) and along >= W / 4 and along > across),
+    }
+    result["failed"] = [k for k, ok in checks.items() if not ok]
+    result["ok"] = not result["failed"]
+    return result
+
+
+def format_check(result: dict) -> str:
+    """One line per clip: what was asked, what was seen, and PASS / FAIL (criteria)."""
+    moved = "no shape" if result["moved_px"] is None else f"moved {result['moved_px']:+.1f} px {result['direction']}"
+    return (f"{'PASS' if result['ok'] else 'FAIL'}  {result['shape']} {result['colour']} {result['direction']}: "
+            f"seen {result['seen_shape']} ({result['shape_share']:.0%} of frames), {result['seen_colour']} "
+            f"rgb {tuple(round(v) for v in result['mean_rgb'])}, {moved} (need >= {result['needed_px']:g}), "
+            f"area {result['area_min']}-{result['area_first']} px"
+            + (f"  [failed: {', '.join(result['failed'])}]" if result["failed"] else ""))

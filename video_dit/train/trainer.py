@@ -341,7 +341,24 @@ class Trainer:
             t_step = time.perf_counter()
         if bar is not None:
             bar.close()
+        self._demo_report()
         return 0
+
+    def _demo_report(self) -> None:
+        """The embedded demo (a `prepare.demo_data` job): the preview checker on step 0 and the last
+        step (`video-dit check-demo` prints the same)."""
+        p = self.p
+        if not (self.rank0 and self.previews and p.prepare is not None and p.prepare.demo_data is not None):
+            return
+        from video_dit.commands.check_demo import preview_steps, report
+
+        samples = self.out_dir / "samples"
+        steps = sorted({0, self.step} & set(preview_steps(samples)))
+        try:
+            text, _ = report(samples, [j.prompt for j in self.previews], steps)
+        except ValueError as exc:  # prompts that are not demo captions
+            text = f"demo check skipped: {exc}"
+        self.log(text)
 
     # ---------------------------------------------------------------- outputs
     def preview(self) -> None:

@@ -32,7 +32,8 @@ def prepare(raw: dict, log=print) -> None:
     if stages.demo_data is not None:
         d = stages.demo_data
         folder = Path(d.dir)
-        if folder.is_dir() and any(folder.glob("*.mp4")):
+        held = [folder / "holdout" / f"{j:03d}{e}" for j in range(d.holdout) for e in (".mp4", ".png", ".txt")]
+        if folder.is_dir() and any(folder.glob("*.mp4")) and all(f.is_file() for f in held):
             log(f"[video_dit] demo data: {folder} exists")
         else:
             from video_dit.data.demo import make_demo_data
