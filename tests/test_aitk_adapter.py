@@ -28,12 +28,13 @@ def aitk():
     aitk_standin.deactivate()
 
 
-def build(aitk, **model):
+def build(aitk, train_dtype="fp32", **model):
     from toolkit.config_modules import ModelConfig
 
     cfg = ModelConfig(**{"name_or_path": "preset:tiny", "arch": "video_dit", "dtype": "fp32", **model})
-    # as BaseSDTrainProcess.run: the scheduler comes from the class, before the model exists
-    return aitk.VideoDiTModel(device="cpu", model_config=cfg, dtype="fp32",
+    # as BaseSDTrainProcess.run: the scheduler comes from the class, before the model exists, and
+    # the model gets train.dtype
+    return aitk.VideoDiTModel(device="cpu", model_config=cfg, dtype=train_dtype,
                               noise_scheduler=aitk.VideoDiTModel.get_train_scheduler())
 
 
@@ -126,10 +127,12 @@ def test_training_step_in_contract_order(sd):
         embeds = sd.get_prompt_embeds(["a red square moving right", ""])
         assert [e.ndim for e in embeds.text_embeds] == [2, 2]
         assert embeds.text_embeds[0].shape[0] > embeds.text_embeds[1].shape[0]
-        # 3. ai-toolkit's flowmatch timesteps (0..1000 floats) and noise: the same x_t as our flow module
-        timesteps = sd.noise_scheduler.set_train_timesteps(1000, "cpu")[torch.tensor([150, 700])]
+        # 3. ai-toolkit's flowmatch timesteps (the shared job's `timestep_type: shift`, 0..1000 floats)
+        # and noise, added by BaseModel.add_noise one sample at a time: the same x_t as our flow module
+        timesteps = sd.noise_scheduler.set_train_timesteps(1000, "cpu", timestep_type="shift",
+                                                           latents=batch.latents)[torch.tensor([150, 700])]
         noise = torch.randn_like(batch.latents)
-        noisy = sd.noise_scheduler.add_noise(batch.latents, noise, timesteps)
+        noisy = sd.add_noise(batch.latents, noise, timesteps)
         assert torch.allclose(noisy, add_noise(batch.latents, noise, timesteps), atol=1e-6)
         # 4. the prediction, through BaseModel.predict_noise (which passes batch= only if it is declared)
         pred = sd.predict_noise(noisy, text_embeddings=embeds, timestep=timesteps, batch=batch)
@@ -160,6 +163,54 @@ def test_training_step_in_contract_order(sd):
         sd.model = type(dit)(dit.config)
         sd.model.load_state_dict(base)
         sd.pipeline = sd.get_generation_pipeline()
+
+
+def test_standin_scheduler_and_add_noise_are_ai_toolkits(sd):
+    """The stand-in behaves as ai-toolkit 27a03a91 where the arch depends on it (see its README).
+
+    - `shift` (the shared job's timestep type): custom_flowmatch_sampler.set_train_timesteps takes
+      linspace(sigma_max, sigma_min) of the diffusers scheduler built with the arch's shift 3, and
+      shifts it again: t_i = 1000 * shift(s_i), s_i = linspace(1, shift(1/1000), 1000), derived here.
+    - `add_noise`: the scheduler's own does not reshape t, so a (B,) timestep for B > 1 broadcasts
+      against the last latent dim (wrong); BaseModel.add_noise, which the trainer calls, goes one
+      sample at a time and is right. A test calling the scheduler directly would decide nothing."""
+    import math
+
+    def shifted(s, k=3.0):
+        return k * s / (1 + (k - 1) * s)
+
+    grid = sd.noise_scheduler.set_train_timesteps(1000, "cpu", timestep_type="shift")
+    s = torch.linspace(1.0, shifted(1 / 1000), 1000, dtype=torch.float64)
+    torch.testing.assert_close(grid.double(), 1000 * shifted(s), rtol=0, atol=1e-3)
+    assert grid[0] == 1000 and math.isclose(grid[-1].item(), 1000 * shifted(shifted(1 / 1000)), rel_tol=1e-4)
+    assert sd.noise_scheduler.sigmas[-1] == 0 and len(sd.noise_scheduler.sigmas) == 1001
+    assert torch.equal(sd.noise_scheduler.set_train_timesteps(7, "cpu", timestep_type="linear"),
+                       torch.linspace(1000, 1, 7))
+    with pytest.raises(NotImplementedError, match="lognorm_blend"):
+        sd.noise_scheduler.set_train_timesteps(1000, "cpu", timestep_type="lognorm_blend")
+
+    g = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(3, 16, 2, 2, 3, generator=g), torch.randn(3, 16, 2, 2, 3, generator=g)
+    t = torch.tensor([100.0, 500.0, 900.0])  # W = 3 = B: the direct call broadcasts without an error
+    assert torch.allclose(sd.add_noise(x0, noise, t), add_noise(x0, noise, t), atol=1e-6)
+    assert not torch.allclose(sd.noise_scheduler.add_noise(x0, noise, t), add_noise(x0, noise, t), atol=1e-3)
+    assert torch.allclose(sd.add_noise(x0, noise, t[:1]), add_noise(x0, noise, t[:1].expand(3)), atol=1e-6)
+    assert torch.equal(sd.noise_scheduler.scale_model_input(x0, t), x0)
+
+
+def test_predict_noise_keeps_the_model_dtypes_ai_toolkit_would_cast(aitk):
+    """ai-toolkit's predict_noise casts the whole model to `torch_dtype` whenever `unet.dtype`
+    differs (base_model.py L950-951): the arch must report the dtype it was loaded in, or every step
+    would re-cast it (and any float32 parameters kept on purpose would become bf16)."""
+    model = build(aitk, train_dtype="bf16")
+    model.load_model()
+    before = {n: p.dtype for n, p in model.model.named_parameters()}
+    embeds = model.get_prompt_embeds(["a red square"])
+    x = torch.randn(1, 16, 2, 2, 2, dtype=torch.bfloat16)
+    with torch.no_grad():
+        pred = model.predict_noise(x, text_embeddings=embeds, timestep=torch.tensor([500.0]), batch=None)
+    assert {n: p.dtype for n, p in model.model.named_parameters()} == before
+    assert pred.shape == x.shape and bool(pred.float().isfinite().all())
 
 
 def test_cached_first_frame_latents_condition_like_pixels(sd):
