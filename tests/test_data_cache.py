@@ -15,7 +15,6 @@ from video_dit import media
 from video_dit.data.cache import CachedDataset, build_cache, collate, latent_path
 from video_dit.data.dataset import DataError, DatasetConfig, DataWarning, scan_dataset
 from video_dit.data.demo import render_clip
-from video_dit.data.frames import load_item_pixels
 from video_dit.data.sampler import BucketBatchSampler
 from video_dit.typed_config import parse
 
@@ -178,9 +177,15 @@ def test_cached_dataset_batches_i2v_keys_and_caption_dropout(tmp_path):
     s = ds[7]
     assert s["latents"].shape == (6, 3, 4, 4) and s["first_frame_latents"].shape == (6, 1, 4, 4)
     assert torch.equal(s["first_frame_latents"], s["latents"][:, :1]) and s["index"] == 7
-    # the cached latents are the encoder's output on the item's pixels
-    pixels = load_item_pixels(ds.item(7)).permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W)
-    assert torch.equal(s["latents"], enc.encode(pixels)["latents"][0])
+    # the cached latents are the encoder's output on the file's pixels, decoded here with PyAV (not
+    # through the cache's own reader): 9 frames of a 9-frame 32x32 clip, no resize or crop
+    item = ds.item(7)
+    assert (tuple(item.frames), tuple(item.bucket)) == (tuple(range(9)), (9, 32, 32))
+    with av.open(str(item.path)) as container:
+        frames = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])  # (F, H, W, 3)
+    pixels = torch.from_numpy(frames).permute(3, 0, 1, 2)[None].float() / 127.5 - 1  # (1, 3, F, H, W)
+    assert pixels.shape == (1, 3, 9, 32, 32)
+    assert torch.allclose(s["latents"], enc.encode(pixels)["latents"][0], atol=1e-6)
     batch = collate([ds[i] for i in range(4)])
     assert batch["latents"].shape == (4, 6, 3, 4, 4) and isinstance(batch["text_embeds"], list)
     assert all(t.ndim == 2 for t in batch["text_embeds"]) and batch["index"].tolist() == [0, 1, 2, 3]

@@ -133,13 +133,38 @@ def test_train_sh_refuses_a_bad_config_before_any_rank(folder, tmp_path):
     assert "launch.py" not in proc.stderr and not (tmp_path / "out").exists()  # no launcher, no rank
 
 
-def test_example_configs_parse(folder, tmp_path):
-    for name in ("demo_i2v_tiny", "wan21_t2v_1.3b_lora", "wan22_ti2v_5b_i2v_lora", "wan22_i2v_a14b_lora_zero3"):
-        data = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
-        for d in data["config"]["process"][0]["datasets"]:
+def readme_example_table() -> dict[str, dict[str, str]]:
+    """The README's table of example configs: {file name: {column: cell}}."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| config | preset |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0].strip("`")] = dict(zip(header, cells))
+    return rows
+
+
+def test_example_configs_match_the_readme(folder, tmp_path):
+    """Every example config parses, and sets what the README's table says: preset, LoRA rank or full
+    fine-tune, i2v mode, ZeRO stage, SP degree, dtype and the timestep range (A14B's expert)."""
+    table = readme_example_table()
+    assert sorted(table) == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))  # every file, no stale row
+    for name, row in table.items():
+        data = yaml.safe_load((ROOT / "configs" / name).read_text())
+        process = data["config"]["process"][0]
+        for d in process["datasets"]:
             d["folder_path"] = str(folder)  # the examples point at the user's data
-        job = parse_job(data, name)
-        assert job.name
+        p = parse_job(data, name).process
+        got = {"preset": f"`{p.model.preset}`",
+               "training": "full" if p.network is None else f"LoRA {p.network.linear}",
+               "i2v": p.i2v_mode if any(d.do_i2v for d in p.datasets) else "-",
+               "ZeRO": str(p.deepspeed.zero_stage), "SP": str(p.deepspeed.sequence_parallel_size),
+               "dtype": p.train.dtype, "timesteps": f"{p.train.min_t:g}-{p.train.max_t:g}"}
+        want = dict(row, timesteps=row["timesteps"].split(" ")[0])  # "900-1000 (high-noise expert)"
+        assert got == {k: want[k] for k in got}, (name, got, want)
 
 
 def test_lr_schedule():
