@@ -400,8 +400,22 @@ def test_lora_files_are_shared_with_the_deepspeed_trainer(sd, tmp_path):
 
 
 def test_full_fine_tune_save_reloads_alone(aitk, sd, tmp_path):
-    out = tmp_path / "aitk_tiny_000000010"
-    sd.save_model(str(out), {"name": "test"}, torch.float32)
+    import json
+    from collections import OrderedDict
+
+    import yaml
+
+    # ai-toolkit's default save_format (safetensors) passes the meta as get_meta_for_safetensors made it:
+    # an OrderedDict, non-string values as JSON strings (toolkit/metadata.py); the save folder is
+    # named like the file would be
+    meta = OrderedDict(name="test", training_info=json.dumps({"step": 10, "epoch": 0}), format="pt",
+                       software=json.dumps({"name": "ai-toolkit"}))
+    out = tmp_path / "aitk_tiny_000000010.safetensors"
+    sd.save_model(str(out), meta, torch.float32)
+    # ai-toolkit's resume (BaseSDTrainProcess.load_training_state_from_metadata) reads the step here
+    with open(out / "aitk_meta.yaml") as f:
+        saved = yaml.load(f, Loader=yaml.FullLoader)
+    assert saved["training_info"]["step"] == 10 and saved["name"] == "test"
     again = build(aitk, name_or_path=str(out))  # ai-toolkit's resume points name_or_path at the save
     again.load_model()
     x, t = torch.randn(1, 16, 2, 2, 2), torch.tensor([250.0])

@@ -3,15 +3,28 @@
     AITK_PATH=/path/to/ai-toolkit [AITK_PYTHON=/path/to/its/venv/bin/python] ./launch/test.sh tests/test_aitk_real.py
 
 AITK_PATH is a checkout with its requirements installed in AITK_PYTHON's environment (default: this
-interpreter), where `video_dit` must import too (this repository is put on PYTHONPATH). The test
-registers the extension (`video-dit aitk-install`, which writes AITK_PATH/extensions/video_dit),
-resolves `arch: video_dit` through ai-toolkit's `get_model_class`, and runs `run.py` on a job that
-loads `preset:tiny` and trains one LoRA step on CPU (aitk-contract.md section 7), rendering one MP4
-preview; then the LoRA file it saved must be our trainer's format. Skipped (with this reason) otherwise.
+interpreter), where `video_dit` must import too (this repository is put on PYTHONPATH). Skipped (with
+this reason) otherwise. Written from ai-toolkit 27a03a91's code (the line numbers below are there).
+
+One ai-toolkit process (`run.py` with three job files, run in order; a driver records every
+`scale_loss` call of the arch) on CPU, then checks:
+  - registration: `video-dit aitk-install`, and `arch: video_dit` resolves through `get_model_class`;
+  - LoRA job (i2v, `linear: 4`, `linear_alpha: 8`, 4 steps): the i2v loss mask was applied to every
+    video item (latent frame 0 out of the loss, the loss a masked mean); the saved file is our trainer's
+    format with alpha = rank, the scale ai-toolkit trained with (for a peft-format transformer LoRA it
+    forces alpha = rank: toolkit/lora_special.py L428-433), and `video-dit sample --lora` renders what
+    the base with B @ A merged at that scale renders (and not what scale alpha/rank = 2 would);
+  - the same job's previews: one sample with `neg`, guidance, steps, size, seed and frame count left at
+    ai-toolkit's defaults (toolkit/config_modules.py SampleConfig: neg False, guidance 7, 20 steps,
+    512 x 512, 1 frame) renders an image; one video sample renders an MP4 of 4k + 1 frames;
+  - full fine-tune job (2 steps, then the same job at 3 steps): the saves load alone with `load_dit`,
+    and the second run resumes from the step-2 save (BaseSDTrainProcess L1757-1765 point
+    `name_or_path` at it and read its step from `aitk_meta.yaml`, L870-889) and trains on to step 3.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -29,71 +42,214 @@ pytestmark = pytest.mark.skipif(
                           "(and AITK_PYTHON to that environment's python) to run the adapter in ai-toolkit's trainer")
 
 REPO = Path(__file__).resolve().parents[1]
+RANK, ALPHA = 4, 8
+
+# Records each VideoDiTModel.scale_loss call (SDTrainer.calculate_loss L921 passes the element-wise
+# loss), then runs ai-toolkit's run.py on the job files given.
+DRIVER = """
+import json, runpy, sys
+record, jobs = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, ".")
+import video_dit.integrations.ai_toolkit.model as m
+calls, scale_loss = [], m.VideoDiTModel.scale_loss
+def recording(self, loss):
+    mask = self._i2v_loss_mask
+    out = scale_loss(self, loss)
+    row = {"shape": list(loss.shape), "mask": None}
+    if mask is not None:
+        m5 = mask.float().expand_as(loss)
+        row.update(mask=mask.float().mean(dim=(0, 1, 3, 4)).tolist(), scaled_mean=float(out.float().mean()),
+                   masked_mean=float((loss.float() * m5).sum() / m5.sum()))
+    calls.append(row)
+    with open(record, "w") as f:
+        json.dump(calls, f)
+    return out
+m.VideoDiTModel.scale_loss = recording
+sys.argv = ["run.py", *jobs]
+runpy.run_path("run.py", run_name="__main__")
+"""
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "CUDA_VISIBLE_DEVICES": ""}
 
 
 def run_aitk(args, cwd, timeout):
     python = os.environ.get("AITK_PYTHON", sys.executable)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run([python, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"{' '.join(map(str, args))} failed:\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}"
     return out.stdout + out.stderr  # tqdm writes the progress (and the loss) to stderr
 
 
-def test_one_lora_step_and_a_preview_through_ai_toolkit():
-    # a private folder: this runs for minutes, and pytest prunes old basetemp folders of other sessions
-    with tempfile.TemporaryDirectory(prefix="aitk_real_") as tmp:
-        one_lora_step_and_a_preview(Path(tmp))
+def video_dit_cli(*args) -> None:
+    out = subprocess.run([sys.executable, "-m", "video_dit.cli", *map(str, args)], env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
 
 
-def one_lora_step_and_a_preview(tmp_path: Path):
+def _job(tmp: Path, name: str, process: dict) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"job": "extension", "meta": {"name": name, "version": "1.0"},
+                                    "config": {"name": name, "process": [process]}}))
+    return path
+
+
+def _process(tmp: Path, **changes) -> dict:
+    process = {
+        "type": "sd_trainer", "training_folder": str(tmp / "out"), "device": "cpu",
+        "save": {"dtype": "float32", "save_every": 1, "max_step_saves_to_keep": 3},
+        "datasets": [{"folder_path": str(tmp / "data"), "caption_ext": "txt", "num_frames": 9,
+                      "shrink_video_to_frames": True, "fps": 16, "do_i2v": True, "resolution": [32],
+                      "cache_latents_to_disk": True, "num_workers": 0}],
+        "train": {"batch_size": 1, "steps": 4, "lr": 1e-2, "optimizer": "adamw", "dtype": "fp32",
+                  "noise_scheduler": "flowmatch", "timestep_type": "shift", "gradient_checkpointing": False,
+                  "skip_first_sample": True, "disable_sampling": True},
+        # the helpers' base: preset:tiny's init with a non-zero head (a zero head passes no gradient to
+        # a LoRA on the blocks: the LoRA would stay zero and its scale would decide nothing)
+        "model": {"arch": "video_dit", "name_or_path": str(tmp / "base.safetensors"), "vae_path": "preset:tiny",
+                  "te_name_or_path": "preset:tiny", "model_kwargs": {"preset": "tiny"}, "quantize": False,
+                  "quantize_te": False},
+    }
+    for key, value in changes.items():
+        process[key] = {**process.get(key, {}), **value} if isinstance(value, dict) else value
+    return process
+
+
+@pytest.fixture(scope="module")
+def aitk_run():
+    """The one ai-toolkit process; yields (tmp folder, its log, the scale_loss records)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import helpers
+
     from video_dit.commands.aitk_install import install
     from video_dit.data.demo import make_demo_data
-    from video_dit.lora import add_lora, load_lora, save_lora
-    from video_dit.models.loading import load_dit, read_state_dict
 
-    aitk = Path(AITK_PATH).resolve()
-    install(aitk)
-    resolved = run_aitk(["-c", "from toolkit.config_modules import ModelConfig\n"
-                               "from toolkit.util.get_model import get_model_class\n"
-                               "c = get_model_class(ModelConfig(arch='video_dit', name_or_path='preset:tiny'))\n"
-                               "print('RESOLVED', c.__module__, c.__name__)"], cwd=aitk, timeout=900)
-    assert "RESOLVED video_dit.integrations.ai_toolkit.model VideoDiTModel" in resolved
+    # a private folder: this runs for minutes, and pytest prunes old basetemp folders of other sessions
+    with tempfile.TemporaryDirectory(prefix="aitk_real_") as name:
+        tmp = Path(name)
+        aitk = Path(AITK_PATH).resolve()
+        install(aitk)
+        resolved = run_aitk(["-c", "from toolkit.config_modules import ModelConfig\n"
+                                   "from toolkit.util.get_model import get_model_class\n"
+                                   "c = get_model_class(ModelConfig(arch='video_dit', name_or_path='preset:tiny'))\n"
+                                   "print('RESOLVED', c.__module__, c.__name__)"], cwd=aitk, timeout=900)
+        assert "RESOLVED video_dit.integrations.ai_toolkit.model VideoDiTModel" in resolved
 
-    data = tmp_path / "data"
-    make_demo_data(data, count=2, frames=9, size=32, holdout=1)
-    ctrl = next((data / "holdout").glob("*.png"))
-    job = {"job": "extension", "meta": {"name": "aitk_step", "version": "1.0"}, "config": {
-        "name": "aitk_step",
-        "process": [{
-            "type": "sd_trainer", "training_folder": str(tmp_path / "out"), "device": "cpu",
-            "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
-            "save": {"dtype": "float32", "save_every": 1, "max_step_saves_to_keep": 1},
-            "datasets": [{"folder_path": str(data), "caption_ext": "txt", "num_frames": 9,
-                          "shrink_video_to_frames": True, "fps": 16, "do_i2v": True, "resolution": [32],
-                          "cache_latents_to_disk": True, "num_workers": 0}],
-            "train": {"batch_size": 1, "steps": 1, "lr": 1e-3, "optimizer": "adamw", "dtype": "fp32",
-                      "noise_scheduler": "flowmatch", "timestep_type": "shift", "gradient_checkpointing": False,
-                      "skip_first_sample": True},
-            "model": {"arch": "video_dit", "name_or_path": "preset:tiny", "quantize": False, "quantize_te": False},
-            "sample": {"sample_every": 1, "width": 64, "height": 64, "num_frames": 7, "fps": 8, "sample_steps": 2,
-                       "guidance_scale": 1.0, "seed": 1, "neg": "",
-                       "samples": [{"prompt": "a shape moving", "ctrl_img": str(ctrl)}]},
-        }]}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    log = run_aitk(["run.py", str(tmp_path / "job.yaml")], cwd=aitk, timeout=3600)
+        make_demo_data(tmp / "data", count=2, frames=9, size=32, holdout=1)
+        helpers.write_base(tmp / "base.safetensors")
+        ctrl = str(tmp / "data" / "holdout" / "000.png")
+        lora = _job(tmp, "aitk_lora", _process(
+            tmp, network={"type": "lora", "linear": RANK, "linear_alpha": ALPHA},
+            train={"disable_sampling": False},
+            # sample 0: every sample key at ai-toolkit's default but the prompt and control image;
+            # sample 1: a short video
+            sample={"sample_every": 4, "samples": [
+                {"prompt": "a shape moving", "ctrl_img": ctrl},
+                {"prompt": "a shape moving", "ctrl_img": ctrl, "width": 64, "height": 64, "num_frames": 7,
+                 "fps": 8, "sample_steps": 2, "guidance_scale": 1.0, "seed": 1, "neg": ""}]}))
+        full2 = _job(tmp, "aitk_full", _process(tmp, train={"steps": 2, "lr": 1e-4}))
+        full3_dir = tmp / "again"
+        full3_dir.mkdir()
+        full3 = _job(full3_dir, "aitk_full", _process(tmp, train={"steps": 3, "lr": 1e-4}))
+        record = tmp / "scale_loss.json"
+        log = run_aitk(["-c", DRIVER, str(record), str(lora), str(full2), str(full3)], cwd=aitk, timeout=3600)
+        yield tmp, log, json.loads(record.read_text())
+
+
+def test_lora_steps_apply_the_i2v_loss_mask_on_video_items(aitk_run):
+    tmp, log, calls = aitk_run
     losses = [float(v) for v in re.findall(r"loss: ([-+0-9.e]+)", log)]  # ai-toolkit's progress bar
     assert losses and all(math.isfinite(v) for v in losses), log[-3000:]
+    assert len(calls) >= 4 + 2 + 1, calls  # the LoRA job's 4 steps, then the full fine-tune's 2 + 1
+    for row in calls:
+        assert row["shape"][2] == 3, row  # 9 frames -> 3 latent frames: every item is a video item
+        assert row["mask"] == [0.0, 1.0, 1.0], row  # the conditioned first latent frame is out of the loss
+        assert row["scaled_mean"] == pytest.approx(row["masked_mean"], rel=1e-5)  # SDTrainer's mean = masked mean
 
-    out = tmp_path / "out" / "aitk_step"
-    lora_file = out / "aitk_step.safetensors"
+
+def test_lora_at_linear_alpha_not_linear_samples_at_ai_toolkits_scale(aitk_run):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from video_dit.lora import add_lora, save_lora
+    from video_dit.media import read_video
+    from video_dit.models.loading import load_dit, read_state_dict
+
+    tmp, _, _ = aitk_run
+    out = tmp / "out" / "aitk_lora"
+    lora_file = out / "aitk_lora.safetensors"
     assert lora_file.is_file(), sorted(p.name for p in out.iterdir())
-    saved = read_state_dict(lora_file)
-    reference = save_lora(tmp_path / "ours.safetensors", add_lora(load_dit("preset:tiny"), rank=4), alpha=4)
-    assert set(saved) == set(read_state_dict(reference))  # the DeepSpeed trainer's export format
-    load_lora(lora_file, load_dit("preset:tiny"))
-    previews = list((out / "samples").glob("*.mp4"))
-    assert previews, sorted(p.name for p in (out / "samples").iterdir())
+    state = load_file(str(lora_file))
+    base = load_dit(str(tmp / "base.safetensors"))
+    reference = save_lora(tmp / "ours.safetensors", add_lora(load_dit(str(tmp / "base.safetensors")), rank=RANK),
+                          alpha=RANK)
+    assert set(state) == set(read_state_dict(reference))  # the DeepSpeed trainer's export format
+    alphas = [float(v) for k, v in state.items() if k.endswith(".alpha")]
+    assert alphas and set(alphas) == {float(RANK)}, set(alphas)  # not linear_alpha (8): ai-toolkit trained at scale 1
+    assert any(v.abs().max() > 0 for k, v in state.items() if k.endswith(".lora_B.weight"))  # trained
+
+    # the base with B @ A merged at scale 1, computed here, as a single-file DiT
+    merged = {k: v.clone() for k, v in base.state_dict().items()}
+    for key, b in state.items():
+        if key.endswith(".lora_B.weight"):
+            module = key[len("diffusion_model."):-len(".lora_B.weight")]
+            merged[module + ".weight"] += b.float() @ state[key.replace("lora_B", "lora_A")].float()
+    save_file({k: v.contiguous() for k, v in merged.items()}, str(tmp / "merged.safetensors"))
+    # and the file at the wrong scale (alpha/rank = 2, as if linear_alpha had been applied)
+    save_file({k: (v * 2 if k.endswith(".alpha") else v) for k, v in state.items()}, str(tmp / "double.safetensors"))
+
+    common = ["--vae", "preset:tiny", "--text-encoder", "preset:tiny", "--preset", "tiny", "--prompt",
+              "a shape moving", "--image", str(tmp / "data/holdout/000.png"), "--frames", 5, "--height", 32,
+              "--width", 32, "--steps", 4, "--cfg", 1, "--seed", 3]
+    videos = {}
+    for name, model, lora in (("lora", "base.safetensors", lora_file), ("merged", "merged.safetensors", None),
+                              ("double", "base.safetensors", tmp / "double.safetensors"),
+                              ("base", "base.safetensors", None)):
+        video_dit_cli("sample", "--model", tmp / model, *common, *(["--lora", lora] if lora else []),
+                      "--out", tmp / f"{name}.mp4")
+        videos[name] = read_video(tmp / f"{name}.mp4")
+    diff = {k: (videos["lora"] - v).abs().max().item() for k, v in videos.items()}
+    assert diff["merged"] < 2 / 255, diff  # the same model, through H.264
+    assert diff["base"] > 3 * max(diff["merged"], 1 / 255) and diff["double"] > 3 * max(diff["merged"], 1 / 255), diff
+    assert torch.isfinite(videos["lora"]).all()
+
+
+def test_previews_with_ai_toolkits_default_sample_keys(aitk_run):
+    from PIL import Image
+
     from video_dit.media import probe_video
 
-    assert probe_video(previews[0]).num_frames == 5  # 7 snapped to 4k + 1
+    tmp, _, _ = aitk_run
+    samples = tmp / "out" / "aitk_lora" / "samples"
+    files = sorted(samples.iterdir())
+    images = [p for p in files if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp")]
+    videos = [p for p in files if p.suffix.lower() == ".mp4"]
+    assert images and videos, [p.name for p in files]
+    with Image.open(images[0]) as img:  # sample 0: ai-toolkit's 512 x 512 default, one frame
+        assert img.size == (512, 512)
+        extrema = img.convert("L").getextrema()
+        assert extrema[0] < extrema[1]  # not a blank frame
+    assert probe_video(videos[0]).num_frames == 5  # sample 1: 7 frames snapped to 4k + 1
+
+
+def test_full_fine_tune_saves_and_resumes(aitk_run):
+    import torch
+
+    from video_dit.models.loading import load_dit
+
+    tmp, log, _ = aitk_run
+    out = tmp / "out" / "aitk_full"
+    saves = sorted(p for p in out.iterdir() if re.fullmatch(r"aitk_full_\d{9}(\.safetensors)?", p.name))
+    steps = [int(re.search(r"_(\d{9})", p.name).group(1)) for p in saves]
+    assert steps == [1, 2, 3], [p.name for p in saves]
+    # the newest save of the first run: its step-2 save, or the final one ai-toolkit writes without a step
+    assert re.search(r"IMPORTANT RESUMING FROM \S*aitk_full(_000000002)?(\.safetensors)?\s", log), log[-4000:]
+    assert "Found step 2 in metadata" in log, log[-4000:]
+    with open(saves[1] / "aitk_meta.yaml") as f:  # what ai-toolkit's resume reads (L876-885)
+        assert yaml.safe_load(f)["training_info"]["step"] == 2
+    two, three = (load_dit(str(p)).state_dict() for p in saves[1:])
+    base = load_dit(str(tmp / "base.safetensors")).state_dict()
+    assert max((two[k] - base[k]).abs().max().item() for k in base) > 0  # trained
+    assert max((three[k] - two[k]).abs().max().item() for k in base) > 0  # trained on after the resume
+    assert all(torch.isfinite(v).all() for v in three.values())

@@ -100,6 +100,23 @@ def saved_sources(name_or_path: str) -> dict:
         return json.load(f)
 
 
+def plain_meta(meta) -> dict:
+    """ai-toolkit's save metadata as plain YAML-able data. With the default `save.save_format:
+    safetensors` it hands `save_model` an OrderedDict (which `yaml.safe_dump` refuses) whose non-string
+    values are JSON strings (`get_meta_for_safetensors`, toolkit/metadata.py); its resume then reads
+    `aitk_meta.yaml`'s `training_info["step"]` (BaseSDTrainProcess.load_training_state_from_metadata),
+    so each value is parsed back as ai-toolkit's own `parse_metadata_from_safetensors` does."""
+    out = {}
+    for key, value in dict(meta or {}).items():
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass  # a plain string
+        out[str(key)] = value
+    return json.loads(json.dumps(out, default=str))  # nested OrderedDicts -> dicts, odd objects -> str
+
+
 def resolve_preset(name_or_path: str | None, options: ModelKwargs) -> Preset:
     """The preset a job means: `preset:NAME` in `model.name_or_path`, `model.model_kwargs.preset`, or
     the one recorded by `save_model` in the weights folder."""
@@ -510,7 +527,8 @@ class VideoDiTModel(BaseModel):
 
     def save_model(self, output_path, meta, save_dtype):
         """Full fine-tune: native DiT weights (`model.safetensors`) + `config.json`, read by `load_dit`,
-        and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone."""
+        and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
+        `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads."""
         import yaml
         from safetensors.torch import save_file
 
@@ -524,4 +542,4 @@ class VideoDiTModel(BaseModel):
         with open(os.path.join(output_path, SAVED_SOURCES), "w") as f:
             json.dump(self.sources, f, indent=2)
         with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:
-            yaml.safe_dump(meta, f)
+            yaml.safe_dump(plain_meta(meta), f)
