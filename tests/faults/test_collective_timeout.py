@@ -1,45 +1,42 @@
 """Collectives have timeouts: with a peer that is alive but stuck (no dropped connection for anyone to
-notice), a rank waiting in an all-reduce fails after the job's `deepspeed.timeout_s` instead of hanging."""
+notice), the rank waiting in a collective fails after the job file's `deepspeed.timeout_s` instead of
+hanging. Through the trainer: 2 ranks of `trainer.run` on a job with `timeout_s: 10`; rank 1 stalls
+(sleeps, alive) in the middle of step 2 (`VIDEO_DIT_FAULT=stall_rank1_at_step:2`)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import re
 import time
 
 import pytest
+import ranks
 
 import fault_harness as h
 
 pytestmark = pytest.mark.multirank
-
-SCRIPT = """
-import sys, time, torch, torch.distributed as dist
-from video_dit.train.engine import init_distributed
-rank, world = init_distributed(timeout_s=10)
-if rank == 1:
-    time.sleep(120)  # stuck: never joins the collective
-t0 = time.monotonic()
-try:
-    dist.all_reduce(torch.ones(1))
-except RuntimeError as exc:
-    print(f"TIMED OUT after {time.monotonic() - t0:.1f}s: {type(exc).__name__}", flush=True)
-    sys.exit(5)
-sys.exit(0)
-"""
+TIMEOUT_S = 10  # long enough for the ranks' start-up skew on a busy machine (every collective is bounded)
 
 
-def test_a_stuck_peer_times_out_the_collective(tmp_path):
-    port = h.free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=h.rank_env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
-                                             MASTER_PORT=port)) for r in range(2)]
+def test_deepspeed_timeout_s_of_the_job_bounds_a_stuck_peer(world, reference):
+    cfg = h.job_yaml(world, "stuck", steps=3, timeout_s=TIMEOUT_S)
+    procs, prefix = ranks.start_jobs(world, [{"config": str(cfg), "resume": "none", "run": True}], 2,
+                                     fault="stall_rank1_at_step:2")
+    (rank0, log0), (rank1, log1) = procs
     try:
-        out, _ = procs[0].communicate(timeout=100)
+        rc0 = rank0.wait(timeout=180)
+        exited = time.time()
     finally:
-        procs[1].kill()
-        procs[1].wait()
-    assert procs[0].returncode == 5, out[-3000:]
-    waited = float(out.split("TIMED OUT after ")[1].split("s:")[0])
-    assert 8 <= waited < 40, out
+        rank1.kill()
+        rank1.wait()
+        log0.close()
+        log1.close()
+    out0, out1 = (prefix.parent / f"{prefix.name}_rank{r}.log" for r in (0, 1))
+    out0, out1 = out0.read_text(), out1.read_text()
+    stalled = re.search(r"FAULT INJECTED .* rank 1 stalls in the middle of step 2 at t=([\d.]+)", out1)
+    assert stalled, out1[-3000:]
+    assert rc0 not in (0, None), out0[-3000:]
+    assert re.search(r"[Tt]imed out|[Tt]imeout", out0), out0[-3000:]
+    waited = exited - float(stalled.group(1))
+    # the job's 10 s, not the 30 min default: rank 0 reached the collective of step 2 right away
+    assert TIMEOUT_S - 1 <= waited < TIMEOUT_S + 30, (waited, out0[-3000:])
+    assert sorted(h.losses(world / "out" / "stuck")) == [1]  # step 1 trained; step 2 never completed

@@ -4,6 +4,9 @@
 
     kill_rank1_at_step:5             rank 1 SIGKILLs itself in the middle of optimizer step 5 (after the
                                      forward, before the backward); any rank: kill_rank<R>_at_step:<S>
+    stall_rank1_at_step:2            rank 1 stops in the middle of optimizer step 2 (after the forward) and
+                                     sleeps, alive, for an hour: a stuck peer (any rank:
+                                     stall_rank<R>_at_step:<S>); its peers wait in a collective
     kill_during_save:after_file:3    rank 0 SIGKILLs itself right after the 3rd DeepSpeed checkpoint file
                                      it writes in this process (files counted over all saves), i.e.
                                      between two files of a save
@@ -35,11 +38,11 @@ def parse(spec: str) -> list[tuple[str, dict[str, int]]]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, *rest = part.split(":")
         args: dict[str, int] = {}
-        kill = re.fullmatch(r"kill_rank(\d+)_at_step", name)
+        kill = re.fullmatch(r"(kill|stall)_rank(\d+)_at_step", name)
         try:
             if kill:
-                args = {"rank": int(kill.group(1)), "step": int(rest[0])}
-                name = "kill_at_step"
+                args = {"rank": int(kill.group(2)), "step": int(rest[0])}
+                name = f"{kill.group(1)}_at_step"
             elif name in ("kill_during_save", "enospc_on_save"):
                 args = {"after_file": 0}
                 if rest:
@@ -59,6 +62,7 @@ def parse(spec: str) -> list[tuple[str, dict[str, int]]]:
                 raise ValueError
         except (ValueError, IndexError):
             raise ValueError(f"{ENV}: cannot parse {part!r}; accepted: kill_rank<R>_at_step:<S>, "
+                             "stall_rank<R>_at_step:<S>, "
                              "kill_during_save:after_file:<N>, enospc_on_save[:after_file:<N>], "
                              "nan_batch:<A>[-<B>][:rank:<R>]") from None
         faults.append((name, args))
@@ -91,6 +95,10 @@ def install(trainer) -> None:
         for name, a in faults:
             if name == "kill_at_step" and a["rank"] == rank and trainer.step + 1 == a["step"]:
                 _kill_self(f"in the middle of step {a['step']}")
+            if name == "stall_at_step" and a["rank"] == rank and trainer.step + 1 == a["step"]:
+                print(f"[video_dit] FAULT INJECTED ({ENV}): rank {rank} stalls in the middle of step {a['step']} "
+                      f"at t={time.time():.3f}", flush=True)
+                time.sleep(3600)
         return loss
 
     trainer.loss_of = faulty_loss_of
