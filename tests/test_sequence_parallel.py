@@ -4,7 +4,8 @@ One launch of 2 ranks checks the DiT: with SP=2 the forward output and the param
 (averaged over the ranks, as DeepSpeed does) equal a single process on the same inputs, at a token
 count that is not a multiple of 2, with per-token timesteps, with block checkpointing and with LoRA;
 and the per-rank activation peak of forward+backward at a longer sequence is at most 0.6x SP=1's.
-A second launch trains 4 steps with the real trainer at SP=2 and compares with SP=1.
+Two more launches (SP=2 on 2 ranks, SP=1 on 1 rank, at once) train 4 steps with the real trainer in three
+configurations each (ZeRO-2 LoRA, ZeRO-3 LoRA, ZeRO-2 full fine-tune) and compare them.
 Run this file as a script (`--worker CASE OUT`) to be one rank of a launch.
 """
 
@@ -150,54 +151,70 @@ def _dit_worker(out: Path) -> None:
 # ---------------------------------------------------------------- 4 training steps, SP=2 against SP=1
 
 
-def _train_job(root: Path, name: str, sp: int, checkpointing: bool) -> Path:
+def _train_job(root: Path, name: str, data: str, sp: int, checkpointing: bool, zero: int = 2, lora: bool = True,
+               preview: bool = False) -> Path:
     # 48 px, 9 frames: latents 3 x 6 x 6, 27 tokens per sample (odd: rank 1 holds a padded token)
-    data = root / f"data_{name}"
-    return helpers.write_job(root, name, data=data, size=48, steps=4, save_every=4, keep=1, lr=1e-2,
-                             samples=[helpers.holdout_sample(data)], sample_every=4,
-                             train={"seed": 3, "warmup_steps": 1, "gradient_checkpointing": checkpointing,
-                                    "skip_first_sample": True, "lr_scheduler": "constant"},
+    return helpers.write_job(root, name, data=root / data, size=48, steps=4, save_every=4, keep=1, lr=1e-2,
+                             zero=zero, lora=lora, samples=[helpers.holdout_sample(root / data)] if preview else None,
+                             sample_every=4, train={"seed": 3, "warmup_steps": 1, "skip_first_sample": True,
+                                                    "gradient_checkpointing": checkpointing,
+                                                    "lr_scheduler": "constant"},
                              deepspeed={"sequence_parallel_size": sp})
+
+
+# each configuration: (ZeRO stage, LoRA?); the first also renders the step-4 preview
+CONFIGS = {"lora_z2": (2, True), "lora_z3": (3, True), "full_z2": (2, False)}
 
 
 @pytest.mark.multirank
 def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
-    """The real trainer, ZeRO-2 LoRA, i2v (per-token timesteps): 2 ranks x SP=2 (one data-parallel rank)
-    against 1 rank x SP=1 on the same data: the same losses, gradient norms, LoRA and preview."""
+    """The real trainer, i2v (per-token timesteps), ZeRO-2 LoRA, ZeRO-3 LoRA and a ZeRO-2 full fine-tune:
+    2 ranks x SP=2 (one data-parallel rank) against 1 rank x SP=1 on the same data: the same losses,
+    gradient norms and trained weights (and, for the first, preview)."""
     from safetensors.torch import load_file
 
     from video_dit.data.demo import make_demo_data
     from video_dit.media import read_video
-    from video_dit.train.metrics import read_metrics
+    from video_dit.models.loading import load_dit
 
-    for name in ("sp1", "sp2"):  # one copy of the data each: the two launches build their caches at once
-        make_demo_data(tmp_path / f"data_{name}", count=2, frames=9, size=48, seed=0, holdout=1)
+    for sp in (1, 2):  # one copy of the data each: the two launches build their caches at once
+        make_demo_data(tmp_path / f"data_sp{sp}", count=2, frames=9, size=48, seed=0, holdout=1)
     helpers.write_base(tmp_path / "base.safetensors")
 
-    # SP=2 without block checkpointing (the seam recomputes the exchanged attention), SP=1 with it
-    runs = {"sp2": ranks.start_jobs(tmp_path, [{"config": str(_train_job(tmp_path, "sp2", 2, False))}], 2),
-            "sp1": ranks.start_jobs(tmp_path, [{"config": str(_train_job(tmp_path, "sp1", 1, True))}], 1)}
+    # SP=2 without block checkpointing (the seam recomputes the exchanged attention), SP=1 with it;
+    # each launch runs the three configurations in one process group
+    runs = {sp: ranks.start_jobs(tmp_path, [{"config": str(_train_job(tmp_path, f"{c}_sp{sp}", f"data_sp{sp}", sp,
+                                                                      checkpointing=sp == 1, zero=zero, lora=lora,
+                                                                      preview=c == "lora_z2"))}
+                                            for c, (zero, lora) in CONFIGS.items()], sp)
+            for sp in (2, 1)}
     for procs, prefix in runs.values():
-        ranks.wait(procs, prefix)
+        ranks.wait(procs, prefix, timeout=900)
 
-    rows = {n: read_metrics(tmp_path / "out" / n / "metrics.jsonl") for n in runs}
-    assert [r["step"] for r in rows["sp2"]] == [1, 2, 3, 4] == [r["step"] for r in rows["sp1"]]
-    for a, b in zip(rows["sp2"], rows["sp1"]):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (a["step"], a["loss"], b["loss"])
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-    assert len({r["loss"] for r in rows["sp1"]}) == 4  # four different batches/noises, not one repeated
-    assert [r["sp_degree"] for r in rows["sp2"]] == [2] * 4 and rows["sp1"][0]["sp_degree"] == 1
-    assert all(r["act_peak_gb"] > 0 for r in rows["sp2"] + rows["sp1"])
-
-    # the LoRA weight deltas agree to helpers.TRAINED_RTOL (why not element by element: see helpers)
-    a, b = (load_file(str(tmp_path / "out" / n / f"{n}.safetensors")) for n in ("sp2", "sp1"))
-    helpers.assert_trained_close(a, b)
+    base = load_file(str(tmp_path / "base.safetensors"))
+    for c, (zero, lora) in CONFIGS.items():
+        rows = {sp: helpers.metrics(tmp_path / "out" / f"{c}_sp{sp}") for sp in (1, 2)}
+        assert [r["step"] for r in rows[2]] == [1, 2, 3, 4] == [r["step"] for r in rows[1]], c
+        for a, b in zip(rows[2], rows[1]):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (c, a["step"], a["loss"], b["loss"])
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (c, a["step"])
+        assert len({r["loss"] for r in rows[1]}) == 4  # four different batches/noises, not one repeated
+        assert [r["sp_degree"] for r in rows[2]] == [2] * 4 and rows[1][0]["sp_degree"] == 1
+        assert all(r["act_peak_gb"] > 0 for r in rows[2] + rows[1])
+        # the trained weights agree to helpers.TRAINED_RTOL in what training changed (why not element
+        # by element: see helpers): LoRA weight deltas, or the full weights' change from the base
+        if lora:
+            a, b = (load_file(str(tmp_path / "out" / f"{c}_sp{sp}" / f"{c}_sp{sp}.safetensors")) for sp in (2, 1))
+            helpers.assert_trained_close(a, b)
+        else:
+            a, b = (load_dit(str(tmp_path / "out" / f"{c}_sp{sp}" / f"{c}_sp{sp}")).state_dict() for sp in (2, 1))
+            helpers.assert_trained_close(a, b, base=base)
     # the step-4 preview was sampled with the sequence split over both ranks: the same video, compared
     # on the lossless PNG sheet (H.264 can turn a 1-level difference in a pixel into several levels)
-    va, vb = (read_video(tmp_path / "out" / n / "samples" / "000000004_0.mp4") for n in ("sp2", "sp1"))
+    samples = {sp: tmp_path / "out" / f"lora_z2_sp{sp}" / "samples" for sp in (2, 1)}
+    va, vb = (read_video(samples[sp] / "000000004_0.mp4") for sp in (2, 1))
     assert va.shape == vb.shape
-    sa, sb = (np.asarray(Image.open(tmp_path / "out" / n / "samples" / "000000004_0.png"), dtype=np.int16)
-              for n in ("sp2", "sp1"))
+    sa, sb = (np.asarray(Image.open(samples[sp] / "000000004_0.png"), dtype=np.int16) for sp in (2, 1))
     assert sa.shape == sb.shape and np.abs(sa - sb).max() <= 1 and (sa != sb).mean() < 1e-3
 
 
