@@ -49,6 +49,18 @@ def preset_dit(preset: str = "tiny", seed: int = 0, **changes):
     return VideoDiT(with_dit(get_preset(preset), **changes).dit)
 
 
+def register_preset(name: str, base: str = "tiny", i2v_mode: str | None = None, **dit_changes):
+    """Add preset `name` (`base` with its DiT config changed, e.g. in_dim=36 for channel-concat i2v)
+    to this process's preset registry; a job names it in `model.preset` (the ranks register it too:
+    `ranks.run_jobs(..., presets=[...])`)."""
+    from dataclasses import replace
+
+    from video_dit.models.presets import PRESETS, get_preset, with_dit
+
+    PRESETS[name] = replace(with_dit(get_preset(base), **dit_changes), name=name, i2v_mode=i2v_mode)
+    return PRESETS[name]
+
+
 def write_base(path: Path, preset: str = "tiny", seed: int = 0, **dit_changes) -> Path:
     """'Pretrained' DiT weights for trainer jobs: the preset's seeded init (`load_dit("preset:NAME")`,
     or `preset_dit` when `dit_changes` are given) with a non-zero output layer, as one safetensors file."""

@@ -12,8 +12,11 @@ runs a list of trainer jobs as one rank of such a launch.
     record    every trained batch's dataset indices -> items_rank<r>.jsonl ([step, rank, indices])
     dump      the full trainable state after a resume and after each save -> state_<tag>_<step>.safetensors
     stop_at   stop after this step (the LR schedule keeps the configured length)
+    fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
   and always writes result_rank<r>.json: VAE encode / text encode calls, the optimizer-step and micro-step
-  counters, the LR scheduler's position, a NonFiniteError's message, the class of a LoRA's base layer.
+  counters, the LR scheduler's position, what the ZeRO optimizer offloads, a NonFiniteError's message,
+  the class of a LoRA's base layer. `presets` (start_jobs / run_jobs): `helpers.register_preset`
+  keyword dicts, registered in every rank before the first job.
 """
 
 from __future__ import annotations
@@ -83,24 +86,26 @@ def wait(procs: list, log_prefix: Path, timeout: float = 300) -> None:
         raise AssertionError(f"launch {Path(log_prefix).name} failed: {failed}\n{logs}")
 
 
-def start_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None) -> tuple[list, Path]:
+def start_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None,
+               presets: list[dict] | None = None) -> tuple[list, Path]:
     """Start `jobs` (see the module docstring) on `world` ranks of one process group without waiting;
-    returns (procs, log prefix) for `finish` / `wait`."""
+    `presets`: `helpers.register_preset` keyword dicts, registered in each rank first. Returns
+    (procs, log prefix) for `finish` / `wait`."""
     root = Path(root)
     spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*.json')))}.json"
-    spec.write_text(json.dumps({"jobs": jobs}))
+    spec.write_text(json.dumps({"jobs": jobs, "presets": presets or []}))
     procs = start([__file__, "--jobs", str(spec)], cwd=root, log_prefix=root / spec.stem, world=world,
                   env={"VIDEO_DIT_FAULT": fault} if fault else None)
     return procs, root / spec.stem
 
 
 def run_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None, timeout: float = 900,
-             check: bool = True) -> tuple[list, str, float]:
+             check: bool = True, presets: list[dict] | None = None) -> tuple[list, str, float]:
     """Run `jobs` (see the module docstring) in order on `world` ranks of one process group.
     Returns (exit codes, the ranks' logs, seconds until the last rank exited); with `check`, a failed
     launch raises with the logs."""
     t0 = time.monotonic()
-    procs, prefix = start_jobs(root, jobs, world, fault=fault)
+    procs, prefix = start_jobs(root, jobs, world, fault=fault, presets=presets)
     codes, logs = finish(procs, prefix, timeout)
     elapsed = time.monotonic() - t0
     if check and any(c != 0 for c in codes):
@@ -211,17 +216,26 @@ def worker(spec_path: str) -> int:
     from video_dit.train.config import load_job
     from video_dit.train.trainer import NonFiniteError, Trainer, run
 
+    from helpers import register_preset
+
     torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    for preset in spec.get("presets", []):
+        register_preset(**preset)
     vae_calls, text_calls = _Calls(CausalVideoVAE, "encode"), _Calls(TextEncoder, "encode")
-    for item in json.loads(Path(spec_path).read_text())["jobs"]:
+    for item in spec["jobs"]:
         job = load_job(item["config"])
         vae0, text0 = vae_calls.n, text_calls.n
+        if item.get("fault"):  # this job's VIDEO_DIT_FAULT (faults.install reads it when the Trainer is built)
+            os.environ["VIDEO_DIT_FAULT"] = item["fault"]
         if item.get("run"):
             code = run(job, resume=item.get("resume"))
             if code:
                 return code
             continue
         trainer = Trainer(job, resume=item.get("resume"))
+        if item.get("fault"):
+            del os.environ["VIDEO_DIT_FAULT"]
         out = job.out_dir
         res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0}
         base = getattr(trainer.module.blocks[0].ffn[0], "base_layer", None)
@@ -238,6 +252,9 @@ def worker(spec_path: str) -> int:
             code = trainer.train()
         except NonFiniteError as exc:
             res["nonfinite"] = str(exc)
+        opt = trainer.engine.optimizer  # DeepSpeed's ZeRO optimizer: what it actually offloads
+        res.update(offload_optimizer=bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
+                   offload_param=bool(getattr(opt, "offload_param", False)))
         res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0, step=trainer.step,
                    scheduler_steps=trainer.scheduler.last_epoch, engine_global_steps=trainer.engine.global_steps,
                    engine_micro_steps=trainer.engine.micro_steps)

@@ -7,10 +7,13 @@
     Trainer.train()      steps until train.steps, with metrics, previews, checkpoints and exports
     Trainer.close()      release the logger (the process group stays for the launcher's teardown)
 
-Determinism: the noise and timesteps of optimizer step s on rank r come from a generator seeded by
-(seed, r, s, micro-step) (r: the data-parallel rank), so a resumed run draws exactly what the uninterrupted one drew; the data
-order is the sampler's (seed, epoch, position). Together with DeepSpeed's model/optimizer/LR state
-this makes "6 steps" and "3 steps + relaunch + 3 steps" give the same losses.
+Determinism: the noise and timestep of each sample come from its own generator, seeded by (seed, r,
+s, j) for optimizer step s on data-parallel rank r, j the sample's position among the samples this
+rank trains in step s (micro-batch m of batch size b: j = m*b + i). So a resumed run draws exactly
+what the uninterrupted one drew, and `gradient_accumulation: k` at batch size b draws what one batch
+of k*b draws (accumulation changes memory, not the training). The data order is the sampler's
+(seed, epoch, position). Together with DeepSpeed's model/optimizer/LR state this makes "6 steps"
+and "3 steps + relaunch + 3 steps" give the same losses.
 """
 
 from __future__ import annotations
@@ -243,11 +246,14 @@ class Trainer:
     # ---------------------------------------------------------------- one micro-batch
     def loss_of(self, batch: dict, micro: int) -> torch.Tensor:
         """Flow-matching loss of one micro-batch (forward only). `micro` numbers micro-batches within the
-        optimizer step being built, for the (seed, rank, step, micro) generator of its t and noise."""
-        B = batch["latents"].shape[0]
-        gen = torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, micro))
-        t = self.timesteps.sample(B, gen)  # (B,) on [min_t, max_t]
-        noise = torch.randn(batch["latents"].shape, generator=gen)
+        optimizer step being built: each sample's t and noise come from its own generator, seeded by
+        (seed, rank, step, the sample's position in the step) (module docstring)."""
+        B, shape = batch["latents"].shape[0], (1, *batch["latents"].shape[1:])
+        first = micro * self.p.train.batch_size  # this micro-batch's first position in the step
+        gens = [torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, first + i))
+                for i in range(B)]
+        t = torch.cat([self.timesteps.sample(1, g) for g in gens])  # (B,) on [min_t, max_t]
+        noise = torch.cat([torch.randn(shape, generator=g) for g in gens])  # (B, C, F', h, w)
         return self.loss_at(batch, t, noise)
 
     def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
