@@ -169,7 +169,7 @@ def test_a_training_step_from_train_and_dataset_defaults(sd, side):
     assert batch.latents.shape == (2, 16, 1, data.resolution // 8, data.resolution // 8)
     embeds = sd.get_prompt_embeds(["a red square", ""])
     noise = torch.randn(batch.latents.shape, generator=g)
-    noisy = sd.noise_scheduler.add_noise(batch.latents, noise, t)
+    noisy = sd.add_noise(batch.latents, noise, t)  # BaseSDTrainProcess: per sample (BaseModel.add_noise)
     pred = sd.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=batch)
     target = sd.get_loss_target(noise=noise, batch=batch, timesteps=t)
     loss = sd.scale_loss(F.mse_loss(pred.float(), target.float(), reduction="none")).mean([1, 2, 3, 4]).mean()

@@ -57,6 +57,14 @@ class Spy(torch.nn.Module):
         super().__init__()
         self.dit, self.calls = dit, []
 
+    @property
+    def device(self):  # ai-toolkit's predict_noise reads unet.device / unet.dtype (the stand-in does too)
+        return self.dit.device
+
+    @property
+    def dtype(self):
+        return self.dit.dtype
+
     def forward(self, x, t, context):
         self.calls.append((x.detach().clone(), t.detach().clone()))
         return self.dit(x, t, context)
@@ -143,7 +151,7 @@ def aitk_loss(sd, px, x0, embeds, noise, t, timestep_type):
     from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
 
     batch = DataLoaderBatchDTO(tensor=px, latents=x0, do_i2v=True, num_frames=T)
-    noisy = sd.noise_scheduler.add_noise(x0, noise, t)
+    noisy = sd.add_noise(x0, noise, t)  # BaseSDTrainProcess: per sample (BaseModel.add_noise)
     pred = sd.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=batch)
     target = sd.get_loss_target(noise=noise, batch=batch, timesteps=t)
     loss = sd.scale_loss(F.mse_loss(pred.float(), target.float(), reduction="none"))
