@@ -86,6 +86,12 @@ def _blocker(tmp_path) -> str:
     ("datasets[0].folder_path", "EMPTY", "holds no video or image"),
     ("training_folder", "BLOCKED", "is not writable"),
     ("sample.samples[0].ctrl_img", "/nonexistent/first_frame.png", "no such image file"),
+    ("train.validation_config.validation_sigmas", [0.5, 1.5], "must be in (0, 1]"),
+    ("train.validation_config.validation_sigmas", [0.0], "must be in (0, 1]"),
+    ("train.validation_config.validation_items", [{"image_path": "/nonexistent/clip.mp4", "prompt": "x"}],
+     "no item's image_path is a file"),
+    ("train.ema_config.ema_decay", 1.0, "must be in [0, 1)"),
+    ("train.ema_config.ema_decay", -0.1, "must be in [0, 1)"),
 ])
 def test_bad_config_exits_2_naming_the_key_before_any_rank(good_job, tmp_path, capsys, key, value, accepted):
     assert _validate(tmp_path, good_job, capsys)[0] == 0

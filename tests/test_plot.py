@@ -97,3 +97,15 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # import matplotlib -> ImportError
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         plot_metrics(tmp_path)
+
+
+def test_validation_loss_is_drawn_beside_the_training_loss(tmp_path):
+    rows = [{"step": 0, "val_loss": 2.0, "val_loss@1": 2.5}]
+    rows += [{"step": s, "loss": 1.0 / s, "samples_per_s": 1.0, "peak_mem_gb": 0.1,
+              **({"val_loss": 2.0 / s, "val_loss_ema": 1.5 / s} if s % 5 == 0 else {})} for s in range(1, 21)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    drawn = {p.name: d for p, d in plot_metrics(tmp_path).items()}
+    loss = drawn["loss.png"]
+    assert loss["loss"][0] == list(range(1, 21))  # the step-0 line holds no training loss
+    assert loss["val_loss (held out)"] == ([0, 5, 10, 15, 20], [2.0, 0.4, 0.2, 2.0 / 15, 0.1])
+    assert loss["val_loss_ema (held out)"] == ([5, 10, 15, 20], [0.3, 0.15, 0.1, 0.075])

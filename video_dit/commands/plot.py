@@ -1,6 +1,7 @@
 """`video-dit plot OUTPUT_DIR`: loss, throughput and memory curves from `OUTPUT_DIR/metrics.jsonl`.
 
-Writes `loss.png` (raw loss and an exponentially smoothed line), `throughput.png` (samples/s and
+Writes `loss.png` (raw loss, an exponentially smoothed line and, when the job validates, the
+held-out `val_loss` (and `val_loss_ema`)), `throughput.png` (samples/s and
 tokens/s, stacked) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
 A line that is not a JSON object with a `step` (a half-written last line of a running job, say) is
 skipped with a warning naming the file and line. After a resume, a step logged twice keeps its
@@ -127,14 +128,20 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
         drawn[path] = {line.get_label(): (list(map(float, line.get_xdata())), list(map(float, line.get_ydata())))
                        for ax in axes for line in ax.get_lines()}
 
-    # 1. loss: raw (faint) and smoothed
+    # 1. loss: raw (faint) and smoothed; the held-out validation loss beside it (and its EMA-weights twin)
     xs, ys = _series(records, "loss")
     if xs:
         fig, ax = plt.subplots(figsize=(7, 4))
         ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1, label="loss")
         ax.plot(xs, ema(ys, smooth), color="tab:blue", linewidth=2, label=f"loss (EMA {smooth:g})")
+        shown = list(ys)
+        for key, color in (("val_loss", "tab:red"), ("val_loss_ema", "tab:purple")):
+            vx, vy = _series(records, key)
+            if vx:
+                ax.plot(vx, vy, color=color, marker="o", markersize=3, linewidth=1.5, label=f"{key} (held out)")
+                shown += vy
         ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
-        if all(y > 0 for y in ys if math.isfinite(y)):
+        if all(y > 0 for y in shown if math.isfinite(y)):
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend()

@@ -63,7 +63,9 @@ class DatasetConfig:
     so comma-separated tags cannot be reshuffled per step).
     Ours: `short_clip` (`skip` or `stretch` a clip shorter than `num_frames`), `cache_dir` (where
     `_latent_cache/` and `_text_cache/` go; default: inside `folder_path`), `num_workers`
-    (DataLoader worker processes the trainer uses to read cached tensors).
+    (DataLoader worker processes the trainer uses to read cached tensors), `validation_split` (a
+    share of the folder's files, chosen by `train.seed`, held out for `train.validation_config` and
+    never trained on; 1 = the whole folder is a validation set).
     """
 
     folder_path: str
@@ -84,6 +86,7 @@ class DatasetConfig:
     short_clip: Literal["skip", "stretch"] = "skip"
     cache_dir: str | None = None
     num_workers: int = 0
+    validation_split: float = 0.0
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -107,6 +110,8 @@ class DatasetConfig:
             raise ConfigError(f"{path}.fps", f"must be > 0, got {self.fps}")
         if self.num_repeats < 1:
             raise ConfigError(f"{path}.num_repeats", f"must be >= 1, got {self.num_repeats}")
+        if not 0.0 <= self.validation_split <= 1.0:
+            raise ConfigError(f"{path}.validation_split", f"must be in [0, 1], got {self.validation_split}")
         if self.num_workers < 0:
             raise ConfigError(f"{path}.num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.caption_ext or "/" in self.caption_ext:
@@ -262,18 +267,21 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
 
 
 def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
-                 verbose: bool = True, probe_threads: int | None = None) -> ScanResult:
+                 verbose: bool = True, probe_threads: int | None = None,
+                 files: list[Path] | None = None) -> ScanResult:
     """Items of one dataset folder (see module docstring). `verbose`: warn per skipped file and
     print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
-    threads (default min(8, cpus); PyAV releases the GIL while it reads). Raises `DataError` if no
-    item is usable."""
+    threads (default min(8, cpus); PyAV releases the GIL while it reads). `files`: read these files
+    with `cfg`'s settings instead of listing the folder (validation items). Raises `DataError` if
+    no item is usable."""
     if not cfg.validated or isinstance(cfg.resolution, int):
         cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
     cfg.check_divisibility(divisibility)
     folder = Path(cfg.folder_path)
     caption_suffix = "." + cfg.caption_ext.lstrip(".")
     paths, ignored = [], 0
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+    listed = files if files is not None else folder.iterdir()
+    for path in sorted(p for p in listed if p.is_file() and not p.name.startswith(".")):
         ext = path.suffix.lower()
         if ext in VIDEO_EXTS + IMAGE_EXTS:
             paths.append(path.absolute())

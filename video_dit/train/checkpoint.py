@@ -134,6 +134,11 @@ class ResumePlan:
     path: Path
     meta: dict
     universal: bool
+    source: Path | None = None  # the checkpoint as saved (`path` may be its universal conversion)
+
+    def __post_init__(self):
+        if self.source is None:
+            self.source = self.path
 
 
 def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
@@ -161,7 +166,7 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
             out = f"{path}_universal"
             if convert is not None:
                 converted = convert(path, Path(out))
-                return ResumePlan(path=converted, meta=meta, universal=True)
+                return ResumePlan(path=converted, meta=meta, universal=True, source=path)
             raise ResumeError(
                 f"{path} was saved by {meta['world_size']} ranks at ZeRO stage {meta['zero_stage']}; this job has "
                 f"{world_size} ranks at stage {zero_stage}, and DeepSpeed's ZeRO shards cannot be re-split as "
@@ -209,10 +214,11 @@ def to_universal(path: Path, out: Path) -> Path:
 # ---------------------------------------------------------------- save / load
 
 def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep: int,
-         frozen_base: bool = False) -> Path:
+         frozen_base: bool = False, extra=None) -> Path:
     """Write checkpoint `step` (every rank calls this); returns the complete folder. `frozen_base`
     (LoRA): the frozen base weights are left out (they come from the model source on resume; this
-    also keeps a quantized base's packed tensors out of the checkpoint)."""
+    also keeps a quantized base's packed tensors out of the checkpoint). `extra(folder)`: every rank
+    adds its own files (the EMA) to the folder being written, before it is completed."""
     rank = dist.get_rank()
     tag = tag_for(step)
     tmp_tag = f"{tag}.tmp"
@@ -231,7 +237,9 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
                                exclude_frozen_parameters=frozen_base)
         tmp.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
-        dist.barrier()  # every rank's shards and RNG file are on disk
+        if extra is not None:
+            extra(tmp)
+        dist.barrier()  # every rank's shards, RNG file and extra files are on disk
         if rank == 0:
             _atomic_write_text(tmp / META, json.dumps(meta, indent=1))
             if final.exists():  # the same step saved again (e.g. a resumed run's final save)

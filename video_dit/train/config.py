@@ -36,7 +36,7 @@ IGNORED = {
     "process": ("device", "logging"),  # ranks use DeepSpeed's accelerator; metrics.jsonl is always written
     "network": ("transformer_only",),  # LoRA always targets the blocks' attention and FFN Linears
     "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
-              "ema_config", "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
+              "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
     "model": ("low_vram",),  # ZeRO offload is the memory lever here
     "sample": ("format",),  # previews are always MP4 + PNG sheet
     "job": ("meta",),  # kept and written into the exports' metadata
@@ -102,9 +102,80 @@ class OptimizerParams:
 
 
 @dataclass
+class EMAConfig:
+    """`train.ema_config` (ai-toolkit's keys `use_ema`, `ema_decay`, `use_feedback`, `param_multiplier`):
+    an exponential moving average of the trainable weights, ema = decay * ema + (1 - decay) * weights
+    after every optimizer step, starting from the initial weights (ai-toolkit's update, without its
+    num_updates warm-up). Saved in checkpoints and exported beside the raw weights (`<name>_ema...`).
+    Ours: `sample_with_ema` renders the previews with the EMA weights, `validate_with_ema` adds
+    `val_loss_ema` (and per sigma) to the validation figures. ai-toolkit always samples and saves
+    with the EMA; here the raw weights stay the main export."""
+
+    use_ema: bool = False
+    ema_decay: float = 0.999
+    use_feedback: bool = False     # ai-toolkit key; only false
+    param_multiplier: float = 1.0  # ai-toolkit key; only 1.0
+    sample_with_ema: bool = False
+    validate_with_ema: bool = False
+
+    def validate(self, path: str) -> None:
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"{path}.ema_decay", f"must be in [0, 1) (e.g. 0.999), got {self.ema_decay}")
+        if self.use_feedback:
+            raise ConfigError(f"{path}.use_feedback", "not supported by video_dit's trainer; accepted: false")
+        if self.param_multiplier != 1.0:
+            raise ConfigError(f"{path}.param_multiplier", "not supported by video_dit's trainer; accepted: 1.0")
+
+
+@dataclass
+class ValidationItem:
+    """One `validation_items` entry (ai-toolkit's keys): a held-out image or, here, also a video clip
+    (read like a training item of the first dataset: its num_frames, fps and frame selection), with
+    its prompt. An item without a readable file is skipped with a warning naming it (as ai-toolkit
+    does); the job stops before training when no item is left."""
+
+    image_path: str = ""
+    prompt: str = ""
+
+
+@dataclass
+class ValidationConfig:
+    """`train.validation_config` (ai-toolkit's keys): every `validate_every_n_steps` (and at step 0 and
+    the last step) the loss of each held-out item at each of `validation_sigmas` with noise fixed per
+    item, computed as the training loss is (conditioning, i2v loss mask, weighting), logged as
+    `val_loss` (mean over sigmas) and `val_loss@<sigma>` in metrics.jsonl. The items are
+    `validation_items` plus every dataset's `validation_split` share (see `DatasetConfig`).
+    ai-toolkit's `resolution` default is 512 (an image trainer's size); here None means the first
+    dataset's first resolution. Ours: `num_frames` (None: the first dataset's), `seed` (item i's noise
+    comes from seed + i; ai-toolkit's is 42 + i)."""
+
+    validation_items: list[ValidationItem] = field(default_factory=list)
+    validation_sigmas: list[float] = field(default_factory=lambda: [1.0, 0.75, 0.5, 0.25])
+    validate_every_n_steps: int = 10
+    resolution: int | None = None
+    num_frames: int | None = None
+    seed: int = 42
+
+    def validate(self, path: str) -> None:
+        if not self.validation_sigmas:
+            raise ConfigError(f"{path}.validation_sigmas", "give at least one sigma in (0, 1]")
+        for i, s in enumerate(self.validation_sigmas):
+            if not 0.0 < s <= 1.0:
+                raise ConfigError(f"{path}.validation_sigmas[{i}]", f"must be in (0, 1] (1 = pure noise), got {s}")
+        if len(set(self.validation_sigmas)) != len(self.validation_sigmas):
+            raise ConfigError(f"{path}.validation_sigmas", f"repeats a sigma: {self.validation_sigmas}")
+        if self.validate_every_n_steps < 1:
+            raise ConfigError(f"{path}.validate_every_n_steps", f"must be >= 1, got {self.validate_every_n_steps}")
+        for key in ("resolution", "num_frames"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
 class TrainConfig:
     """`train`. Ours beyond ai-toolkit: `warmup_steps`, `lr_scheduler`, `max_nonfinite_steps`,
-    `timestep_shift` (None: the preset's), `min_t`/`max_t`."""
+    `timestep_shift` (None: the preset's), `min_t`/`max_t`. `ema_config` and `validation_config`
+    are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
 
     batch_size: int = 1
     steps: int = 1000
@@ -134,8 +205,9 @@ class TrainConfig:
     train_unet: bool = True
     train_text_encoder: Literal[False] = False
     cache_text_embeddings: bool = True
-    ema_config: dict | None = None
     disable_sampling_at_start: bool | None = None
+    ema_config: EMAConfig = field(default_factory=EMAConfig)
+    validation_config: ValidationConfig | None = None
 
     def validate(self, path: str) -> None:
         for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps"):
@@ -160,9 +232,6 @@ class TrainConfig:
             raise ConfigError(f"{path}.timestep_shift", f"must be > 0, got {self.timestep_shift}")
         if not self.train_unet:
             raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
-        if self.ema_config and self.ema_config.get("use_ema"):
-            raise ConfigError(f"{path}.ema_config.use_ema", "EMA is not supported by video_dit's trainer; "
-                                                           "accepted: false")
 
 
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
@@ -465,6 +534,14 @@ class ProcessConfig:
         if preset.dit.in_dim != preset.dit.out_dim and not all(d.do_i2v for d in self.datasets):
             raise ConfigError(f"{path}.datasets", f"preset {preset.name!r} is an image-to-video model: every "
                                                   "dataset needs do_i2v: true")
+        split = [i for i, d in enumerate(self.datasets) if d.validation_split > 0]
+        if split and self.train.validation_config is None:
+            raise ConfigError(f"{path}.datasets[{split[0]}].validation_split", "holds items out for "
+                              "train.validation_config, which is not set; add it (validation_sigmas, "
+                              "validate_every_n_steps) or remove validation_split")
+        if all(d.validation_split >= 1.0 for d in self.datasets):
+            raise ConfigError(f"{path}.datasets", "every dataset has validation_split: 1 (validation only); "
+                                                  "at least one must be trained on")
         if self.prepare and self.prepare.tiny_vae and not self.model.vae_path:
             raise ConfigError(f"{path}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; "
                                                         "set it")

@@ -4,7 +4,8 @@
     Trainer(job)         set-up, in order: process group; VAE + text encoder; data scan and caches
                          (split across ranks); preview prompts encoded; text encoder freed; DiT (+ LoRA,
                          + checkpointing); resume plan; deepspeed.initialize; quantize; load checkpoint
-    Trainer.train()      steps until train.steps, with metrics, previews, checkpoints and exports
+    Trainer.train()      steps until train.steps, with metrics, validation, EMA, previews, checkpoints and
+                         exports (validation: video_dit/train/validation.py; EMA: video_dit/train/ema.py)
     Trainer.close()      release the logger (the process group stays for the launcher's teardown)
 
 Determinism: the noise and timestep of each sample come from its own generator, seeded by (seed, r,
@@ -19,6 +20,7 @@ and "3 steps + relaunch + 3 steps" give the same losses.
 from __future__ import annotations
 
 import gc
+import glob
 import hashlib
 import json
 import random
@@ -166,11 +168,19 @@ class Trainer:
         self.timesteps = timestep_sampler(p, self.preset)
         self.conditioning = build_conditioning(p, self.dit_config)
 
+        self.ema = None
+        if p.train.ema_config.use_ema:
+            from video_dit.train.ema import EMA
+
+            self.ema = EMA(self.module, p.train.ema_config.ema_decay, self.zero_stage)
+
         self.step = 0
         self.nonfinite_in_row = 0
         self.config_hash = job.config_hash()
         if plan is not None:
             state = ckpt.load(self.engine, plan)
+            if self.ema is not None and not self.ema.load(plan.source):
+                self.log(f"warning: {plan.source} holds no EMA; the average restarts from the resumed weights")
             self.step = int(state["step"])
             self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
             self.sampler.load_state_dict(state["sampler"])
@@ -204,11 +214,14 @@ class Trainer:
                                  tokenizer=m.tokenizer_path)
 
     def _build_data(self, vae_src: str, te_src: str, text_encoder) -> None:
-        from video_dit.data import BucketBatchSampler, CachedDataset, build_cache, collate, scan_datasets
+        from video_dit.data import BucketBatchSampler, CachedDataset, ScanResult, build_cache, collate, scan_datasets
         from video_dit.diffusion.conditioning import encode_conditioning
 
         p = self.p
+        from video_dit.train import validation
+
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0)
+        scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
         space, text_space = cache_spaces(p, self.preset, vae_src, te_src, next(self.vae.parameters()).dtype,
                                          text_encoder.dtype)
         vae, mode = self.vae, self.i2v_mode
@@ -224,10 +237,19 @@ class Trainer:
             return [e.float() for e in text_encoder.encode(captions)]
 
         t0 = time.perf_counter()
-        build_cache(scan, encode_fn, text_fn, rank=self.rank, world_size=self.world, space_version=space,
+        everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
+        build_cache(everything, encode_fn, text_fn, rank=self.rank, world_size=self.world, space_version=space,
                     text_space_version=text_space, barrier=dist.barrier, verbose=self.rank0)
         self.log(f"caches ready in {time.perf_counter() - t0:.1f}s")
         self.dataset = CachedDataset(scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
+        self.validator = None
+        if val_scan is not None:
+            val_set = CachedDataset(val_scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
+            self.validator = validation.Validator(
+                p.train.validation_config, val_set, dp_rank=self.dp_rank, dp_size=self.dp_world,
+                sp_rank=self.sp_info.sp_rank, device=self.device,
+                collective=p.deepspeed.zero_stage == 3 or self.sp > 1)
+            self.log(f"validation: {len(val_set)} held-out items at sigmas {p.train.validation_config.validation_sigmas}")
         self.sampler = BucketBatchSampler(self.dataset, p.train.batch_size, world_size=self.dp_world,
                                           rank=self.dp_rank, seed=p.train.seed)
         workers = max(d.num_workers for d in p.datasets)
@@ -267,7 +289,9 @@ class Trainer:
         if self.conditioning is not None:
             cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents") if k in batch}
             # per sample: a t2v dataset mixed into an i2v job (replace mode) trains unconditioned
-            active = torch.tensor([self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
+            # (a validation batch says it itself: its indices are the validation set's)
+            active = batch["do_i2v"].to(self.device) if "do_i2v" in batch else torch.tensor(
+                [self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
         context = [e.to(self.device) for e in batch["text_embeds"]]
         return flow_matching_loss(self.engine, x0, context, t, noise, conditioning=self.conditioning, cond=cond,
                                   active=active, weight=self.timesteps.loss_weight(t))
@@ -279,6 +303,8 @@ class Trainer:
         if self.step >= total:
             self.log(f"nothing to do: step {self.step} >= train.steps {total}")
             return 0
+        if self.step == 0 and self.validator is not None:
+            self.metrics.write({"step": 0, **self.validate()})
         if self.step == 0 and self.previews and not p.train.skip_first_sample:
             self.preview()
         bar = None
@@ -321,6 +347,8 @@ class Trainer:
             if not boundary:
                 continue
             self.step += 1
+            if self.ema is not None:
+                self.ema.update()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t_step
@@ -335,6 +363,8 @@ class Trainer:
                 "tflops": flops * self.dp_world / dt / 1e12, "mfu": flops / self.sp / dt / self.peak_flops,
                 "peak_mem_gb": float(mem[0]), "step_time_s": dt, "sp_degree": self.sp, "act_peak_gb": float(mem[1]),
             }
+            if self.validator is not None and self.validator.due(self.step, total):
+                row.update(self.validate())
             self.metrics.write(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}")
@@ -367,29 +397,61 @@ class Trainer:
         self.log(text)
 
     # ---------------------------------------------------------------- outputs
+    def _ema_for(self, use: bool):
+        """The EMA weights swapped into the model when the job asks for them here (every rank)."""
+        from contextlib import nullcontext
+
+        return self.ema.swapped_in() if self.ema is not None and use else nullcontext()
+
+    def validate(self) -> dict:
+        """The validation figures of the current weights (every rank; see validation.py), and of the
+        EMA weights with `ema_config.validate_with_ema`."""
+        t0 = time.perf_counter()
+        out = self.validator.run(self.module, self.loss_at)
+        if self.ema is not None and self.p.train.ema_config.validate_with_ema:
+            with self.ema.swapped_in():
+                out.update(self.validator.run(self.module, self.loss_at, suffix="_ema"))
+        self.log(f"step {self.step}: val_loss {out['val_loss']:.4f}"
+                 + (f", EMA {out['val_loss_ema']:.4f}" if "val_loss_ema" in out else "")
+                 + f" ({time.perf_counter() - t0:.1f}s)")
+        return out
+
     def preview(self) -> None:
         from video_dit.train.preview import render
 
         t0 = time.perf_counter()
-        paths = render(self.module, self.vae, self.previews, self.out_dir, self.step, zero_stage=self.zero_stage,
-                       i2v_mode=self.i2v_mode, log=self.log)
+        with self._ema_for(self.p.train.ema_config.sample_with_ema):
+            paths = render(self.module, self.vae, self.previews, self.out_dir, self.step, zero_stage=self.zero_stage,
+                           i2v_mode=self.i2v_mode, log=self.log)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     def save(self) -> None:
-        """Checkpoint (DeepSpeed state + sampler + counters + RNG) and the export of this step."""
-        from video_dit.train import export
-
+        """Checkpoint (DeepSpeed state + sampler + counters + RNG, + the EMA) and the exports of this step."""
         p = self.p
         client = {"step": self.step, "sampler": self.sampler.state_dict(consumed_batches=self._consumed),
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
         ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
-                  frozen_base=p.network is not None)
-        name = self.job.name
+                  frozen_base=p.network is not None, extra=self.ema.save if self.ema is not None else None)
+        self._export(self.job.name)
+        if self.ema is not None:  # the average beside the raw weights: <name>_ema_<step>..., <name>_ema...
+            with self.ema.swapped_in():
+                self._export(f"{self.job.name}_ema", ema=True)
+        dist.barrier()
+        self.log(f"step {self.step}: saved checkpoint and {'LoRA' if p.network is not None else 'weights'}"
+                 + (" (raw and EMA)" if self.ema is not None else ""))
+
+    def _export(self, name: str, ema: bool = False) -> None:
+        """The LoRA file or full weights folder of this step as `<name>_<step>...`, `<name>...` the latest."""
+        from video_dit.train import export
+
+        p = self.p
         metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
-                    "name": name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
+                    "name": self.job.name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
                     "meta": json.dumps(self.job.meta, default=str)}
+        if ema:
+            metadata["ema_decay"] = str(p.train.ema_config.ema_decay)
         dtype = p.save.torch_dtype
         if p.network is not None:
             metadata.update(rank=p.network.linear)
@@ -397,23 +459,21 @@ class Trainer:
             out = export.export_lora(self.module, self.zero_stage, path, p.network.alpha, dtype, metadata)
             if out is not None:
                 export.point_latest(self.out_dir / f"{name}.safetensors", out)
-                self._prune_exports(f"{name}_*.safetensors")
+                self._prune_exports(name, ".safetensors")
         else:
             folder = self.out_dir / f"{name}_{self.step:09d}"
             out = export.export_full(self.module, self.zero_stage, folder, dtype, metadata)
             if out is not None:
                 export.point_latest(self.out_dir / name, out)
-                self._prune_exports(f"{name}_*")
-        dist.barrier()
-        self.log(f"step {self.step}: saved checkpoint and {'LoRA' if p.network is not None else 'weights'}")
+                self._prune_exports(name, "")
 
-    def _prune_exports(self, pattern: str) -> None:
+    def _prune_exports(self, name: str, suffix: str) -> None:
+        """Keep the last `max_step_saves_to_keep` of `<name>_<9-digit step><suffix>`."""
+        import re
         import shutil
 
-        step_re = f"{self.job.name}_" + r"\d{9}(\.safetensors)?$"
-        import re
-
-        found = sorted(q for q in self.out_dir.glob(pattern) if re.fullmatch(step_re, q.name))
+        step_re = re.escape(name) + r"_\d{9}" + re.escape(suffix)
+        found = sorted(q for q in self.out_dir.glob(f"{glob.escape(name)}_*{suffix}") if re.fullmatch(step_re, q.name))
         for old in found[:-self.p.save.max_step_saves_to_keep]:
             if old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

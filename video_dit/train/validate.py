@@ -97,6 +97,20 @@ def check_paths(job) -> None:
             if s.ctrl_img is None and preset.dit.in_dim != preset.dit.out_dim:
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
                                   f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
+    v = p.train.validation_config
+    if v is not None and v.validation_items and not any(d.validation_split > 0 for d in p.datasets):
+        found = [it for it in v.validation_items if it.image_path and Path(it.image_path).is_file()]
+        for i, it in enumerate(v.validation_items):
+            if it not in found:
+                print(f"[video_dit] warning: {PROCESS}.train.validation_config.validation_items[{i}]: "
+                      f"{it.image_path or '(no image_path)'}: no such file; skipped", file=sys.stderr)
+        if not found:
+            raise ConfigError(f"{PROCESS}.train.validation_config.validation_items",
+                              "no item's image_path is a file; fix the paths, add a dataset's validation_split, "
+                              "or remove validation_config")
+    elif v is not None and not v.validation_items and not any(d.validation_split > 0 for d in p.datasets):
+        raise ConfigError(f"{PROCESS}.train.validation_config", "no validation data: give validation_items "
+                                                                "or a dataset's validation_split")
     if p.save.resume not in ("auto", "none") and not Path(p.save.resume).is_dir():
         raise ConfigError(f"{PROCESS}.save.resume", f"{p.save.resume!r} is not a checkpoint folder; accepted: "
                                                     "auto, none or a checkpoint folder")
