@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import socket
@@ -168,8 +169,14 @@ def gathered(params, zero_stage: int, modifier_rank=None):
 def device_peak_flops(dtype: torch.dtype) -> tuple[float, str]:
     """(peak FLOP/s of this rank's device, how it was obtained): the datasheet table for known GPUs,
     else a dense matmul measured now (n = 1024 keeps start-up short on CPU ranks). The same
-    definition as `video-dit bench` (`video_dit.bench.common.device_peak`)."""
+    definition as `video-dit bench` (`video_dit.bench.common.device_peak`). Measured once per
+    process, device, dtype and thread count (a process running several jobs reuses it)."""
+    return _device_peak(local_device(), dtype, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_peak(device: torch.device, dtype: torch.dtype, threads: int) -> tuple[float, str]:
     from video_dit.bench.common import device_peak
 
-    peak = device_peak(local_device(), dtype, n=None if on_gpu() else 1024)
+    peak = device_peak(device, dtype, n=None if device.type == "cuda" else 1024)
     return peak.flops, peak.source
