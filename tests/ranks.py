@@ -15,8 +15,9 @@ runs a list of trainer jobs as one rank of such a launch.
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
   and always writes result_rank<r>.json: VAE encode / text encode calls, the optimizer-step and micro-step
   counters, the LR scheduler's position, what the ZeRO optimizer offloads, a NonFiniteError's message,
-  the class of a LoRA's base layer. `presets` (start_jobs / run_jobs): `helpers.register_preset`
-  keyword dicts, registered in every rank before the first job.
+  the class of a LoRA's base layer, the compute dtype and the parameters' dtypes.
+  `presets` (start_jobs / run_jobs): `helpers.register_preset` keyword dicts, registered in every rank
+  before the first job.
 """
 
 from __future__ import annotations
@@ -240,6 +241,8 @@ def worker(spec_path: str) -> int:
         res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0}
         base = getattr(trainer.module.blocks[0].ffn[0], "base_layer", None)
         res["quantized"] = type(base).__name__ if base is not None else None
+        res["dtype"] = str(trainer.dtype)  # the compute dtype the trainer chose
+        res["param_dtypes"] = sorted({str(p.dtype) for p in trainer.module.parameters()})
         if item.get("nan") is not None:
             _poison(trainer, item["nan"])
         record = _record(trainer, out) if item.get("record") else None

@@ -195,6 +195,7 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     for c, (zero, lora) in CONFIGS.items():
         rows = {sp: helpers.metrics(tmp_path / "out" / f"{c}_sp{sp}") for sp in (1, 2)}
         assert [r["step"] for r in rows[2]] == [1, 2, 3, 4] == [r["step"] for r in rows[1]], c
+        # not bit-exact: the head exchange and the split attention sum in another order (fp32 rounding)
         for a, b in zip(rows[2], rows[1]):
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (c, a["step"], a["loss"], b["loss"])
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (c, a["step"])
