@@ -143,3 +143,32 @@ def test_validation():
     with pytest.raises(ValueError, match="conditions every sample"):
         FirstFrameConditioning("concat").apply(noisy, torch.ones(B), {"cond_latents": torch.zeros(B, 16, FL, H, W)},
                                                active=torch.tensor([True, False]))
+
+
+def test_first_last_frame_and_clip_features(vae):
+    """Wan 2.1 FLF2V: the mask gives pixel frames 0 and F-1 (diffusers' construction), the VAE sees
+    [first, zeros, last], the CLIP features are [first | last] along tokens and reach the DiT through
+    dit_kwargs; replace mode refuses a last frame."""
+    from video_dit.models.loading import load_image_encoder
+
+    g = torch.Generator().manual_seed(2)
+    first, last = (torch.rand(1, 3, 16, 32, generator=g) * 2 - 1 for _ in range(2))
+    clip = load_image_encoder("preset:tiny-clip-flf2v")
+    cond = encode_conditioning(vae, first, "concat", 9, last_frame=last, image_encoder=clip)
+    with torch.no_grad():
+        video = torch.cat([first[:, :, None], torch.zeros(1, 3, 7, 16, 32), last[:, :, None]], dim=2)
+        ref = vae.normalize(vae.encode(video).mode())
+    assert torch.equal(cond["cond_latents"], ref)
+    assert torch.equal(cond["clip_features"], torch.cat([clip.encode(first), clip.encode(last)], dim=1))
+    assert cond["clip_features"].shape == (1, 34, 32)
+    conditioning = FirstFrameConditioning("concat", last_frame=True)
+    noisy = torch.randn(1, 16, 3, 2, 4, generator=g)
+    x, _, mask = conditioning.apply(noisy, torch.tensor([500.0]), cond)
+    assert torch.equal(x[:, 16:20], _diffusers_i2v_mask(1, 9, 2, 4, given=(0, 8)))
+    assert bool((mask == 1).all())  # the last latent frame holds 3 generated pixel frames: in the loss
+    assert conditioning.dit_kwargs(cond)["clip_fea"] is cond["clip_features"]
+    assert FirstFrameConditioning("concat").dit_kwargs({"cond_latents": ref}) == {}
+    with pytest.raises(ValueError, match="needs i2v mode 'concat'"):
+        FirstFrameConditioning("replace", last_frame=True)
+    with pytest.raises(ValueError, match="last frame needs i2v mode 'concat'"):
+        encode_conditioning(vae, first, "replace", 9, last_frame=last)

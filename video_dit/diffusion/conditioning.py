@@ -26,11 +26,19 @@ Two styles (`mode`):
    frame). `mask_first_frame_loss=True` masks it anyway (key `model.mask_first_frame_loss`).
    The 4 mask channels are Wan's packing of the per-pixel-frame mask: latent frame 0 stands for pixel
    frame 0 (repeated 4x), latent frame f > 0 for pixel frames 4f-3..4f (one channel each).
+   First-last frame (`last_frame=True`, Wan 2.1 FLF2V; concat only): the mask is 1 on the first AND
+   the last pixel frame and the VAE sees [first, zeros..., last] (Wan's first_last_frame2video.py).
+   The last latent frame also holds 3 generated pixel frames, so it stays in the loss.
+
+The CLIP image branch (Wan 2.1 I2V / FLF2V DiTs): `encode_conditioning(..., image_encoder=)` adds
+`clip_features` (B, Li, C), the penultimate CLIP features of the first frame (Li = 257) or of [first |
+last] (514), and `dit_kwargs(cond)` hands them to the DiT (`clip_fea=`), unchanged at every step
+and in both classifier-free-guidance passes (Wan gives the negative prompt the same image).
 
 `apply(..., active=)` conditions some samples of a batch and leaves the others as plain t2v (replace
 mode: a t2v dataset mixed into an i2v job): the one place that per-sample choice is made.
-Conditioning tensors come from `encode_conditioning(vae, frames, mode, num_frames)`, called by the
-data cache and by the pipeline, so both see exactly the same latents.
+Conditioning tensors come from `encode_conditioning(vae, frames, mode, num_frames, ...)`, called by
+the data cache and by the pipeline, so both see exactly the same latents and CLIP features.
 """
 
 from __future__ import annotations
@@ -68,11 +76,12 @@ class FirstFrameConditioning:
     `patch_size` is the DiT's (pt, ph, pw): per-token timesteps follow the DiT's token order
     (frame, y, x) with L = F'/pt * h/ph * w/pw. `mask_first_frame_loss`: None = the mode's default
     (`default_mask_first_frame_loss`); True masks frame 0 out of the loss in either mode; False is
-    concat only (in replace mode frame 0's prediction is discarded, so it is refused).
+    concat only (in replace mode frame 0's prediction is discarded, so it is refused). `last_frame`:
+    the last pixel frame is given too (first-last-frame, concat only).
     """
 
     def __init__(self, mode: I2VMode, patch_size: tuple[int, int, int] = (1, 2, 2),
-                 mask_first_frame_loss: bool | None = None):
+                 mask_first_frame_loss: bool | None = None, last_frame: bool = False):
         if mode not in I2V_MODES:
             raise ValueError(f"unknown i2v mode {mode!r}; accepted: {', '.join(I2V_MODES)}")
         if patch_size[0] != 1:
@@ -83,12 +92,16 @@ class FirstFrameConditioning:
             raise ValueError("mask_first_frame_loss=False needs i2v mode 'concat': in replace mode latent frame 0 "
                              "is overwritten by the clean first frame, so its prediction has no target to learn; "
                              "accepted in replace mode: true (or leave it unset)")
+        if last_frame and mode != "concat":
+            raise ValueError("last_frame=True (first-last-frame conditioning) needs i2v mode 'concat' (a mask "
+                             "and VAE latents for the last frame); replace mode gives only the first frame")
         self.mode, self.patch_size = mode, tuple(patch_size)
         self.mask_first_frame_loss = bool(mask_first_frame_loss)
+        self.last_frame = bool(last_frame)
 
     def __repr__(self) -> str:
         return (f"FirstFrameConditioning(mode={self.mode!r}, patch_size={self.patch_size}, "
-                f"mask_first_frame_loss={self.mask_first_frame_loss})")
+                f"mask_first_frame_loss={self.mask_first_frame_loss}, last_frame={self.last_frame})")
 
     def apply(self, noisy: torch.Tensor, t: torch.Tensor, cond: dict[str, torch.Tensor],
               active: torch.Tensor | None = None):
@@ -96,7 +109,8 @@ class FirstFrameConditioning:
 
         noisy (B, C, F', h, w): normalized noisy latents x_t; t (B,) on 0..1000;
         cond: {"first_frame_latents": (B, C, 1, h, w)} for replace, {"cond_latents": (B, 16, F', h, w)}
-        for concat, as made by `encode_conditioning`. active: optional (B,) bool, the samples to
+        for concat, as made by `encode_conditioning` (its `clip_features` go to the DiT through
+        `dit_kwargs`, not through the input). active: optional (B,) bool, the samples to
         condition (replace mode; the others pass through as t2v: input `noisy`, t on every token, loss
         mask 1); None = all.
         Returns (model_input, timestep (B, L) for replace, (B,) for concat, loss_mask (B, 1, F', h, w)
@@ -128,10 +142,17 @@ class FirstFrameConditioning:
             return model_input, timestep, loss_mask
         cond_latents = _get(cond, "cond_latents", (B, None, Fl, h, w))
         frame_mask = torch.zeros(B, 4 * (Fl - 1) + 1, h, w, device=noisy.device, dtype=noisy.dtype)
-        frame_mask[:, 0] = 1.0  # only pixel frame 0 is given
+        frame_mask[:, 0] = 1.0  # pixel frame 0 is given
+        if self.last_frame:
+            frame_mask[:, -1] = 1.0  # and the last one (first-last-frame)
         mask = pack_frame_mask(frame_mask)  # (B, 4, F', h, w)
         model_input = torch.cat([noisy, mask, cond_latents.to(noisy.dtype)], dim=1)  # (B, C + 4 + 16, F', h, w)
         return model_input, t, loss_mask
+
+    def dit_kwargs(self, cond: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The DiT's keyword inputs from `cond`: {"clip_fea": (B, Li, C)} when it holds CLIP features
+        (a DiT with the image branch needs them; one without refuses them), else {}."""
+        return {"clip_fea": cond["clip_features"]} if "clip_features" in cond else {}
 
     def restore(self, x: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:
         """The final latent as the decoder should see it: replace mode puts the clean first-frame
@@ -153,14 +174,27 @@ def _get(cond: dict[str, torch.Tensor], key: str, shape: tuple) -> torch.Tensor:
 
 
 @torch.no_grad()
-def encode_conditioning(vae, frames: torch.Tensor, mode: I2VMode, num_frames: int) -> dict[str, torch.Tensor]:
-    """Conditioning latents from pixels, for `FirstFrameConditioning.apply`.
+def clip_features(image_encoder, first: torch.Tensor, last: torch.Tensor | None = None) -> torch.Tensor:
+    """The DiT image branch's input: CLIP features of the first frame (B, tokens, C), or of [first |
+    last] along the tokens (B, 2 tokens, C), Wan's FLF2V order; first / last (B, 3, H, W) in [-1, 1]."""
+    images = [first] + ([last] if last is not None else [])
+    return torch.cat([image_encoder.encode(x) for x in images], dim=1).float()  # (B, Li, C)
+
+
+@torch.no_grad()
+def encode_conditioning(vae, frames: torch.Tensor, mode: I2VMode, num_frames: int, *,
+                        last_frame: torch.Tensor | None = None, image_encoder=None) -> dict[str, torch.Tensor]:
+    """Conditioning tensors from pixels, for `FirstFrameConditioning.apply` / `.dit_kwargs`.
 
     vae: a `CausalVideoVAE` (encode -> posterior with .mode(); normalize). frames: the first frame
     (B, 3, H, W) or a clip (B, 3, F, H, W) whose frame 0 is used, in [-1, 1]. num_frames: pixel frames
-    of the clip to generate (4k + 1; used by concat). The posterior mode is used (deterministic).
+    of the clip to generate (4k + 1; used by concat). last_frame: (B, 3, H, W) in [-1, 1], the last
+    frame of a first-last-frame clip (concat only). image_encoder: an `ImageEncoder` (CLIP), for DiTs
+    with the image branch. The posterior mode is used (deterministic).
     Returns {"first_frame_latents": (B, C, 1, h, w)} (replace) or {"cond_latents": (B, C, F', h, w)}
-    (concat: VAE of [first frame, num_frames - 1 zero frames]), normalized, float32.
+    (concat: VAE of [first frame, num_frames - 1 zero frames], or of [first, num_frames - 2 zero
+    frames, last]), normalized; with an image encoder also {"clip_features": (B, Li, D_clip)}, the
+    first frame's features (Li = tokens) or [first | last] (Li = 2 tokens); all float32.
     """
     if mode not in I2V_MODES:
         raise ValueError(f"unknown i2v mode {mode!r}; accepted: {', '.join(I2V_MODES)}")
@@ -168,22 +202,36 @@ def encode_conditioning(vae, frames: torch.Tensor, mode: I2VMode, num_frames: in
         frames = frames[:, :, None]  # (B, 3, 1, H, W)
     if frames.ndim != 5 or frames.shape[1] != 3:
         raise ValueError(f"frames must be (B, 3, H, W) or (B, 3, F, H, W), got {tuple(frames.shape)}")
-    lo, hi = float(frames.min()), float(frames.max())
-    if lo < -1.001 or hi > 1.001:
-        raise ValueError(f"frames must lie in [-1, 1] (rescale [0, 1] images with x * 2 - 1); got [{lo:.3g}, {hi:.3g}]")
+    B, _, _, H, W = frames.shape
+    if last_frame is not None:
+        if mode != "concat":
+            raise ValueError("a last frame needs i2v mode 'concat' (first-last-frame); replace mode takes the first only")
+        if tuple(last_frame.shape) != (B, 3, H, W):
+            raise ValueError(f"last_frame must be (B, 3, H, W) = ({B}, 3, {H}, {W}), got {tuple(last_frame.shape)}")
+    for name, x in (("frames", frames), ("last_frame", last_frame)):
+        if x is None:
+            continue
+        lo, hi = float(x.min()), float(x.max())
+        if lo < -1.001 or hi > 1.001:
+            raise ValueError(f"{name} must lie in [-1, 1] (rescale [0, 1] images with x * 2 - 1); got "
+                             f"[{lo:.3g}, {hi:.3g}]")
     first = frames[:, :, :1]  # (B, 3, 1, H, W)
+    out = {} if image_encoder is None else {"clip_features": clip_features(image_encoder, first[:, :, 0], last_frame)}
     param = next(vae.parameters(), None)
     if param is not None:
         first = first.to(device=param.device, dtype=param.dtype)
     if mode == "replace":
         z = vae.encode(first).mode()  # (B, C, 1, h, w)
-        return {"first_frame_latents": vae.normalize(z).float()}
+        return {"first_frame_latents": vae.normalize(z).float(), **out}
     if (num_frames - 1) % 4:
         raise ValueError(f"num_frames must be 4k + 1, got {num_frames}")
-    B, _, _, H, W = first.shape
-    clip = torch.cat([first, first.new_zeros(B, 3, num_frames - 1, H, W)], dim=2)  # (B, 3, F, H, W)
+    if last_frame is None or num_frames == 1:  # (a one-frame clip's last frame is its first)
+        clip = torch.cat([first, first.new_zeros(B, 3, num_frames - 1, H, W)], dim=2)  # (B, 3, F, H, W)
+    else:
+        last = last_frame[:, :, None].to(first)
+        clip = torch.cat([first, first.new_zeros(B, 3, num_frames - 2, H, W), last], dim=2)  # (B, 3, F, H, W)
     z = vae.encode(clip).mode()  # (B, C, F', h, w)
-    return {"cond_latents": vae.normalize(z).float()}
+    return {"cond_latents": vae.normalize(z).float(), **out}
 
 
 def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -109,7 +109,9 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
     guidance_scale != 1 the conditional and unconditional passes run batched in one forward (2B) and
     combine as v_u + s * (v_c - v_u) (Wan's and diffusers' order); guidance_scale == 1 runs the
     conditional pass alone. conditioning + cond: first-frame conditioning, re-applied to the model
-    input before every forward; the returned latent has the clean first frame restored.
+    input before every forward; the returned latent has the clean first frame restored. The DiT's
+    extra inputs (`conditioning.dit_kwargs(cond)`: the CLIP features of a Wan 2.1 I2V / FLF2V DiT) are
+    the same at every step and for both guidance halves (Wan gives the negative prompt the same image).
     """
     if schedule.solver not in SOLVERS:
         raise ValueError(f"unknown solver {schedule.solver!r}; accepted: {', '.join(SOLVERS)}")
@@ -129,6 +131,10 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
         raise ValueError("first-frame conditioning needs its cond tensors (encode_conditioning)")
     dtype, device = module_dtype_device(dit)
     ctx = [c.to(device=device, dtype=dtype) for c in context + (negative_context if guided else [])]
+    extra = {k: v.to(device=device, dtype=dtype) for k, v in conditioning.dit_kwargs(cond).items()} \
+        if conditioning is not None else {}
+    if guided:
+        extra = {k: torch.cat([v, v]) for k, v in extra.items()}
     x = noise.to(device=device, dtype=torch.float32)
     sigmas = schedule.sigmas.float()
     unipc = UniPC(sigmas.tolist()) if schedule.solver == "unipc" else None
@@ -150,7 +156,7 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
         # 3. one forward: conditional and unconditional halves batched together under guidance
         if guided:
             model_in, t_in = torch.cat([model_in, model_in]), torch.cat([t_in, t_in])
-        v = model(model_in.to(dtype), t_in, ctx).float()
+        v = model(model_in.to(dtype), t_in, ctx, **extra).float()
         if guided:
             v_cond, v_uncond = v.chunk(2)
             v = v_uncond + scale * (v_cond - v_uncond)
