@@ -2,8 +2,10 @@
 `WanPipeline.save_pretrained` / `WanImageToVideoPipeline.save_pretrained` write it) sampled by
 diffusers in memory and by us from the folder (our loaders, our `VideoPipeline`), with the same prompt
 embeds, initial latents and settings, gives the same frames (fp32, within 1e-3): text-to-video, Wan 2.2
-TI2V-style image-to-video (first-frame latent replace, diffusers' `expand_timesteps`) and Wan 2.2
-I2V-style channel concat without an image encoder; UniPC on diffusers' grid and on Wan's, and Euler."""
+TI2V-style image-to-video (first-frame latent replace, diffusers' `expand_timesteps`), Wan 2.2
+I2V-style channel concat without an image encoder, and Wan 2.1 I2V / FLF2V (concat + the transformer's
+CLIP image branch + a CLIP image encoder and processor; FLF2V with a last image); UniPC on diffusers'
+grid and on Wan's, and Euler."""
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import torch
 from PIL import Image
 
 from video_dit.models.convert import vae_config_to_diffusers
-from video_dit.models.loading import load_dit, load_vae
+from video_dit.models.loading import load_dit, load_image_encoder, load_vae
 from video_dit.models.presets import get_preset
 from video_dit.models.vae import VAEConfig
 from video_dit.pipeline import VideoPipeline
@@ -49,27 +51,46 @@ OURS = {"unipc": dict(solver="unipc", grid="diffusers"), "unipc-wan": dict(solve
         "euler": dict(solver="euler")}
 
 
-def _transformer(in_dim, out_dim, seed):
+def _transformer(in_dim, out_dim, seed, **image_branch):
     torch.manual_seed(seed)
     ref = diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_dim,
         out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6).eval()
+        qk_norm="rms_norm_across_heads", eps=1e-6, **image_branch).eval()
     with torch.no_grad():  # norms perturbed so their weights matter; a larger head so steps move the latents
         for name, p in ref.named_parameters():
-            if "norm" in name:
+            if "norm" in name or "pos_embed" in name:
                 p.add_(0.2 * torch.randn_like(p))
         ref.proj_out.weight.mul_(4.0)
     return ref
 
 
+def _clip_parts():
+    """A tiny random CLIP vision model (32 wide, 32 px in 8 px patches: 17 tokens) and its processor at
+    that size (so diffusers' resize and crop leave a 32 x 32 image as it is, and Wan's resize too)."""
+    from transformers import CLIPImageProcessor, CLIPVisionModel
+
+    from video_dit.models.image_encoder import clip_vision_config
+    from video_dit.models.presets import TINY_CLIP
+
+    torch.manual_seed(4)
+    encoder = CLIPVisionModel(clip_vision_config(TINY_CLIP)).eval()
+    processor = CLIPImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE})
+    return encoder, processor
+
+
 def _folder(tmp_path_factory, kind):
-    """(diffusers pipeline in memory, its save_pretrained folder) for kind t2v | ti2v | concat."""
+    """(diffusers pipeline in memory, its save_pretrained folder) for kind t2v | ti2v | concat | i2v_clip
+    | flf2v_clip (Wan 2.1 I2V / FLF2V: concat + the transformer's image branch + a CLIP image encoder)."""
     vae_cfg = VAE22 if kind == "ti2v" else VAE21
     z = vae_cfg.z_dim
     torch.manual_seed(1)
     vae = diffusers.AutoencoderKLWan(**vae_config_to_diffusers(vae_cfg)).eval()
-    transformer = _transformer(z + 4 + z if kind == "concat" else z, z, seed=2)
+    clip = kind in ("i2v_clip", "flf2v_clip")
+    image_branch = {} if not clip else dict(image_dim=32, added_kv_proj_dim=32,
+                                            pos_embed_seq_len=2 * 17 if kind == "flf2v_clip" else None)
+    transformer = _transformer(z + 4 + z if kind in ("concat", "i2v_clip", "flf2v_clip") else z, z, seed=2,
+                               **image_branch)
     common = dict(tokenizer=None, text_encoder=None, vae=vae, scheduler=SCHEDULERS["unipc"](), transformer=transformer)
     if kind == "t2v":  # with a (tiny) text encoder, so `video-dit sample` can run on the folder as it is
         from transformers import ByT5Tokenizer
@@ -78,6 +99,9 @@ def _folder(tmp_path_factory, kind):
 
         common.update(tokenizer=ByT5Tokenizer(), text_encoder=build_umt5(get_preset("tiny").text_encoder, seed=4))
         pipe = diffusers.WanPipeline(**common)
+    elif clip:
+        encoder, processor = _clip_parts()
+        pipe = diffusers.WanImageToVideoPipeline(**common, image_encoder=encoder, image_processor=processor)
     else:  # Wan 2.2 TI2V (expand_timesteps) or Wan 2.2 I2V-style concat, both without a CLIP image encoder
         pipe = diffusers.WanImageToVideoPipeline(**common, image_encoder=None, image_processor=None,
                                                  expand_timesteps=kind == "ti2v")
@@ -89,15 +113,16 @@ def _folder(tmp_path_factory, kind):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    return {kind: _folder(tmp_path_factory, kind) for kind in ("t2v", "ti2v", "concat")}
+    return {kind: _folder(tmp_path_factory, kind) for kind in ("t2v", "ti2v", "concat", "i2v_clip", "flf2v_clip")}
 
 
 def _inputs(z, seed=3):
     g = torch.Generator().manual_seed(seed)
     prompt, negative = torch.randn(5, TEXT_DIM, generator=g), torch.randn(3, TEXT_DIM, generator=g)
     latents = torch.randn(1, z, (FRAMES - 1) // 4 + 1, SIZE // 8, SIZE // 8, generator=g)
-    image = Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=g) * 255).to(torch.uint8).numpy())
-    return prompt, negative, latents, image
+    image, last = (Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=g) * 255).to(torch.uint8).numpy())
+                   for _ in range(2))
+    return prompt, negative, latents, image, last
 
 
 def _padded(embeds, length=512):
@@ -110,7 +135,8 @@ def _padded(embeds, length=512):
 # (the VAE decode, equal to diffusers' on its own, is most of the time and does not depend on the solver)
 CASES = [("t2v", "unipc", True), ("t2v", "unipc-wan", False), ("t2v", "euler", False),
          ("ti2v", "unipc", True), ("ti2v", "euler", False),
-         ("concat", "unipc-wan", True), ("concat", "euler", False)]
+         ("concat", "unipc-wan", True), ("concat", "unipc", False), ("concat", "euler", False),
+         ("i2v_clip", "unipc-wan", True), ("flf2v_clip", "unipc-wan", True)]
 
 
 @pytest.mark.parametrize("kind,scheduler,decode", CASES)
@@ -118,18 +144,22 @@ def test_sampling_equals_diffusers_pipeline(folders, kind, scheduler, decode):
     pipe, folder = folders[kind]
     pipe.scheduler = SCHEDULERS[scheduler]()
     dit, vae = load_dit(folder).eval(), load_vae(folder).eval()
-    ours = VideoPipeline(dit, vae)
-    assert ours.i2v_mode == ("concat" if kind == "concat" else "replace")
-    prompt, negative, latents, image = _inputs(vae.config.z_dim)
+    clip = kind in ("i2v_clip", "flf2v_clip")
+    ours = VideoPipeline(dit, vae, image_encoder=load_image_encoder(folder) if clip else None)
+    assert ours.i2v_mode == ("concat" if kind in ("concat", "i2v_clip", "flf2v_clip") else "replace")
+    assert (dit.config.image_dim, dit.config.num_images) == ((32, 1 + (kind == "flf2v_clip")) if clip else (None, 1))
+    prompt, negative, latents, image, last_image = _inputs(vae.config.z_dim)
     first = None if kind == "t2v" else image
+    last = last_image if kind == "flf2v_clip" else None
     kw = dict(height=SIZE, width=SIZE, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=CFG,
               latents=latents.clone(), output_type="np" if decode else "latent", return_dict=False)
     with torch.no_grad():
         ref = pipe(prompt_embeds=_padded(prompt), negative_prompt_embeds=_padded(negative),
-                   **({} if first is None else {"image": first}), **kw)[0]
+                   **({} if first is None else {"image": first}), **({} if last is None else {"last_image": last}),
+                   **kw)[0]
         z = ours.generate_latents(prompt, negative, num_frames=FRAMES, height=SIZE, width=SIZE, steps=STEPS,
                                   guidance_scale=CFG, shift=SHIFT, first_frame=first, latents=latents,
-                                  **OURS[scheduler])
+                                  last_frame=last, **OURS[scheduler])
         if not decode:  # normalized latents (1, C, F', h, w), the clean first frame restored in TI2V
             assert float((ref - latents).abs().mean()) > 0.05  # the steps moved them
             torch.testing.assert_close(z, ref, rtol=0, atol=1e-3)
@@ -164,4 +194,7 @@ def test_sample_command_takes_solver_and_shift_from_the_scheduler_config(folders
         solver="unipc", grid="diffusers", generator=torch.Generator().manual_seed(5))
     write_video(frames, tmp_path / "direct.mp4", fps=16)
     assert (tmp_path / "cli.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
-    # (that --solver / --shift win over the folder's config: tests/test_sampling_defaults.py)
+    # the command's --solver / --shift win over the folder's config, and the line says so
+    assert cli(args + ["--solver", "euler", "--shift", "5", "--out", str(tmp_path / "euler.mp4")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("sampling:"))
+    assert line.startswith("sampling: euler, 2 steps, shift 5,") and "scheduler_config" not in line

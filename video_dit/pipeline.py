@@ -2,8 +2,9 @@
 
     prompt embeds [(Lt_i, D)] ---------+
     noise or latents= (B, C, F', h, w) -+--> solver steps (flow.sampling_schedule: UniPC or Euler):
-    first frame (B, 3, H, W) -> encode_conditioning (VAE) --^   conditioning -> dit(x, t, context)
-                                                                -> guidance -> step
+    first (+ last) frame (B, 3, H, W) -> encode_conditioning (VAE) --^   conditioning -> dit(x, t,
+      (Wan 2.1 I2V / FLF2V: + image_features (CLIP) or image_embeds=) --^   context, clip_fea) -> guidance
+                                                                            -> step
                                                VAE decode (B, 3, F, H, W) -> PIL frames
 
 The pipeline never sees text: encode prompts with `TextEncoder.encode` (or read cached embeds).
@@ -23,7 +24,8 @@ from PIL import Image
 from torch import nn
 
 from video_dit.data.frames import snap_num_frames
-from video_dit.diffusion.conditioning import FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, encode_conditioning
+from video_dit.diffusion.conditioning import (FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, clip_features,
+                                              encode_conditioning)
 from video_dit.diffusion.flow import SCHEDULE_GRIDS, sampling_schedule
 from video_dit.diffusion.sampler import flow_sample, module_dtype_device
 
@@ -53,10 +55,13 @@ class VideoPipeline:
     the one `FirstFrameConditioning` decides it; see conditioning.py). The i2v mode follows from the DiT config:
     in_dim == out_dim + 4 + z_dim is concat (Wan I2V, in_dim 36), in_dim == out_dim is replace;
     `i2v_mode`, when given, is checked against it (a clear error instead of a wrong conditioning).
+    image_encoder: the CLIP `ImageEncoder` of a DiT with the image branch (Wan 2.1 I2V / FLF2V), run
+    once per `generate` on the given image(s); or pass `image_embeds=` to `generate` instead.
     """
 
-    def __init__(self, dit: nn.Module, vae: nn.Module, *, i2v_mode: str | None = None, dit_config=None):
-        self.dit, self.vae = dit, vae
+    def __init__(self, dit: nn.Module, vae: nn.Module, *, i2v_mode: str | None = None, dit_config=None,
+                 image_encoder: nn.Module | None = None):
+        self.dit, self.vae, self.image_encoder = dit, vae, image_encoder
         self.dit_config = dit_config if dit_config is not None else _config_of(dit, "dit")
         self.vae_config = _config_of(vae, "vae")
         cfg, z = self.dit_config, self.vae_config.z_dim
@@ -97,7 +102,8 @@ class VideoPipeline:
                          width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                          generator: torch.Generator | None = None, first_frame=None,
                          i2v_mode: str | None = None, progress: bool = False, solver: str = "unipc",
-                         grid: str = "wan", latents: torch.Tensor | None = None) -> torch.Tensor:
+                         grid: str = "wan", latents: torch.Tensor | None = None, last_frame=None,
+                         image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
         prompts = _as_list(prompt_embeds, "prompt_embeds")
         B = len(prompts)
@@ -113,6 +119,20 @@ class VideoPipeline:
                              f"takes {self.i2v_mode!r})")
         if first_frame is None and self.i2v_mode == "concat":
             raise ValueError(f"this DiT (in_dim {self.dit_config.in_dim}) is image-to-video: pass first_frame")
+        cfg = self.dit_config
+        two_images = cfg.image_dim is not None and cfg.num_images == 2
+        if last_frame is not None and (first_frame is None or self.i2v_mode != "concat" or (
+                cfg.image_dim is not None and not two_images)):
+            raise ValueError("last_frame needs first_frame and a first-last-frame DiT (concat; a CLIP image branch "
+                             "must read two images, Wan 2.1 FLF2V)")
+        if two_images and last_frame is None and image_embeds is None:
+            raise ValueError("this DiT is first-last-frame (Wan 2.1 FLF2V: its image branch reads two images): "
+                             "pass last_frame")
+        if cfg.image_dim is None and image_embeds is not None:
+            raise ValueError("image_embeds given, but this DiT has no CLIP image branch")
+        if cfg.image_dim is not None and image_embeds is None and self.image_encoder is None:
+            raise ValueError("this DiT has the CLIP image branch (Wan 2.1 I2V / FLF2V): build the pipeline with "
+                             "image_encoder= or pass image_embeds=")
         if grid not in SCHEDULE_GRIDS:
             raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
         num_frames, height, width = self.snap(num_frames, height, width)
@@ -132,12 +152,21 @@ class VideoPipeline:
         else:
             noise = torch.randn(shape, generator=generator,
                                 device=generator.device if generator is not None else "cpu").to(device)
-        # 2. first-frame conditioning latents, computed once
+        # 2. first-frame conditioning latents (and the last frame's), and the CLIP features, computed once
         conditioning = cond = None
         if first_frame is not None:
-            pixels = _first_frames(first_frame, B, height, width)  # (B, 3, H, W)
-            conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(self.dit_config.patch_size))
-            cond = {k: v.to(device) for k, v in encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames).items()}
+            pixels = _pixels(first_frame, B, "first_frame", (height, width))  # (B, 3, H, W)
+            last = _pixels(last_frame, B, "last_frame", (height, width)) if last_frame is not None else None
+            conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(self.dit_config.patch_size),
+                                                  last_frame=last is not None)
+            cond = encode_conditioning(self.vae, pixels, self.i2v_mode, num_frames, last_frame=last)
+            if cfg.image_dim is not None:  # CLIP sees the images as given, as in Wan (not the resized frames)
+                if image_embeds is None:
+                    image_embeds = image_features(self.image_encoder, first_frame, last_frame, B)
+                if image_embeds.ndim == 2:
+                    image_embeds = image_embeds[None]
+                cond["clip_features"] = image_embeds.expand(B, -1, -1) if image_embeds.shape[0] == 1 else image_embeds
+            cond = {k: v.to(device) for k, v in cond.items()}
         # 3. the solver
         return flow_sample(self.dit, noise, prompts, schedule, negative_context=negatives,
                            guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress)
@@ -159,7 +188,7 @@ class VideoPipeline:
                  width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
                  progress: bool = False, solver: str = "unipc", grid: str = "wan",
-                 latents: torch.Tensor | None = None):
+                 latents: torch.Tensor | None = None, last_frame=None, image_embeds: torch.Tensor | None = None):
         """Render videos as PIL frames.
 
         prompt_embeds: one (Lt, D) tensor -> returns list[PIL.Image] (F frames); or a list of B (Lt_i, D)
@@ -171,13 +200,17 @@ class VideoPipeline:
         generator: seeds the noise. latents: initial latents (B, C, F', h, w) used instead of drawn
         noise, as diffusers' pipelines take them. first_frame: a PIL image, a (3, H, W) / (B, 3, H, W)
         tensor in [-1, 1], or a list of B PIL images; resized to cover height x width and
-        centre-cropped; makes it image-to-video in the DiT's i2v mode.
+        centre-cropped; makes it image-to-video in the DiT's i2v mode. last_frame: the same for the
+        last frame of a first-last-frame DiT (Wan 2.1 FLF2V). image_embeds: (B or 1, Li, C) CLIP features
+        (`image_features`) for a DiT with the image branch, instead of running the pipeline's
+        image_encoder on the images (the trainer's previews encode them once at start-up).
         i2v_mode: optional check that the DiT's mode is the one expected. progress: a tqdm bar.
         """
         latents = self.generate_latents(prompt_embeds, negative_embeds, num_frames=num_frames, height=height,
                                         width=width, steps=steps, guidance_scale=guidance_scale, shift=shift,
                                         generator=generator, first_frame=first_frame, i2v_mode=i2v_mode,
-                                        progress=progress, solver=solver, grid=grid, latents=latents)
+                                        progress=progress, solver=solver, grid=grid, latents=latents,
+                                        last_frame=last_frame, image_embeds=image_embeds)
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
 
@@ -205,21 +238,38 @@ def fit_frame(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return x[:, :, top:top + height, left:left + width].clamp(-1, 1)
 
 
-def _first_frames(first_frame, batch: int, height: int, width: int) -> torch.Tensor:
-    """First frame(s) as (batch, 3, height, width) in [-1, 1]."""
+def _pixels(images, batch: int, name: str, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """A PIL image, a list of B of them, or a (3, H, W) / (B, 3, H, W) tensor in [-1, 1] -> (batch, 3, H, W).
+    With size = (height, width) each image is resized to cover it and centre-cropped (`fit_frame`: the
+    frames the VAE encodes); without, the images are left as given (the CLIP encoder resizes them to
+    its own input, as Wan feeds it the original image), so a list must share one size."""
     from video_dit.media import pil_to_tensor
 
-    if isinstance(first_frame, Image.Image):
-        first_frame = [first_frame]
-    if isinstance(first_frame, (list, tuple)):
-        first_frame = torch.stack([fit_frame(pil_to_tensor(im)[None], height, width)[0] for im in first_frame])
-    if not isinstance(first_frame, torch.Tensor):
-        raise TypeError(f"first_frame must be a PIL image, a list of them or a tensor, got {type(first_frame).__name__}")
-    x = first_frame[None] if first_frame.ndim == 3 else first_frame
+    if isinstance(images, Image.Image):
+        images = [images]
+    if isinstance(images, (list, tuple)):
+        tensors = [pil_to_tensor(im)[None] for im in images]
+        if size is not None:
+            tensors = [fit_frame(t, *size) for t in tensors]
+        elif len({tuple(t.shape) for t in tensors}) > 1:
+            raise ValueError(f"{name}: images of different sizes {sorted({im.size for im in images})}; give one size")
+        images = torch.cat(tensors)
+    if not isinstance(images, torch.Tensor):
+        raise TypeError(f"{name} must be a PIL image, a list of them or a tensor, got {type(images).__name__}")
+    x = images[None] if images.ndim == 3 else images
     if x.ndim != 4 or x.shape[1] != 3:
-        raise ValueError(f"first_frame tensor must be (3, H, W) or (B, 3, H, W), got {tuple(first_frame.shape)}")
+        raise ValueError(f"{name} tensor must be (3, H, W) or (B, 3, H, W), got {tuple(images.shape)}")
     if x.shape[0] == 1 and batch > 1:
         x = x.expand(batch, -1, -1, -1)
     if x.shape[0] != batch:
-        raise ValueError(f"{x.shape[0]} first frames for {batch} prompts (give 1 or {batch})")
-    return fit_frame(x, height, width)
+        raise ValueError(f"{x.shape[0]} {name} images for {batch} prompts (give 1 or {batch})")
+    return fit_frame(x, *size) if size is not None else x
+
+
+@torch.no_grad()
+def image_features(image_encoder, first_frame, last_frame=None, batch: int = 1) -> torch.Tensor:
+    """CLIP features (batch, Li, C) float32 for a DiT's image branch: the first frame's (Li = tokens)
+    or [first | last] (Li = 2 tokens, first-last-frame), from the images as given (Wan encodes the
+    original image, not the one resized to the video); images as for `generate`'s first_frame."""
+    last = _pixels(last_frame, batch, "last_frame") if last_frame is not None else None
+    return clip_features(image_encoder, _pixels(first_frame, batch, "first_frame"), last)  # (batch, Li, C)

@@ -3,11 +3,14 @@
     video-dit sample --model preset:tiny --prompt "a red ball bouncing" --frames 17 --height 64 --width 64 \\
         --steps 20 --cfg 5 --seed 0 --out out.mp4
     video-dit sample --model MODELS/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --image first.png --out i2v.mp4
+    video-dit sample --model MODELS/Wan2.1-FLF2V-14B-720P-Diffusers --prompt "..." --image first.png \\
+        --last-image last.png --out flf2v.mp4
 
 --model: `preset:NAME` (seeded random weights; the tiny preset needs no files) or PATH, a folder holding
 the DiT weights (diffusers `transformer/`, or weight files) and the VAE (`vae/` or a `*vae*` file; or
 pass --vae), plus `text_encoder/` + `tokenizer/` (or pass --text-encoder). Order of work: the prompts
-are encoded and the text encoder freed before the DiT is loaded, so the two never share memory.
+are encoded and the text encoder freed before the DiT is loaded, so the two never share memory; so are
+the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in PATH, or --image-encoder).
 Sampling settings left out come from PATH/scheduler/scheduler_config.json (solver, shift), then the
 preset's defaults (diffusion/sampling_settings.py); one printed line says which were used.
 """
@@ -69,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--negative", default=None,
                         help="negative prompt of classifier-free guidance (default: the preset's, e.g. Wan's; '' for none)")
     parser.add_argument("--image", default=None, help="first frame (image-to-video); resized to cover and centre-cropped")
+    parser.add_argument("--last-image", default=None,
+                        help="last frame, for a first-last-frame model (Wan 2.1 FLF2V; with --image)")
+    parser.add_argument("--image-encoder", default=None,
+                        help="CLIP image encoder of a Wan 2.1 I2V / FLF2V model: a folder with image_encoder/ + "
+                             "image_processor/, clip_vision_h.safetensors or Wan's models_clip_*.pth (default: "
+                             "the model folder's image_encoder/, or a tiny preset's own)")
+    parser.add_argument("--quantize-image-encoder", choices=("qfloat8", "qint8"), default=None,
+                        help="quantize the CLIP image encoder's weights with optimum-quanto")
     parser.add_argument("--frames", type=_positive_int, default=17, help="frames, snapped to 4k + 1 (default 17)")
     parser.add_argument("--height", type=_positive_int, default=480, help="pixels, snapped to the model's multiple (default 480)")
     parser.add_argument("--width", type=_positive_int, default=832, help="pixels, snapped to the model's multiple (default 832)")
@@ -132,15 +143,33 @@ def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tu
     return dit, vae, text_encoder
 
 
+def image_encoder_for(model: str, dit_config, given: str | None) -> str | None:
+    """The CLIP image encoder source of a DiT with the image branch (None without one): --image-encoder,
+    else the model folder's image_encoder/, else a preset's own (the tiny presets' random one)."""
+    if dit_config.image_dim is None:
+        if given is not None:
+            raise ValueError(f"--image-encoder {given}: --model {model} has no CLIP image branch")
+        return None
+    if given is not None:
+        return given
+    if model.startswith("preset:"):
+        return model
+    if Path(model).is_dir() and (Path(model) / "image_encoder").is_dir():
+        return model
+    raise ValueError(f"--model {model} has the CLIP image branch (Wan 2.1 I2V / FLF2V) and no image_encoder/ "
+                     "folder: pass --image-encoder (clip_vision_h.safetensors, Wan's models_clip_*.pth, or a "
+                     "folder with image_encoder/ + image_processor/)")
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
     from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
+    from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, open_dit
     from video_dit.models.presets import get_preset
-    from video_dit.pipeline import VideoPipeline
+    from video_dit.pipeline import VideoPipeline, image_features
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
@@ -156,6 +185,13 @@ def main(args: argparse.Namespace) -> int:
     scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
     settings = resolve_sampling(preset, scheduler, given)
     print(settings.describe(), flush=True)
+    last = load_image(args.last_image) if args.last_image else None
+    if last is not None and image is None:
+        raise ValueError("--last-image needs --image (the first frame)")
+    dit_config = get_preset(dit_src[len("preset:"):]).dit if dit_src.startswith("preset:") else open_dit(dit_src)[1]
+    clip_src = image_encoder_for(args.model, dit_config, args.image_encoder)  # checked before any model loads
+    if dit_config.image_dim is not None and dit_config.num_images == 2 and last is None:
+        raise ValueError(f"--model {args.model} is first-last-frame (Wan 2.1 FLF2V): pass --last-image LAST_FRAME")
 
     # 1. prompts -> embeds, then the text encoder is freed
     te = load_text_encoder(te_src, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
@@ -163,6 +199,12 @@ def main(args: argparse.Namespace) -> int:
     guided = settings.guidance != 1.0
     embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
+    # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
+    image_embeds = None
+    if clip_src is not None and image is not None:
+        clip = load_image_encoder(clip_src, dtype=dtype, device=device, quantize=args.quantize_image_encoder)
+        image_embeds = image_features(clip, image, last)
+        del clip
     # 2. the DiT (+ LoRA) and the VAE
     dit = load_dit(dit_src, dtype=dtype, device=device).eval()
     if args.lora:
@@ -178,8 +220,8 @@ def main(args: argparse.Namespace) -> int:
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,
                            width=args.width, steps=settings.steps, guidance_scale=settings.guidance,
                            shift=settings.shift, solver=settings.solver, grid=settings.grid, generator=generator,
-                           first_frame=image, progress=True)
+                           first_frame=image, progress=True, last_frame=last, image_embeds=image_embeds)
     write_video(frames, args.out, fps=fps)
-    kind = "i2v" if image is not None else "t2v"
+    kind = "flf2v" if last is not None else "i2v" if image is not None else "t2v"
     print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps)")
     return 0
