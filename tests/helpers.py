@@ -157,6 +157,15 @@ def probe_inputs(in_dim: int = 16, text_dim: int = 64):
     return x, torch.tensor([600.0]), [torch.randn(5, text_dim, generator=g)]
 
 
+def probe_kwargs(config) -> dict:
+    """The extra DiT input of `probe_inputs` for a config with the CLIP image branch (fixed random
+    `clip_fea` (1, Li, image_dim)); {} otherwise."""
+    if config.image_dim is None:
+        return {}
+    g = torch.Generator().manual_seed(4)
+    return {"clip_fea": torch.randn(1, config.image_context_len, config.image_dim, generator=g)}
+
+
 def max_abs_diff(a: dict, b: dict) -> float:
     """Largest |a[k] - b[k]| over two state dicts with the same keys (asserted)."""
     assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]

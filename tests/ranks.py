@@ -13,7 +13,7 @@ runs a list of trainer jobs as one rank of such a launch.
     dump      the full trainable state after a resume and after each save -> state_<tag>_<step>.safetensors
     stop_at   stop after this step (the LR schedule keeps the configured length)
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
-  and always writes result_rank<r>.json: VAE encode / text encode calls, the optimizer-step and micro-step
+  and always writes result_rank<r>.json: VAE / text / CLIP image encode calls, the optimizer-step and micro-step
   counters, the LR scheduler's position, what the ZeRO optimizer offloads, a NonFiniteError's message,
   the class of a LoRA's base layer, the compute dtype and the parameters' dtypes.
   `presets` (start_jobs / run_jobs): `helpers.register_preset` keyword dicts, registered in every rank
@@ -196,14 +196,15 @@ def _predict(trainer, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from helpers import probe_inputs
+    from helpers import probe_inputs, probe_kwargs
     from video_dit.train.engine import gathered
 
     module = trainer.module
     x, t, ctx = probe_inputs(module.config.in_dim, module.config.text_dim)
+    extra = {k: v.to(trainer.dtype) for k, v in probe_kwargs(module.config).items()}  # CLIP features, if any
     module.eval()
     with torch.no_grad():  # under ZeRO-3 every rank runs the forward (hooks gather each block)
-        pred = module(x.to(trainer.dtype), t, [c.to(trainer.dtype) for c in ctx])
+        pred = module(x.to(trainer.dtype), t, [c.to(trainer.dtype) for c in ctx], **extra)
     with gathered(list(module.parameters()), trainer.zero_stage):
         if trainer.rank == 0:
             save_file({"pred": pred.float().contiguous()}, str(out / "pred.safetensors"))
@@ -212,6 +213,7 @@ def _predict(trainer, out: Path) -> None:
 def worker(spec_path: str) -> int:
     import torch
 
+    from video_dit.models.image_encoder import ImageEncoder
     from video_dit.models.text_encoder import TextEncoder
     from video_dit.models.vae import CausalVideoVAE
     from video_dit.train.config import load_job
@@ -224,9 +226,10 @@ def worker(spec_path: str) -> int:
     for preset in spec.get("presets", []):
         register_preset(**preset)
     vae_calls, text_calls = _Calls(CausalVideoVAE, "encode"), _Calls(TextEncoder, "encode")
+    image_calls = _Calls(ImageEncoder, "encode")
     for item in spec["jobs"]:
         job = load_job(item["config"])
-        vae0, text0 = vae_calls.n, text_calls.n
+        vae0, text0, image0 = vae_calls.n, text_calls.n, image_calls.n
         if item.get("fault"):  # this job's VIDEO_DIT_FAULT (faults.install reads it when the Trainer is built)
             os.environ["VIDEO_DIT_FAULT"] = item["fault"]
         if item.get("run"):
@@ -238,7 +241,8 @@ def worker(spec_path: str) -> int:
         if item.get("fault"):
             del os.environ["VIDEO_DIT_FAULT"]
         out = job.out_dir
-        res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0}
+        res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0,
+               "image_encode_calls_at_start": image_calls.n - image0}
         base = getattr(trainer.module.blocks[0].ffn[0], "base_layer", None)
         res["quantized"] = type(base).__name__ if base is not None else None
         res["dtype"] = str(trainer.dtype)  # the compute dtype the trainer chose
@@ -258,7 +262,8 @@ def worker(spec_path: str) -> int:
         opt = trainer.engine.optimizer  # DeepSpeed's ZeRO optimizer: what it actually offloads
         res.update(offload_optimizer=bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
                    offload_param=bool(getattr(opt, "offload_param", False)))
-        res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0, step=trainer.step,
+        res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0,
+                   image_encode_calls=image_calls.n - image0, step=trainer.step,
                    scheduler_steps=trainer.scheduler.last_epoch, engine_global_steps=trainer.engine.global_steps,
                    engine_micro_steps=trainer.engine.micro_steps)
         (out / f"result_rank{trainer.rank}.json").write_text(json.dumps(res))

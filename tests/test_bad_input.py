@@ -290,3 +290,56 @@ def test_bad_media_are_skipped_named_and_counted(tmp_path, monkeypatch, capsys):
     assert sorted(Path(it.path).name for it in scan.items) == ["good.mp4", "good.png", "good2.mp4"]
     summary = capsys.readouterr().out
     assert f"3 items in 2 buckets, {len(bad)} files skipped" in summary and "huge resolution" in summary
+
+
+# ---------------------------------------------------------------- Wan 2.1 I2V / FLF2V (CLIP image branch)
+
+@pytest.fixture()
+def clip_job(good_job, tmp_path) -> dict:
+    """A valid job on the tiny Wan 2.1 I2V-style preset (concat + CLIP): video-less stills are enough here."""
+    job = _set(good_job, "model.name_or_path", "preset:tiny-clip-i2v")
+    return _set(job, "datasets[0].do_i2v", True)
+
+
+def _corrupt_png(tmp_path) -> str:
+    path = tmp_path / "corrupt_first.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    return str(path)
+
+
+def _wrong_width_clip(tmp_path) -> str:
+    from safetensors.torch import save_file
+
+    from video_dit.models.image_encoder import ImageEncoderConfig, build_clip_vision
+
+    model = build_clip_vision(ImageEncoderConfig(hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2,
+                                                 image_size=32, patch_size=8))
+    path = tmp_path / "clip_vision_l.safetensors"
+    save_file({f"vision_model.{k}": v.contiguous() for k, v in model.state_dict().items()
+               if not k.endswith("position_ids")}, str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("changes, key, accepted", [
+    ({"sample.samples[0].ctrl_img": "CORRUPT"}, "sample.samples[0].ctrl_img", "cannot be read as an image"),
+    ({"model.image_encoder_path": "WRONG_WIDTH"}, "model.image_encoder_path",
+     "of width 48 with 17 tokens per image; preset 'tiny-clip-i2v''s image branch reads width 32 x 17 tokens"),
+    ({"datasets[0].do_flf2v": True}, "datasets[0].do_flf2v", "cannot take a last frame"),
+    ({"datasets[0].do_i2v": False}, "datasets[0].do_i2v", "image-to-video model with the CLIP image branch: every "
+                                                          "dataset needs do_i2v: true"),
+    ({"model.name_or_path": "preset:tiny-clip-flf2v"}, "datasets[0].do_flf2v", "its datasets need do_flf2v: true"),
+    ({"model.name_or_path": "preset:tiny-clip-flf2v", "datasets[0].do_flf2v": True}, "sample.samples[0].ctrl_img_2",
+     "every preview needs the last frame as ctrl_img_2"),
+    ({"sample.samples[0].ctrl_img_2": "GOOD"}, "sample.samples[0].ctrl_img_2", "takes one image"),
+])
+def test_wan21_image_to_video_bad_input_exits_2(clip_job, tmp_path, capsys, changes, key, accepted):
+    assert _validate(tmp_path, clip_job, capsys)[0] == 0
+    job = clip_job
+    for k, v in changes.items():
+        v = {"CORRUPT": _corrupt_png(tmp_path), "WRONG_WIDTH": _wrong_width_clip(tmp_path),
+             "GOOD": str(tmp_path / "data/a.png")}.get(v, v) if isinstance(v, str) else v
+        job = _set(job, k, v)
+    rc, err = _validate(tmp_path, job, capsys)
+    assert rc == 2, err
+    line = err.strip().splitlines()[-1]
+    assert f"{PROCESS}.{key}" in line and accepted in line, line

@@ -61,7 +61,9 @@ class DatasetConfig:
     accepted), `buckets` (true: aspect buckets; false: every item center-cropped to one square
     bucket of side `resolution`), `shuffle_tokens` (false only: text embeds are cached per caption,
     so comma-separated tags cannot be reshuffled per step).
-    Ours: `short_clip` (`skip` or `stretch` a clip shorter than `num_frames`), `cache_dir` (where
+    Ours: `do_flf2v` (with `do_i2v`: condition on the last frame of the selected clip too, Wan 2.1
+    FLF2V's first-last-frame; its mask + VAE latents and, for a CLIP model, both frames' features are
+    cached), `short_clip` (`skip` or `stretch` a clip shorter than `num_frames`), `cache_dir` (where
     `_latent_cache/` and `_text_cache/` go; default: inside `folder_path`), `num_workers`
     (DataLoader worker processes the trainer uses to read cached tensors), `validation_split` (a
     share of the folder's files, chosen by `train.seed`, held out for `train.validation_config` and
@@ -75,6 +77,7 @@ class DatasetConfig:
     shrink_video_to_frames: bool = True
     fps: int = 24
     do_i2v: bool = False
+    do_flf2v: bool = False
     resolution: list[int] | int = field(default_factory=lambda: [512])
     cache_latents_to_disk: bool = True
     cache_text_embeddings: bool = True

@@ -339,8 +339,12 @@ def _dit_config_from_json(path: Path, shapes: dict[str, tuple]):
             raise WeightsError(f"{path}: image_dim={image_dim}, added_kv_proj_dim={added_kv}, pos_embed_seq_len="
                                f"{pos_len}: not a Wan layout; accepted: all None (t2v, Wan 2.2), or image_dim set "
                                f"with added_kv_proj_dim={inner} (Wan 2.1 I2V) and pos_embed_seq_len even (FLF2V)")
-        image = dict(image_dim=image_dim, num_images=2 if pos_len else 1,
-                     image_tokens=pos_len // 2 if pos_len else CLIP_TOKENS)
+        tokens = pos_len // 2 if pos_len else CLIP_TOKENS
+        clip_json = path.parent.parent / "image_encoder" / "config.json"  # a pipeline folder's CLIP, beside transformer/
+        if image_dim is not None and not pos_len and clip_json.is_file():
+            clip = json.loads(clip_json.read_text())
+            tokens = (clip.get("image_size", 224) // clip.get("patch_size", 14)) ** 2 + 1
+        image = dict(image_dim=image_dim, num_images=2 if pos_len else 1, image_tokens=tokens)
         return DiTConfig(patch_size=tuple(d["patch_size"]), in_dim=d["in_channels"],
                          out_dim=d["out_channels"] or d["in_channels"],
                          dim=inner, ffn_dim=d["ffn_dim"],
@@ -677,11 +681,13 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
                 proc = json.loads(processor.read_text())
                 mean, std = tuple(proc.get("image_mean", mean)), tuple(proc.get("image_std", std))
         else:
-            sd = read_state_dict(path)
+            weights = open_weights(path)  # headers first: Wan's .pth also holds the text tower, never read
             try:
-                layout = clip_vision_key_layout(sd)
+                layout = clip_vision_key_layout(weights.meta())
             except ValueError as exc:
                 raise WeightsError(f"{path}: {exc}") from exc
+            vision = [k for k in weights.keys() if k.startswith("visual.")] if layout == "wan" else list(weights.keys())
+            sd = weights.read(vision)
             sd = clip_vision_from_wan(sd) if layout == "wan" else clip_vision_from_transformers(sd)
             config = _clip_config_from_shapes(sd, f"{path} ({layout} layout)")
             check_state_dict(build_clip_vision(config, device="meta"), sd, f"{path} ({layout} layout)")
@@ -699,3 +705,43 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
         quanto.quantize(encoder.model, weights=getattr(quanto, quantize))
         quanto.freeze(encoder.model)
     return encoder
+
+
+def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
+    """(feature width, tokens per image) of an image-encoder source, read from its config.json or the
+    tensor headers only (no weights are loaded): for checks before any rank starts."""
+    import math
+
+    from video_dit.models.convert import clip_vision_from_transformers, clip_vision_from_wan, clip_vision_key_layout
+
+    src = str(source)
+    if src.startswith("preset:"):
+        from video_dit.models.presets import get_preset
+
+        config = get_preset(src[len("preset:"):]).image_encoder
+        if config is None:
+            raise WeightsError(f"{src}: this preset has no CLIP image encoder")
+        return config.hidden_size, config.tokens
+    path = Path(src)
+    if not path.exists():
+        raise WeightsError(f"{path}: no such file or folder; {IMAGE_ENCODER_DOWNLOAD}")
+    if path.is_dir():
+        cfg_json = (path / "image_encoder" if (path / "image_encoder").is_dir() else path) / "config.json"
+        if not cfg_json.is_file():
+            raise WeightsError(f"{path}: expected a folder holding image_encoder/config.json; {IMAGE_ENCODER_DOWNLOAD}")
+        c = json.loads(cfg_json.read_text())
+        c = c.get("vision_config", c)  # a full CLIPConfig nests the vision part
+        return int(c["hidden_size"]), (int(c["image_size"]) // int(c["patch_size"])) ** 2 + 1
+    meta = open_weights(path).meta()  # headers only (a zip .pth is memory-mapped)
+    try:
+        layout = clip_vision_key_layout(meta)
+    except ValueError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+    sd = clip_vision_from_wan(meta) if layout == "wan" else clip_vision_from_transformers(meta)
+    try:
+        width = sd["embeddings.patch_embedding.weight"].shape[0]
+        positions = sd["embeddings.position_embedding.weight"].shape[0]
+    except KeyError as exc:
+        raise WeightsError(f"{path}: not a CLIP vision model: key {exc} missing") from exc
+    side = math.isqrt(positions - 1)
+    return int(width), side * side + 1

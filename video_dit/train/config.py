@@ -45,13 +45,16 @@ IGNORED = {
 
 @dataclass
 class NetworkConfig:
-    """`network`: LoRA on the blocks' self/cross-attention q, k, v, o and FFN Linears."""
+    """`network`: LoRA on the blocks' self/cross-attention q, k, v, o and FFN Linears (and the image
+    branch's k_img / v_img of a Wan 2.1 I2V / FLF2V model). Ours: `include_img_emb` also adapts the
+    image-embedding MLP's two Linears (img_emb.proj.1 / .3)."""
 
     type: Literal["lora"] = "lora"
     linear: int = 16             # rank
     linear_alpha: float | None = None  # None: = rank (scale 1)
     dropout: float = 0.0
     transformer_only: bool = True  # ignored (always the transformer blocks)
+    include_img_emb: bool = False
 
     def validate(self, path: str) -> None:
         if self.linear <= 0:
@@ -236,7 +239,8 @@ class TrainConfig:
 
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
 # video_dit/integrations/ai_toolkit/model.py `ModelKwargs`); each is also accepted as `model.<key>`.
-MODEL_KWARGS = ("preset", "i2v_mode", "attention_backend", "mask_first_frame_loss")
+MODEL_KWARGS = ("preset", "i2v_mode", "attention_backend", "mask_first_frame_loss", "image_encoder_path",
+                "quantize_image_encoder")
 
 
 @dataclass
@@ -247,7 +251,11 @@ class ModelConfig:
     `name_or_path`), `tokenizer_path`, `seed` (of random inits). `mask_first_frame_loss` (ours; put it in
     `model_kwargs` in a job shared with ai-toolkit, whose arch reads it there): None = latent frame 0 is
     out of the loss in i2v replace mode and in it in concat mode (diffusion/conditioning.py says why);
-    true masks it in either mode; false is concat only."""
+    true masks it in either mode; false is concat only. `image_encoder_path` (ours, also in
+    `model_kwargs`): the CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (a folder with
+    image_encoder/ + image_processor/, ComfyUI's clip_vision_h.safetensors or Wan's
+    models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth; default: `image_encoder/` next to
+    `name_or_path`, or the tiny presets' random one); `quantize_image_encoder` (qfloat8 weights)."""
 
     arch: Literal["video_dit"] = "video_dit"
     name_or_path: str = "preset:tiny"
@@ -263,6 +271,8 @@ class ModelConfig:
     text_encoder_path: str | None = None
     te_name_or_path: str | None = None  # ai-toolkit's name for text_encoder_path (one file, both tools)
     tokenizer_path: str | None = None
+    image_encoder_path: str | None = None
+    quantize_image_encoder: bool | None = None  # None: false
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
     model_kwargs: dict | None = None  # ai-toolkit key; the MODEL_KWARGS keys may sit here (the arch reads them)
@@ -320,8 +330,10 @@ def _no_negative(value, path: str):
 @dataclass
 class SampleItem:
     """One preview. ai-toolkit's per-sample keys are accepted at the values our previews honour:
-    `ctrl_img_1` is `ctrl_img` (one first frame), `ctrl_img_2` / `ctrl_img_3` none, `ctrl_idx` 0,
-    `network_multiplier` 1 (the LoRA as trained), `do_cfg_norm` false; `neg: false` is no negative."""
+    `ctrl_img_1` is `ctrl_img` (the first frame), `ctrl_img_2` (ai-toolkit's second control image) the
+    last frame of a first-last-frame model (Wan 2.1 FLF2V; refused for others at validation),
+    `ctrl_img_3` none, `ctrl_idx` 0, `network_multiplier` 1 (the LoRA as trained), `do_cfg_norm` false;
+    `neg: false` is no negative."""
 
     prompt: str
     ctrl_img: str | None = None
@@ -346,8 +358,8 @@ class SampleItem:
             if self.ctrl_img not in (None, self.ctrl_img_1):
                 raise ConfigError(f"{path}.ctrl_img_1", "differs from ctrl_img; give the first frame once")
             self.ctrl_img = self.ctrl_img_1
-        for key, default, why in (("ctrl_img_2", None, "previews take one first frame (ctrl_img)"),
-                                  ("ctrl_img_3", None, "previews take one first frame (ctrl_img)"),
+        for key, default, why in (("ctrl_img_3", None, "previews take a first frame (ctrl_img) and, for a "
+                                                       "first-last-frame model, a last frame (ctrl_img_2)"),
                                   ("ctrl_idx", 0, "previews take one first frame (ctrl_img)"),
                                   ("network_multiplier", 1.0, "previews apply the LoRA as trained"),
                                   ("do_cfg_norm", False, "previews use plain classifier-free guidance")):
@@ -531,9 +543,36 @@ class ProcessConfig:
                               "false needs i2v_mode 'concat': in replace mode latent frame 0 is overwritten by the "
                               "clean first frame, so its prediction has no target to learn; accepted here: true "
                               "(or leave it unset)")
-        if preset.dit.in_dim != preset.dit.out_dim and not all(d.do_i2v for d in self.datasets):
-            raise ConfigError(f"{path}.datasets", f"preset {preset.name!r} is an image-to-video model: every "
-                                                  "dataset needs do_i2v: true")
+        for i, d in enumerate(self.datasets):
+            if preset.dit.in_dim != preset.dit.out_dim and not d.do_i2v:
+                kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
+                raise ConfigError(f"{path}.datasets[{i}].do_i2v", f"preset {preset.name!r} is an image-to-video "
+                                                                  f"model{kind}: every dataset needs do_i2v: true")
+            if d.do_flf2v and not d.do_i2v:
+                raise ConfigError(f"{path}.datasets[{i}].do_flf2v", "first-last-frame conditioning is image-to-video "
+                                                                    "too: it needs do_i2v: true")
+        flf2v = [d.do_flf2v for d in self.datasets if d.do_i2v]
+        if any(flf2v) and not all(flf2v):
+            i = next(i for i, d in enumerate(self.datasets) if d.do_i2v and not d.do_flf2v)
+            raise ConfigError(f"{path}.datasets[{i}].do_flf2v", "the do_i2v datasets of one job must agree on "
+                                                                "do_flf2v (the conditioning is one per job); accepted: true")
+        if any(flf2v) and (i2v != "concat" or preset.dit.image_dim is not None and preset.dit.num_images != 2):
+            i = flf2v.index(True)
+            raise ConfigError(f"{path}.datasets[{i}].do_flf2v",
+                              f"preset {preset.name!r} cannot take a last frame: first-last-frame needs a concat "
+                              "model whose CLIP image branch, if it has one, reads two images (img_emb.emb_pos, "
+                              "Wan 2.1 FLF2V); accepted: do_flf2v false, or preset wan2.1-flf2v-14b-720p / "
+                              "tiny-clip-flf2v (or a concat model without an image branch, Wan 2.2 I2V)")
+        if preset.dit.num_images == 2 and preset.dit.image_dim is not None and not any(flf2v):
+            raise ConfigError(f"{path}.datasets[0].do_flf2v", f"preset {preset.name!r} is first-last-frame (its "
+                                                              "image branch reads the first and the last frame): "
+                                                              "its datasets need do_flf2v: true")
+        if self.network is not None and self.network.include_img_emb and preset.dit.image_dim is None:
+            raise ConfigError(f"{path}.network.include_img_emb", f"preset {preset.name!r} has no CLIP image branch "
+                                                                 "(img_emb); accepted: false")
+        if self.model.quantize_image_encoder and preset.image_encoder is None:
+            raise ConfigError(f"{path}.model.quantize_image_encoder", f"preset {preset.name!r} has no CLIP image "
+                                                                      "encoder; accepted: false (or leave it unset)")
         split = [i for i, d in enumerate(self.datasets) if d.validation_split > 0]
         if split and self.train.validation_config is None:
             raise ConfigError(f"{path}.datasets[{split[0]}].validation_split", "holds items out for "
@@ -551,6 +590,11 @@ class ProcessConfig:
         from video_dit.models.presets import get_preset
 
         return self.model.i2v_mode or get_preset(self.model.preset).i2v_mode or "replace"
+
+    @property
+    def flf2v(self) -> bool:
+        """First-last-frame conditioning (its do_i2v datasets say `do_flf2v: true`; they agree)."""
+        return any(d.do_i2v and d.do_flf2v for d in self.datasets)
 
 
 @dataclass

@@ -3,7 +3,9 @@
 
 Prompts are encoded once at start-up (`encode_prompts`), so the text encoder can be freed; each
 preview's sampling settings are resolved then too (job keys, else the model folder's scheduler config,
-else the preset's defaults) and the trainer logs them (`describe`).
+else the preset's defaults) and the trainer logs them (`describe`). So are the control images' CLIP
+features for a Wan 2.1 I2V / FLF2V model (`encode_preview_images`: ctrl_img, and ctrl_img_2 as the
+last frame): CLIP runs once per preview image and the image encoder is freed too.
 Under ZeRO-3 the DiT's parameters are partitioned: every rank runs the same sampling loop and
 DeepSpeed's module hooks gather each block's parameters just before it runs and release them
 after (one block at a time), so all ranks take part and only rank 0 writes files. Under ZeRO 0-2
@@ -36,6 +38,8 @@ class PreviewJob:
     width: int
     height: int
     fps: int
+    ctrl_img_2: str | None = None        # the last frame (first-last-frame models)
+    clip_features: torch.Tensor | None = None  # (1, Li, C) of ctrl_img [| ctrl_img_2], CPU
 
 
 # `sample.sampler` names that pick a solver; any other (ai-toolkit's "ddpm", "lms", ...) leaves the default
@@ -85,7 +89,7 @@ def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> lis
             index=i, prompt=s.prompt, embeds=embeds[0].float().cpu(),
             negative=embeds[1].float().cpu() if guided else None, ctrl_img=s.ctrl_img, seed=seed,
             settings=settings, num_frames=s.num_frames or sample_cfg.num_frames, width=s.width or sample_cfg.width,
-            height=s.height or sample_cfg.height, fps=s.fps or sample_cfg.fps))
+            height=s.height or sample_cfg.height, fps=s.fps or sample_cfg.fps, ctrl_img_2=s.ctrl_img_2))
     return jobs
 
 
@@ -97,6 +101,27 @@ def describe(jobs: list[PreviewJob]) -> list[str]:
     if len(lines) == 1:
         return [f"previews {next(iter(lines))}"]
     return [f"previews {', '.join(map(str, idx))}: {line}" for line, idx in lines.items()]
+
+
+def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
+    """Each job's CLIP features (`clip_features`, on CPU) from its control images, when the model has
+    a CLIP image branch (`image_encoder` not None). An image that cannot be read leaves them None: that
+    preview then fails at render time with the file named, and training goes on."""
+    from video_dit.media import MediaError, load_image
+    from video_dit.pipeline import image_features
+
+    if image_encoder is None:
+        return
+    for job in jobs:
+        if job.ctrl_img is None:
+            continue
+        try:
+            first = load_image(job.ctrl_img)
+            last = load_image(job.ctrl_img_2) if job.ctrl_img_2 else None
+        except MediaError as exc:
+            log(f"preview {job.index}: {exc}; its CLIP features are not computed")
+            continue
+        job.clip_features = image_features(image_encoder, first, last).cpu()
 
 
 def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_stage: int, i2v_mode: str,
@@ -118,6 +143,7 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
             path = Path(out_dir) / "samples" / f"{step:09d}_{job.index}.mp4"
             try:
                 first = load_image(job.ctrl_img) if job.ctrl_img else None
+                last = load_image(job.ctrl_img_2) if job.ctrl_img_2 else None
                 if first is None and pipe.i2v_mode == "concat":
                     raise ValueError(f"sample {job.index} has no ctrl_img, but this model is image-to-video")
                 gen = torch.Generator("cpu").manual_seed(job.seed)
@@ -126,7 +152,9 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
                                        steps=st.steps, guidance_scale=st.guidance, shift=st.shift, solver=st.solver,
-                                       grid=st.grid, generator=gen, first_frame=first)
+                                       grid=st.grid, generator=gen, first_frame=first, last_frame=last,
+                                       image_embeds=None if job.clip_features is None
+                                       else job.clip_features.to(param.device))
                 if rank == 0:
                     write_video(frames, path, fps=job.fps)
                     contact_sheet(frames).save(path.with_suffix(".png"))

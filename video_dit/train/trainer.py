@@ -56,11 +56,30 @@ def model_sources(process) -> tuple[str, str]:
     base = Path(m.name_or_path) if not m.name_or_path.startswith("preset:") else None
     vae = m.vae_path
     if vae is None:
-        vae = str(base) if base is not None and (base / "vae").is_dir() else f"preset:{m.preset}"
+        from video_dit.models.presets import get_preset
+
+        vae = str(base) if base is not None and (base / "vae").is_dir() else f"preset:{get_preset(m.preset).vae_name}"
     te = m.text_encoder_path
     if te is None:
         te = str(base) if base is not None and (base / "text_encoder").is_dir() else f"preset:{m.preset}"
     return vae, te
+
+
+def image_encoder_source(process) -> str | None:
+    """The CLIP image encoder of a job whose preset has one (Wan 2.1 I2V / FLF2V), else None:
+    `model.image_encoder_path`, else the `image_encoder/` folder next to a weights folder (diffusers
+    layout), else the preset's own random init (only the tiny presets have one)."""
+    from video_dit.models.presets import get_preset
+
+    m = process.model
+    if get_preset(m.preset).image_encoder is None:
+        return None
+    if m.image_encoder_path is not None:
+        return m.image_encoder_path
+    base = Path(m.name_or_path) if not m.name_or_path.startswith("preset:") else None
+    if base is not None and (base / "image_encoder").is_dir():
+        return str(base)
+    return f"preset:{m.preset}"
 
 
 def load_vae_for(source: str, dtype, device):
@@ -71,16 +90,26 @@ def load_vae_for(source: str, dtype, device):
     return load_vae(source, dtype=dtype, device=device).eval().requires_grad_(False)
 
 
-def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype) -> tuple[str, str]:
+def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype, clip_src: str | None = None,
+                 image_encoder=None) -> tuple[str, str]:
     """(latent space, text space) of a job (`data.cache.latent_space` / `text_space`): everything that
     changes what the caches hold (preset, weights, encoder dtypes, the text encoder's quantization
-    and tokenizer, the i2v tensors stored). Equal strings reuse a cache; any difference recomputes it."""
-    from video_dit.data.cache import latent_space, text_space
+    and tokenizer, the i2v tensors stored: first-last frame, and the CLIP image encoder whose
+    features sit next to the latents). Equal strings reuse a cache; any difference recomputes it."""
+    from video_dit.data.cache import latent_space, source_identity, text_space
     from video_dit.models.loading import te_quantization
 
     m = process.model
     i2v = process.i2v_mode if any(d.do_i2v for d in process.datasets) else "none"
-    return (latent_space(preset.name, vae_src, vae_dtype, stores=f"i2v={i2v}"),
+    stores = f"i2v={i2v}"
+    if i2v != "none" and process.flf2v:
+        stores += "+last_frame"
+    if i2v != "none" and image_encoder is not None:
+        processor = Path(clip_src) / "image_processor"  # a diffusers folder's normalisation
+        stores += (f";clip={source_identity(clip_src, 'image_encoder')};clip_dtype={image_encoder.dtype};"
+                   f"clip_quant={bool(m.quantize_image_encoder)}"
+                   + (f";clip_processor={source_identity(processor)}" if processor.is_dir() else ""))
+    return (latent_space(preset.name, vae_src, vae_dtype, stores=stores),
             text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
 
@@ -117,19 +146,23 @@ class Trainer:
         self.sp_info = init_sequence_parallel(self.sp)
         self.dp_world, self.dp_rank = self.sp_info.dp_size, self.sp_info.dp_rank
 
-        # 1. frozen encoders, the caches, the preview prompts; then the text encoder is freed
+        # 1. frozen encoders, the caches, the preview prompts (and images); then the text and image
+        #    encoders are freed: training reads cached tensors only
         vae_src, te_src = model_sources(p)
         enc_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
         self.vae = load_vae_for(vae_src, enc_dtype, self.device)
         text_encoder = self._load_text_encoder(te_src, enc_dtype)
-        self._build_data(vae_src, te_src, text_encoder)
-        from video_dit.train.preview import describe, encode_prompts, job_scheduler
+        clip_src = image_encoder_source(p)
+        image_encoder = self._load_image_encoder(clip_src, enc_dtype) if clip_src is not None else None
+        self._build_data(vae_src, te_src, text_encoder, clip_src, image_encoder)
+        from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler
 
         self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
                          if self._sampling_enabled() else [])
+        encode_preview_images(self.previews, image_encoder, log=self.log)  # CLIP once per preview image
         for line in describe(self.previews):
             self.log(line)
-        del text_encoder
+        del text_encoder, image_encoder
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -143,9 +176,10 @@ class Trainer:
                         ds_config=eng.ds_config(job, self.world, self.dtype) if self.zero_stage == 3 else None)
         dit.set_attention_backend(p.model.attention_backend)
         if p.network is not None:
-            from video_dit.lora import add_lora
+            from video_dit.lora import add_lora, lora_targets
 
-            add_lora(dit, p.network.linear, p.network.alpha, dropout=p.network.dropout)
+            add_lora(dit, p.network.linear, p.network.alpha, dropout=p.network.dropout,
+                     targets=lora_targets(p.network.include_img_emb))
         else:
             dit.requires_grad_(True)
         if p.train.gradient_checkpointing:
@@ -213,7 +247,14 @@ class Trainer:
         return load_text_encoder(source, dtype=dtype, device=self.device, quantize=te_quantization(m),
                                  tokenizer=m.tokenizer_path)
 
-    def _build_data(self, vae_src: str, te_src: str, text_encoder) -> None:
+    def _load_image_encoder(self, source: str, dtype):
+        from video_dit.models.loading import load_image_encoder
+
+        quant = "qfloat8" if self.p.model.quantize_image_encoder else None
+        return load_image_encoder(source, dtype=dtype, device=self.device, quantize=quant)
+
+    def _build_data(self, vae_src: str, te_src: str, text_encoder, clip_src: str | None = None,
+                    image_encoder=None) -> None:
         from video_dit.data import BucketBatchSampler, CachedDataset, ScanResult, build_cache, collate, scan_datasets
         from video_dit.diffusion.conditioning import encode_conditioning
 
@@ -222,15 +263,17 @@ class Trainer:
 
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0)
         scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
+        flf2v = p.flf2v
         space, text_space = cache_spaces(p, self.preset, vae_src, te_src, next(self.vae.parameters()).dtype,
-                                         text_encoder.dtype)
+                                         text_encoder.dtype, clip_src, image_encoder)
         vae, mode = self.vae, self.i2v_mode
 
         def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
             video = video.to(self.device, vae.dtype if hasattr(vae, "dtype") else torch.float32)
             out = {"latents": vae.normalize(vae.encode(video).mode()).float()}
             if self.any_i2v:
-                out.update(encode_conditioning(vae, video, mode, video.shape[2]))
+                out.update(encode_conditioning(vae, video, mode, video.shape[2], image_encoder=image_encoder,
+                                               last_frame=video[:, :, -1] if flf2v else None))
             return out
 
         def text_fn(captions):
@@ -287,7 +330,8 @@ class Trainer:
         t, noise = t.to(self.device, torch.float32), noise.to(self.device, torch.float32)
         cond = active = None
         if self.conditioning is not None:
-            cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents") if k in batch}
+            cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents", "clip_features")
+                    if k in batch}
             # per sample: a t2v dataset mixed into an i2v job (replace mode) trains unconditioned
             # (a validation batch says it itself: its indices are the validation set's)
             active = batch["do_i2v"].to(self.device) if "do_i2v" in batch else torch.tensor(
@@ -496,13 +540,14 @@ def timestep_sampler(process, preset):
 
 def build_conditioning(process, dit_config):
     """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
-    patch, and `model.mask_first_frame_loss` (None: the mode's default)."""
+    patch, `model.mask_first_frame_loss` (None: the mode's default) and the datasets' `do_flf2v`."""
     from video_dit.diffusion.conditioning import FirstFrameConditioning
 
     if not any(d.do_i2v for d in process.datasets):
         return None
     return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
-                                  mask_first_frame_loss=process.model.mask_first_frame_loss)
+                                  mask_first_frame_loss=process.model.mask_first_frame_loss,
+                                  last_frame=process.flf2v)
 
 
 def run(job, resume: str | None = None) -> int:

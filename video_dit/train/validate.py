@@ -79,11 +79,12 @@ def check_paths(job) -> None:
             raise ConfigError(f"{PROCESS}.model.text_encoder_path",
                               f"preset {preset.name!r} needs the umT5 text encoder: set text_encoder_path to a "
                               "folder holding text_encoder/ and tokenizer/ (or put them next to name_or_path)")
-    if not preset.name == "tiny" and m.vae_path is None:
+    if preset.vae_name != "tiny" and m.vae_path is None:  # the tiny presets run on the random tiny VAE
         base = Path(m.name_or_path)
         if m.name_or_path.startswith("preset:") or not (base / "vae").is_dir():
             raise ConfigError(f"{PROCESS}.model.vae_path", f"preset {preset.name!r} needs its trained VAE: set "
                                                           "vae_path (a Wan VAE .pth/.safetensors or a vae/ folder)")
+    check_image_encoder(p, preset)
     if p.sample is not None and not p.train.disable_sampling:
         from video_dit.train.preview import job_scheduler
 
@@ -91,12 +92,23 @@ def check_paths(job) -> None:
             job_scheduler(p)  # a diffusers folder's scheduler config the previews would follow
         except ValueError as exc:
             raise ConfigError(f"{PROCESS}.model.name_or_path", str(exc)) from exc
+        flf2v = preset.dit.image_dim is not None and preset.dit.num_images == 2
         for i, s in enumerate(p.sample.samples):
-            if s.ctrl_img is not None and not Path(s.ctrl_img).is_file():
-                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img", f"{s.ctrl_img!r}: no such image file")
+            for key in ("ctrl_img", "ctrl_img_2"):
+                _check_image(getattr(s, key), f"{PROCESS}.sample.samples[{i}].{key}")
             if s.ctrl_img is None and preset.dit.in_dim != preset.dit.out_dim:
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
                                   f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
+            if flf2v and s.ctrl_img_2 is None:
+                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
+                                  f"preset {preset.name!r} is first-last-frame: every preview needs the last frame "
+                                  "as ctrl_img_2 (and the first as ctrl_img)")
+            if s.ctrl_img_2 is not None and (p.i2v_mode != "concat" or s.ctrl_img is None or (
+                    preset.dit.image_dim is not None and preset.dit.num_images != 2)):
+                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
+                                  f"a last frame (ctrl_img_2) needs ctrl_img and a first-last-frame model; preset "
+                                  f"{preset.name!r} takes {'one image' if p.i2v_mode == 'concat' else 'no last frame'}"
+                                  "; accepted: no ctrl_img_2, or preset wan2.1-flf2v-14b-720p / tiny-clip-flf2v")
     v = p.train.validation_config
     if v is not None and v.validation_items and not any(d.validation_split > 0 for d in p.datasets):
         found = [it for it in v.validation_items if it.image_path and Path(it.image_path).is_file()]
@@ -122,6 +134,50 @@ def check_paths(job) -> None:
         raise ConfigError(f"{PROCESS}.training_folder", f"{p.training_folder!r} is not writable (checked {probe})")
     if p.deepspeed.config is not None:
         p.deepspeed.extra()
+
+
+def _check_image(path: str | None, key: str) -> None:
+    """A preview's control image must exist and decode (`ConfigError` naming the key and the file)."""
+    if path is None:
+        return
+    from video_dit.media import MediaError, load_image
+
+    if not Path(path).is_file():
+        raise ConfigError(key, f"{path!r}: no such image file")
+    try:
+        load_image(path)
+    except MediaError as exc:
+        raise ConfigError(key, f"{path!r}: cannot be read as an image ({exc.reason}); accepted: a PNG, JPEG or "
+                               "WebP file") from exc
+
+
+def check_image_encoder(p, preset) -> None:
+    """A Wan 2.1 I2V / FLF2V job's CLIP image encoder: it exists and its features are what the DiT's
+    image branch reads (width, tokens per image), from its config / headers only."""
+    from video_dit.models.loading import WeightsError, image_encoder_shape
+    from video_dit.train.trainer import image_encoder_source
+
+    if p.model.image_encoder_path is not None and preset.image_encoder is None:
+        raise ConfigError(f"{PROCESS}.model.image_encoder_path", f"preset {preset.name!r} has no CLIP image branch; "
+                                                                "remove image_encoder_path")
+    source = image_encoder_source(p)
+    if source is None:
+        return
+    key = f"{PROCESS}.model.image_encoder_path"
+    if source.startswith("preset:") and preset.image_encoder.hidden_size == 1280:
+        raise ConfigError(key, f"preset {preset.name!r} needs Wan's CLIP ViT-H/14 (never random here): set "
+                               "image_encoder_path to clip_vision_h.safetensors (ComfyUI), models_clip_open-clip-"
+                               "xlm-roberta-large-vit-huge-14.pth (Wan) or a folder with image_encoder/ + "
+                               "image_processor/ (diffusers), or put image_encoder/ next to name_or_path")
+    try:
+        width, tokens = image_encoder_shape(source)
+    except WeightsError as exc:
+        raise ConfigError(key, str(exc)) from exc
+    want = (preset.dit.image_dim, preset.dit.image_tokens)
+    if (width, tokens) != want:
+        raise ConfigError(key, f"{source}: a CLIP image encoder of width {width} with {tokens} tokens per image; "
+                               f"preset {preset.name!r}'s image branch reads width {want[0]} x {want[1]} tokens "
+                               f"(accepted: {'ViT-H/14 at 224 px' if want[0] == 1280 else 'the preset image encoder'})")
 
 
 def validate_file(path: str, do_prepare: bool = False, log=print):
