@@ -425,3 +425,52 @@ def test_full_fine_tune_save_reloads_alone(aitk, sd, tmp_path):
     with torch.no_grad():
         assert torch.allclose(again.model(x, t, ctx), sd.model(x, t, ctx), atol=1e-6)
     assert again.sources == sd.sources
+
+
+def test_wan21_flf2v_clip_model_through_ai_toolkit(aitk, tmp_path):
+    """A Wan 2.1 FLF2V-layout preset (concat + CLIP image branch, first and last frame): the training
+    prediction is the DiT on [noisy | mask(first, last) | VAE(first, zeros, last)] with the CLIP
+    features of batch.tensor's first and last frames, built here from the parts by hand; a preview
+    takes ctrl_img and ctrl_img_2 (the last frame; that it conditions the video is checked against
+    diffusers in tests/test_sampling_reference.py)."""
+    from PIL import Image
+    from toolkit.config_modules import GenerateImageConfig
+
+    from video_dit.diffusion.conditioning import pack_frame_mask
+
+    model = build(aitk, name_or_path="preset:tiny-clip-flf2v")
+    model.load_model()
+    helpers.randomize_head(model.model)
+    assert model.image_encoder is not None and model.conditioning.last_frame
+    batch = video_batch(do_i2v=True)
+    batch.latents = model.encode_images(batch.tensor)
+    embeds = model.get_prompt_embeds(["a red square moving right", "a blue circle"])
+    t = torch.tensor([300.0, 800.0])
+    noisy = add_noise(batch.latents, torch.randn_like(batch.latents), t)
+    pred = model.predict_noise(noisy, text_embeddings=embeds, timestep=t, batch=batch)
+    frames = batch.tensor.permute(0, 2, 1, 3, 4)  # (B, 3, T, H, W)
+    with torch.no_grad():
+        video = torch.cat([frames[:, :, :1], torch.zeros_like(frames[:, :, 1:-1]), frames[:, :, -1:]], dim=2)
+        cond_latents = model.vae.normalize(model.vae.encode(video).mode())
+        frame_mask = torch.zeros(B, T, H // 8, W // 8)
+        frame_mask[:, 0] = frame_mask[:, -1] = 1
+        clip = torch.cat([model.image_encoder.encode(frames[:, :, 0]), model.image_encoder.encode(frames[:, :, -1])], 1)
+        by_hand = model.model(torch.cat([noisy, pack_frame_mask(frame_mask), cond_latents], dim=1), t,
+                              embeds.text_embeds, clip_fea=clip)
+    assert clip.shape == (B, 34, 32)
+    torch.testing.assert_close(pred, by_hand, rtol=1e-5, atol=1e-5)
+
+    first, last = tmp_path / "first.png", tmp_path / "last.png"
+    Image.new("RGB", (64, 64), (200, 30, 30)).save(first)
+    Image.new("RGB", (64, 64), (30, 30, 200)).save(last)
+    gen_config = GenerateImageConfig(prompt="a square", width=64, height=64, num_inference_steps=2,
+                                     guidance_scale=2.0, seed=3, ctrl_img=str(first), ctrl_img_2=str(last),
+                                     num_frames=5, fps=8, output_folder=str(tmp_path / "samples"))
+    cond, uncond = model.get_prompt_embeds([gen_config.prompt]), model.get_prompt_embeds([""])
+    frames = model.generate_single_image(model.get_generation_pipeline(), gen_config, cond, uncond,
+                                         torch.manual_seed(3), {})
+    assert len(frames) == 5 and frames[0].size == (64, 64)
+    gen_config.ctrl_img_2 = None
+    with pytest.raises(ValueError, match="first-last-frame"):  # an FLF2V preview needs its last frame
+        model.generate_single_image(model.get_generation_pipeline(), gen_config, cond, uncond,
+                                    torch.manual_seed(3), {})

@@ -78,12 +78,17 @@ class ModelKwargs:
         the preset's, else "replace" for a t2v DiT. attention_backend: "native" (SDPA) or "flash".
     mask_first_frame_loss: None = latent frame 0 out of the loss in replace mode, in it in concat
         mode; true masks it in either; false is concat only (the key our DeepSpeed trainer reads too).
+    image_encoder_path: the CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (default: the weights
+        folder's image_encoder/, or a tiny preset's random one); quantize_image_encoder: qfloat8 weights.
+        Both keys are our DeepSpeed trainer's too (ai-toolkit's ModelConfig would drop them elsewhere).
     """
 
     preset: str | None = None
     i2v_mode: Literal["replace", "concat"] | None = None
     attention_backend: Literal["native", "flash"] = "native"
     mask_first_frame_loss: bool | None = None
+    image_encoder_path: str | None = None
+    quantize_image_encoder: bool | None = None
 
     def validate(self, path: str) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -158,8 +163,7 @@ def resolve_i2v_mode(preset: Preset, requested: str | None) -> str:
 PREVIEW_IGNORED = (("guidance_rescale", 0.0, "plain classifier-free guidance"),
                    ("do_cfg_norm", False, "plain classifier-free guidance"),
                    ("ctrl_idx", 0, "one first frame: ctrl_img"),
-                   ("ctrl_img_2", None, "one first frame: ctrl_img"),
-                   ("ctrl_img_3", None, "one first frame: ctrl_img"))
+                   ("ctrl_img_3", None, "one first frame: ctrl_img (and ctrl_img_2, the last frame)"))
 
 
 def _prompt_text(prompt) -> str:
@@ -220,9 +224,13 @@ class VideoDiTModel(BaseModel):
         self.i2v_mode = resolve_i2v_mode(preset, self.options.i2v_mode or preset.i2v_mode)
         # the object our DeepSpeed trainer and pipeline use: per-token t = 0 on the clean first frame in
         # replace mode, one t per sample in concat; the loss mask by `mask_first_frame_loss`
+        # a first-last-frame DiT (Wan 2.1 FLF2V: two images in its CLIP branch) is conditioned on the last
+        # frame of every clip too (ai-toolkit's dataset config has no such key, so the model decides)
+        self.last_frame = preset.dit.image_dim is not None and preset.dit.num_images == 2
         try:
             self.conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(preset.dit.patch_size),
-                                                       mask_first_frame_loss=self.options.mask_first_frame_loss)
+                                                       mask_first_frame_loss=self.options.mask_first_frame_loss,
+                                                       last_frame=self.last_frame)
         except ValueError as exc:
             raise ConfigError("model.model_kwargs.mask_first_frame_loss", str(exc)) from exc
 
@@ -285,9 +293,22 @@ class VideoDiTModel(BaseModel):
                                        f"{self.preset.name} {'VAE' if sub == 'vae' else 'text encoder'} weights")
         return tuple(out)
 
+    def _image_encoder_source(self) -> str | None:
+        """The CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (None for other presets):
+        `model_kwargs.image_encoder_path`, else `image_encoder/` in the weights folder, else the tiny
+        presets' random one."""
+        if self.preset.image_encoder is None:
+            return None
+        name = self.model_config.name_or_path
+        if self.options.image_encoder_path:
+            return self.options.image_encoder_path
+        if not name.startswith("preset:") and os.path.isdir(os.path.join(name, "image_encoder")):
+            return name
+        return f"preset:{self.preset.name}"
+
     def load_model(self):
         from video_dit.data.cache import latent_space, text_space
-        from video_dit.models.loading import load_dit, load_text_encoder, load_vae, te_quantization
+        from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, te_quantization
 
         cfg = self.model_config
         dit_src, vae_src, te_src = self._sources()
@@ -310,10 +331,18 @@ class VideoDiTModel(BaseModel):
                                quantize=te_quantization(cfg))  # qfloat8 | qint8
         te.eval().requires_grad_(False)
 
+        self.image_encoder, clip_src = None, self._image_encoder_source()
+        if clip_src is not None:  # frozen, like the text encoder; features computed per batch from pixels
+            self.print_and_status_update(f"Loading video_dit CLIP image encoder from {clip_src}")
+            self.image_encoder = load_image_encoder(clip_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
+                                                    quantize="qfloat8" if self.options.quantize_image_encoder else None)
+
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = te.tokenizer
         self.sources = {"preset": self.preset.name, "vae": vae_src, "text_encoder": te_src}
+        if clip_src is not None:
+            self.sources["image_encoder"] = clip_src
         # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
         # everything that changes what they hold, as our trainer's caches do (data/cache.py)
         self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}." + latent_space(
@@ -378,7 +407,8 @@ class VideoDiTModel(BaseModel):
 
         ai-toolkit gives the first frame as `batch.first_frame_latents` (cached latents + do_i2v) or as
         pixels in `batch.tensor[:, 0]`; image items (one latent frame) train unconditioned, since
-        conditioning their only frame would leave nothing to learn.
+        conditioning their only frame would leave nothing to learn. A CLIP-branch DiT (Wan 2.1 I2V /
+        FLF2V) also gets the CLIP features of `batch.tensor[:, 0]` (and of `[:, -1]`, the last frame).
         """
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
             if self.i2v_mode == "concat":
@@ -391,13 +421,18 @@ class VideoDiTModel(BaseModel):
         else:
             frames = batch.tensor
             if frames is None or frames.ndim != 5:
-                need = ("VAE(first frame + zero frames), from pixels" if self.i2v_mode == "concat"
+                need = ("VAE(first frame + zero frames) and CLIP features, from pixels" if self.image_encoder
+                        else "VAE(first frame + zero frames), from pixels" if self.i2v_mode == "concat"
                         else "the first frame's latent or pixels")
                 raise ValueError(f"i2v_mode {self.i2v_mode!r} needs {need}, but this batch has neither "
                                  "first_frame_latents nor video pixels: set datasets[].cache_tensors_to_disk: true "
                                  "or load_image_when_caching_latents: true (or turn off cache_latents_to_disk)")
             _ensure_on(self.vae, self.vae_device_torch)
-            cond = encode_conditioning(self.vae, frames[:, 0].to(self.vae_device_torch), self.i2v_mode, num_frames)
+            if self.image_encoder is not None:
+                _ensure_on(self.image_encoder, self.te_device_torch)
+            last = frames[:, -1].to(self.vae_device_torch) if self.last_frame else None
+            cond = encode_conditioning(self.vae, frames[:, 0].to(self.vae_device_torch), self.i2v_mode, num_frames,
+                                       last_frame=last, image_encoder=self.image_encoder)
         cond = {k: v.to(x.device, torch.float32) for k, v in cond.items()}
         n = next(iter(cond.values())).shape[0]
         if n * 2 == B:  # predict_noise doubles the latents for CFG (uncond, cond)
@@ -430,10 +465,12 @@ class VideoDiTModel(BaseModel):
         context = [e.to(self.device_torch, self.torch_dtype) for e in te] if isinstance(te, (list, tuple)) \
             else te.to(self.device_torch, self.torch_dtype)
         cond = self._first_frame_condition(batch, x)
+        extra = {}
         if cond is not None:
             x, t, mask = self.conditioning.apply(x, t, cond)  # t: per token (B, L) in replace, (B,) in concat
             self._i2v_loss_mask = mask if self.conditioning.mask_first_frame_loss else None
-        return self.model(x, t, context)  # (B, C, F', h, w)
+            extra = self.conditioning.dit_kwargs(cond)  # the CLIP features of a Wan 2.1 I2V / FLF2V DiT
+        return self.model(x, t, context, **{k: v.to(self.torch_dtype) for k, v in extra.items()})  # (B, C, F', h, w)
 
     def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
         return velocity_target(batch.latents, noise).detach()
@@ -457,13 +494,15 @@ class VideoDiTModel(BaseModel):
     def get_generation_pipeline(self):
         from video_dit.pipeline import VideoPipeline
 
-        return VideoPipeline(self.model, self.vae, i2v_mode=self.i2v_mode, dit_config=self.preset.dit)
+        return VideoPipeline(self.model, self.vae, i2v_mode=self.i2v_mode, dit_config=self.preset.dit,
+                             image_encoder=getattr(self, "image_encoder", None))
 
     def generate_single_image(self, pipeline, gen_config, conditional_embeds, unconditional_embeds, generator,
                               extra):
         """One preview: a list of PIL frames (saved as MP4) or, for `num_frames: 1`, one PIL image.
 
-        `gen_config.ctrl_img` (a path) makes it image-to-video; ai-toolkit leaves opening it to us.
+        `gen_config.ctrl_img` (a path) makes it image-to-video; ai-toolkit leaves opening it to us;
+        `ctrl_img_2` (ai-toolkit's second control image) is the last frame of a first-last-frame model.
         num_frames is snapped to 4k + 1 and width/height to the bucket divisibility, in place.
         """
         if extra:
@@ -480,14 +519,26 @@ class VideoDiTModel(BaseModel):
             from video_dit.media import load_image
 
             first_frame = load_image(gen_config.ctrl_img)  # resized to cover W x H and centre-cropped
+        last_frame = None
+        if getattr(gen_config, "ctrl_img_2", None) is not None:
+            if self.last_frame:
+                from video_dit.media import load_image
+
+                last_frame = load_image(gen_config.ctrl_img_2)
+            else:
+                warnings.warn(f"video_dit previews ignore ctrl_img_2={gen_config.ctrl_img_2!r} (preset "
+                              f"{self.preset.name!r} takes one first frame: ctrl_img)", stacklevel=2)
         _ensure_on(self.model, self.device_torch)
         _ensure_on(self.vae, self.vae_device_torch)
+        if self.image_encoder is not None:
+            _ensure_on(self.image_encoder, self.te_device_torch)
         negative = unconditional_embeds.text_embeds if unconditional_embeds is not None else None
         frames = pipeline.generate(
             list(conditional_embeds.text_embeds), negative, num_frames=gen_config.num_frames,
             height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
             guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
-            first_frame=first_frame, i2v_mode=self.i2v_mode, solver=self.preset.sample_solver)[0]
+            first_frame=first_frame, i2v_mode=self.i2v_mode, solver=self.preset.sample_solver,
+            last_frame=last_frame)[0]
         if gen_config.num_frames == 1:
             return frames[0]
         # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does
