@@ -169,14 +169,17 @@ class ThreadSeqParallel:
         return self._all_gather(t, dim)
 
 
-@pytest.mark.parametrize("per_token", [False, True])
-def test_sequence_parallel_seam(per_token):
-    models = [tiny().eval(), tiny().eval()]  # one replica per "rank"
+@pytest.mark.parametrize("per_token, image", [(False, False), (True, False), (False, True)])
+def test_sequence_parallel_seam(per_token, image):
+    """image: the Wan 2.1 FLF2V image branch (its cross-attention stays local, the image tokens whole)."""
+    branch = dict(image_dim=IMAGE_DIM, image_tokens=IMAGE_TOKENS, num_images=2) if image else {}
+    models = [tiny(**branch).eval(), tiny(**branch).eval()]  # one replica per "rank"
     x, t, context = inputs(models[0])
+    extra = {"clip_fea": torch.randn(2, 2 * IMAGE_TOKENS, IMAGE_DIM)} if image else {}
     if per_token:
         t = torch.rand(2, 18) * 1000
     with torch.no_grad():
-        expected = models[0](x, t, context)
+        expected = models[0](x, t, context, **extra)
     shared = {"slots": [None, None], "barrier": threading.Barrier(2)}
     results, errors = [None, None], []
 
@@ -184,7 +187,7 @@ def test_sequence_parallel_seam(per_token):
         try:
             models[r].seq_parallel = ThreadSeqParallel(r, shared)
             with torch.no_grad():
-                results[r] = models[r](x, t, context)
+                results[r] = models[r](x, t, context, **extra)
         except Exception as exc:  # surfaced below, with the rank
             errors.append((r, exc))
             shared["barrier"].abort()
@@ -198,6 +201,22 @@ def test_sequence_parallel_seam(per_token):
     for r in range(2):
         assert models[r].seq_parallel.seen == [9, 9]  # each block attended over half of the 18 tokens
         assert (results[r] - expected).abs().max() < 1e-5
+
+
+def test_image_branch_gradients_under_checkpointing():
+    """Block checkpointing re-runs the image branch in backward: the same gradients, img_emb included."""
+    model = tiny(image_dim=IMAGE_DIM, image_tokens=IMAGE_TOKENS)
+    x, t, context = inputs(model)
+    clip = torch.randn(2, IMAGE_TOKENS, IMAGE_DIM)
+    grads = []
+    for checkpointing in (False, True):
+        model.enable_gradient_checkpointing() if checkpointing else model.disable_gradient_checkpointing()
+        model.zero_grad(set_to_none=True)
+        model(x, t, context, clip_fea=clip).square().mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert grads[0]["img_emb.proj.1.weight"].abs().sum() > 0 and grads[0]["blocks.1.cross_attn.k_img.weight"].abs().sum() > 0
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
 
 
 def test_gradient_checkpointing_same_grads_and_less_memory():
