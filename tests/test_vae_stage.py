@@ -30,10 +30,24 @@ def trained(demo, tmp_path_factory):
                                  lr=3e-3, threads=1, verbose=False)
 
 
-def test_reconstruction_loss_falls(trained):
-    first, last = sum(trained.losses[:5]) / 5, sum(trained.losses[-5:]) / 5
+def _recon_error(vae, clips: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float((vae.decode(vae.encode(clips).mode()) - clips).abs().mean())
+
+
+def test_reconstruction_loss_falls(trained, demo):
+    # The training losses are of random windows (one clip is all background, the next a shape), so
+    # first-vs-last steps is noise; measure instead the whole clips through the same-seed untrained
+    # VAE and through the trained one.
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+
     assert len(trained.losses) == 40
-    assert last < 0.6 * first, (first, last)
+    clips = torch.stack([c[:, :5] for c in _clips(demo)])                 # (4, 3, 5, 32, 32)
+    torch.manual_seed(0)
+    untrained = CausalVideoVAE(VAE_PRESETS["tiny"]).eval()
+    before, after = _recon_error(untrained, clips), _recon_error(trained.vae.eval(), clips)
+    assert after < 0.5 * before, (before, after)
 
 
 def test_saved_weights_load_and_round_trip(trained, demo):
