@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from video_dit.models.common import EncoderWrapper
+
 # OpenAI CLIP's normalisation, which Wan uses for ViT-H/14 (wan/modules/clip.py `_clip`).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -84,7 +86,7 @@ def _vision(model: nn.Module) -> nn.Module:
     return getattr(model, "vision_model", model)
 
 
-class ImageEncoder(nn.Module):
+class ImageEncoder(EncoderWrapper):
     """A frozen CLIP vision model: `encode(images) -> (N, tokens, hidden_size)` float32.
 
     model: a transformers `CLIPVisionModel` (possibly quantized); its last encoder block is removed
@@ -108,15 +110,6 @@ class ImageEncoder(nn.Module):
     @property
     def tokens(self) -> int:
         return (self.image_size // int(self.model.config.patch_size)) ** 2 + 1
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The activation dtype (a quantized model reports its non-quantized parameters' dtype)."""
-        return next(p for p in self.model.parameters() if p.is_floating_point()).dtype
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:
         """(N, 3, H, W) in [-1, 1] -> CLIP pixel values (N, 3, S, S) float32, S = image_size (Wan's

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from video_dit.models.common import EncoderWrapper
+
 
 @dataclass
 class TextEncoderConfig:
@@ -94,7 +96,7 @@ def clean_prompt(text: str) -> str:
     return re.sub(r"\s+", " ", html.unescape(html.unescape(text))).strip()
 
 
-class TextEncoder(nn.Module):
+class TextEncoder(EncoderWrapper):
     """A umT5 encoder and its tokenizer: `encode(prompts) -> [(Lt_i, D)]`.
 
     model: a transformers `UMT5EncoderModel` (possibly quantized); tokenizer: a transformers
@@ -109,15 +111,6 @@ class TextEncoder(nn.Module):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.text_len = text_len
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The activation dtype (a quantized model reports its non-quantized parameters' dtype)."""
-        return next(p for p in self.model.parameters() if p.is_floating_point()).dtype
 
     @property
     def dim(self) -> int:
