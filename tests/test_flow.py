@@ -241,6 +241,17 @@ class Nonlinear(torch.nn.Module):
         return torch.tanh(torch.einsum("bcfhw,cd->bdfhw", x, self.A)) * (1 + tt) + 0.3 * x
 
 
+def _diffusers_run(scheduler):
+    """(model, noise, the sample diffusers' `scheduler` reaches from noise with model's velocities)."""
+    model = Nonlinear()
+    noise = torch.randn(2, 6, 2, 4, 4, generator=torch.Generator().manual_seed(1))
+    ref = noise.clone()
+    with torch.no_grad():
+        for t in scheduler.timesteps:
+            ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
+    return model, noise, ref
+
+
 @pytest.mark.parametrize("steps,shift,order", [(1, 3.0, 2), (3, 5.0, 2), (12, 3.0, 2), (7, 3.0, 3)])
 def test_unipc_matches_diffusers(steps, shift, order):
     """Our UniPC steps against diffusers' scheduler on its own schedule, through `flow_sample` as the
@@ -252,12 +263,8 @@ def test_unipc_matches_diffusers(steps, shift, order):
     scheduler = diffusers.UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                                   flow_shift=shift, solver_order=order)
     scheduler.set_timesteps(steps)
-    model = Nonlinear()
-    noise = torch.randn(2, 6, 2, 4, 4, generator=torch.Generator().manual_seed(1))
-    ref = noise.clone()
+    model, noise, ref = _diffusers_run(scheduler)
     with torch.no_grad():
-        for t in scheduler.timesteps:
-            ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
         if order == 2:
             schedule = sampling_schedule(steps, shift, "unipc", "diffusers")
             out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, schedule)
@@ -273,12 +280,8 @@ def test_euler_matches_diffusers():
     diffusers = pytest.importorskip("diffusers")
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0)
     scheduler.set_timesteps(6)
-    model = Nonlinear()
-    noise = torch.randn(2, 6, 2, 4, 4, generator=torch.Generator().manual_seed(1))
-    ref = noise.clone()
+    model, noise, ref = _diffusers_run(scheduler)
     with torch.no_grad():
-        for t in scheduler.timesteps:
-            ref = scheduler.step(model(ref, t, None), t, ref).prev_sample
         out = flow_sample(model, noise, [torch.zeros(1, 8)] * 2, sampling_schedule(6, 5.0, "euler"))
     assert torch.equal(out, ref)  # the same float32 operations in the same order
 
