@@ -11,7 +11,8 @@ CONFIG="configs/demo_i2v_tiny.yaml"
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then CONFIG="$1"; shift; fi
 export PYTHONUNBUFFERED=1
 
-"$PY" -m video_dit.train.validate --prepare -- "$CONFIG" || exit $?
+# --plan: the memory plan of the ranks about to start (deepspeed.memory_check: refuse | warn | off)
+"$PY" -m video_dit.train.validate --prepare --plan -- "$CONFIG" "$@" || exit $?
 
 LAUNCH=()
 if [[ " $* " == *" --hostfile"* || " $* " == *" --num_gpus"* || " $* " == *" --include"* ]]; then

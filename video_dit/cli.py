@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-demo": ("video_dit.commands.check_demo", "check the demo's previews: shape, colour and motion as captioned"),
     "aitk-install": ("video_dit.commands.aitk_install", "register the video_dit arch in an ai-toolkit checkout"),
     "bench": ("video_dit.commands.bench", "benchmarks side by side with the reference implementation"),
+    "plan": ("video_dit.commands.plan", "per-rank memory of a job per bucket, before anything is loaded, and the settings that fit"),
 }
 
 

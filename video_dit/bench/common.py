@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
@@ -202,6 +203,36 @@ def run_json_subprocess(args: list[str], env: dict | None = None, what: str = "b
     if not lines:
         raise RuntimeError(f"{what} subprocess `{' '.join(args)}` printed nothing; stderr:\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1])
+
+
+def launch_ranks(module: str, spec: dict, world: int, workdir: Path, threads: int = 1) -> list[dict]:
+    """Run `python -m module --_rank SPEC` as `world` gloo ranks on this machine (CPU, `threads` each)
+    and return each rank's JSON, which the rank writes to `<spec["out"]>.rank<r>.json`. A failed
+    rank raises with the tail of its log."""
+    import os
+
+    from video_dit.train.engine import free_port
+
+    workdir = Path(workdir)
+    spec_path = workdir / f"spec_{int(time.time() * 1e6)}.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
+    procs = []
+    for r in range(world):
+        log = open(workdir / f"{spec_path.stem}_rank{r}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", module, "--_rank", str(spec_path)],
+                                       env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                       stdout=log, stderr=subprocess.STDOUT), log))
+    failed = []
+    for r, (proc, log) in enumerate(procs):
+        if proc.wait() != 0:
+            failed.append(r)
+        log.close()
+    if failed:
+        tail = (workdir / f"{spec_path.stem}_rank{failed[0]}.log").read_text()[-3000:]
+        raise RuntimeError(f"{module} rank(s) {failed} failed; rank {failed[0]} log tail:\n{tail}")
+    return [json.loads(Path(f"{spec['out']}.rank{r}.json").read_text()) for r in range(world)]
 
 
 def fmt_bytes(n: float) -> str:

@@ -62,6 +62,27 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
     return _build_partitioned(str(source), preset, dtype, seed, ds_config, config)
 
 
+def make_trainable(dit, process, sp_info=None):
+    """The trainer's fixed order after the build, in place: the attention backend; LoRA adapters
+    (peft, `network`) or the whole DiT trainable; block checkpointing; then sequence parallelism
+    (after checkpointing: the seam recomputes attention in backward only without it)."""
+    from video_dit.parallel.sequence import attach
+
+    dit.set_attention_backend(process.model.attention_backend)
+    if process.network is not None:
+        from video_dit.lora import add_lora, lora_targets
+
+        add_lora(dit, process.network.linear, process.network.alpha, dropout=process.network.dropout,
+                 targets=lora_targets(process.network.include_img_emb))
+    else:
+        dit.requires_grad_(True)
+    if process.train.gradient_checkpointing:
+        dit.enable_gradient_checkpointing()
+    if sp_info is not None:
+        attach(dit, sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
+    return dit
+
+
 def check_matches_preset(dit, preset, source: str) -> None:
     """`WeightsError` naming `source` and the first mismatching keys when `dit` (a model or a
     {name: tensor} mapping, meta tensors included) is not shaped like `preset`'s DiT (weights of

@@ -422,7 +422,9 @@ class SampleConfig:
 @dataclass
 class DeepSpeedConfig:
     """`deepspeed` (ours): ZeRO stage 0-3, optimizer/parameter offload to CPU, sequence-parallel
-    degree, the collective timeout, and `config`: a DeepSpeed JSON (dict or path) merged last."""
+    degree, the collective timeout, `config`: a DeepSpeed JSON (dict or path) merged last, and
+    `memory_check`: what `launch/train.sh` does when the memory plan (`video-dit plan`) predicts a
+    bucket will not fit, before any weights are loaded: refuse (exit 2), warn, or off."""
 
     zero_stage: int = 2
     offload_optimizer: bool = False
@@ -430,6 +432,7 @@ class DeepSpeedConfig:
     config: dict | str | None = None
     sequence_parallel_size: int = 1
     timeout_s: int = 1800
+    memory_check: Literal["refuse", "warn", "off"] = "refuse"
 
     def validate(self, path: str) -> None:
         if self.zero_stage not in (0, 1, 2, 3):

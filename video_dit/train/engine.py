@@ -62,21 +62,23 @@ def train_dtype(name: str) -> torch.dtype:
     return torch.float32
 
 
-def ds_config(job, world_size: int, dtype: torch.dtype) -> dict:
-    """The DeepSpeed JSON of a job; `deepspeed.config` (the user's JSON) is merged last."""
+def ds_config(job, world_size: int, dtype: torch.dtype, cuda: bool | None = None) -> dict:
+    """The DeepSpeed JSON of a job; `deepspeed.config` (the user's JSON) is merged last. `cuda`: the
+    JSON for GPU (True) or CPU (False) ranks rather than this machine's (the memory planner's)."""
+    gpu = on_gpu() if cuda is None else cuda
     p = job.process
     t, d = p.train, p.deepspeed
     sp = d.sequence_parallel_size
     dp = world_size // sp
     zero: dict = {"stage": d.zero_stage}
     if d.zero_stage >= 1:
-        zero.update(overlap_comm=on_gpu(), contiguous_gradients=True, reduce_bucket_size=int(5e7))
+        zero.update(overlap_comm=gpu, contiguous_gradients=True, reduce_bucket_size=int(5e7))
     if d.zero_stage == 3:
         zero.update(stage3_gather_16bit_weights_on_model_save=False, stage3_param_persistence_threshold=int(1e4))
     if d.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": on_gpu()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
     if d.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": on_gpu()}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
     cfg = {
         "train_micro_batch_size_per_gpu": t.batch_size,
         "gradient_accumulation_steps": t.gradient_accumulation,

@@ -169,24 +169,12 @@ class Trainer:
 
         # 2. the DiT (under ZeRO-3 built partitioned: no rank holds the whole model), its trainable
         # parameters, checkpointing
-        from video_dit.train.build import build_dit
+        from video_dit.train.build import build_dit, make_trainable
 
         dit = build_dit(p.model.name_or_path, self.preset, zero_stage=self.zero_stage, dtype=self.dtype,
                         device=self.device, seed=p.model.seed,
                         ds_config=eng.ds_config(job, self.world, self.dtype) if self.zero_stage == 3 else None)
-        dit.set_attention_backend(p.model.attention_backend)
-        if p.network is not None:
-            from video_dit.lora import add_lora, lora_targets
-
-            add_lora(dit, p.network.linear, p.network.alpha, dropout=p.network.dropout,
-                     targets=lora_targets(p.network.include_img_emb))
-        else:
-            dit.requires_grad_(True)
-        if p.train.gradient_checkpointing:
-            dit.enable_gradient_checkpointing()
-        from video_dit.parallel.sequence import attach
-
-        attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
+        make_trainable(dit, p, self.sp_info)  # attention backend, LoRA or full, checkpointing, Ulysses SP
         self.dit_config = dit.config
         dit.train()
 

@@ -5,7 +5,8 @@ Exit 0 when the job can start, 2 with one line naming the key path and what is a
 each skipped when its output exists; `launch/train.sh` always passes it.
 Beyond the typed parse (`video_dit.train.config`), this checks what needs the file system: dataset
 folders (exist, hold media), control images of previews, weights paths, the resume path, and that
-the output folder is writable.
+the output folder is writable. `--plan` (train.sh passes it with its launcher arguments) then prints
+the memory plan of the ranks about to start and applies `deepspeed.memory_check` (`memory_check`).
 """
 
 from __future__ import annotations
@@ -192,13 +193,43 @@ def validate_file(path: str, do_prepare: bool = False, log=print):
     return job
 
 
+def memory_check(job, launcher_args: list[str], log=print) -> None:
+    """Print the job's memory plan for the ranks `launch/train.sh` will start (`launcher_args`: its
+    extra DeepSpeed launcher arguments) and apply `deepspeed.memory_check`: a bucket predicted not to
+    fit is a `ConfigError` naming that key (refuse), a warning (warn), or not planned at all (off)."""
+    mode = job.process.deepspeed.memory_check
+    if mode == "off":
+        return
+    from video_dit.train.plan import PlanError, preflight
+
+    key = f"{PROCESS}.deepspeed.memory_check"
+    try:
+        table, failures = preflight(job, launcher_args)
+    except PlanError as exc:
+        raise ConfigError(key, f"the memory plan could not be made: {exc}") from exc
+    log(table)
+    if not failures:
+        return
+    what = "\n  ".join(failures)
+    if mode == "refuse":
+        raise ConfigError(key, f"predicted not to fit, before any weights were loaded:\n  {what}\n"
+                               f"set {key}: warn (or off) to start anyway")
+    log(f"[video_dit] warning: predicted not to fit ({key}: warn):\n  {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m video_dit.train.validate", description=__doc__.splitlines()[0])
     parser.add_argument("config", help="job YAML")
     parser.add_argument("--prepare", action="store_true", help="run the job's prepare: stages first")
+    parser.add_argument("--plan", action="store_true", help="print the memory plan for the ranks train.sh starts "
+                                                            "and apply deepspeed.memory_check")
+    parser.add_argument("launcher", nargs="*", help="train.sh's extra DeepSpeed launcher arguments (--plan)")
     args = parser.parse_args(argv)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
-        job = validate_file(args.config, args.prepare, log=lambda m: print(m, file=sys.stderr))
+        job = validate_file(args.config, args.prepare, log=log)
+        if args.plan:
+            memory_check(job, args.launcher, log=log)
     except ConfigError as exc:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2

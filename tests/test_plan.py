@@ -1,0 +1,114 @@
+"""The memory planner (`video_dit.train.plan`, `video-dit plan`, train.sh's pre-launch check).
+
+The activation model is checked against what the DiT really keeps: every tensor storage the forward
+and backward create, followed by `CPUAllocationTracker`, on a tiny DiT in this process (saved after
+the forward exactly, the step's peak within 10%), for full and LoRA training, with and without block
+checkpointing. Bad input (capacities that are not numbers, zero GPUs, SP degrees that do not divide
+the heads) and a bucket that cannot fit anywhere are named; train.sh's check refuses, warns or stays
+off by `deepspeed.memory_check`. (Predictions against 2 DeepSpeed ranks: `video-dit bench --suite plan`.)
+"""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+import torch
+
+from video_dit.commands import plan as plan_cmd
+from video_dit.models.dit import DiTConfig, VideoDiT
+from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.train.plan import Setting, activation_bytes
+
+CFG = DiTConfig(in_dim=16, out_dim=16, dim=64, ffn_dim=256, freq_dim=32, text_dim=32, num_heads=2, num_layers=2,
+                text_len=16)
+GRID = (4, 12, 12)  # 4 x 6 x 6 = 144 tokens
+
+
+@pytest.mark.parametrize("lora", [None, 4])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_model_equals_what_autograd_keeps(lora, checkpointing):
+    torch.manual_seed(0)
+    model = VideoDiT(CFG)
+    helpers.randomize_head(model)
+    if lora:
+        from video_dit.lora import add_lora
+
+        add_lora(model, lora)
+    if checkpointing:
+        model.enable_gradient_checkpointing()
+    g = torch.Generator().manual_seed(1)
+    x, t = torch.randn(1, 16, *GRID, generator=g), torch.tensor([300.0])
+    context = [torch.randn(CFG.text_len, CFG.text_dim, generator=g)]
+    target = torch.randn(1, 16, *GRID, generator=g)
+    model(x, t, context).sum().backward()  # gradients allocated before the measured step
+    with CPUAllocationTracker() as tracker:
+        loss = (model(x, t, context) - target).square().mean()
+        saved = tracker.live
+        loss.backward()
+    predicted = activation_bytes(CFG, GRID, Setting(0, checkpointing=checkpointing), lora_rank=lora, s=4)
+    # the forward keeps what the derivation lists (the loss keeps (pred - target) where the model output was)
+    if lora:  # LoRA: a few (B, T, D)-sized modulation tensors differ from the count (< 0.1%)
+        assert saved - 4 == pytest.approx(predicted.saved, rel=1e-3)
+    else:
+        assert saved - 4 == predicted.saved  # 4: the loss itself
+    assert predicted.peak == pytest.approx(tracker.peak, rel=0.1), (predicted.parts, tracker.peak)
+
+
+def run_plan(capsys, *argv):
+    code = plan_cmd.main(_args(*argv))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def _args(*argv):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    plan_cmd.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plan")
+    helpers.make_world(root, count=1, holdout=0)
+    return helpers.write_job(root, "plan_job")
+
+
+def test_plan_table_names_buckets_and_a_bucket_that_fits_nowhere(job, capsys):
+    code, out = run_plan(capsys, str(job), "--gpus", "2", "--gpu-mem", "24", "--bucket", "9x32x32")
+    assert code == 0 and "9x32x32" in out and "yes" in out
+    code, out = run_plan(capsys, str(job), "--gpus", "2", "--gpu-mem", "2", "--bucket", "81x4096x4096")
+    assert code == 1
+    assert "bucket 81x4096x4096" in out and "does not fit anywhere" in out and "largest sequence-parallel degree" in out
+
+
+def test_plan_bad_input_names_the_option(job, capsys, tmp_path):
+    for argv, option in ((["--gpu-mem", "lots"], "--gpu-mem"), (["--host-mem", "-1"], "--host-mem")):
+        with pytest.raises(SystemExit):
+            _args(str(job), *argv)
+        assert option in capsys.readouterr().err
+    code, out = run_plan(capsys, str(job), "--gpus", "0", "--gpu-mem", "80")
+    assert code == 2 and "--gpus must be >= 1" in out
+    code, out = run_plan(capsys, str(job), "--gpus", "3", "--gpu-mem", "80", "--nodes", "2")
+    assert code == 2 and "--nodes 2" in out
+    bad_sp = helpers.write_job(tmp_path, "bad_sp", helpers.train_process(job.parent, deepspeed={"sequence_parallel_size": 3}))
+    code, out = run_plan(capsys, str(bad_sp), "--gpus", "6", "--gpu-mem", "80")
+    assert code == 2 and "sequence_parallel_size" in out and "heads" in out
+
+
+def test_train_sh_check_refuses_warns_or_stays_off(job, tmp_path, capsys):
+    from video_dit.train import validate
+
+    # 64 CPU ranks on this host leave each rank less than nothing: predicted not to fit
+    assert validate.main(["--plan", "--", str(job), "--num_gpus", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "deepspeed.memory_check" in err and "predicted not to fit" in err and "memory plan:" in err
+    for mode, expected in (("warn", "warning: predicted not to fit"), ("off", None)):
+        path = helpers.write_job(tmp_path, f"check_{mode}",
+                                 helpers.train_process(job.parent, deepspeed={"memory_check": mode}))
+        assert validate.main(["--plan", "--", str(path), "--num_gpus", "64"]) == 0
+        err = capsys.readouterr().err
+        assert (expected in err) if expected else "memory plan:" not in err
+    assert validate.main([str(job), "--plan"]) == 0  # what train.sh starts here (2 CPU ranks or the GPUs) fits
+    assert "memory plan:" in capsys.readouterr().err

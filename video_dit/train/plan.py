@@ -1,0 +1,743 @@
+"""Memory plan of a training job, per rank, before anything is loaded: `predict` (one setting, one
+bucket) and `plan_job` (every bucket of a job against the machine, with the settings that fit).
+
+Everything is counted in bytes from the job's own numbers: parameter counts from the DiT built on
+the meta device (`model_sizes`, exact, LoRA adapters included), DeepSpeed's buffer sizes from the
+job's DeepSpeed JSON (`video_dit.train.engine.ds_config`, read through DeepSpeed's own
+`DeepSpeedZeroConfig`, so its defaults are DeepSpeed's), and the activation model below, which is
+derived from what `video_dit/models/dit.py` makes autograd keep. No constant in it is fitted.
+
+Notation: s = bytes per element of the training dtype (2 in bf16, 4 in fp32); statistics are fp32
+(4 bytes); B micro-batch; L tokens of one sample (F' * h/2 * w/2) and Ll = ceil(L / N) on each of the
+N ranks of a sequence group; Lt = text_len (contexts are zero-padded to it); D width, F ffn width,
+H heads, C = out_dim * 4 (the head's output channels), r LoRA rank, T = Ll with per-token timesteps
+(Wan 2.2 TI2V), else 1.
+
+Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
+  video side, Ll * (
+      4 D s      self-attention: q and k (kept by the q/k RMSNorms; the normed, rotated q/k that the
+                 attention kernel would keep are recipes recomputed from them), v, the attention output
+                 (kept by `o`)
+    + 1 D s      y, the self-attention output: an input of the recipe of x1 = gated_add(x, y, gate)
+    + 1 D s      x1, the first residual: referenced by the recipe of norm3's output
+    + 2 D s      cross-attention: q (kept by its RMSNorm) and the attention output (kept by `o`)
+    + 1 D s      x2, the second residual (kept by the second LayerNorm)
+    + 1 D s      the block output (kept by the next block's, or the head's, LayerNorm)
+    + 1 D s      (full fine-tune only) the FFN output, kept by addcmul for the gate's gradient
+    + 1 F s      the FFN hidden before GELU (GELU keeps its input; GELU's output is a recipe)
+    + (9 + 2H) * 4   fp32 statistics: 3 LayerNorms x (mean, rstd), 3 RMSNorm rstd, 2 H logsumexp
+                 rows of the attention kernel (the self-attention's H is not kept under sequence
+                 parallelism: its exchange is recomputed in backward)
+    + 8 r s      LoRA: each of the 8 adapted Linears on video tokens keeps lora_A's output)
+  text side, Lt * (3 D s + 4 + 2 r s): cross-attention k (kept by its RMSNorm), normed k and v (kept
+      by the attention kernel), k's rstd, LoRA on k and v
+  modulation, T * D * 32: the six fp32 adaLN vectors (B, T, 6, D) and the two (1 + scale) factors
+Checked exactly against `CPUAllocationTracker` (`video-dit bench --suite plan`).
+
+Outside the blocks: the first block's input Ll D s; the time MLP (full fine-tune: its sinusoid
+input freq_dim * 4 and four D s per timestep); the text MLP's saved tensors (full fine-tune: its
+padded input Lt text_dim s and two Lt D s; always the context Lt D s); the head (its stats and the
+fp32 (1 + scale), T D 4; full fine-tune: its normed and modulated inputs, 2 Ll D s); the output,
+Ll C s (+ L C s gathered under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0).
+
+Block checkpointing keeps only each block's input (Ll D s; e0, T * 6D * 4, once). In backward one
+block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
+  Ll * ((18 D s full | 14 D s LoRA) + 2 F s + stats + 8 r s) + text side + modulation, where the 18
+  tensors are the 14 above made concrete (normed and modulated inputs of both adaLN-Linears, rotated
+  q/k, normed cross q, c = norm3(x1), the modulated FFN input) plus, in full fine-tuning, the two
+  normed LayerNorm outputs, y and the FFN output kept for the parameters' gradients; the GELU output
+  is kept (2 F); under sequence parallelism the self-attention keeps its exchanged q/k/v/output
+  rather than the rotated q/k (+1 D s).
+
+The peak of a step is reached in the backward of the last block's FFN (traced op by op), after the
+head's saved tensors were freed:
+  no checkpointing:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
+      the GELU output recomputed from its recipe (Ll F) and its gradient (Ll F); full fine-tuning adds
+      ffn.2's new weight gradient (D F); with LoRA the adapter's gradient w.r.t. the GELU output, the
+      base Linear's and their sum (3 Ll F), the recomputed GELU output already dropped
+  checkpointing:     saved - head + R + (full: Ll F s + D F s   LoRA: 2 Ll F s)
+      the GELU output is now part of R, so it is not recomputed again
+Attention needs no L x L memory: the SDPA flash kernels (CPU and CUDA) keep only a logsumexp row.
+
+DeepSpeed (per rank, P = parameters, Pt = trainable, N = ranks ZeRO partitions over, from DeepSpeed
+0.19's stage_1_and_2.py / stage3.py / engine.py):
+  ZeRO-0   P s parameters; Pt s gradients (backward to step); Adam 2 Pt s; the all-reduce flattens
+           the gradients into min(Pt, allreduce bucket) s at the end of backward
+  ZeRO-1/2 P s parameters (the trainable ones flattened, same bytes); an fp32 master partition Pt/N 4
+           (kept in fp32 training too); Adam 2 Pt/N 4; during backward the reduce bucket
+           (reduce_bucket_size s, twice with overlap_comm) and (ZeRO-2) the gradient partition Pt/N s
+           (ZeRO-1: full gradients Pt s); at the step the fp32 gradient partition Pt/N 4
+  ZeRO-3   sum ceil(p/N) s partitions (+ parameters under the persistence threshold in full); fp32
+           master Pt/N 4; the gradient partition buffer Pt/N s and the reduce bucket
+           (reduce_bucket_size s), both allocated at initialize; Adam 2 Pt/N 4; while forward and
+           backward run, gathered parameters: min(P, prefetch bucket + largest module) s
+  offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
+  (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
+The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
+tensor the size of the largest tensor it updates (the flat fp32 partition under ZeRO-1/2/3); on CUDA
+the fused AdamW allocates none.
+
+Host RAM (per node): each rank's process (`PROCESS_BYTES`, the interpreter with torch and
+DeepSpeed imported, measured by `video-dit bench --suite rehearsal`), the frozen encoders while the
+caches are built (umT5 and the VAE on each rank: they are loaded on every rank, then the text
+encoder is freed), the DiT set-up (ZeRO-3: one module group read on rank 0; otherwise the whole
+model passes through host memory on every rank, one module group at a time when on a GPU), then
+whatever is offloaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+GiB = 2 ** 30
+# One rank's process before any model: python + torch + deepspeed + video_dit imported, a process
+# group joined (CPU figure from the rehearsal benchmark; on CUDA the context adds ~0.5 GiB of host RAM)
+PROCESS_BYTES = int(0.75 * GiB)
+CUDA_CONTEXT_BYTES = int(0.6 * GiB)  # device memory a CUDA context and NCCL take before any tensor
+PREFERRED_SP_LIMIT = 16
+
+
+class PlanError(ValueError):
+    """A plan that cannot be made as asked; the message names the option or the bucket."""
+
+
+# ---------------------------------------------------------------- what the plan varies
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The knobs of one prediction."""
+
+    zero_stage: int
+    sp: int = 1
+    checkpointing: bool = False
+    micro_batch: int = 1
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    def describe(self) -> str:
+        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", "ckpt" if self.checkpointing else "no ckpt",
+                 f"batch {self.micro_batch}"]
+        if self.offload_optimizer:
+            parts.append("offload optimizer")
+        if self.offload_param:
+            parts.append("offload params")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the job runs: `ranks` processes on `nodes` nodes; `device` "cuda" or "cpu" (CPU ranks:
+    the device memory is the host's)."""
+
+    ranks: int
+    nodes: int = 1
+    device: str = "cuda"
+    gpu_mem: float | None = None  # bytes per GPU
+    host_mem: float | None = None  # bytes per node
+
+    @property
+    def ranks_per_node(self) -> int:
+        return math.ceil(self.ranks / self.nodes)
+
+
+# ---------------------------------------------------------------- parameter counts (exact)
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """Parameter counts of the DiT (+ LoRA) as built: numels, bytes at the training dtype."""
+
+    base: int                      # parameters of the DiT itself
+    lora: int                      # adapter parameters (0 for a full fine-tune)
+    trainable: int
+    base_bytes: int                # at the per-parameter dtypes of the build (`build.param_dtype`)
+    trainable_bytes: int
+    numels: tuple[int, ...]        # every parameter's numel (ZeRO-3 partitions, persistence)
+    largest_module: int            # the most elements one module owns (ZeRO-3 gathers per module)
+    largest_tensor: int
+    ffn_weight: int                # ffn.2's weight (D x F): its new gradient is part of the peak
+
+
+def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype) -> ModelSizes:
+    """Counts of the DiT built on the meta device (and its LoRA adapters): nothing allocated."""
+    from video_dit.models.dit import VideoDiT
+    from video_dit.train.build import param_dtype
+
+    with torch.device("meta"):
+        model = VideoDiT(dit_config)
+        if lora_rank:
+            from video_dit.lora import add_lora
+
+            add_lora(model, lora_rank)
+    base = lora = base_bytes = train_bytes = 0
+    numels, per_module = [], {}
+    for name, p in model.named_parameters():
+        n = p.numel()
+        numels.append(n)
+        owner = name.rsplit(".", 1)[0]
+        per_module[owner] = per_module.get(owner, 0) + n
+        nbytes = n * param_dtype(name, dtype).itemsize
+        if ".lora_" in name:
+            lora += n
+            train_bytes += nbytes
+        else:
+            base += n
+            base_bytes += nbytes
+            if not lora_rank:
+                train_bytes += nbytes
+    return ModelSizes(base=base, lora=lora, trainable=lora if lora_rank else base, base_bytes=base_bytes,
+                      trainable_bytes=train_bytes, numels=tuple(numels), largest_module=max(per_module.values()),
+                      largest_tensor=max(numels), ffn_weight=dit_config.dim * dit_config.ffn_dim)
+
+
+# ---------------------------------------------------------------- activations (derived, see docstring)
+
+
+@dataclass(frozen=True)
+class Activations:
+    saved: int      # what the forward leaves for backward
+    peak: int       # the highest activation memory of the step (the last block's FFN backward)
+    parts: dict = field(default_factory=dict)
+
+
+def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
+                     per_token: bool = False) -> Activations:
+    """Activation memory of one forward + backward on one rank, for latents of `grid` = (F', h, w)
+    (see the module docstring for the derivation of every term)."""
+    pt, ph, pw = cfg.patch_size
+    L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
+    N, B = setting.sp, setting.micro_batch
+    Ll = -(-L // N)
+    D, F, H, Lt, r = cfg.dim, cfg.ffn_dim, cfg.num_heads, cfg.text_len, lora_rank or 0
+    C = cfg.out_dim * pt * ph * pw
+    full = not lora_rank
+    T = Ll if per_token else 1
+    T_time = L if per_token else 1  # the time MLP runs before the tokens are split
+    stats = (9 + H + (H if N == 1 else 0)) * 4
+    text = Lt * (3 * D * s + 4 + 2 * r * s)
+    modulation = T * D * 32
+    block = Ll * ((10 + full) * D * s + F * s + stats + 8 * r * s) + text + modulation
+    head = (2 * Ll * D * s if full else 0) + 2 * Ll * 4 + T * D * 4  # normed, modulated input; stats; 1 + scale
+    outside = (Ll * D * s                                              # first block input
+               + (T_time * (cfg.freq_dim * 4 + 4 * D * s) if full else 0)  # time MLP
+               + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
+               + head + Ll * C * s + (L * C * s if N > 1 else 0)       # head, output (+ gathered)
+               + (L * 7 * D * 4 if per_token else 0))
+    if not setting.checkpointing:
+        saved = cfg.num_layers * block + outside
+        backward = (2 * Ll * F * s if full else 3 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
+        peak = saved * B - head * B + backward
+        parts = {"per_block": block, "outside": outside, "backward": backward}
+    else:
+        recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + 2 * F * s + stats + 8 * r * s)
+                     + text + modulation)
+        saved = cfg.num_layers * Ll * D * s + T * 6 * D * 4 + outside  # e0: one tensor, every block's input
+        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
+        peak = saved * B - head * B + recompute * B + backward
+        parts = {"per_block": Ll * D * s, "outside": outside, "recomputed_block": recompute, "backward": backward}
+    return Activations(saved=saved * B, peak=peak, parts=parts)
+
+
+# ---------------------------------------------------------------- DeepSpeed state (see docstring)
+
+
+def zero_config(ds: dict):
+    """DeepSpeed's own view of the job's `zero_optimization` block (its defaults filled in)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    z = dict(ds.get("zero_optimization", {}))
+    for key in ("offload_optimizer", "offload_param"):
+        z.pop(key, None)  # parsed by DeepSpeed into device objects; the planner reads the Setting
+    return DeepSpeedZeroConfig(**z)
+
+
+@dataclass
+class RankMemory:
+    """One rank's predicted bytes, by what holds them."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer: int = 0
+    buffers: int = 0        # ZeRO reduce / all-reduce buckets, ZeRO-3's gathered parameters
+    activations: int = 0
+    host: int = 0           # offloaded state on the host (per rank)
+
+    @property
+    def device(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.buffers + self.activations
+
+    def as_gib(self) -> dict:
+        return {k: getattr(self, k) / GiB for k in ("parameters", "gradients", "optimizer", "buffers",
+                                                       "activations", "host")} | {"device": self.device / GiB}
+
+
+def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
+                 cuda: bool) -> tuple[RankMemory, RankMemory]:
+    """(resident, transient) DeepSpeed memory of one rank. `resident` lives through the whole step
+    (after the first); `transient` holds what only exists during backward and the optimizer step
+    (returned as (during backward, at the step) in `buffers` / `gradients`; see `predict`)."""
+    s = dtype.itemsize
+    z = zero_config(ds)
+    N, stage = world, setting.zero_stage
+    Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
+    res, trans = RankMemory(), RankMemory()
+    step_temp = 0 if cuda else sizes.largest_tensor * 4
+    if stage == 0:
+        res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
+        res.optimizer = 2 * Pt_b
+        trans.gradients = Pt_b
+        trans.buffers = min(Pt, int(ds.get("allreduce_bucket_size", 5e8))) * s
+        trans.optimizer = step_temp
+        return res, trans
+    part = -(-Pt // N)
+    master = part * 4 * 3  # fp32 master + Adam's two moments
+    if stage in (1, 2):
+        res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
+        res.optimizer = master
+        buckets = 2 if z.overlap_comm else 1
+        trans.buffers = z.reduce_bucket_size * s * buckets
+        trans.gradients = part * s if stage == 2 else Pt_b
+        trans.optimizer = part * 4 + (0 if cuda else part * 4)  # fp32 gradient partition + Adam temp
+    else:
+        persist = z.param_persistence_threshold
+        res.parameters = sum(-(-n // N) * s for n in sizes.numels)
+        res.parameters += sum(n * s for n in sizes.numels if n < persist)
+        res.optimizer = master
+        res.gradients = part * s
+        res.buffers = z.reduce_bucket_size * s
+        gatherable = sum(n for n in sizes.numels if n >= persist)
+        trans.buffers = min(gatherable, z.prefetch_bucket_size + sizes.largest_module) * s
+        trans.optimizer = part * 4 + (0 if cuda else part * 4)
+    if setting.offload_optimizer:
+        res.host += res.optimizer + res.gradients
+        trans.host = trans.optimizer
+        res.optimizer = res.gradients = trans.optimizer = 0
+    if setting.offload_param and stage == 3:
+        res.host += res.parameters
+        res.parameters = sum(n * s for n in sizes.numels if n < z.param_persistence_threshold)
+    return res, trans
+
+
+# ---------------------------------------------------------------- one prediction
+
+
+@dataclass
+class Prediction:
+    setting: Setting
+    grid: tuple[int, int, int]
+    tokens: int
+    memory: RankMemory          # at the step's peak
+    activations: Activations
+    phase: str                  # where the peak is: "backward" or "optimizer step"
+    resident: RankMemory        # what lives through the whole step (parameters, optimizer state, ...)
+
+    @property
+    def device_bytes(self) -> int:
+        return self.memory.device
+
+
+def tokens_of(cfg, grid) -> int:
+    pt, ph, pw = cfg.patch_size
+    return (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
+
+
+def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
+            dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
+            sizes: ModelSizes | None = None) -> Prediction:
+    """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`."""
+    sizes = sizes or model_sizes(cfg, lora_rank, dtype)
+    act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token)
+    res, trans = state_memory(sizes, setting, world, ds, dtype, cuda)
+    if setting.zero_stage == 0:
+        # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
+        during = act.peak
+        after = trans.gradients + max(trans.buffers, trans.optimizer)
+        backward_peak = res.device + max(during, after)
+        mem = replace(res, activations=during if during >= after else 0,
+                      gradients=0 if during >= after else trans.gradients,
+                      buffers=0 if during >= after else trans.buffers,
+                      optimizer=res.optimizer + (0 if during >= after else trans.optimizer))
+        phase = "backward" if during >= after else "end of backward / step"
+        return Prediction(setting, grid, tokens_of(cfg, grid), mem, act, phase, res)
+    during = replace(res, activations=act.peak, buffers=res.buffers + trans.buffers,
+                     gradients=res.gradients + (trans.gradients if setting.zero_stage < 3 else 0))
+    at_step = replace(res, gradients=res.gradients + trans.gradients if setting.zero_stage < 3 else res.gradients,
+                      optimizer=res.optimizer + trans.optimizer)
+    if during.device >= at_step.device:
+        return Prediction(setting, grid, tokens_of(cfg, grid), during, act, "backward", res)
+    return Prediction(setting, grid, tokens_of(cfg, grid), at_step, act, "optimizer step", res)
+
+
+# ---------------------------------------------------------------- a whole job against a machine
+
+
+def parse_bucket(text: str) -> tuple[int, int, int]:
+    """"81x480x832" (frames x height x width in pixels) -> (81, 480, 832)."""
+    try:
+        f, h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError as exc:
+        raise PlanError(f"--bucket {text!r}: expected FRAMESxHEIGHTxWIDTH in pixels, e.g. 81x480x832") from exc
+    if min(f, h, w) < 1:
+        raise PlanError(f"--bucket {text!r}: frames, height and width must be >= 1")
+    return f, h, w
+
+
+def latent_grid(preset, bucket: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Pixel bucket (F, H, W) -> latent grid (F', h, w) of the preset's VAE."""
+    f, h, w = bucket
+    t, sp = preset.vae.temporal_compression, preset.vae_spatial
+    return (f - 1) // t + 1, h // sp, w // sp
+
+
+def job_buckets(job, preset, missing=()) -> list[tuple[tuple[int, int, int], int, str]]:
+    """[(pixel bucket (F, H, W), items per epoch, where it comes from)] the job's datasets will
+    produce: the scanned folder's bucket histogram; for a dataset in `missing` (its folder is not on
+    this machine) or one with no usable item, per resolution the bucket of the resolution's grid with
+    the most tokens (every bucket of a resolution has about its area)."""
+    import warnings
+
+    from video_dit.data import DataError, scan_dataset
+    from video_dit.data.buckets import candidate_buckets
+
+    out: dict = {}
+    for i, d in enumerate(job.process.datasets):
+        counts = {}
+        if i not in missing:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # skipped files are the validator's business
+                    counts = scan_dataset(d, preset.divisibility, dataset_index=i, verbose=False).bucket_counts()
+            except DataError:
+                counts = {}
+        for b, n in counts.items():
+            prev = out.get(tuple(b), (0, ""))[0]
+            out[tuple(b)] = (prev + n, "dataset scan")
+        if not counts:
+            for r in d.resolution:
+                # the most pixels the resolution gives, the one nearest 16:9 landscape among equals
+                hw = max(candidate_buckets(r, preset.divisibility),
+                         key=lambda b: (b[0] * b[1], -abs(math.log(b[1] / b[0] / (16 / 9)))))
+                out.setdefault((d.num_frames, *hw), (0, f"largest bucket of resolution {r} (no data here)"))
+    return [(b, n, src) for b, (n, src) in sorted(out.items())]
+
+
+def planned_dtype(job, device: str) -> torch.dtype:
+    """The dtype the trainer would train at on `device` (`engine.train_dtype`: bf16 only on CUDA)."""
+    return torch.bfloat16 if device == "cuda" and job.process.train.dtype in ("bf16", "bfloat16") else torch.float32
+
+
+def setting_of(job, **changes) -> Setting:
+    d, t = job.process.deepspeed, job.process.train
+    base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=t.gradient_checkpointing,
+                   micro_batch=t.batch_size, offload_optimizer=d.offload_optimizer, offload_param=d.offload_param)
+    return replace(base, **changes)
+
+
+def capacity_of(machine: Machine) -> int:
+    """Bytes one rank may use on its device: the GPU's memory less the CUDA context, or on CPU ranks
+    its share of the node's memory less its process."""
+    if machine.device == "cuda":
+        if machine.gpu_mem is None:
+            raise PlanError("--gpu-mem is needed to plan for GPUs (GiB per GPU, e.g. 80)")
+        return int(machine.gpu_mem) - CUDA_CONTEXT_BYTES
+    if machine.host_mem is None:
+        raise PlanError("--host-mem is needed to plan CPU ranks (GiB per node)")
+    return int(machine.host_mem) // machine.ranks_per_node - PROCESS_BYTES
+
+
+@dataclass
+class BucketPlan:
+    bucket: tuple[int, int, int]
+    items: int
+    source: str
+    tokens: int
+    as_configured: Prediction
+    fits: bool
+    recommended: Prediction | None  # the first setting that fits (smallest SP, then checkpointing, offload)
+    max_micro_batch: int            # at the recommended setting (0: none fits)
+    why: str = ""                   # when nothing fits
+
+
+@dataclass
+class HostPlan:
+    startup: int    # per node, while the frozen encoders cache and the DiT is set up
+    training: int   # per node
+    peak_per_rank: int  # one rank's peak RSS over the run (the larger of its start-up and training)
+    parts: dict = field(default_factory=dict)
+
+
+@dataclass
+class JobPlan:
+    job_name: str
+    preset: str
+    machine: Machine
+    capacity: int
+    dtype: torch.dtype
+    setting: Setting
+    lora_rank: int | None
+    sizes: ModelSizes
+    buckets: list[BucketPlan]
+    host: HostPlan
+
+    @property
+    def fits(self) -> bool:
+        host_ok = self.machine.host_mem is None or self.host.startup <= self.machine.host_mem
+        return all(b.fits for b in self.buckets) and host_ok
+
+    def failures(self) -> list[str]:
+        out = []
+        for b in self.buckets:
+            if not b.fits:
+                f, h, w = b.bucket
+                fix = (f"; fits with {b.recommended.setting.describe()}" if b.recommended else f"; {b.why}")
+                out.append(f"bucket {f}x{h}x{w} ({b.tokens} tokens): {b.as_configured.device_bytes / GiB:.1f} GiB "
+                           f"per rank predicted > {self.capacity / GiB:.1f} GiB available{fix}")
+        if self.machine.host_mem is not None and self.host.startup > self.machine.host_mem:
+            out.append(f"host RAM at start-up: {self.host.startup / GiB:.1f} GiB per node predicted > "
+                       f"{self.machine.host_mem / GiB:.1f} GiB")
+        return out
+
+
+def encoder_bytes(preset, dtype: torch.dtype) -> dict:
+    """Parameter bytes of the frozen text encoder and VAE (built on the meta device)."""
+    from video_dit.models.text_encoder import build_umt5
+    from video_dit.models.vae import CausalVideoVAE
+
+    te = build_umt5(preset.text_encoder, device="meta")
+    with torch.device("meta"):
+        vae = CausalVideoVAE(preset.vae)
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    return {"text_encoder": n(te) * dtype.itemsize, "vae": n(vae) * dtype.itemsize}
+
+
+def candidate_settings(job, heads: int, world: int):
+    """Settings to try, in the order the plan recommends them: the job's ZeRO stage before ZeRO-3;
+    within a stage the smallest sequence-parallel degree first, then block checkpointing (off before
+    on: it costs a third more compute), then optimizer offload, then (ZeRO-3) parameter offload."""
+    base = setting_of(job, micro_batch=1)
+    sps = [n for n in range(1, heads + 1) if heads % n == 0 and world % n == 0]
+    for stage in dict.fromkeys((base.zero_stage, 3)):
+        for sp in sps:
+            for ckpt in (False, True):
+                for off_opt, off_par in ((False, False), (True, False), (True, True)):
+                    if (off_opt and stage == 0) or (off_par and stage != 3):
+                        continue
+                    yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
+                                  offload_param=off_par)
+
+
+def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
+    """Per-bucket predictions of `job` on `machine`, the settings that fit, host RAM per node."""
+    from video_dit.models.presets import get_preset
+    from video_dit.train.engine import ds_config
+
+    if machine.ranks < 1:
+        raise PlanError(f"--gpus must be >= 1 (got {machine.ranks}); for CPU ranks give --gpus 0 --cpu-ranks N")
+    if machine.nodes < 1 or machine.ranks % machine.nodes:
+        raise PlanError(f"--nodes {machine.nodes} must be >= 1 and divide the {machine.ranks} ranks")
+    p = job.process
+    preset = get_preset(p.model.preset)
+    cfg = preset.dit
+    heads = cfg.num_heads
+    sp = p.deepspeed.sequence_parallel_size
+    if heads % sp:
+        valid = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise PlanError(f"deepspeed.sequence_parallel_size={sp} does not divide the model's {heads} heads; "
+                        f"accepted: {', '.join(map(str, valid))}")
+    if machine.ranks % sp:
+        raise PlanError(f"deepspeed.sequence_parallel_size={sp} does not divide the {machine.ranks} ranks")
+    cuda = machine.device == "cuda"
+    dtype = planned_dtype(job, machine.device)
+    lora = p.network.linear if p.network is not None else None
+    ds = ds_config(job, machine.ranks, dtype, cuda=cuda)
+    sizes = model_sizes(cfg, lora, dtype)
+    per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
+    capacity = capacity_of(machine)
+    setting = setting_of(job)
+
+    def pred(grid, s):
+        return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
+                       per_token=per_token, sizes=sizes)
+
+    listed = ([(b, 0, "--bucket") for b in buckets] if buckets else job_buckets(job, preset, missing))
+    rows = []
+    for bucket, items, source in listed:
+        grid = latent_grid(preset, bucket)
+        now = pred(grid, setting)
+        recommended, best_b, why = None, 0, ""
+        for s in candidate_settings(job, heads, machine.ranks):
+            first = pred(grid, s)
+            if first.device_bytes <= capacity:
+                recommended = first
+                break
+        if recommended is not None:
+            best_b = 1
+            while best_b < 256 and pred(grid, replace(recommended.setting, micro_batch=best_b + 1)).device_bytes \
+                    <= capacity:
+                best_b += 1
+        else:
+            largest = max(n for n in range(1, heads + 1) if heads % n == 0 and machine.ranks % n == 0)
+            last = pred(grid, replace(setting, sp=largest, checkpointing=True, micro_batch=1,
+                                      offload_optimizer=setting.zero_stage > 0,
+                                      offload_param=setting.zero_stage == 3))
+            why = (f"does not fit anywhere: even at the largest sequence-parallel degree the heads and ranks allow "
+                   f"(SP {largest}) with block checkpointing and offload, {last.device_bytes / GiB:.1f} GiB per rank "
+                   f"(activations {last.memory.activations / GiB:.1f} GiB, parameters {last.memory.parameters / GiB:.1f}"
+                   f" GiB) > {capacity / GiB:.1f} GiB")
+        rows.append(BucketPlan(bucket, items, source, now.tokens, now, now.device_bytes <= capacity, recommended,
+                               best_b, why))
+    host = host_memory(job, preset, machine, sizes, setting, dtype, cuda, rows)
+    return JobPlan(job.name, preset.name, machine, capacity, dtype, setting, lora, sizes, rows, host)
+
+
+def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setting, dtype, cuda: bool,
+                rows: list[BucketPlan]) -> HostPlan:
+    """Host RAM per node at start-up and during training (see the module docstring)."""
+    from video_dit.models.loading import module_groups
+
+    enc = encoder_bytes(preset, dtype)
+    n = machine.ranks_per_node
+    with torch.device("meta"):
+        from video_dit.models.dit import VideoDiT
+
+        names = dict((k, v.numel()) for k, v in VideoDiT(preset.dit).named_parameters())
+    group = max(sum(names[k] for k in g) for g in module_groups(names)) * dtype.itemsize
+    if setting.zero_stage == 3:
+        dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)
+    else:
+        dit_setup = group if cuda else sizes.base_bytes  # read per group to the GPU; on CPU it stays
+    # the encoders come to the host first (transformers / our loaders), then go to the device; the
+    # text encoder is freed after the caches, the VAE stays (previews)
+    encoders = enc["text_encoder"] + enc["vae"]
+    offloaded = max((b.as_configured.memory.host for b in rows), default=0)
+    device = max((b.as_configured.device_bytes for b in rows), default=0)
+    startup_rank = PROCESS_BYTES + max(encoders, dit_setup + (0 if cuda else enc["vae"]))
+    training_rank = PROCESS_BYTES + offloaded + (0 if cuda else enc["vae"] + device)  # CPU: device = host
+    return HostPlan(n * startup_rank, n * training_rank, max(startup_rank, training_rank),
+                    {"encoders_per_rank": encoders, "text_encoder": enc["text_encoder"], "vae": enc["vae"],
+                     "dit_setup_per_rank": dit_setup, "offloaded_per_rank": offloaded})
+
+
+def format_plan(plan: JobPlan) -> str:
+    m = plan.machine
+    where = (f"{m.ranks} x GPU ({m.gpu_mem / GiB:.0f} GiB)" if m.device == "cuda" else f"{m.ranks} CPU ranks") + \
+        f" on {m.nodes} node(s)" + (f", {m.host_mem / GiB:.0f} GiB host RAM per node" if m.host_mem else "")
+    kind = f"LoRA rank {plan.lora_rank}" if plan.lora_rank else "full fine-tune"
+    s = plan.sizes
+    lines = [f"memory plan: {plan.job_name} ({plan.preset}, {kind}, {str(plan.dtype).replace('torch.', '')}) on {where}",
+             f"  DiT {s.base / 1e6:,.1f} M parameters, {s.trainable / 1e6:,.1f} M trainable; per rank up to "
+             f"{plan.capacity / GiB:.1f} GiB; as configured: {plan.setting.describe()}",
+             f"  {'bucket FxHxW':>14} {'tokens':>7} {'params':>7} {'grads':>6} {'optim':>6} {'buffers':>7} "
+             f"{'activ.':>7} {'total':>7}  fits  settings that fit (smallest SP first), largest micro-batch"]
+    for b in plan.buckets:
+        mem = b.as_configured.memory
+        f, h, w = b.bucket
+        fix = (f"{b.recommended.setting.describe().replace(', batch 1', '')}, micro-batch <= {b.max_micro_batch}"
+               if b.recommended else b.why)
+        lines.append(f"  {f'{f}x{h}x{w}':>14} {b.tokens:>7} {mem.parameters / GiB:>7.2f} {mem.gradients / GiB:>6.2f} "
+                     f"{mem.optimizer / GiB:>6.2f} {mem.buffers / GiB:>7.2f} {mem.activations / GiB:>7.2f} "
+                     f"{mem.device / GiB:>7.2f}  {'yes' if b.fits else 'NO':>4}  {fix}")
+    host = plan.host
+    lines.append(f"  host RAM per node: {host.startup / GiB:.1f} GiB at start-up (per rank: process "
+                 f"{PROCESS_BYTES / GiB:.2f} + frozen encoders {host.parts['encoders_per_rank'] / GiB:.1f} or DiT set-up "
+                 f"{host.parts['dit_setup_per_rank'] / GiB:.1f}), {host.training / GiB:.1f} GiB while training")
+    return "\n".join(lines)
+
+
+def plan_summary(plan: JobPlan) -> dict:
+    """The plan's figures as JSON-able data."""
+    def pred(p: Prediction | None):
+        if p is None:
+            return None
+        return {"setting": p.setting.describe(), "phase": p.phase, **p.memory.as_gib()}
+    return {"job": plan.job_name, "preset": plan.preset, "dtype": str(plan.dtype), "capacity_gib": plan.capacity / GiB,
+            "machine": {"ranks": plan.machine.ranks, "nodes": plan.machine.nodes, "device": plan.machine.device,
+                        "gpu_mem_gib": (plan.machine.gpu_mem or 0) / GiB, "host_mem_gib": (plan.machine.host_mem or 0) / GiB},
+            "parameters": plan.sizes.base, "trainable": plan.sizes.trainable, "fits": plan.fits,
+            "host_startup_gib": plan.host.startup / GiB, "host_training_gib": plan.host.training / GiB,
+            "buckets": [{"bucket": list(b.bucket), "tokens": b.tokens, "items": b.items, "source": b.source,
+                         "fits": b.fits, "as_configured": pred(b.as_configured), "recommended": pred(b.recommended),
+                         "max_micro_batch": b.max_micro_batch, "why": b.why} for b in plan.buckets]}
+
+
+def host_ram() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def local_machine(ranks: int | None = None, nodes: int = 1) -> Machine:
+    """What `./launch/train.sh` starts here: every visible GPU, else `ranks` (default 2) CPU ranks."""
+    if ranks is None and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return Machine(ranks=n * nodes, nodes=nodes, device="cuda",
+                       gpu_mem=torch.cuda.get_device_properties(0).total_memory, host_mem=host_ram())
+    return Machine(ranks=ranks or 2, nodes=nodes, device="cpu", host_mem=host_ram())
+
+
+def launcher_machine(launcher_args: list[str]) -> Machine:
+    """The machine of a `launch/train.sh` command line: `--num_gpus N`, `--hostfile FILE` (one
+    `host slots=N` line per node), else what train.sh starts here (`local_machine`)."""
+    args = list(launcher_args)
+    here = local_machine()
+
+    def value(flag):
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return None
+    hostfile = value("--hostfile")
+    if hostfile is not None:
+        from pathlib import Path
+
+        slots = []
+        for line in Path(hostfile).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                found = [int(t.split("=", 1)[1]) for t in line.split() if t.startswith("slots=")]
+                slots.append(found[0] if found else 1)
+        if not slots:
+            raise PlanError(f"--hostfile {hostfile}: no `host slots=N` lines")
+        return replace(here, ranks=sum(slots), nodes=len(slots))
+    num = value("--num_gpus")
+    if num is not None:
+        return replace(here, ranks=int(num))
+    return here
+
+
+def preflight(job, launcher_args: list[str]) -> tuple[str, list[str]]:
+    """(the plan's table, what does not fit) for `job` started by `train.sh` with `launcher_args`."""
+    plan = plan_job(job, launcher_machine(launcher_args))
+    return format_plan(plan), plan.failures()
+
+
+def load_job_for_plan(path: str):
+    """(job, indices of datasets whose folder is not on this machine) of a job YAML. A plan is made
+    before the data is copied to the machine it is made on: a missing dataset folder is replaced by
+    an empty stand-in for the parse (its buckets then come from its resolution, `job_buckets`)."""
+    import copy
+    import tempfile
+    from pathlib import Path
+
+    from PIL import Image
+
+    from video_dit.train.config import parse_job, raw_process, read_yaml
+
+    raw = read_yaml(path)
+    missing = set()
+    if isinstance(raw, dict):
+        raw = copy.deepcopy(raw)
+        datasets = raw_process(raw).get("datasets")
+        for i, d in enumerate(datasets if isinstance(datasets, list) else []):
+            if isinstance(d, dict) and d.get("folder_path") and not Path(str(d["folder_path"])).is_dir():
+                stand_in = Path(tempfile.mkdtemp(prefix="video_dit_plan_"))
+                Image.new("RGB", (8, 8)).save(stand_in / "stand_in.png")
+                d["folder_path"] = str(stand_in)
+                missing.add(i)
+    return parse_job(raw, str(path)), missing
