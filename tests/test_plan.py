@@ -47,8 +47,8 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing):
         loss.backward()
     predicted = activation_bytes(CFG, GRID, Setting(0, checkpointing=checkpointing), lora_rank=lora, s=4)
     # the forward keeps what the derivation lists (the loss keeps (pred - target) where the model output was)
-    if lora:  # LoRA: a few (B, T, D)-sized modulation tensors differ from the count (< 0.1%)
-        assert saved - 4 == pytest.approx(predicted.saved, rel=1e-3)
+    if lora:  # LoRA: the tracker does not find the frozen head's saved statistics live (2 Ll 4 + T D 4 bytes)
+        assert 0 <= predicted.saved - (saved - 4) <= 2 * 144 * 4 + 64 * 4
     else:
         assert saved - 4 == predicted.saved  # 4: the loss itself
     assert predicted.peak == pytest.approx(tracker.peak, rel=0.1), (predicted.parts, tracker.peak)
