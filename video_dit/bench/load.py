@@ -11,8 +11,9 @@ Each (path, dtype) runs in 2 fresh rank processes (gloo): the set-up of a ZeRO-3
 and joining the process group (the fixed overhead, measured) and its peak RSS (VmHWM) at the end of
 set-up. The target: partitioned peak <= full / N + one checkpoint shard + the fixed overhead, where
 the shard is the largest unit the build reads at once (one module group, a DiT block) and the
-overhead is the process's RSS before loading plus DeepSpeed's ZeRO-3 buffers (the reduce bucket
-and the LoRA state, from the planner's `state_memory`).
+overhead is the process's RSS before loading (measured) plus what the LoRA injection and
+`deepspeed.initialize` add after the DiT, alike in both paths: the adapters as peft makes them (fp32)
+and DeepSpeed's ZeRO-3 state for them with its reduce bucket (the planner's `state_memory`).
 """
 
 from __future__ import annotations
@@ -154,9 +155,12 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
             shard = max(sum(numels[n] for n in g) for g in module_groups(numels)) * s
             job = job_of(str(weights), str(work / "data"), str(work / "out"), dtype)
             ds = ds_config(job, world, DTYPES[dtype], cuda=False)
-            res, _ = state_memory(model_sizes(cfg, 32, DTYPES[dtype]), Setting(3), world, ds, DTYPES[dtype],
-                                  cuda=False)
-            zero3_buffers = res.buffers + res.gradients + res.optimizer  # reduce bucket, LoRA grads + Adam
+            sizes = model_sizes(cfg, 32, DTYPES[dtype])
+            res, _ = state_memory(sizes, Setting(3), world, ds, DTYPES[dtype], cuda=False)
+            # set up after the DiT, the same for both paths: the LoRA adapters as peft makes them (fp32,
+            # whole on every rank until initialize partitions them) and DeepSpeed's ZeRO-3 state
+            # (reduce bucket, the adapters' fp32 master, gradient partition and Adam moments)
+            zero3_buffers = sizes.lora * 4 + res.buffers + res.gradients + res.optimizer
             row = {"dtype": dtype, "file_gib": weights.stat().st_size / GiB, "full_model_gib": full_bytes / GiB,
                    "shard_gib": shard / GiB, "zero3_buffers_gib": zero3_buffers / GiB}
             for path in ("full", "partitioned"):
@@ -187,7 +191,7 @@ def print_table(res: dict) -> None:
         full, part = max(r["full"]["peak_rss_gib"]), max(r["partitioned"]["peak_rss_gib"])
         print(f"{r['dtype']:12}{full:>10.2f} G{part:>11.2f} G{part / full:>7.3f}{max(r['target_gib']):>8.2f} G  "
               f"= {r['full_model_gib']:.2f}/{res['world_size']} + {r['shard_gib']:.2f} + "
-              f"({max(r['partitioned']['overhead_gib']):.2f} process + {r['zero3_buffers_gib']:.2f} ZeRO-3 buffers)"
+              f"({max(r['partitioned']['overhead_gib']):.2f} process + {r['zero3_buffers_gib']:.2f} LoRA + ZeRO-3 state)"
               f"  {'met' if r['met'] else 'NOT met'}")
 
 

@@ -93,10 +93,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 GiB = 2 ** 30
-# One rank's process before any model: python + torch + deepspeed + video_dit imported, a process
-# group joined (CPU figure from the rehearsal benchmark; on CUDA the context adds ~0.5 GiB of host RAM)
-PROCESS_BYTES = int(0.75 * GiB)
-CUDA_CONTEXT_BYTES = int(0.6 * GiB)  # device memory a CUDA context and NCCL take before any tensor
+# One rank's process before any model: python + torch + deepspeed + video_dit imported, a gloo process
+# group joined: 0.25 GiB RSS measured by `video-dit bench --suite load` (CPU ranks)
+PROCESS_BYTES = int(0.25 * GiB)
+# Not measured here (no GPU): what a CUDA context with NCCL takes, of device memory and of host RAM
+CUDA_CONTEXT_BYTES = int(0.6 * GiB)
+CUDA_HOST_BYTES = int(0.5 * GiB)
 PREFERRED_SP_LIMIT = 16
 
 
@@ -502,32 +504,56 @@ class JobPlan:
         return out
 
 
-def encoder_bytes(preset, dtype: torch.dtype) -> dict:
-    """Parameter bytes of the frozen text encoder and VAE (built on the meta device)."""
+def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
+    """Parameter bytes, at `dtype`, of the frozen text encoder and VAE the job loads: counted from
+    their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
+    else from the preset's architectures built on the meta device."""
+    from pathlib import Path
+
+    from video_dit.models.loading import WeightsError, open_weights
     from video_dit.models.text_encoder import build_umt5
     from video_dit.models.vae import CausalVideoVAE
+    from video_dit.train.trainer import model_sources
 
-    te = build_umt5(preset.text_encoder, device="meta")
-    with torch.device("meta"):
-        vae = CausalVideoVAE(preset.vae)
-    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-    return {"text_encoder": n(te) * dtype.itemsize, "vae": n(vae) * dtype.itemsize}
+    vae_src, te_src = model_sources(job.process)
+
+    def from_files(src: str, sub: str, skip=()):
+        path = Path(src)
+        if src.startswith("preset:") or not path.exists():
+            return None
+        path = path / sub if (path / sub).is_dir() else path
+        try:
+            w = open_weights(path)
+        except WeightsError:
+            return None
+        return sum(math.prod(e.shape) for k, e in w.entries.items() if not k.startswith(skip))
+
+    te = from_files(te_src, "text_encoder", skip=("decoder.", "lm_head."))  # a full umT5: its encoder only
+    if te is None:
+        te = sum(p.numel() for p in build_umt5(preset.text_encoder, device="meta").parameters())
+    vae = from_files(vae_src, "vae")
+    if vae is None:
+        with torch.device("meta"):
+            vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
+    return {"text_encoder": te * dtype.itemsize, "vae": vae * dtype.itemsize}
 
 
 def candidate_settings(job, heads: int, world: int):
     """Settings to try, in the order the plan recommends them: the job's ZeRO stage before ZeRO-3;
-    within a stage the smallest sequence-parallel degree first, then block checkpointing (off before
-    on: it costs a third more compute), then optimizer offload, then (ZeRO-3) parameter offload."""
+    within a stage the smallest sequence-parallel degree first; then nothing else, block
+    checkpointing (a third more compute), optimizer offload without and with checkpointing (the
+    step then runs on the CPU), and last (ZeRO-3) parameter offload."""
     base = setting_of(job, micro_batch=1)
     sps = [n for n in range(1, heads + 1) if heads % n == 0 and world % n == 0]
+    levers = ((False, False, False), (True, False, False), (False, True, False), (True, True, False),
+              (True, True, True))  # (checkpointing, offload_optimizer, offload_param)
     for stage in dict.fromkeys((base.zero_stage, 3)):
         for sp in sps:
-            for ckpt in (False, True):
-                for off_opt, off_par in ((False, False), (True, False), (True, True)):
-                    if (off_opt and stage == 0) or (off_par and stage != 3):
-                        continue
-                    yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
-                                  offload_param=off_par)
+            for ckpt, off_opt, off_par in levers:
+                if (off_opt and stage == 0) or (off_par and stage != 3):
+                    continue
+                yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
+                              offload_param=off_par)
 
 
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
@@ -599,8 +625,9 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     """Host RAM per node at start-up and during training (see the module docstring)."""
     from video_dit.models.loading import module_groups
 
-    enc = encoder_bytes(preset, dtype)
+    enc = encoder_bytes(job, preset, dtype)
     n = machine.ranks_per_node
+    process = PROCESS_BYTES + (CUDA_HOST_BYTES if cuda else 0)
     with torch.device("meta"):
         from video_dit.models.dit import VideoDiT
 
@@ -615,8 +642,8 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     encoders = enc["text_encoder"] + enc["vae"]
     offloaded = max((b.as_configured.memory.host for b in rows), default=0)
     device = max((b.as_configured.device_bytes for b in rows), default=0)
-    startup_rank = PROCESS_BYTES + max(encoders, dit_setup + (0 if cuda else enc["vae"]))
-    training_rank = PROCESS_BYTES + offloaded + (0 if cuda else enc["vae"] + device)  # CPU: device = host
+    startup_rank = process + max(encoders, dit_setup + (0 if cuda else enc["vae"]))
+    training_rank = process + offloaded + (0 if cuda else enc["vae"] + device)  # CPU: device = host
     return HostPlan(n * startup_rank, n * training_rank, max(startup_rank, training_rank),
                     {"encoders_per_rank": encoders, "text_encoder": enc["text_encoder"], "vae": enc["vae"],
                      "dit_setup_per_rank": dit_setup, "offloaded_per_rank": offloaded})
@@ -643,7 +670,7 @@ def format_plan(plan: JobPlan) -> str:
                      f"{mem.device / GiB:>7.2f}  {'yes' if b.fits else 'NO':>4}  {fix}")
     host = plan.host
     lines.append(f"  host RAM per node: {host.startup / GiB:.1f} GiB at start-up (per rank: process "
-                 f"{PROCESS_BYTES / GiB:.2f} + frozen encoders {host.parts['encoders_per_rank'] / GiB:.1f} or DiT set-up "
+                 f"{(PROCESS_BYTES + (CUDA_HOST_BYTES if m.device == 'cuda' else 0)) / GiB:.2f} + frozen encoders {host.parts['encoders_per_rank'] / GiB:.1f} or DiT set-up "
                  f"{host.parts['dit_setup_per_rank'] / GiB:.1f}), {host.training / GiB:.1f} GiB while training")
     return "\n".join(lines)
 
