@@ -14,7 +14,8 @@ ZeRO-3: no rank ever holds the whole model. In order:
      (`deepspeed.zero.Init(module=...)`, DeepSpeed's own conversion, the one `deepspeed.initialize`
      would run on a whole model); the group's full tensors are freed before the next is read.
 A rank's set-up peak is thus its partitions (1/N of the model) + one module group in full + on rank
-0 the file pages of that group (the `LazyWeights` file is closed after each group).
+0 the file pages of that group (the `LazyWeights` file is closed after each group); freed heap pages
+are handed back after each group (`release_freed_memory`).
 `deepspeed.initialize` later finds the parameters already partitioned and only converts what was
 added since (the LoRA adapters, which peft injects into the partitioned Linears: peft reads only
 `in_features` / `out_features` and the base weight's dtype and device, all unchanged by ZeRO-3).
@@ -34,8 +35,9 @@ from video_dit.models.loading import WeightsError, check_state_dict, module_grou
 
 
 def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype parameter `name` gets when the model is built at `dtype` (the unpartitioned path
-    casts the whole model to `dtype`, `load_dit(dtype=)`)."""
+    """The dtype parameter `name` gets when the model is built at `dtype`, asked by the partitioned
+    build and the memory planner alike. Today the unpartitioned path casts the whole model to
+    `dtype` (`load_dit(dtype=)`); the bf16 float32 islands (issue 16) answer here once they land."""
     return dtype
 
 

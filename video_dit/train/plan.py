@@ -99,7 +99,6 @@ PROCESS_BYTES = int(0.25 * GiB)
 # Not measured here (no GPU): what a CUDA context with NCCL takes, of device memory and of host RAM
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 CUDA_HOST_BYTES = int(0.5 * GiB)
-PREFERRED_SP_LIMIT = 16
 
 
 class PlanError(ValueError):
@@ -279,9 +278,9 @@ class RankMemory:
 
 def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
                  cuda: bool) -> tuple[RankMemory, RankMemory]:
-    """(resident, transient) DeepSpeed memory of one rank. `resident` lives through the whole step
-    (after the first); `transient` holds what only exists during backward and the optimizer step
-    (returned as (during backward, at the step) in `buffers` / `gradients`; see `predict`)."""
+    """(resident, transient) DeepSpeed memory of one rank (see the module docstring). `resident`
+    lives through the whole step after the first; `transient` is what exists only during backward
+    (`buffers`, ZeRO-1/2 `gradients`) or at the optimizer step (`optimizer`: its temporaries)."""
     s = dtype.itemsize
     z = zero_config(ds)
     N, stage = world, setting.zero_stage
@@ -314,10 +313,12 @@ def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtyp
         gatherable = sum(n for n in sizes.numels if n >= persist)
         trans.buffers = min(gatherable, z.prefetch_bucket_size + sizes.largest_module) * s
         trans.optimizer = part * 4 + (0 if cuda else part * 4)
-    if setting.offload_optimizer:
-        res.host += res.optimizer + res.gradients
+    if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
+        res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
         trans.host = trans.optimizer
         res.optimizer = res.gradients = trans.optimizer = 0
+        if stage in (1, 2):
+            trans.gradients = 0
     if setting.offload_param and stage == 3:
         res.host += res.parameters
         res.parameters = sum(n * s for n in sizes.numels if n < z.param_persistence_threshold)
