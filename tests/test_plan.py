@@ -3,7 +3,7 @@
 The activation model is checked against what the DiT really keeps: every tensor storage the forward
 and backward create, followed by `CPUAllocationTracker`, on a tiny DiT in this process (saved after
 the forward exactly, the step's peak within 10%), for full and LoRA training, with and without block
-checkpointing. Bad input (capacities that are not numbers, zero GPUs, SP degrees that do not divide
+checkpointing, with the CLIP image branch (I2V, FLF2V; LoRA on img_emb). Bad input (capacities that are not numbers, zero GPUs, SP degrees that do not divide
 the heads) and a bucket that cannot fit anywhere are named; train.sh's check refuses, warns or stays
 off by `deepspeed.memory_check`. (Predictions against 2 DeepSpeed ranks: `video-dit bench --suite plan`.)
 """
@@ -24,28 +24,37 @@ CFG = DiTConfig(in_dim=16, out_dim=16, dim=64, ffn_dim=256, freq_dim=32, text_di
 GRID = (4, 12, 12)  # 4 x 6 x 6 = 144 tokens
 
 
-@pytest.mark.parametrize("lora", [None, 4])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_activation_model_equals_what_autograd_keeps(lora, checkpointing):
+# (LoRA rank, block checkpointing, CLIP images (0: no image branch, 1: I2V, 2: FLF2V), LoRA on img_emb)
+CASES = [(None, False, 0, False), (None, True, 0, False), (4, False, 0, False), (4, True, 0, False),
+         (None, False, 2, False), (4, True, 1, True)]
+
+
+@pytest.mark.parametrize("lora,checkpointing,images,img_emb", CASES)
+def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb):
+    from dataclasses import replace
+
+    cfg = replace(CFG, image_dim=32, image_tokens=17, num_images=images) if images else CFG
     torch.manual_seed(0)
-    model = VideoDiT(CFG)
+    model = VideoDiT(cfg)
     helpers.randomize_head(model)
     if lora:
-        from video_dit.lora import add_lora
+        from video_dit.lora import add_lora, lora_targets
 
-        add_lora(model, lora)
+        add_lora(model, lora, targets=lora_targets(img_emb))
     if checkpointing:
         model.enable_gradient_checkpointing()
     g = torch.Generator().manual_seed(1)
     x, t = torch.randn(1, 16, *GRID, generator=g), torch.tensor([300.0])
     context = [torch.randn(CFG.text_len, CFG.text_dim, generator=g)]
+    clip = torch.randn(1, cfg.image_context_len, 32, generator=g) if images else None
     target = torch.randn(1, 16, *GRID, generator=g)
-    model(x, t, context).sum().backward()  # gradients allocated before the measured step
+    model(x, t, context, clip_fea=clip).sum().backward()  # gradients allocated before the measured step
     with CPUAllocationTracker() as tracker:
-        loss = (model(x, t, context) - target).square().mean()
+        loss = (model(x, t, context, clip_fea=clip) - target).square().mean()
         saved = tracker.live
         loss.backward()
-    predicted = activation_bytes(CFG, GRID, Setting(0, checkpointing=checkpointing), lora_rank=lora, s=4)
+    predicted = activation_bytes(cfg, GRID, Setting(0, checkpointing=checkpointing), lora_rank=lora, s=4,
+                                 lora_img_emb=img_emb)
     # the forward keeps what the derivation lists (the loss keeps (pred - target) where the model output was)
     if lora:  # LoRA: the tracker does not find the frozen head's saved statistics live (2 Ll 4 + T D 4 bytes)
         assert 0 <= predicted.saved - (saved - 4) <= 2 * 144 * 4 + 64 * 4

@@ -32,13 +32,20 @@ Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
   text side, Lt * (3 D s + 4 + 2 r s): cross-attention k (kept by its RMSNorm), normed k and v (kept
       by the attention kernel), k's rstd, LoRA on k and v
   modulation, T * D * 32: the six fp32 adaLN vectors (B, T, 6, D) and the two (1 + scale) factors
+  image branch (Wan 2.1 I2V / FLF2V, Li = 257 or 514 CLIP tokens): the image side Li * (3 D s + 4 +
+      2 r s) as the text side (k_img, v_img); on the video side Ll * (2 D s + H * 4): the text and
+      image attention outputs, which the kernels keep apart from their sum (kept by `o`), and the
+      image attention's logsumexp
 Checked exactly against `CPUAllocationTracker` (`video-dit bench --suite plan`).
 
 Outside the blocks: the first block's input Ll D s; the time MLP (full fine-tune: its sinusoid
 input freq_dim * 4 and four D s per timestep); the text MLP's saved tensors (full fine-tune: its
 padded input Lt text_dim s and two Lt D s; always the context Lt D s); the head (its stats and the
 fp32 (1 + scale), T D 4; full fine-tune: its normed and modulated inputs, 2 Ll D s); the output,
-Ll C s (+ L C s gathered under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0).
+Ll C s (+ L C s gathered under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0);
+the image MLP `img_emb` (c = image_dim) its output Li D s and, when it trains (full fine-tune: Li *
+(3 c s + D s + 16), + Li c s FLF2V's clip_fea + emb_pos; LoRA with include_img_emb: Li * (3 c s +
+D s + 8 + 2 r s)) its Linears' and GELU's inputs and its LayerNorms' (`image_embedding_bytes`).
 
 Block checkpointing keeps only each block's input (Ll D s; e0, T * 6D * 4, once). In backward one
 block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
@@ -47,7 +54,7 @@ block at a time is re-run without RecomputeSaved, so it holds the recompute-off 
   q/k, normed cross q, c = norm3(x1), the modulated FFN input) plus, in full fine-tuning, the two
   normed LayerNorm outputs, y and the FFN output kept for the parameters' gradients; the GELU output
   is kept (2 F); under sequence parallelism the self-attention keeps its exchanged q/k/v/output
-  rather than the rotated q/k (+1 D s).
+  rather than the rotated q/k (+1 D s); the image branch adds its video and image sides as above.
 
 The peak of a step is reached in the backward of the last block's FFN (traced op by op), after the
 head's saved tensors were freed:
@@ -79,10 +86,10 @@ the fused AdamW allocates none.
 
 Host RAM (per node): each rank's process (`PROCESS_BYTES`, the interpreter with torch and
 DeepSpeed imported, measured by `video-dit bench --suite rehearsal`), the frozen encoders while the
-caches are built (umT5 and the VAE on each rank: they are loaded on every rank, then the text
-encoder is freed), the DiT set-up (ZeRO-3: one module group read on rank 0; otherwise the whole
-model passes through host memory on every rank, one module group at a time when on a GPU), then
-whatever is offloaded.
+caches are built (umT5, the VAE and for Wan 2.1 I2V / FLF2V CLIP on each rank: they are loaded on
+every rank, then the text and image encoders are freed), the DiT set-up (ZeRO-3: one module group
+read on rank 0; otherwise the whole model passes through host memory on every rank, one module
+group at a time when on a GPU), then whatever is offloaded.
 """
 
 from __future__ import annotations
@@ -163,17 +170,18 @@ class ModelSizes:
     ffn_weight: int                # ffn.2's weight (D x F): its new gradient is part of the peak
 
 
-def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype) -> ModelSizes:
-    """Counts of the DiT built on the meta device (and its LoRA adapters): nothing allocated."""
+def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False) -> ModelSizes:
+    """Counts of the DiT built on the meta device (and its LoRA adapters, on the trainer's targets:
+    `lora_targets(network.include_img_emb)`): nothing allocated."""
     from video_dit.models.dit import VideoDiT
     from video_dit.train.build import param_dtype
 
     with torch.device("meta"):
         model = VideoDiT(dit_config)
         if lora_rank:
-            from video_dit.lora import add_lora
+            from video_dit.lora import add_lora, lora_targets
 
-            add_lora(model, lora_rank)
+            add_lora(model, lora_rank, targets=lora_targets(lora_img_emb))
     base = lora = base_bytes = train_bytes = 0
     numels, per_module = [], {}
     for name, p in model.named_parameters():
@@ -205,10 +213,27 @@ class Activations:
     parts: dict = field(default_factory=dict)
 
 
+def image_embedding_bytes(cfg, s: int, lora_rank: int | None, lora_img_emb: bool) -> int:
+    """What the CLIP image branch's `img_emb` MLP (LayerNorm, Linear, GELU, Linear, LayerNorm over
+    Li = image_context_len tokens of width c = image_dim) leaves for backward, with its output (the
+    image context, kept by every block's k_img / v_img); 0 without the branch (module docstring)."""
+    Li, c, D, r = cfg.image_context_len, cfg.image_dim or 0, cfg.dim, lora_rank or 0
+    if not Li:
+        return 0
+    out = Li * D * s
+    flf2v = Li * c * s if cfg.num_images > 1 else 0  # clip_fea + emb_pos, kept by the first LayerNorm
+    if not lora_rank:  # both LayerNorms' input and stats, the Linears' inputs, GELU's input
+        return out + Li * (3 * c * s + D * s + 16) + flf2v
+    if lora_img_emb:  # the adapters' inputs and lora_A outputs, GELU's input, the last LayerNorm's
+        return out + Li * (3 * c * s + D * s + 8 + 2 * r * s)
+    return out  # frozen: nothing inside needs a gradient
+
+
 def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                     per_token: bool = False) -> Activations:
+                     per_token: bool = False, lora_img_emb: bool = False) -> Activations:
     """Activation memory of one forward + backward on one rank, for latents of `grid` = (F', h, w)
-    (see the module docstring for the derivation of every term)."""
+    (see the module docstring for the derivation of every term). `lora_img_emb`: LoRA adapters on
+    the image MLP too (`network.include_img_emb`)."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
     N, B = setting.sp, setting.micro_batch
@@ -218,23 +243,26 @@ def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_
     full = not lora_rank
     T = Ll if per_token else 1
     T_time = L if per_token else 1  # the time MLP runs before the tokens are split
-    stats = (9 + H + (H if N == 1 else 0)) * 4
-    text = Lt * (3 * D * s + 4 + 2 * r * s)
+    Li, c = cfg.image_context_len, cfg.image_dim or 0
+    stats = (9 + H + (H if N == 1 else 0) + (H if Li else 0)) * 4
+    text = Lt * (3 * D * s + 4 + 2 * r * s) + Li * (3 * D * s + 4 + 2 * r * s)  # + the image side (k_img, v_img)
+    image = 2 * D * s if Li else 0  # the text and image attention outputs, apart from their sum (kept by `o`)
     modulation = T * D * 32
-    block = Ll * ((10 + full) * D * s + F * s + stats + 8 * r * s) + text + modulation
+    block = Ll * ((10 + full) * D * s + image + F * s + stats + 8 * r * s) + text + modulation
     head = (2 * Ll * D * s if full else 0) + 2 * Ll * 4 + T * D * 4  # normed, modulated input; stats; 1 + scale
     outside = (Ll * D * s                                              # first block input
                + (T_time * (cfg.freq_dim * 4 + 4 * D * s) if full else 0)  # time MLP
                + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
                + head + Ll * C * s + (L * C * s if N > 1 else 0)       # head, output (+ gathered)
-               + (L * 7 * D * 4 if per_token else 0))
+               + (L * 7 * D * 4 if per_token else 0)
+               + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))  # img_emb and its output
     if not setting.checkpointing:
         saved = cfg.num_layers * block + outside
         backward = (2 * Ll * F * s if full else 3 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
         peak = saved * B - head * B + backward
         parts = {"per_block": block, "outside": outside, "backward": backward}
     else:
-        recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + 2 * F * s + stats + 8 * r * s)
+        recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + image + 2 * F * s + stats + 8 * r * s)
                      + text + modulation)
         saved = cfg.num_layers * Ll * D * s + T * 6 * D * 4 + outside  # e0: one tensor, every block's input
         backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
@@ -350,10 +378,11 @@ def tokens_of(cfg, grid) -> int:
 
 def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
             dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
-            sizes: ModelSizes | None = None) -> Prediction:
+            sizes: ModelSizes | None = None, lora_img_emb: bool = False) -> Prediction:
     """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`."""
-    sizes = sizes or model_sizes(cfg, lora_rank, dtype)
-    act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token)
+    sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb)
+    act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
+                           lora_img_emb=lora_img_emb)
     res, trans = state_memory(sizes, setting, world, ds, dtype, cuda)
     if setting.zero_stage == 0:
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
@@ -506,7 +535,7 @@ class JobPlan:
 
 
 def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
-    """Parameter bytes, at `dtype`, of the frozen text encoder and VAE the job loads: counted from
+    """Parameter bytes, at `dtype`, of the frozen text encoder, VAE (and CLIP) the job loads: counted from
     their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
     else from the preset's architectures built on the meta device."""
     from pathlib import Path
@@ -514,7 +543,7 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
     from video_dit.models.loading import WeightsError, open_weights
     from video_dit.models.text_encoder import build_umt5
     from video_dit.models.vae import CausalVideoVAE
-    from video_dit.train.trainer import model_sources
+    from video_dit.train.trainer import image_encoder_source, model_sources
 
     vae_src, te_src = model_sources(job.process)
 
@@ -536,7 +565,13 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
     if vae is None:
         with torch.device("meta"):
             vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
-    return {"text_encoder": te * dtype.itemsize, "vae": vae * dtype.itemsize}
+    clip = 0
+    if image_encoder_source(job.process) is not None:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
+        from video_dit.models.image_encoder import build_clip_vision
+
+        # counted at `dtype` whole (an upper bound: the trainer drops its last block, quanto's fp8 halves it)
+        clip = sum(p.numel() for p in build_clip_vision(preset.image_encoder, device="meta").parameters())
+    return {"text_encoder": te * dtype.itemsize, "vae": vae * dtype.itemsize, "image_encoder": clip * dtype.itemsize}
 
 
 def candidate_settings(job, heads: int, world: int):
@@ -581,14 +616,15 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     dtype = planned_dtype(job, machine.device)
     lora = p.network.linear if p.network is not None else None
     ds = ds_config(job, machine.ranks, dtype, cuda=cuda)
-    sizes = model_sizes(cfg, lora, dtype)
+    img_emb = bool(p.network is not None and p.network.include_img_emb)
+    sizes = model_sizes(cfg, lora, dtype, img_emb)
     per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
     capacity = capacity_of(machine)
     setting = setting_of(job)
 
     def pred(grid, s):
         return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
-                       per_token=per_token, sizes=sizes)
+                       per_token=per_token, sizes=sizes, lora_img_emb=img_emb)
 
     listed = ([(b, 0, "--bucket") for b in buckets] if buckets else job_buckets(job, preset, missing))
     rows = []
@@ -639,8 +675,8 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     else:
         dit_setup = group if cuda else sizes.base_bytes  # read per group to the GPU; on CPU it stays
     # the encoders come to the host first (transformers / our loaders), then go to the device; the
-    # text encoder is freed after the caches, the VAE stays (previews)
-    encoders = enc["text_encoder"] + enc["vae"]
+    # text and image encoders are freed after the caches, the VAE stays (previews)
+    encoders = enc["text_encoder"] + enc["vae"] + enc["image_encoder"]
     offloaded = max((b.as_configured.memory.host for b in rows), default=0)
     device = max((b.as_configured.device_bytes for b in rows), default=0)
     startup_rank = process + max(encoders, dit_setup + (0 if cuda else enc["vae"]))
