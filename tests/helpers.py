@@ -40,6 +40,28 @@ def randomize_head(dit, std: float = 0.05, seed: int = 1):
     return dit
 
 
+def diffusers_wan(in_dim: int = 4, out_dim: int = 4, seed: int = 0, *, head_dim: int = 16, text_dim: int = 24,
+                  image: str | None = None, image_dim: int = 20, image_tokens: int = 5):
+    """A small random diffusers `WanTransformer3DModel` (2 heads of `head_dim`, 2 layers, ffn 64, freq 16),
+    its norms (and FLF2V's pos_embed) perturbed so their weights matter too. image: None, "i2v" (Wan 2.1
+    I2V: image_dim + added_kv_proj_dim) or "flf2v" (+ pos_embed_seq_len = 2 * image_tokens)."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    heads = 2
+    extra = {} if image is None else dict(image_dim=image_dim, added_kv_proj_dim=heads * head_dim,
+                                          pos_embed_seq_len=2 * image_tokens if image == "flf2v" else None)
+    ref = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=head_dim, in_channels=in_dim,
+        out_channels=out_dim, text_dim=text_dim, freq_dim=16, ffn_dim=64, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, **extra).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name or "pos_embed" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return ref
+
+
 def preset_dit(preset: str = "tiny", seed: int = 0, **changes):
     """A preset-shaped VideoDiT (its DiT config changed by `changes`, e.g. in_dim=36), seeded init."""
     from video_dit.models.dit import VideoDiT

@@ -24,18 +24,8 @@ def reference(in_dim=4, out_dim=4, seed=0, image=None):
     """A small random diffusers Wan transformer, norms (and FLF2V's pos_embed) perturbed so their
     weights matter too. image: None, "i2v" (Wan 2.1 I2V: image_dim + added_kv_proj_dim) or "flf2v"
     (+ pos_embed_seq_len)."""
-    torch.manual_seed(seed)
-    extra = {} if image is None else dict(image_dim=IMAGE_DIM, added_kv_proj_dim=HEADS * HEAD_DIM,
-                                          pos_embed_seq_len=2 * IMAGE_TOKENS if image == "flf2v" else None)
-    ref = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=in_dim,
-        out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2,
-        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, **extra).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if "norm" in name or "pos_embed" in name:
-                p.add_(0.2 * torch.randn_like(p))
-    return ref
+    return helpers.diffusers_wan(in_dim, out_dim, seed, head_dim=HEAD_DIM, text_dim=TEXT_DIM, image=image,
+                                 image_dim=IMAGE_DIM, image_tokens=IMAGE_TOKENS)
 
 
 def ours_from(ref) -> VideoDiT:

@@ -127,16 +127,7 @@ def test_mismatch_lists_missing_unexpected_and_wrong_shape_keys(tmp_path, tiny):
 def wan21_image_reference(image: str):
     """A small random diffusers Wan 2.1 I2V / FLF2V transformer at Wan's CLIP sizes (1280 wide, 257 tokens
     per image), head dim 128 so that a single file's config can be inferred (Wan's convention)."""
-    torch.manual_seed(0)
-    ref = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=128, in_channels=36, out_channels=16,
-        text_dim=24, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-        image_dim=1280, added_kv_proj_dim=256, pos_embed_seq_len=514 if image == "flf2v" else None).eval()
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            if "norm" in name or "pos_embed" in name:
-                p.add_(0.2 * torch.randn_like(p))
-    return ref
+    return helpers.diffusers_wan(36, 16, head_dim=128, image=image, image_dim=1280, image_tokens=257)
 
 
 def image_parity(model, ref, images: int):

@@ -7,6 +7,7 @@ I2V-style channel concat without an image encoder, and Wan 2.1 I2V / FLF2V (conc
 CLIP image branch + a CLIP image encoder and processor; FLF2V with a last image); UniPC on diffusers'
 grid and on Wan's, and Euler."""
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -51,16 +52,11 @@ OURS = {"unipc": dict(solver="unipc", grid="diffusers"), "unipc-wan": dict(solve
         "euler": dict(solver="euler")}
 
 
-def _transformer(in_dim, out_dim, seed, **image_branch):
-    torch.manual_seed(seed)
-    ref = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=in_dim,
-        out_channels=out_dim, text_dim=TEXT_DIM, freq_dim=16, ffn_dim=64, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", eps=1e-6, **image_branch).eval()
-    with torch.no_grad():  # norms perturbed so their weights matter; a larger head so steps move the latents
-        for name, p in ref.named_parameters():
-            if "norm" in name or "pos_embed" in name:
-                p.add_(0.2 * torch.randn_like(p))
+def _transformer(in_dim, out_dim, seed, image=None):
+    """The suite's small diffusers Wan transformer (image: None, "i2v" or "flf2v" at the tiny CLIP's 32 wide,
+    17 tokens), with a larger head so steps move the latents."""
+    ref = helpers.diffusers_wan(in_dim, out_dim, seed, text_dim=TEXT_DIM, image=image, image_dim=32, image_tokens=17)
+    with torch.no_grad():
         ref.proj_out.weight.mul_(4.0)
     return ref
 
@@ -87,10 +83,8 @@ def _folder(tmp_path_factory, kind):
     torch.manual_seed(1)
     vae = diffusers.AutoencoderKLWan(**vae_config_to_diffusers(vae_cfg)).eval()
     clip = kind in ("i2v_clip", "flf2v_clip")
-    image_branch = {} if not clip else dict(image_dim=32, added_kv_proj_dim=32,
-                                            pos_embed_seq_len=2 * 17 if kind == "flf2v_clip" else None)
     transformer = _transformer(z + 4 + z if kind in ("concat", "i2v_clip", "flf2v_clip") else z, z, seed=2,
-                               **image_branch)
+                               image=None if not clip else "flf2v" if kind == "flf2v_clip" else "i2v")
     common = dict(tokenizer=None, text_encoder=None, vae=vae, scheduler=SCHEDULERS["unipc"](), transformer=transformer)
     if kind == "t2v":  # with a (tiny) text encoder, so `video-dit sample` can run on the folder as it is
         from transformers import ByT5Tokenizer
