@@ -205,10 +205,12 @@ def run_json_subprocess(args: list[str], env: dict | None = None, what: str = "b
     return json.loads(lines[-1])
 
 
-def launch_ranks(module: str, spec: dict, world: int, workdir: Path, threads: int = 1) -> list[dict]:
-    """Run `python -m module --_rank SPEC` as `world` gloo ranks on this machine (CPU, `threads` each)
-    and return each rank's JSON, which the rank writes to `<spec["out"]>.rank<r>.json`. A failed
-    rank raises with the tail of its log."""
+def launch_ranks(module: str, spec: dict, world: int, workdir: Path, threads: int = 1,
+                 hide_cuda: bool = True) -> list[dict]:
+    """Run `python -m module --_rank SPEC` as `world` ranks on this machine (`threads` each; CUDA hidden
+    unless `hide_cuda` is False, for a rank that runs on its LOCAL_RANK's GPU) and return each rank's
+    JSON, which the rank writes to `<spec["out"]>.rank<r>.json`. A failed rank raises with the tail of
+    its log."""
     import os
 
     from video_dit.train.engine import free_port
@@ -217,7 +219,7 @@ def launch_ranks(module: str, spec: dict, world: int, workdir: Path, threads: in
     spec_path = workdir / f"spec_{int(time.time() * 1e6)}.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
-           "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
+           "OMP_NUM_THREADS": str(threads), **({"CUDA_VISIBLE_DEVICES": ""} if hide_cuda else {})}
     procs = []
     for r in range(world):
         log = open(workdir / f"{spec_path.stem}_rank{r}.log", "w")

@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from video_dit.bench.common import (device_peak, median, mfu, profiled_live_after, profiled_peak,
+from video_dit.bench.common import (device_peak, launch_ranks, median, mfu, profiled_live_after, profiled_peak,
                                     run_json_subprocess, tensor_memory_split, time_side_by_side,
                                     write_json)
 
@@ -273,31 +272,12 @@ def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, t
               dtype: str) -> list:
     """Start `world_size` rank processes of `_rank_main` and return their results (rank order)."""
     from video_dit.data.demo import make_demo_data
-    from video_dit.train.engine import free_port
 
     make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # the job must name a dataset
     spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device, "dtype": dtype,
             "threads": max(1, threads // world_size) if device == "cpu" else threads, "out": str(workdir / "ranks"),
             "data_dir": str(workdir / "job_data"), "out_dir": str(workdir / "job_out")}
-    spec_path = workdir / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
-           "OMP_NUM_THREADS": str(spec["threads"])}
-    procs = []
-    for r in range(world_size):
-        log = open(workdir / f"rank{r}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "video_dit.bench.train", "--_rank", str(spec_path)],
-                                       env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    for r, (proc, log) in enumerate(procs):
-        if proc.wait() != 0:
-            failed.append(r)
-        log.close()
-    if failed:
-        tail = (workdir / f"rank{failed[0]}.log").read_text()[-3000:]
-        raise RuntimeError(f"train bench rank(s) {failed} failed; rank {failed[0]} log tail:\n{tail}")
-    return [json.loads((workdir / f"ranks.rank{r}.json").read_text()) for r in range(world_size)]
+    return launch_ranks("video_dit.bench.train", spec, world_size, workdir, threads=spec["threads"], hide_cuda=False)
 
 
 # ---------------------------------------------------------------- activation peak, checkpointing on/off
