@@ -486,7 +486,23 @@ TEXT_ENCODER_DOWNLOAD = (
     "  huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'text_encoder/*' 'tokenizer/*' "
     "--local-dir MODELS/wan2.1\n"
     "and pass MODELS/wan2.1 (the folder holding text_encoder/ and tokenizer/)")
-TEXT_ENCODER_QUANTIZE = ("qfloat8", "qint8")
+TEXT_ENCODER_QUANTIZE = ("qfloat8", "qint8")  # optimum-quanto weight types of a frozen encoder (text, image)
+
+
+def _check_quantize(quantize: str | None) -> None:
+    if quantize is not None and quantize not in TEXT_ENCODER_QUANTIZE:
+        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(TEXT_ENCODER_QUANTIZE)}")
+
+
+def _quantize_frozen(model: nn.Module, quantize: str | None) -> None:
+    """Quantize a frozen encoder's weights in place (optimum-quanto, `quantize` from
+    TEXT_ENCODER_QUANTIZE) and freeze them; None leaves it as it is."""
+    if quantize is None:
+        return
+    from optimum import quanto
+
+    quanto.quantize(model, weights=getattr(quanto, quantize))
+    quanto.freeze(model)
 
 
 def te_quantization(model_config) -> str | None:
@@ -513,8 +529,7 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
 
     from video_dit.models.text_encoder import TextEncoder, build_umt5, byte_tokenizer
 
-    if quantize is not None and quantize not in TEXT_ENCODER_QUANTIZE:
-        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(TEXT_ENCODER_QUANTIZE)}")
+    _check_quantize(quantize)
     text_len = 512
     src = str(source)
     if src.startswith("preset:"):
@@ -550,11 +565,7 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
-    if quantize is not None:
-        from optimum import quanto
-
-        quanto.quantize(model, weights=getattr(quanto, quantize))
-        quanto.freeze(model)
+    _quantize_frozen(model, quantize)
     return TextEncoder(model, tok, text_len)
 
 
@@ -599,7 +610,6 @@ IMAGE_ENCODER_DOWNLOAD = (
     "'image_encoder/*' 'image_processor/*' --local-dir MODELS/wan2.1-i2v (pass MODELS/wan2.1-i2v)\n"
     "  ComfyUI's clip_vision_h.safetensors (Comfy-Org/Wan_2.1_ComfyUI_repackaged, split_files/clip_vision/)\n"
     "  Wan's models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth (in Wan-AI/Wan2.1-I2V-14B-480P)")
-IMAGE_ENCODER_QUANTIZE = TEXT_ENCODER_QUANTIZE
 
 
 def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
@@ -649,8 +659,7 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
     from video_dit.models.convert import clip_vision_from_transformers, clip_vision_from_wan, clip_vision_key_layout
     from video_dit.models.image_encoder import CLIP_MEAN, CLIP_STD, ImageEncoder, build_clip_vision, clip_vision_config
 
-    if quantize is not None and quantize not in IMAGE_ENCODER_QUANTIZE:
-        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(IMAGE_ENCODER_QUANTIZE)}")
+    _check_quantize(quantize)
     src = str(source)
     mean, std = CLIP_MEAN, CLIP_STD
     if src.startswith("preset:"):
@@ -699,11 +708,7 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     encoder = ImageEncoder(model, mean=mean, std=std).to(device)
-    if quantize is not None:
-        from optimum import quanto
-
-        quanto.quantize(encoder.model, weights=getattr(quanto, quantize))
-        quanto.freeze(encoder.model)
+    _quantize_frozen(encoder.model, quantize)
     return encoder
 
 
