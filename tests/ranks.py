@@ -11,6 +11,7 @@ runs a list of trainer jobs as one rank of such a launch.
     nan       {"rank", "calls", "from_call"}: the k-th losses on that rank made non-finite
     record    every trained batch's dataset indices -> items_rank<r>.jsonl ([step, rank, indices])
     dump      the full trainable state after a resume and after each save -> state_<tag>_<step>.safetensors
+    init      the trainable parameters as built, before any step (full tensors) -> init.safetensors
     stop_at   stop after this step (the LR schedule keeps the configured length)
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
   and always writes result_rank<r>.json: VAE / text / CLIP image encode calls, the optimizer-step and micro-step
@@ -192,6 +193,18 @@ def _dump(trainer, out: Path) -> None:
     trainer.save = save_and_dump
 
 
+def _save_init(trainer, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from video_dit.train.engine import gathered
+
+    trainable = [(n, p) for n, p in trainer.module.named_parameters() if p.requires_grad]
+    with gathered([p for _, p in trainable], trainer.zero_stage):  # whole under ZeRO-3 too
+        state = {n: p.detach().float().clone().contiguous() for n, p in trainable}
+    if trainer.rank == 0:
+        save_file(state, str(out / "init.safetensors"))
+
+
 def _predict(trainer, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
@@ -250,6 +263,8 @@ def worker(spec_path: str) -> int:
         if item.get("nan") is not None:
             _poison(trainer, item["nan"])
         record = _record(trainer, out) if item.get("record") else None
+        if item.get("init"):
+            _save_init(trainer, out)
         if item.get("dump"):
             _dump(trainer, out)
         if item.get("stop_at"):

@@ -1,7 +1,7 @@
 """Held-out validation loss and the EMA of the trainable weights.
 
 Single process: the seeded validation split, skipped validation items, the EMA update and swap.
-One 2-rank launch (`--worker SPEC`, like tests/test_train_multirank.py), four jobs on the tiny preset:
+One 2-rank launch of tests/ranks.py's job worker, four jobs on the tiny preset:
   z0  ZeRO-0 LoRA, EMA (decay 0.5) + validation every step, exports every step;
   z3  the same job under ZeRO-3 (EMA partitioned per rank): the same validation losses and EMA export;
   r3  z3 relaunched from its step-2 checkpoint: the validation losses and EMA export of z3 (exact);
@@ -13,18 +13,14 @@ The step-0 validation loss is also computed here from scratch (base DiT, conditi
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import warnings
 from pathlib import Path
 
+import helpers
 import pytest
 import ranks
 import torch
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
 DECAY = 0.5
 SIGMAS = [1.0, 0.6, 0.2]
 
@@ -129,59 +125,19 @@ def test_ema_update_and_swap_restore_exactly():
 
 # ---------------------------------------------------------------- the 2-rank launch
 
-def make_base(path: Path) -> None:
-    """The tiny preset's random init with a non-zero output layer (its zeroed head would give a LoRA
-    on the blocks no gradient, and every validation loss would be that of a zero prediction)."""
-    from safetensors.torch import save_file
-
-    from video_dit.models.loading import load_dit
-
-    dit = load_dit("preset:tiny", seed=0)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        dit.head.head.weight.copy_(torch.randn(dit.head.head.weight.shape, generator=g) * 0.05)
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
-
-
 def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int = 4, sp: int = 1) -> Path:
+    """A tiny-preset job (helpers.train_process) with EMA (decay `DECAY`) and validation on the 3
+    held-out clips every step, an export every step, constant LR."""
     holdout = root / "data" / "holdout"
-    process = {
-        "type": "sd_trainer", "training_folder": str(root / "out"),
-        "save": {"dtype": "float32", "save_every": 1, "max_step_saves_to_keep": 10, "resume": "none"},
-        "datasets": [{"folder_path": str(root / "data"), "num_frames": 9, "resolution": [32], "do_i2v": True}],
-        "train": {"steps": steps, "lr": 2e-2, "batch_size": 1, "dtype": "fp32", "seed": 7, "disable_sampling": True,
-                  "ema_config": {"use_ema": True, "ema_decay": DECAY, "validate_with_ema": True},
-                  "validation_config": {"validate_every_n_steps": 1, "validation_sigmas": SIGMAS, "seed": 5,
-                                        "validation_items": [
-                                            {"image_path": str(holdout / f"{j:03d}.mp4"),
-                                             "prompt": (holdout / f"{j:03d}.txt").read_text().strip()}
-                                            for j in range(3)]}},
-        "model": {"arch": "video_dit", "name_or_path": str(root / "base.safetensors"), "preset": "tiny"},
-        "deepspeed": {"zero_stage": zero, "timeout_s": 120, "sequence_parallel_size": sp},
-    }
-    if lora:
-        process["network"] = {"type": "lora", "linear": 4, "linear_alpha": 4}
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": name, "process": [process]}}))
-    return path
-
-
-def worker(spec_path: str) -> int:
-    from safetensors.torch import save_file
-
-    from video_dit.train.config import load_job
-    from video_dit.train.trainer import Trainer
-
-    spec = json.loads(Path(spec_path).read_text())
-    for item in spec["jobs"]:
-        job = load_job(item["config"])
-        trainer = Trainer(job, resume=item.get("resume"))
-        if item.get("dump_init") and trainer.rank == 0:  # ZeRO-0: every rank holds the whole LoRA
-            save_file({n: p.detach().clone().contiguous() for n, p in trainer.module.named_parameters()
-                       if p.requires_grad}, str(job.out_dir / "init.safetensors"))
-        trainer.train()
-        trainer.close()
-    return 0
+    items = [{"image_path": str(holdout / f"{j:03d}.mp4"), "prompt": (holdout / f"{j:03d}.txt").read_text().strip()}
+             for j in range(3)]
+    return helpers.write_job(
+        root, name, zero=zero, lora=lora, steps=steps, save_every=1, keep=10, lr=2e-2,
+        train={"warmup_steps": 0, "lr_scheduler": "constant",
+               "ema_config": {"use_ema": True, "ema_decay": DECAY, "validate_with_ema": True},
+               "validation_config": {"validate_every_n_steps": 1, "validation_sigmas": SIGMAS, "seed": 5,
+                                     "validation_items": items}},
+        deepspeed={"sequence_parallel_size": sp})
 
 
 def _metrics(root: Path, name: str) -> dict[int, dict]:
@@ -230,19 +186,13 @@ def _expected_val_loss(root: Path) -> dict[float, float]:
 
 @pytest.mark.multirank
 def test_validation_and_ema_across_zero_stages_resume_and_sequence_parallel(tmp_path):
-    from video_dit.data.demo import make_demo_data
-
-    make_demo_data(tmp_path / "data", count=2, frames=9, size=32, seed=0, holdout=3)
-    make_base(tmp_path / "base.safetensors")
-    jobs = [{"config": str(job_yaml(tmp_path, "z0", zero=0)), "resume": "none", "dump_init": True},
+    helpers.make_world(tmp_path, count=2, holdout=3)
+    jobs = [{"config": str(job_yaml(tmp_path, "z0", zero=0)), "resume": "none", "init": True},
             {"config": str(job_yaml(tmp_path, "z3", zero=3)), "resume": "none"},
             {"config": str(job_yaml(tmp_path, "r3", zero=3)),
              "resume": str(tmp_path / "out/z3/checkpoints/step_000000002")},
             {"config": str(job_yaml(tmp_path, "sp", zero=3, lora=False, steps=2, sp=2)), "resume": "none"}]
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"jobs": jobs}))
-    procs = ranks.start([__file__, "--worker", str(spec)], cwd=tmp_path, log_prefix=tmp_path / "launch")
-    ranks.wait(procs, tmp_path / "launch", timeout=600)
+    ranks.run_jobs(tmp_path, jobs, timeout=600)
     check_launch(tmp_path)
 
 
@@ -304,9 +254,3 @@ def check_launch(tmp_path: Path) -> None:
     assert max((got[n] - full[n]).abs().max().item() for n in full) < 1e-6
     assert max((got[n] - raw[n]).abs().max().item() for n in full) > 1e-4
 
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
-        sys.exit(worker(sys.argv[2]))
-    sys.exit(f"usage: {sys.argv[0]} --worker SPEC.json")
