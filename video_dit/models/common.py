@@ -1,4 +1,5 @@
-"""What every wrapper around a held network asks of it: the device it runs on and its activation dtype.
+"""What the wrappers of transformers' networks (the text and image encoders) share: building one
+seeded or on the meta device, and asking it for its device and activation dtype.
 
 `module_dtype_device` reads the first floating-point parameter, so a quantized model (optimum-quanto's
 integer / float8 weights) reports the dtype of its non-quantized parameters, the one its activations use.
@@ -16,6 +17,19 @@ def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
         if p.is_floating_point():
             return p.dtype, p.device
     raise ValueError(f"{type(module).__name__} has no floating-point parameters")
+
+
+def build_transformers_model(cls, hf_config, seed: int | None = 0, device=None) -> nn.Module:
+    """`cls(hf_config)` (a transformers model class and its config) in eval mode: randomly initialised
+    from `seed` (transformers' own init, the same weights for the same seed, torch's global RNG
+    untouched), or on the meta device when `device="meta"` (for `load_state_dict(..., assign=True)`)."""
+    if device is not None and torch.device(device).type == "meta":
+        with torch.device("meta"):
+            return cls(hf_config).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0 if seed is None else seed)
+        model = cls(hf_config)
+    return model.to(device).eval() if device is not None else model.eval()
 
 
 class EncoderWrapper(nn.Module):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from video_dit.models.common import EncoderWrapper
+from video_dit.models.common import EncoderWrapper, build_transformers_model
 
 # OpenAI CLIP's normalisation, which Wan uses for ViT-H/14 (wan/modules/clip.py `_clip`).
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -71,13 +71,7 @@ def build_clip_vision(config: ImageEncoderConfig, seed: int | None = 0, device=N
     on the meta device when `device="meta"` (for `load_state_dict(..., assign=True)`)."""
     from transformers import CLIPVisionModel
 
-    if device is not None and torch.device(device).type == "meta":
-        with torch.device("meta"):
-            return CLIPVisionModel(clip_vision_config(config)).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0 if seed is None else seed)
-        model = CLIPVisionModel(clip_vision_config(config))
-    return model.to(device).eval() if device is not None else model.eval()
+    return build_transformers_model(CLIPVisionModel, clip_vision_config(config), seed, device)
 
 
 def _vision(model: nn.Module) -> nn.Module:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from video_dit.models.common import EncoderWrapper
+from video_dit.models.common import EncoderWrapper, build_transformers_model
 
 
 @dataclass
@@ -74,13 +74,7 @@ def build_umt5(config: TextEncoderConfig, seed: int | None = 0, device: str | to
     from transformers import UMT5EncoderModel
 
     config.validate()
-    if device is not None and torch.device(device).type == "meta":
-        with torch.device("meta"):
-            return UMT5EncoderModel(umt5_config(config)).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0 if seed is None else seed)
-        model = UMT5EncoderModel(umt5_config(config))
-    return model.to(device).eval() if device is not None else model.eval()
+    return build_transformers_model(UMT5EncoderModel, umt5_config(config), seed, device)
 
 
 def byte_tokenizer():
