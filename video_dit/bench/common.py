@@ -7,6 +7,7 @@ memory measurement on CPU and CUDA.
     profiled_peak(fn) / profiled_live_after(fn)                  -> CPU bytes (profiler allocation timeline)
     cuda_peak(fn)                                                -> CUDA bytes above the start
     tensor_memory_split(groups)                                  -> bytes per category, each storage once
+    diffusers_as_loaded(model, dtype)                            -> a diffusers model as from_pretrained casts it
 
 Every figure is a measurement in this process; nothing here knows a target number.
 """
@@ -187,6 +188,21 @@ def tensor_memory_split(groups: dict[str, Iterable[torch.Tensor]]) -> dict[str, 
             total += t.untyped_storage().nbytes()
         out[name] = total
     return out
+
+
+# ---------------------------------------------------------------- the reference as users load it
+
+
+def diffusers_as_loaded(model, dtype: torch.dtype):
+    """A diffusers model as `from_pretrained(torch_dtype=dtype)` leaves it: every floating parameter
+    in `dtype` except those whose dotted name holds one of `_keep_in_fp32_modules` (float32): the rule
+    of diffusers' `load_model_dict_into_meta` (models/model_loading_utils.py)."""
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, p in model.named_parameters():
+        if p.is_floating_point():
+            kept = any(k in name.split(".") for k in keep)
+            p.data = p.data.to(torch.float32 if kept else dtype)
+    return model
 
 
 # ---------------------------------------------------------------- subprocesses

@@ -35,7 +35,7 @@ LEVERS = ("recompute", "rms_norm", "rope_cache", "compile")
 
 def build(shape: dict, device: str, dtype: torch.dtype):
     """Our DiT with Wan's init (head given small weights, so every block gets gradient) and inputs."""
-    from video_dit.models.dit import DiTConfig, VideoDiT
+    from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit
 
     torch.manual_seed(0)
     cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"],
@@ -44,7 +44,7 @@ def build(shape: dict, device: str, dtype: torch.dtype):
     model = VideoDiT(cfg)
     with torch.no_grad():
         model.head.head.weight.normal_(std=0.02)
-    model.to(device=device, dtype=dtype).train()
+    cast_dit(model.to(device), dtype, masters=True).train()  # the trainer's storage: a full fine-tune
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, *shape["latents"], generator=g).to(device=device, dtype=dtype)
     context = torch.randn(1, shape["text_len"], shape["text_dim"], generator=g).to(device=device, dtype=dtype)

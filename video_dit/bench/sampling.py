@@ -28,17 +28,17 @@ REFERENCE_STEPS = 30
 
 def build(shape: dict, device: str, dtype: torch.dtype):
     """(pipeline, prompt embeds, negative embeds, fps) with seeded random weights."""
-    from video_dit.models.dit import VideoDiT
+    from video_dit.models.dit import VideoDiT, cast_dit
     from video_dit.models.presets import get_preset
     from video_dit.models.vae import CausalVideoVAE
     from video_dit.pipeline import VideoPipeline
 
     preset = get_preset(shape["preset"])
     torch.manual_seed(0)
-    dit = VideoDiT(preset.dit).to(device=device, dtype=dtype).eval()
+    dit = cast_dit(VideoDiT(preset.dit).to(device), dtype).eval()  # as load_dit(dtype=...) stores it
     with torch.no_grad():  # the head is zero-initialised; give it weights so the steps do real work
         dit.head.head.weight.normal_(std=0.02)
-    vae = CausalVideoVAE(preset.vae).to(device=device, dtype=dtype).eval()
+    vae = CausalVideoVAE(preset.vae).to(device=device).eval()  # float32, as `video-dit sample` decodes
     g = torch.Generator().manual_seed(1)
     prompt = torch.randn(shape["text_len"], preset.dit.text_dim, generator=g)
     negative = torch.randn(shape["text_len"] // 2, preset.dit.text_dim, generator=g)

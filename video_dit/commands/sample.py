@@ -94,7 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else the preset's)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="weights dtype (default float32)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="DiT and text-encoder dtype (default float32; bfloat16 keeps the DiT's float32 islands)")
+    parser.add_argument("--vae-dtype", choices=DTYPES, default="float32",
+                        help="VAE dtype (default float32, as Wan decodes)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--out", type=_out_path, required=True, help=f"output file ({' '.join(OUT_EXTS)})")
 
@@ -167,6 +170,7 @@ def main(args: argparse.Namespace) -> int:
     from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
+    from video_dit.models.dit import cast_dit
     from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, open_dit
     from video_dit.models.presets import get_preset
     from video_dit.pipeline import VideoPipeline, image_features
@@ -209,8 +213,8 @@ def main(args: argparse.Namespace) -> int:
     dit = load_dit(dit_src, dtype=dtype, device=device).eval()
     if args.lora:
         load_lora(args.lora, dit)
-        dit.to(device=device, dtype=dtype)
-    vae = load_vae(vae_src, dtype=dtype, device=device).eval()
+        cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
+    vae = load_vae(vae_src, dtype=getattr(torch, args.vae_dtype), device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
     if pipe.i2v_mode == "concat" and image is None:
         raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {pipe.dit_config.in_dim}): "

@@ -14,6 +14,13 @@
       -> head: LN(x) * (1 + scale) + shift -> Linear(D, out_dim * 1*2*2)      (B, L, out_dim*4)
       -> unpatchify                                                             (B, out_dim, F', h, w)
 
+Precision, as Wan's own code runs it (float32 weights under bf16 autocast): the Linears, the patch
+Conv3d and attention compute in the model's compute dtype (bf16: `cast_dit`, torch autocast), while
+the float32 islands stay float32 in storage and arithmetic: the sinusoid, `time_embedding`,
+`time_projection`, every `modulation` table, the norms, the adaLN arithmetic, the residual stream
+with its gated updates (`x + y * gate`), and the head. `FLOAT32_MODULES` / `param_dtypes` /
+`cast_dit` (end of this file) are the one statement of which parameters stay float32.
+
 Parameter names are the original Wan checkpoint names, so a LoRA on these modules maps 1:1 to the
 ComfyUI `diffusion_model.` convention. Sequence parallelism plugs in through `VideoDiT.seq_parallel`
 (see `VideoDiT.forward`); this file holds no distributed code.
@@ -139,19 +146,49 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2).to(x.dtype)
 
 
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, rc=None) -> torch.Tensor:
+def f32(t: torch.Tensor) -> torch.Tensor:
+    """t in at least float32 (a float64 model stays float64): the dtype of the float32 islands."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def compute_dtype_of(t: torch.Tensor) -> torch.dtype:
+    """The dtype the matmuls run in here: autocast's where it is on (a bf16 DiT's forward), else t's."""
+    device = t.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, dtype: torch.dtype,
+             rc=None) -> torch.Tensor:
     """LayerNorm(x) * (1 + scale) + shift; x (B, L, D), shift/scale (B, T, D) float32, T in {1, L}.
-    The adaLN math runs in float32 (bf16 here visibly degrades the pretrained Wan models); the
-    result goes back to x's dtype. `rc`: a RecomputeSaved that stores the normed x as a recipe."""
-    normed = F.layer_norm(x, x.shape[-1:], eps=eps)
-    if rc is not None:
-        rc.add(normed, F.layer_norm, x, x.shape[-1:], None, None, eps)
-    return torch.addcmul(shift, normed, 1 + scale).to(x.dtype)
+    float32 region: the adaLN math (Wan: `norm(x).float() * (1 + e) + e`; bf16 here visibly degrades
+    the pretrained models); the result goes to `dtype`, the next Linear's compute dtype.
+    `rc`: a RecomputeSaved that stores the normed x as a recipe."""
+    with torch.autocast(x.device.type, enabled=False):
+        x = f32(x)
+        normed = F.layer_norm(x, x.shape[-1:], eps=eps)
+        if rc is not None:
+            rc.add(normed, _layer_norm, x, eps)
+        return torch.addcmul(shift, normed, 1 + scale).to(dtype)
+
+
+def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(f32(x), x.shape[-1:], eps=eps)
 
 
 def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """x + y * gate with a float32 gate (B, T, D); result in x's dtype."""
-    return torch.addcmul(x, y, gate).to(x.dtype)
+    """x + y * gate, float32 (B, L, D): the residual update and the stream it returns stay float32,
+    as Wan's `with autocast(dtype=float32): x = x + y * e` (diffusers casts back to bf16)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return torch.addcmul(f32(x), y, gate)
+
+
+def norm_to(norm: nn.LayerNorm, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`norm(x)` computed in float32 (Wan's WanLayerNorm runs on x.float() with float32 weights),
+    then in `dtype` for the Linear after it."""
+    with torch.autocast(x.device.type, enabled=False):
+        x = f32(x)
+        weight, bias = (None if p is None else p.to(x.dtype) for p in (norm.weight, norm.bias))
+        return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps).to(dtype)
 
 
 # ---------------------------------------------------------------- activation memory
@@ -263,7 +300,14 @@ class SelfAttention(nn.Module):
         return self.o(out.flatten(2))  # (B, L, D)
 
     def _norm_rope(self, norm: nn.Module, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin)  # (B, L, H, Dh)
+        # float32 weights give a float32 normed, rotated q/k (Wan's, rotated in float64); attention
+        # then takes them in t's (the compute) dtype, as Wan's flash attention casts them
+        return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin).to(t.dtype)  # (B, L, H, Dh)
+
+
+def _norm_as(norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
+    """norm(t) in t's dtype (the norm's float32 weight would otherwise promote it)."""
+    return norm(t).to(t.dtype)
 
 
 class CrossAttention(nn.Module):
@@ -287,14 +331,17 @@ class CrossAttention(nn.Module):
         image_context (B, Li, D) for the image branch -> (B, L, D)."""
         rc = rc or RecomputeSaved()
         q = self.q(x)
-        q = rc.add(self.norm_q(q), self.norm_q, q).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
-        k = self.norm_k(self.k(context)).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
+        q = rc.add(_norm_as(self.norm_q, q), _norm_as, self.norm_q, q)
+        q = q.unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
+        k = self.k(context)
+        k = _norm_as(self.norm_k, k).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
         v = self.v(context).unflatten(2, (self.num_heads, -1))
         out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)  # (B, L, H, Dh)
         if image_context is not None:
             # Wan and diffusers concatenate [image | text] into one context and split it again here
             # (at context length - 512); we pass the two parts separately, which is the same math.
-            k_img = self.norm_k_img(self.k_img(image_context)).unflatten(2, (self.num_heads, -1))  # (B, Li, H, Dh)
+            k_img = _norm_as(self.norm_k_img, self.k_img(image_context))
+            k_img = k_img.unflatten(2, (self.num_heads, -1))  # (B, Li, H, Dh)
             v_img = self.v_img(image_context).unflatten(2, (self.num_heads, -1))
             out = out + attention(q, k_img, v_img, backend=self.attention_backend)  # every image token is real
         return self.o(out.flatten(2))
@@ -319,7 +366,10 @@ class ImageEmbedding(nn.Module):
         x = clip_fea.to(self.proj[1].weight.dtype)
         if self.emb_pos is not None:
             x = x + self.emb_pos  # (B, 2 * image_tokens, image_dim)
-        return self.proj(x)  # (B, Li, D)
+        cdt = compute_dtype_of(x)
+        x = norm_to(self.proj[0], x, cdt)  # the LayerNorms in float32, as Wan's under autocast
+        x = self.proj[3](self.proj[2](self.proj[1](x)))  # (B, Li, D)
+        return norm_to(self.proj[4], x, cdt)
 
 
 class Block(nn.Module):
@@ -336,20 +386,24 @@ class Block(nn.Module):
         self.recompute = True  # RecomputeSaved inside the block; VideoDiT turns it off under checkpointing
 
     def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None, image_context=None):
-        """x (B, L, D); e0 (B, T, 6, D) float32, T in {1, L}; context (B, Lt, D); image_context
-        (B, Li, D) or None -> (B, L, D)."""
-        # float32 region: the six adaLN vectors (Wan computes them in fp32 under autocast too)
-        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float().unsqueeze(1) + e0).unbind(2)
+        """x (B, L, D) the residual stream (float32 from the first gated add on; the patch tokens
+        entering block 0 are in the compute dtype); e0 (B, T, 6, D) float32, T in {1, L};
+        context (B, Lt, D); image_context (B, Li, D) or None -> (B, L, D) float32."""
+        cdt = compute_dtype_of(context)  # the Linears' dtype: bf16 under a bf16 DiT's autocast
+        with torch.autocast(x.device.type, enabled=False):
+            # float32 region: the six adaLN vectors (Wan: `with autocast(dtype=float32)`)
+            shift1, scale1, gate1, shift2, scale2, gate2 = (f32(self.modulation).unsqueeze(1) + e0).unbind(2)
         eps, rc = self.eps, RecomputeSaved()
         with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
-            h = rc.add(modulate(x, shift1, scale1, eps, rc), modulate, x, shift1, scale1, eps)
+            h = rc.add(modulate(x, shift1, scale1, eps, cdt, rc), modulate, x, shift1, scale1, eps, cdt)
             y = self.self_attn(h, rope, seq_parallel, rc)
             x = rc.add(gated_add(x, y, gate1), gated_add, x, y, gate1)  # x, y are kept anyway
-            c = self.norm3(x)
             if isinstance(self.norm3, nn.LayerNorm):
-                rc.add(c, self.norm3, x)
-            x = x + self.cross_attn(c, context, context_mask, rc, image_context)
-            h = rc.add(modulate(x, shift2, scale2, eps, rc), modulate, x, shift2, scale2, eps)
+                c = rc.add(norm_to(self.norm3, x, cdt), norm_to, self.norm3, x, cdt)
+            else:
+                c = x.to(cdt)
+            x = x + self.cross_attn(c, context, context_mask, rc, image_context)  # float32 + compute dtype
+            h = rc.add(modulate(x, shift2, scale2, eps, cdt, rc), modulate, x, shift2, scale2, eps, cdt)
             h = self.ffn[0](h)  # (B, L, ffn_dim)
             g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
             x = gated_add(x, self.ffn[2](g), gate2)
@@ -364,9 +418,11 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.empty(1, 2, cfg.dim))
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """x (B, L, D), e (B, T, D) float32 -> (B, L, out_dim * pt*ph*pw)."""
-        shift, scale = (self.modulation.float().unsqueeze(1) + e.unsqueeze(2)).unbind(2)  # (B, T, D) each
-        return self.head(modulate(x, shift, scale, self.eps))
+        """x (B, L, D), e (B, T, D) float32 -> (B, L, out_dim * pt*ph*pw) in the head's weight dtype."""
+        # float32 region: modulation, norm and the output Linear (Wan runs its head under autocast(float32))
+        with torch.autocast(x.device.type, enabled=False):
+            shift, scale = (f32(self.modulation).unsqueeze(1) + e.unsqueeze(2)).unbind(2)  # (B, T, D) each
+            return self.head(modulate(x, shift, scale, self.eps, self.head.weight.dtype))
 
 
 # ---------------------------------------------------------------- initialisation
@@ -434,6 +490,7 @@ class VideoDiT(nn.Module):
         self.gradient_checkpointing = False
         self.offload_checkpoints = False
         self.seq_parallel = None  # set from outside (video_dit/parallel); see forward()
+        self.compute_dtype: torch.dtype | None = None  # None: the bulk weights' dtype; set by cast_dit
         self._rope_cache: dict = {}
         self.initialize_weights(init_seed)
 
@@ -458,7 +515,18 @@ class VideoDiT(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The bulk weights' storage dtype (the float32 islands aside; see `cast_dit`)."""
         return self.patch_embedding.weight.dtype
+
+    def precision(self, device_type: str):
+        """The forward's context: a bf16 / fp16 DiT (`compute_dtype`, else its bulk weights' dtype)
+        runs under torch autocast in that dtype, as Wan runs its model; its weight cache is off (each
+        weight is used once per forward; the cache would keep a low-precision copy of every weight
+        until the forward ends). A float32 / float64 DiT adds nothing: a caller's autocast applies."""
+        dtype = self.compute_dtype or self.dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
+        return contextlib.nullcontext()
 
     def enable_gradient_checkpointing(self, offload: bool = False) -> None:
         """Re-run each block in backward (when grad is enabled). `offload`: keep the saved block
@@ -525,8 +593,12 @@ class VideoDiT(nn.Module):
         clip_fea: (B, Li, image_dim) CLIP features (penultimate block), required exactly when the config
             has an image branch: Li = 257 (I2V, the first frame) or 514 (FLF2V, [first | last] per sample;
             Wan passes FLF2V features as (2B, 257, .) and views them as (B, 514, .)).
-        Returns (B, out_dim, F', h, w) in the model dtype.
+        Returns (B, out_dim, F', h, w) in the head's weight dtype (float32 unless the whole model was cast).
         """
+        with self.precision(x.device.type):
+            return self._forward(x, timestep, context, context_mask, clip_fea)
+
+    def _forward(self, x, timestep, context, context_mask, clip_fea):
         cfg = self.config
         B, C, Fr, H, W = x.shape
         pt, ph, pw = cfg.patch_size
@@ -536,20 +608,21 @@ class VideoDiT(nn.Module):
         grid = (Fr // pt, H // ph, W // pw)
         L = math.prod(grid)
 
-        x = self.patch_embedding(x.to(self.dtype)).flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
+        x = self.patch_embedding(x.to(self.dtype)).flatten(2).transpose(1, 2).contiguous()  # (B, L, D) compute dtype
         rope = self._rope(grid, x.device)  # (cos, sin), each (1, L, 1, Dh/2)
 
         if timestep.numel() not in (B, B * L):
             raise ValueError(f"timestep has shape {tuple(timestep.shape)}; expected ({B},) or per-token ({B}, {L})")
         t = timestep.reshape(B, -1)  # (B, T), T = 1 or L
         T = t.shape[1]
-        # The time MLPs run in their own weights' dtype, so they may be kept in float32 (as Wan does)
-        # in an otherwise bf16 model; their outputs are float32 from here on.
-        sinusoid = sinusoidal_embedding(t.flatten(), cfg.freq_dim)  # (B*T, freq_dim) fp32
-        e = self.time_embedding(sinusoid.to(self.time_embedding[0].weight.dtype))  # (B*T, D)
-        e0 = self.time_projection(e.to(self.time_projection[1].weight.dtype))  # (B*T, 6D)
-        e0 = e0.float().view(B, T, 6, cfg.dim)  # (B, T, 6, D) fp32
-        e = e.float().view(B, T, cfg.dim)  # (B, T, D) fp32
+        # float32 region: the sinusoid and the time MLPs, in their float32 weights (Wan: autocast(float32));
+        # they run in their weights' dtype, so a wholly cast model computes them in that dtype.
+        with torch.autocast(x.device.type, enabled=False):
+            sinusoid = sinusoidal_embedding(t.flatten(), cfg.freq_dim)  # (B*T, freq_dim) fp32
+            e = self.time_embedding(sinusoid.to(self.time_embedding[0].weight.dtype))  # (B*T, D)
+            e0 = self.time_projection(e.to(self.time_projection[1].weight.dtype))  # (B*T, 6D)
+            e0 = f32(e0).view(B, T, 6, cfg.dim)  # (B, T, 6, D) fp32
+            e = f32(e).view(B, T, cfg.dim)  # (B, T, D) fp32
 
         context = self.text_embedding(self._pad_context(context))  # (B, Lt, D)
         image_context = self._image_context(clip_fea, B)  # (B, Li, D) or None
@@ -579,6 +652,60 @@ class VideoDiT(nn.Module):
         x = x.view(B, *grid, pt, ph, pw, cfg.out_dim)  # unpatchify
         x = x.permute(0, 7, 1, 4, 2, 5, 3, 6)  # (B, C, F', pt, h', ph, w', pw)
         return x.reshape(B, cfg.out_dim, Fr, H, W)
+
+
+# ---------------------------------------------------------------- precision: the float32 islands
+
+# Sub-modules kept whole in float32 in a bf16 DiT. Wan's own code holds every weight in float32 and
+# runs these under `autocast(dtype=float32)` (wan/modules/model.py: the time embedding and projection
+# in WanModel.forward, the head in Head.forward); diffusers keeps `time_embedder` (its time_proj is
+# bf16: we follow Wan) in float32 through `_keep_in_fp32_modules` (transformer_wan.py).
+FLOAT32_MODULES = ("time_embedding", "time_projection", "head")
+# Parameters kept in float32 wherever they sit, by name: every block's and the head's adaLN table
+# (diffusers' `scale_shift_table`).
+FLOAT32_PARAMS = ("modulation",)
+# ... and every parameter of a norm (diffusers keeps norm1-3; Wan's are float32 like all its weights).
+FLOAT32_NORMS = (nn.LayerNorm, RMSNorm)
+
+
+def float32_param_names(model: nn.Module) -> set[str]:
+    """Names of the parameters a DiT stores in float32 whatever dtype it computes in."""
+    names = set()
+    for module_name, module in model.named_modules():
+        whole = module_name.split(".")[0] in FLOAT32_MODULES or isinstance(module, FLOAT32_NORMS)
+        for name, _ in module.named_parameters(recurse=False):
+            if whole or name in FLOAT32_PARAMS:
+                names.add(f"{module_name}.{name}" if module_name else name)
+    return names
+
+
+def param_dtypes(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> dict[str, torch.dtype]:
+    """The storage dtype of each floating parameter of a DiT that computes in `dtype`: float32 for
+    the float32 islands (`float32_param_names`), and with `masters` for every parameter that
+    requires grad (the optimizer then updates float32 master weights in place, as Wan-style fp32
+    weights under bf16 autocast train); `dtype` for the rest (frozen bulk weights, inference).
+    Every way of building a DiT (loading, the trainer, a partitioned constructor) stores these."""
+    keep = float32_param_names(model) if dtype != torch.float32 else set()
+    out = {}
+    for name, p in model.named_parameters():
+        if p.is_floating_point():
+            out[name] = torch.promote_types(dtype, torch.float32) if name in keep or (masters and p.requires_grad) \
+                else dtype
+    return out
+
+
+def cast_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.Module:
+    """Cast a DiT for computing in `dtype`, in place: each parameter to `param_dtypes(model, dtype,
+    masters)`, and `model.compute_dtype = dtype`, so its forward runs the bulk under `dtype` autocast
+    and the float32 islands in float32. `cast_dit(m, torch.float32)` is a plain float32 model.
+    (`model.to(torch.bfloat16)` instead casts every parameter: the pure-bf16 baseline of
+    `video-dit bench --suite precision`.)"""
+    dtypes = param_dtypes(model, dtype, masters)
+    for name, p in model.named_parameters():
+        if name in dtypes and p.dtype != dtypes[name]:
+            p.data = p.data.to(dtypes[name])
+    model.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
+    return model
 
 
 def dit_flops(config: DiTConfig, num_tokens: int, text_len: int, batch: int = 1) -> float:

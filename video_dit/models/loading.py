@@ -231,24 +231,27 @@ def module_groups(names) -> list[list[str]]:
     return list(groups.values())
 
 
-def materialize(cls, config, sd, source: str, dtype=None, device=None) -> nn.Module:
+def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None) -> nn.Module:
     """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
     copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes.
-    `sd` is a dict of tensors or a `LazyWeights`, read one module group at a time."""
+    `sd` is a dict of tensors or a `LazyWeights`, read one module group at a time.
+    `storage(model, dtype) -> {name: dtype}`: per-parameter dtypes instead (the DiT's `param_dtypes`,
+    which keeps its float32 islands float32: each tensor goes from the file to its dtype directly)."""
     lazy = sd if isinstance(sd, LazyWeights) else None
     shapes = lazy.meta() if lazy is not None else sd
     if dtype is None:
         dtypes = {v.dtype for v in shapes.values()}
         if len(dtypes) > 1:
             raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-        dtype = dtypes.pop()
+        dtype, storage = dtypes.pop(), None
     with torch.device("meta"):
         model = cls(config)
     check_state_dict(model, shapes, source)
+    per_name = storage(model, dtype) if storage is not None else {}
     groups = module_groups(shapes) if lazy is not None else [list(sd)]
     for group in groups:
         tensors = lazy.read(group) if lazy is not None else {k: sd[k] for k in group}
-        model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()},
+        model.load_state_dict({k: v.to(device=device, dtype=per_name.get(k, dtype)) for k, v in tensors.items()},
                               strict=False, assign=True)
     return model
 
@@ -394,12 +397,14 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
       a single weights file         original, diffusers or ComfyUI (`model.diffusion_model.` / `diffusion_model.`)
                                     keys, the layout detected from the names.
     The config comes from `config`, else a config.json next to the weights, else the weights' shapes
-    (`infer_dit_config`). dtype None keeps the stored dtype (which must then be uniform).
+    (`infer_dit_config`). dtype None keeps the stored dtype (which must then be uniform); a dtype
+    casts as `cast_dit` does: bf16 keeps the float32 islands (time MLPs, modulation tables, norms,
+    head) float32 and computes in bf16.
     A mismatch raises `WeightsError` listing the first missing / unexpected / wrong-shape keys.
     Tensors are read one module at a time (`open_dit`, `materialize`). Under ZeRO-3 use
     `video_dit.train.build.build_dit`, which never holds the whole model on a rank.
     """
-    from video_dit.models.dit import VideoDiT
+    from video_dit.models.dit import VideoDiT, cast_dit, param_dtypes
     from video_dit.models.presets import get_preset
 
     src = str(source)
@@ -408,10 +413,11 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
         with torch.random.fork_rng(devices=[]):
             with torch.device(device or "cpu"):
                 model = VideoDiT(config, init_seed=seed)
-        return model.to(dtype=dtype) if dtype is not None else model
+        return cast_dit(model, dtype) if dtype is not None else model
 
     weights, config, description = open_dit(src, config)
-    return materialize(VideoDiT, config, weights, description, dtype, device)
+    model = materialize(VideoDiT, config, weights, description, dtype, device, storage=param_dtypes)
+    return cast_dit(model, dtype) if dtype is not None else model
 
 # ---------------------------------------------------------------- VAE (issue 3)
 

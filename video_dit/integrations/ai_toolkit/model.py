@@ -262,8 +262,11 @@ class VideoDiTModel(BaseModel):
         return ["blocks"]
 
     def get_quantization_exclude_modules(self) -> list[str]:
-        # the time/text embedders and the head feed every modulation; keep them in full precision
-        return ["patch_embedding*", "text_embedding*", "time_embedding*", "time_projection*", "head*"]
+        # the embedders and the head feed every modulation: the float32 islands stay float32, the
+        # patch and text embeddings in the training dtype
+        from video_dit.models.dit import FLOAT32_MODULES
+
+        return ["patch_embedding*", "text_embedding*", *(f"{name}*" for name in FLOAT32_MODULES)]
 
     def get_model_has_grad(self) -> bool:
         return any(p.requires_grad for n, p in self.model.named_parameters() if ".lora_" not in n)
