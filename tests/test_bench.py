@@ -153,7 +153,7 @@ def test_engine_memory_split_on_real_zero_engines_matches_the_parameter_count(tm
     P, W = sum(sizes), 2
     res = train_bench.run_ranks(shape, (0, 2, 3), 1, W, "cpu", 2, tmp_path, "bf16")
     job = train_bench.trainer_job(3, str(tmp_path / "job_data"), str(tmp_path / "out"))  # the ranks' job
-    threshold = eng.ds_config(job, W, torch.bfloat16)["zero_optimization"]["stage3_param_persistence_threshold"]
+    threshold = eng.ds_config(job, W)["zero_optimization"]["stage3_param_persistence_threshold"]
     persistent = sum(n for n in sizes if n <= threshold)
     assert 0 < persistent < P
 

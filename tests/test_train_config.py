@@ -80,7 +80,7 @@ def test_parses_ai_toolkit_keys_and_ours(folder, tmp_path):
 
     from video_dit.train.engine import ds_config
 
-    cfg = ds_config(parsed, world_size=4, dtype=torch.float32)
+    cfg = ds_config(parsed, world_size=4)
     assert cfg["train_batch_size"] == 1 * 2 * 2  # micro batch x accumulation x data-parallel ranks (4 / SP 2)
     assert cfg["zero_optimization"]["stage"] == 3 and cfg["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert cfg["zero_optimization"]["reduce_bucket_size"] == 123  # the user's JSON is merged last

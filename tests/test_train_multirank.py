@@ -5,7 +5,8 @@ launch costs more than the steps), and one test per claim:
   A+B  ZeRO-2 LoRA, 30 steps, checkpoints every 10, previews at 0 and 30: the loss falls, metrics.jsonl
        has its keys, previews are decodable MP4s (+ PNG sheets) rendered from the control image; then
        a job resuming A's step-20 checkpoint: steps 21..30 give A's losses exactly.
-  C    ZeRO-0 / ZeRO-3 LoRA (equal exports that reload), ZeRO-3 / ZeRO-2 full fine-tunes (exports load),
+  C    ZeRO-0 / ZeRO-3 LoRA (equal exports that reload; ZeRO-0 asks bf16: CPU ranks train fp32 and
+       say so once), ZeRO-3 / ZeRO-2 full fine-tunes (exports load),
        a quantized base (its LoRA exports and reloads; non-finite losses skipped, then stop the job),
        gradient accumulation against one bigger batch and CPU offload against none (ZeRO-2 each; ZeRO-3
        both in one job; on a world of identical clips, see `same_world`), both offloaded
@@ -126,7 +127,8 @@ def same_world(root: Path, copies: int = 4) -> Path:
 @pytest.fixture(scope="module")
 def launch_c(world):
     """Launch C: every job below, in this order, in one 2-rank process group."""
-    jobs = [job_yaml(world, "z0", zero=0), job_yaml(world, "z3", zero=3, sample_every=3),
+    # z0 asks for bf16: CPU ranks train it in float32 (its exports equal z3's, fp32), saying so once
+    jobs = [job_yaml(world, "z0", zero=0, train={"dtype": "bf16"}), job_yaml(world, "z3", zero=3, sample_every=3),
             job_yaml(world, "f3", zero=3, lora=False, steps=2, save_every=2),
             job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2)]
     specs = [{"config": str(j), "resume": "none", "predict": True} for j in jobs]
@@ -166,7 +168,8 @@ def launch_c(world):
                                              model={"preset": CONCAT["name"], "vae_path": "preset:tiny",
                                                     "text_encoder_path": "preset:tiny"})),
                       "resume": "none"})
-    ranks.run_jobs(world, specs, presets=[CONCAT])
+    _, logs, _ = ranks.run_jobs(world, specs, presets=[CONCAT])
+    (world / "launch_c.log").write_text(logs)
     return world
 
 
@@ -178,6 +181,9 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     from video_dit.lora import load_lora
     from video_dit.models.loading import load_dit
 
+    log = (world / "launch_c.log").read_text()  # z0 asked for bf16 on CPU ranks: said once, on rank 0
+    assert log.count("train.dtype is bf16, but these are CPU ranks: training in float32") == 1
+    assert "set train.cpu_bf16: true to train in bf16 here" in log
     z0, z3 = (load_file(str(world / f"out/{n}/{n}.safetensors")) for n in ("z0", "z3"))
     assert set(z0) == set(z3) and any(k.startswith("diffusion_model.blocks.0.self_attn.q.lora_B") for k in z0)
     assert max((z0[k] - z3[k]).abs().max().item() for k in z0) < 1e-6

@@ -102,9 +102,7 @@ def _rank_main(spec: dict) -> int:
     before = rss()
     dtype = DTYPES[spec["dtype"]]
     job = job_of(spec["weights"], spec["data_dir"], spec["out_dir"], spec["dtype"])
-    ds = eng.ds_config(job, world, dtype)
-    if dtype == torch.bfloat16:
-        ds["bf16"] = {"enabled": True}  # the GPU dtype; DeepSpeed's CPU path takes it for set-up
+    ds = eng.ds_config(job, world)
     preset = get_preset(PRESET)
     t0 = time.perf_counter()
     if spec["path"] == "full":  # what every rank did before build_dit: the whole model, then partitioned
@@ -113,7 +111,7 @@ def _rank_main(spec: dict) -> int:
     else:
         dit = build_dit(spec["weights"], preset, zero_stage=3, dtype=dtype, ds_config=ds)
     built = rss()
-    make_trainable(dit, job.process)
+    make_trainable(dit, job.process, dtype)
     params = [p for p in dit.parameters() if p.requires_grad]
     optimizer, scheduler = eng.build_optimizer(params, job.process.train)
     engine, *_ = deepspeed.initialize(model=dit, model_parameters=params, optimizer=optimizer,
@@ -154,7 +152,7 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
             full_bytes = sum(numels.values()) * s
             shard = max(sum(numels[n] for n in g) for g in module_groups(numels)) * s
             job = job_of(str(weights), str(work / "data"), str(work / "out"), dtype)
-            ds = ds_config(job, world, DTYPES[dtype], cuda=False)
+            ds = ds_config(job, world, cuda=False)
             sizes = model_sizes(cfg, 32, DTYPES[dtype])
             res, _ = state_memory(sizes, Setting(3), world, ds, DTYPES[dtype], cuda=False)
             # set up after the DiT, the same for both paths: the LoRA adapters as peft makes them (fp32,

@@ -96,17 +96,17 @@ def _rank_main(spec: dict) -> int:
     c = spec["config"]
     job = job_of(c, spec["data_dir"], spec["out_dir"])
     cfg, grid, dtype = dit_config(c), TOKENS[c["tokens"]], torch.float32
-    ds = eng.ds_config(job, world, dtype)
+    ds = eng.ds_config(job, world)
     pred = predict(cfg, grid, Setting(c["zero"], sp=c["sp"], checkpointing=c["ckpt"]), world=world,
                    lora_rank=c["lora"], dtype=dtype, ds=ds, cuda=False)
 
     tracker = CPUAllocationTracker()
     tracker.__enter__()
     sp_info = init_sequence_parallel(c["sp"])
-    dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=dtype, config=cfg,
-                    ds_config=ds if c["zero"] == 3 else None)
-    make_trainable(dit, job.process, sp_info).train()
-    engine, _, _ = eng.initialize(dit, job, world, dtype)
+    dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=eng.build_dtype(dtype, lora=bool(c["lora"])),
+                    config=cfg, ds_config=ds if c["zero"] == 3 else None)
+    make_trainable(dit, job.process, dtype, sp_info).train()
+    engine, _, _ = eng.initialize(dit, job, world)
     g = torch.Generator().manual_seed(sp_info.dp_rank)  # a sequence group shares its batch
     x = torch.randn(1, cfg.in_dim, *grid, generator=g)
     target = torch.randn(1, cfg.out_dim, *grid, generator=g)

@@ -204,10 +204,11 @@ def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: i
 
     from video_dit.train import engine as eng
 
-    model = build_model(shape).to(device=device, dtype=dtype).train()
-    # the trainer's set-up: its optimizer (torch AdamW, fused on CUDA), LR schedule and DeepSpeed JSON
+    # the trainer's set-up: its cast (a full fine-tune: float32 master weights computing in `dtype`),
+    # optimizer (torch AdamW, fused on CUDA), LR schedule and DeepSpeed JSON
+    model = eng.cast_for_training(build_model(shape).to(device=device).train(), dtype)
     job = trainer_job(stage, data_dir, out_dir)
-    engine, optimizer, _ = eng.initialize(model, job, dist.get_world_size(), dtype)
+    engine, optimizer, _ = eng.initialize(model, job, dist.get_world_size())
     batch = make_batch(shape, seed=1 + rank, device=device, dtype=dtype)
 
     def step():
@@ -285,9 +286,11 @@ def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, t
 
 def _activation_main(shape: dict, checkpointing: bool, device: str) -> dict:
     """In this (fresh) process: the forward's saved activations and the forward + backward peak."""
+    from video_dit.train.engine import cast_for_training
+
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = build_model(shape).to(device=device, dtype=dtype).train()
+    model = cast_for_training(build_model(shape).to(device=device).train(), dtype)  # as the trainer stores it
     if checkpointing:
         model.enable_gradient_checkpointing()
     batch = make_batch(shape, seed=1, device=device, dtype=dtype)

@@ -20,8 +20,9 @@ are handed back after each group (`release_freed_memory`).
 added since (the LoRA adapters, which peft injects into the partitioned Linears: peft reads only
 `in_features` / `out_features` and the base weight's dtype and device, all unchanged by ZeRO-3).
 
-Per-parameter dtypes are those of the unpartitioned path (`param_dtype`), so a partitioned build
-and `load_dit` give the same model, parameter for parameter.
+Per-parameter dtypes are those of the unpartitioned path (`video_dit.models.dit.param_dtypes`: at
+bf16 the float32 islands stay float32), so a partitioned build and `load_dit` give the same model,
+parameter for parameter; `cast_dit` then sets the compute dtype (the casts it would do are none).
 """
 
 from __future__ import annotations
@@ -32,13 +33,6 @@ import torch
 from torch import nn
 
 from video_dit.models.loading import WeightsError, check_state_dict, module_groups, open_dit
-
-
-def param_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype parameter `name` gets when the model is built at `dtype`, asked by the partitioned
-    build and the memory planner alike. Today the unpartitioned path casts the whole model to
-    `dtype` (`load_dit(dtype=)`); the bf16 float32 islands (issue 16) answer here once they land."""
-    return dtype
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
@@ -64,11 +58,14 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
     return _build_partitioned(str(source), preset, dtype, seed, ds_config, config)
 
 
-def make_trainable(dit, process, sp_info=None):
-    """The trainer's fixed order after the build, in place: the attention backend; LoRA adapters
-    (peft, `network`) or the whole DiT trainable; block checkpointing; then sequence parallelism
-    (after checkpointing: the seam recomputes attention in backward only without it)."""
+def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
+    """The trainer's fixed order after the build (at `engine.build_dtype(dtype, lora)`), in place: the
+    attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
+    training in `dtype` (`engine.cast_for_training`: trainable parameters float32, the frozen bulk in
+    `dtype`, the float32 islands float32); block checkpointing; then sequence parallelism (after
+    checkpointing: the seam recomputes attention in backward only without it)."""
     from video_dit.parallel.sequence import attach
+    from video_dit.train.engine import cast_for_training
 
     dit.set_attention_backend(process.model.attention_backend)
     if process.network is not None:
@@ -78,6 +75,7 @@ def make_trainable(dit, process, sp_info=None):
                  targets=lora_targets(process.network.include_img_emb))
     else:
         dit.requires_grad_(True)
+    cast_for_training(dit, dtype)
     if process.train.gradient_checkpointing:
         dit.enable_gradient_checkpointing()
     if sp_info is not None:
@@ -111,7 +109,7 @@ def _full_shape(p: torch.Tensor):
 def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, config):
     import torch.distributed as dist
 
-    from video_dit.models.dit import VideoDiT, init_parameter, parameter_generator
+    from video_dit.models.dit import VideoDiT, cast_dit, init_parameter, param_dtypes, parameter_generator
     from video_dit.models.presets import get_preset
 
     if not dist.is_initialized():
@@ -139,6 +137,7 @@ def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, c
     if preset is not None:
         check_matches_preset(dict(model.state_dict(keep_vars=True)), preset, source)
 
+    dtypes = param_dtypes(model, dtype)  # as load_dit(dtype=) stores them
     owners = {}  # parameter name -> (module, attribute)
     for mname, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
@@ -150,7 +149,7 @@ def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, c
         for name in group:
             module, attr = owners[name]
             meta = getattr(module, attr)
-            target = param_dtype(name, dtype)
+            target = dtypes[name]
             if not rank0:  # filled by DeepSpeed's broadcast from rank 0
                 full = torch.empty(meta.shape, dtype=target)
             elif weights is not None:
@@ -171,7 +170,7 @@ def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, c
         if rank0:
             del tensors
         release_freed_memory()
-    return model
+    return cast_dit(model, dtype)  # the compute dtype; every parameter already has its dtype
 
 
 def release_freed_memory() -> None:

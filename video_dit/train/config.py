@@ -43,6 +43,14 @@ IGNORED = {
 }
 
 
+def torch_dtype(name: str):
+    """The torch dtype of a dtype name a job file accepts (float16 / fp16, bf16 / bfloat16, float32 / fp32)."""
+    import torch
+
+    return {"float16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[name]
+
+
 @dataclass
 class NetworkConfig:
     """`network`: LoRA on the blocks' self/cross-attention q, k, v, o and FFN Linears (and the image
@@ -91,10 +99,7 @@ class SaveConfig:
 
     @property
     def torch_dtype(self):
-        import torch
-
-        return {"float16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16,
-                "bfloat16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[self.dtype]
+        return torch_dtype(self.dtype)
 
 
 @dataclass
@@ -177,8 +182,9 @@ class ValidationConfig:
 @dataclass
 class TrainConfig:
     """`train`. Ours beyond ai-toolkit: `warmup_steps`, `lr_scheduler`, `max_nonfinite_steps`,
-    `timestep_shift` (None: the preset's), `min_t`/`max_t`. `ema_config` and `validation_config`
-    are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
+    `timestep_shift` (None: the preset's), `min_t`/`max_t`, `cpu_bf16` (CPU ranks train a bf16 job
+    in float32, saying so once, unless this is true: then in bf16, slowly; for testing that path).
+    `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
 
     batch_size: int = 1
     steps: int = 1000
@@ -189,6 +195,7 @@ class TrainConfig:
     optimizer: Literal["adamw", "adam"] = "adamw"
     optimizer_params: OptimizerParams = field(default_factory=OptimizerParams)
     dtype: Literal["bf16", "bfloat16", "fp32", "float32"] = "bf16"
+    cpu_bf16: bool = False
     # conditioned on [min_t, max_t]; "weighted" = ai-toolkit's table, "bell" = ours (diffusion/flow.py)
     timestep_type: Literal["shift", "uniform", "linear", "sigmoid", "logit_normal", "weighted", "bell"] = "shift"
     timestep_shift: float | None = None
@@ -255,7 +262,10 @@ class ModelConfig:
     `model_kwargs`): the CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (a folder with
     image_encoder/ + image_processor/, ComfyUI's clip_vision_h.safetensors or Wan's
     models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth; default: `image_encoder/` next to
-    `name_or_path`, or the tiny presets' random one); `quantize_image_encoder` (qfloat8 weights)."""
+    `name_or_path`, or the tiny presets' random one); `quantize_image_encoder` (qfloat8 weights).
+    `vae_dtype` (ai-toolkit's key): the dtype the VAE encodes and decodes in; ours defaults to float32
+    whatever `train.dtype` (Wan runs its VAE in float32; bf16 Conv3d has no fast kernel), ai-toolkit's
+    to its training dtype."""
 
     arch: Literal["video_dit"] = "video_dit"
     name_or_path: str = "preset:tiny"
@@ -273,6 +283,7 @@ class ModelConfig:
     tokenizer_path: str | None = None
     image_encoder_path: str | None = None
     quantize_image_encoder: bool | None = None  # None: false
+    vae_dtype: Literal["float32", "fp32", "bf16", "bfloat16", "float16", "fp16"] = "float32"
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
     model_kwargs: dict | None = None  # ai-toolkit key; the MODEL_KWARGS keys may sit here (the arch reads them)
@@ -314,6 +325,10 @@ class ModelConfig:
                                                 f"encoder and schedule family); accepted: {', '.join(PRESETS)}")
         if self.preset not in PRESETS:
             raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
+
+    @property
+    def vae_torch_dtype(self):
+        return torch_dtype(self.vae_dtype)
 
     @property
     def qtype_name(self) -> str:

@@ -5,6 +5,10 @@
   3. block gradient checkpointing (a model flag; the DiT checkpoints each block);
   4. the optimizer (torch AdamW; fused on CUDA, so no JIT-compiled DeepSpeed extension is built),
      warmup + constant/cosine LR, and `deepspeed.initialize` with ZeRO 0-3 (optional CPU offload);
+     DeepSpeed's own bf16 mode stays off: it would cast every parameter to bf16, float32 islands
+     included. bf16 is the model's (`video_dit.models.dit.cast_dit` with master weights: trainable
+     parameters float32, updated in place by AdamW; the frozen bulk bf16; the forward under bf16
+     autocast with its float32 islands, as Wan runs its float32 weights);
   5. only then quantization of the frozen base (optimum-quanto; ZeRO 0-2 only): quanto swaps the
      Linears' weights for packed tensors, which `deepspeed.initialize` (it walks and casts every
      parameter) and ZeRO-3 partitioning cannot handle, so it must come after and never with stage 3.
@@ -55,16 +59,49 @@ def init_distributed(timeout_s: int) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def train_dtype(name: str) -> torch.dtype:
-    """bf16 on GPU; fp32 on CPU (CPU bf16 matmuls are slow and DeepSpeed's CPU path is fp32)."""
-    if name in ("bf16", "bfloat16") and on_gpu():
+def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:
+    """The compute dtype of a job's `train.dtype`: bf16 on GPU; on CPU ranks float32 (CPU bf16
+    matmuls are slow) unless `train.cpu_bf16` forces bf16 (for testing the bf16 path on CPU)."""
+    if name in ("bf16", "bfloat16") and (on_gpu() or cpu_bf16):
         return torch.bfloat16
     return torch.float32
 
 
-def ds_config(job, world_size: int, dtype: torch.dtype, cuda: bool | None = None) -> dict:
+def cpu_fp32_notice(name: str, dtype: torch.dtype) -> str | None:
+    """The one log line of a job that asks for bf16 and trains in float32 on CPU ranks (else None)."""
+    if name in ("bf16", "bfloat16") and dtype == torch.float32:
+        return ("train.dtype is bf16, but these are CPU ranks: training in float32 (CPU bf16 matmuls are slow); "
+                "set train.cpu_bf16: true to train in bf16 here")
+    return None
+
+
+def build_dtype(dtype: torch.dtype, lora: bool) -> torch.dtype:
+    """The dtype a DiT trained in `dtype` is built / loaded at (`build_dit(dtype=)`): a LoRA job's
+    frozen base in `dtype` (its float32 islands stay float32), a full fine-tune in float32 (every
+    parameter is trainable: float32 master weights)."""
+    return dtype if lora else torch.float32
+
+
+def cast_for_training(model, dtype: torch.dtype):
+    """The DiT's storage for training in `dtype`, set after its trainable parameters are chosen:
+    `cast_dit(model, dtype, masters=True)`: trainable parameters (LoRA adapters, or every weight of a
+    full fine-tune) float32, the optimizer's master weights; frozen ones in `dtype` except the
+    float32 islands; the forward computes in `dtype`. ZeRO-3 parameters, already partitioned, must
+    have their dtype from the build (`build_dtype`): a partition is never cast here."""
+    from video_dit.models.dit import cast_dit, param_dtypes
+
+    want = param_dtypes(model, dtype, masters=True)
+    wrong = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor") and p.dtype != want[n]]
+    if wrong:
+        raise RuntimeError(f"ZeRO-3 parameters {', '.join(wrong[:3])} are {dict(model.named_parameters())[wrong[0]].dtype}, "
+                           f"not their training dtype {want[wrong[0]]}: build the DiT at build_dtype()")
+    return cast_dit(model, dtype, masters=True)
+
+
+def ds_config(job, world_size: int, cuda: bool | None = None) -> dict:
     """The DeepSpeed JSON of a job; `deepspeed.config` (the user's JSON) is merged last. `cuda`: the
-    JSON for GPU (True) or CPU (False) ranks rather than this machine's (the memory planner's)."""
+    JSON for GPU (True) or CPU (False) ranks rather than this machine's (the memory planner's).
+    The training dtype is not in it: DeepSpeed's bf16 mode stays off (module docstring, step 4)."""
     gpu = on_gpu() if cuda is None else cuda
     p = job.process
     t, d = p.train, p.deepspeed
@@ -90,7 +127,9 @@ def ds_config(job, world_size: int, dtype: torch.dtype, cuda: bool | None = None
         "zero_force_ds_cpu_optimizer": False,
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
-        "bf16": {"enabled": dtype == torch.bfloat16},
+        # never DeepSpeed's bf16 mode, which casts every parameter (islands included): a bf16 job's
+        # model is cast by `cast_for_training` and runs its own autocast (module docstring, step 4)
+        "bf16": {"enabled": False},
     }
     if sp > 1:
         cfg["sequence_parallel_size"] = sp
@@ -128,28 +167,55 @@ def build_optimizer(params, train_cfg):
     return optimizer, scheduler
 
 
-def initialize(model, job, world_size: int, dtype: torch.dtype, load_universal: bool = False):
-    """(engine, optimizer, scheduler) for `model` whose trainable parameters have requires_grad."""
+def initialize(model, job, world_size: int, load_universal: bool = False):
+    """(engine, optimizer, scheduler) for `model` whose trainable parameters have requires_grad (and
+    whose dtypes `cast_for_training` set: DeepSpeed keeps them as they are)."""
     import deepspeed
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
     optimizer, scheduler = build_optimizer(params, job.process.train)
-    config = ds_config(job, world_size, dtype)
+    config = ds_config(job, world_size)
     if load_universal:
         config.setdefault("checkpoint", {})["load_universal"] = True
     engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=params,
                                                            optimizer=optimizer, lr_scheduler=scheduler,
                                                            config=config)
+    alias_fp32_partitions(optimizer)
     return engine, optimizer, scheduler
 
 
+def alias_fp32_partitions(optimizer) -> int:
+    """ZeRO-3 with float32 parameter partitions: let the optimizer update them in place instead of
+    a second float32 copy (4 bytes per parameter and rank over the world size). DeepSpeed 0.19.8
+    means to (stage3.py `_create_fp32_partitions`: "we don't need another copy of the weights" when
+    the partition is already float32 on the optimizer's device) but compares the tensor's
+    torch.device with its device *string*, which is never equal, so it always copies. Its step then
+    copies the master partition into the parameter partition: with one storage, a copy onto itself.
+    Returns how many partitions now share storage (0 for other stages, offload, or bf16 params)."""
+    flat16 = getattr(optimizer, "fp16_partitioned_groups_flat", None)
+    flat32 = getattr(optimizer, "fp32_partitioned_groups_flat", None)
+    if not flat16 or not flat32 or getattr(optimizer, "offload_optimizer", False):
+        return 0
+    aliased = 0
+    for low, master in zip(flat16, flat32):
+        if (low is not None and low.dtype == master.dtype and low.device == master.device
+                and low.numel() == master.numel() and low.data_ptr() != master.data_ptr()):
+            master.data = low.data
+            aliased += 1
+    return aliased
+
+
 def quantize_frozen(model, qtype: str) -> None:
-    """optimum-quanto weights for the frozen Linears (the LoRA adapters stay in full precision)."""
+    """optimum-quanto weights for the frozen Linears of the blocks; the LoRA adapters and the float32
+    islands (time MLPs, head: `FLOAT32_MODULES`) stay in full precision."""
     from optimum import quanto
 
-    quanto.quantize(model, weights=getattr(quanto, qtype), exclude=["*lora_A*", "*lora_B*"])
+    from video_dit.models.dit import FLOAT32_MODULES
+
+    exclude = ["*lora_A*", "*lora_B*", *(f"{name}*" for name in FLOAT32_MODULES)]
+    quanto.quantize(model, weights=getattr(quanto, qtype), exclude=exclude)
     quanto.freeze(model)
 
 

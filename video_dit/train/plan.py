@@ -67,7 +67,12 @@ head's saved tensors were freed:
 Attention needs no L x L memory: the SDPA flash kernels (CPU and CUDA) keep only a logsumexp row.
 
 DeepSpeed (per rank, P = parameters, Pt = trainable, N = ranks ZeRO partitions over, from DeepSpeed
-0.19's stage_1_and_2.py / stage3.py / engine.py):
+0.19's stage_1_and_2.py / stage3.py / engine.py). Parameters are counted at the dtypes they are
+trained in (`models.dit.param_dtypes(masters=True)`: trainable ones float32, the frozen bulk s, the
+float32 islands 4); DeepSpeed's bf16 mode is off, so the trainable parameters' gradients, reduce
+buckets and gradient partitions are float32 too (the `s` of those terms is 4); under ZeRO-3 the
+fp32 master partition is the parameter partition itself unless the optimizer is offloaded
+(`engine.alias_fp32_partitions`). The activations are counted at s (their float32 parts aside).
   ZeRO-0   P s parameters; Pt s gradients (backward to step); Adam 2 Pt s; the all-reduce flattens
            the gradients into min(Pt, allreduce bucket) s at the end of backward
   ZeRO-1/2 P s parameters (the trainable ones flattened, same bytes); an fp32 master partition Pt/N 4
@@ -162,9 +167,10 @@ class ModelSizes:
     base: int                      # parameters of the DiT itself
     lora: int                      # adapter parameters (0 for a full fine-tune)
     trainable: int
-    base_bytes: int                # at the per-parameter dtypes of the build (`build.param_dtype`)
+    base_bytes: int                # at the per-parameter dtypes of training (`models.dit.param_dtypes`)
     trainable_bytes: int
     numels: tuple[int, ...]        # every parameter's numel (ZeRO-3 partitions, persistence)
+    itemsizes: tuple[int, ...]     # ... and its bytes per element as trained (float32 islands, masters)
     largest_module: int            # the most elements one module owns (ZeRO-3 gathers per module)
     largest_tensor: int
     ffn_weight: int                # ffn.2's weight (D x F): its new gradient is part of the peak
@@ -173,8 +179,7 @@ class ModelSizes:
 def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False) -> ModelSizes:
     """Counts of the DiT built on the meta device (and its LoRA adapters, on the trainer's targets:
     `lora_targets(network.include_img_emb)`): nothing allocated."""
-    from video_dit.models.dit import VideoDiT
-    from video_dit.train.build import param_dtype
+    from video_dit.models.dit import VideoDiT, param_dtypes
 
     with torch.device("meta"):
         model = VideoDiT(dit_config)
@@ -182,14 +187,18 @@ def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_
             from video_dit.lora import add_lora, lora_targets
 
             add_lora(model, lora_rank, targets=lora_targets(lora_img_emb))
+    # the trainer's storage (`engine.cast_for_training`): trainable float32, frozen bulk in `dtype`,
+    # the float32 islands float32
+    dtypes = param_dtypes(model, dtype, masters=True)
     base = lora = base_bytes = train_bytes = 0
-    numels, per_module = [], {}
+    numels, itemsizes, per_module = [], [], {}
     for name, p in model.named_parameters():
         n = p.numel()
         numels.append(n)
+        itemsizes.append(dtypes[name].itemsize)
         owner = name.rsplit(".", 1)[0]
         per_module[owner] = per_module.get(owner, 0) + n
-        nbytes = n * param_dtype(name, dtype).itemsize
+        nbytes = n * dtypes[name].itemsize
         if ".lora_" in name:
             lora += n
             train_bytes += nbytes
@@ -199,7 +208,7 @@ def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_
             if not lora_rank:
                 train_bytes += nbytes
     return ModelSizes(base=base, lora=lora, trainable=lora if lora_rank else base, base_bytes=base_bytes,
-                      trainable_bytes=train_bytes, numels=tuple(numels), largest_module=max(per_module.values()),
+                      trainable_bytes=train_bytes, numels=tuple(numels), itemsizes=tuple(itemsizes), largest_module=max(per_module.values()),
                       largest_tensor=max(numels), ffn_weight=dit_config.dim * dit_config.ffn_dim)
 
 
@@ -309,10 +318,10 @@ def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtyp
     """(resident, transient) DeepSpeed memory of one rank (see the module docstring). `resident`
     lives through the whole step after the first; `transient` is what exists only during backward
     (`buffers`, ZeRO-1/2 `gradients`) or at the optimizer step (`optimizer`: its temporaries)."""
-    s = dtype.itemsize
     z = zero_config(ds)
     N, stage = world, setting.zero_stage
     Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
+    s = Pt_b // max(1, Pt)  # gradients and their buckets: the trainable (master) parameters' dtype, float32
     res, trans = RankMemory(), RankMemory()
     step_temp = 0 if cuda else sizes.largest_tensor * 4
     if stage == 0:
@@ -323,7 +332,8 @@ def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtyp
         trans.optimizer = step_temp
         return res, trans
     part = -(-Pt // N)
-    master = part * 4 * 3  # fp32 master + Adam's two moments
+    master = part * 4 * 3  # fp32 master + Adam's two moments (ZeRO-3 without optimizer offload: the
+    # master is the float32 partition itself, `engine.alias_fp32_partitions`)
     if stage in (1, 2):
         res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
         res.optimizer = master
@@ -333,13 +343,14 @@ def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtyp
         trans.optimizer = part * 4 + (0 if cuda else part * 4)  # fp32 gradient partition + Adam temp
     else:
         persist = z.param_persistence_threshold
-        res.parameters = sum(-(-n // N) * s for n in sizes.numels)
-        res.parameters += sum(n * s for n in sizes.numels if n < persist)
-        res.optimizer = master
+        sized = list(zip(sizes.numels, sizes.itemsizes))
+        res.parameters = sum(-(-n // N) * b for n, b in sized)
+        res.parameters += sum(n * b for n, b in sized if n < persist)
+        res.optimizer = master if setting.offload_optimizer else part * 4 * 2
         res.gradients = part * s
         res.buffers = z.reduce_bucket_size * s
         gatherable = sum(n for n in sizes.numels if n >= persist)
-        trans.buffers = min(gatherable, z.prefetch_bucket_size + sizes.largest_module) * s
+        trans.buffers = min(gatherable, z.prefetch_bucket_size + sizes.largest_module) * max(sizes.itemsizes)
         trans.optimizer = part * 4 + (0 if cuda else part * 4)
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
@@ -349,7 +360,7 @@ def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtyp
             trans.gradients = 0
     if setting.offload_param and stage == 3:
         res.host += res.parameters
-        res.parameters = sum(n * s for n in sizes.numels if n < z.param_persistence_threshold)
+        res.parameters = sum(n * b for n, b in zip(sizes.numels, sizes.itemsizes) if n < z.param_persistence_threshold)
     return res, trans
 
 
@@ -615,7 +626,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     cuda = machine.device == "cuda"
     dtype = planned_dtype(job, machine.device)
     lora = p.network.linear if p.network is not None else None
-    ds = ds_config(job, machine.ranks, dtype, cuda=cuda)
+    ds = ds_config(job, machine.ranks, cuda=cuda)
     img_emb = bool(p.network is not None and p.network.include_img_emb)
     sizes = model_sizes(cfg, lora, dtype, img_emb)
     per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"

@@ -121,7 +121,7 @@ class Trainer:
         self.rank0 = self.rank == 0
         self._log = log
         self.device = eng.local_device()
-        self.dtype = eng.train_dtype(p.train.dtype)
+        self.dtype = eng.train_dtype(p.train.dtype, p.train.cpu_bf16)
         self.zero_stage = p.deepspeed.zero_stage
         self.out_dir = job.out_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
@@ -146,14 +146,19 @@ class Trainer:
         self.sp_info = init_sequence_parallel(self.sp)
         self.dp_world, self.dp_rank = self.sp_info.dp_size, self.sp_info.dp_rank
 
+        notice = eng.cpu_fp32_notice(p.train.dtype, self.dtype)
+        if notice:
+            self.log(notice)
+
         # 1. frozen encoders, the caches, the preview prompts (and images); then the text and image
-        #    encoders are freed: training reads cached tensors only
+        #    encoders are freed: training reads cached tensors only. The VAE runs in model.vae_dtype
+        #    (float32 by default, as Wan runs it), the text and image encoders in the training dtype
+        #    (Wan's umT5 runs in bf16).
         vae_src, te_src = model_sources(p)
-        enc_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-        self.vae = load_vae_for(vae_src, enc_dtype, self.device)
-        text_encoder = self._load_text_encoder(te_src, enc_dtype)
+        self.vae = load_vae_for(vae_src, p.model.vae_torch_dtype, self.device)
+        text_encoder = self._load_text_encoder(te_src, self.dtype)
         clip_src = image_encoder_source(p)
-        image_encoder = self._load_image_encoder(clip_src, enc_dtype) if clip_src is not None else None
+        image_encoder = self._load_image_encoder(clip_src, self.dtype) if clip_src is not None else None
         self._build_data(vae_src, te_src, text_encoder, clip_src, image_encoder)
         from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler
 
@@ -171,10 +176,12 @@ class Trainer:
         # parameters, checkpointing
         from video_dit.train.build import build_dit, make_trainable
 
-        dit = build_dit(p.model.name_or_path, self.preset, zero_stage=self.zero_stage, dtype=self.dtype,
-                        device=self.device, seed=p.model.seed,
-                        ds_config=eng.ds_config(job, self.world, self.dtype) if self.zero_stage == 3 else None)
-        make_trainable(dit, p, self.sp_info)  # attention backend, LoRA or full, checkpointing, Ulysses SP
+        # a LoRA base is built in the training dtype, a full fine-tune in float32 (its master weights)
+        dit = build_dit(p.model.name_or_path, self.preset, zero_stage=self.zero_stage,
+                        dtype=eng.build_dtype(self.dtype, lora=p.network is not None), device=self.device,
+                        seed=p.model.seed, ds_config=eng.ds_config(job, self.world) if self.zero_stage == 3 else None)
+        # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
+        make_trainable(dit, p, self.dtype, self.sp_info)
         self.dit_config = dit.config
         dit.train()
 
@@ -182,7 +189,7 @@ class Trainer:
         plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage,
                                 convert=ckpt.to_universal)  # another world size / ZeRO stage: universal format
         self.engine, self.optimizer, self.scheduler = eng.initialize(
-            dit, job, self.world, self.dtype, load_universal=plan is not None and plan.universal)
+            dit, job, self.world, load_universal=plan is not None and plan.universal)
         self.module = self.engine.module
         if p.model.quantize:
             eng.quantize_frozen(self.module, p.model.qtype_name)
