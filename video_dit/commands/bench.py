@@ -34,6 +34,7 @@ SUITES: dict[str, str] = {
     "plan": "video_dit.bench.plan",
     "load": "video_dit.bench.load",
     "rehearsal": "video_dit.bench.rehearsal",
+    "precision": "video_dit.bench.precision",
 }
 
 
@@ -82,6 +83,10 @@ TARGETS: list[Target] = [
            "==", 1, "cpu"),
     Target("rehearsal", "1.3B resumed step loss = first run's",
            lambda r: None if "loss_step3" not in r else float(r["loss_step3"]["equal"]), "==", 1, "cpu"),
+    Target("precision", "bf16 velocity error ours / diffusers", _path("velocity_ours_vs_diffusers"), "<=", 1.0),
+    Target("precision", "bf16 velocity error ours / pure bf16", _path("velocity_ours_vs_pure"), "<", 1.0),
+    Target("precision", "bf16 LoRA-gradient error ours / diffusers", _path("lora_grad_ours_vs_diffusers"), "<=", 1.0),
+    Target("precision", "bf16 LoRA-gradient error ours / pure bf16", _path("lora_grad_ours_vs_pure"), "<", 1.0),
 ]
 
 
