@@ -46,10 +46,18 @@ def add_lora(model: nn.Module, rank: int, alpha: float | None = None, targets: s
         raise ValueError(f"LoRA rank must be > 0, got {rank}")
     config = LoraConfig(r=rank, lora_alpha=float(alpha if alpha is not None else rank),
                         target_modules=targets, lora_dropout=dropout, bias="none")
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
     model.requires_grad_(False)
     inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
+    for module in model.modules():
+        # The adapters see their input as the base Linear does: a bf16 DiT computes under autocast,
+        # which runs float32 adapters in bf16 anyway; peft's own cast to the adapter dtype would keep
+        # a second (float32 -> bf16) copy of every adapted Linear's input for backward.
+        if isinstance(module, BaseTunerLayer):
+            module.cast_input_dtype_enabled = False
     model._lora_rank, model._lora_alpha = rank, float(config.lora_alpha)
     return model
 
