@@ -138,11 +138,13 @@ def test_engine_memory_split_adds_up():
 @pytest.mark.slow  # 2 real DeepSpeed ranks over gloo, three engines each: ~1 min on 2 shared cores
 def test_engine_memory_split_on_real_zero_engines_matches_the_parameter_count(tmp_path):
     """The split behind the README's ZeRO-3 / ZeRO-0 figure, on the benchmark's own engines (2 ranks,
-    bf16, ZeRO-0, 2 and 3, after a step), against bytes derived from the parameter count P alone:
-    ZeRO-0 holds bf16 params + bf16 grads (2P each) and fp32 master + Adam's two moments (12P, plus a
-    4-byte step per tensor); ZeRO-2 keeps the bf16 params whole and partitions the grads (2P/W) and
-    the fp32 state (12P/W); ZeRO-3 also partitions the params (2P/W), except that parameters of at
-    most `stage3_param_persistence_threshold` elements stay whole on every rank."""
+    bf16 full fine-tune, ZeRO-0, 2 and 3, after a step), against bytes derived from the parameter
+    count P alone. The weights are float32 masters computing in bf16 (`cast_for_training`):
+    ZeRO-0 holds fp32 params + fp32 grads (4P each) and Adam's two moments (8P, plus a 4-byte step per
+    tensor); ZeRO-2 keeps the params whole and partitions the grads (4P/W) and DeepSpeed's fp32
+    partition copy + the moments (12P/W); ZeRO-3 also partitions the params (4P/W), except that
+    parameters of at most `stage3_param_persistence_threshold` elements stay whole on every rank, and
+    its fp32 partitions are the master weights (`alias_fp32_partitions`): the moments alone (8P/W)."""
     import math
 
     from video_dit.train import engine as eng
@@ -162,15 +164,15 @@ def test_engine_memory_split_on_real_zero_engines_matches_the_parameter_count(tm
 
     for r in res:
         z0, z2, z3 = (r["zero"][s]["memory"] for s in ("0", "2", "3"))
-        assert (z0["parameters"], z0["gradients"]) == (2 * P, 2 * P), z0
-        assert z0["optimizer"] == 12 * P + 4 * len(sizes), z0
-        assert z2["parameters"] == 2 * P and near(z2["gradients"], 2 * P // W), z2
+        assert (z0["parameters"], z0["gradients"]) == (4 * P, 4 * P), z0
+        assert z0["optimizer"] == 8 * P + 4 * len(sizes), z0
+        assert z2["parameters"] == 4 * P and near(z2["gradients"], 4 * P // W), z2
         assert near(z2["optimizer"], 12 * P // W), z2
-        assert near(z3["parameters"], 2 * math.ceil(P / W) + 2 * persistent), z3
-        assert near(z3["gradients"], 2 * P // W) and near(z3["optimizer"], 12 * P // W), z3
+        assert near(z3["parameters"], 4 * math.ceil(P / W) + 4 * persistent), z3
+        assert near(z3["gradients"], 4 * P // W) and near(z3["optimizer"], 8 * P // W), z3
         assert z0["other"] == 0 and z3["other"] <= 64  # nothing of size left unclassified
-    for stage in ("2", "3"):  # the partitions of the fp32 state add up to the whole, over the ranks
-        assert near(sum(r["zero"][stage]["memory"]["optimizer"] for r in res), 12 * P, rel=0.005)
+    for stage, state in (("2", 12 * P), ("3", 8 * P)):  # the partitions of the fp32 state add up to the whole
+        assert near(sum(r["zero"][stage]["memory"]["optimizer"] for r in res), state, rel=0.005)
 
 
 # ---------------------------------------------------------------- `video-dit bench`
