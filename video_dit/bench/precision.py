@@ -54,19 +54,19 @@ RUNS = ("float64", "ours", "pure", "before", "diffusers")
 @contextlib.contextmanager
 def bf16_residual():
     """The "before" run: our gated residual update returning its input's dtype (bf16 from the patch
-    embedding on), instead of Wan's float32 stream. Swaps `dit.gated_add`, which `Block` looks up."""
-    from video_dit.models import dit
+    embedding on), instead of Wan's float32 stream. Swaps `dit_layers.gated_add`, which `Block` looks up."""
+    from video_dit.models import dit_layers
 
-    shipped = dit.gated_add
+    shipped = dit_layers.gated_add
 
     def gated_add(x, y, gate):
         return shipped(x, y, gate).to(x.dtype)
 
-    dit.gated_add = gated_add
+    dit_layers.gated_add = gated_add
     try:
         yield
     finally:
-        dit.gated_add = shipped
+        dit_layers.gated_add = shipped
 
 
 def build(shape: dict, seed: int = 0):

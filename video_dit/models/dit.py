@@ -24,6 +24,10 @@ with its gated updates (`x + y * gate`), and the head. `FLOAT32_MODULES` / `para
 Parameter names are the original Wan checkpoint names, so a LoRA on these modules maps 1:1 to the
 ComfyUI `diffusion_model.` convention. Sequence parallelism plugs in through `VideoDiT.seq_parallel`
 (see `VideoDiT.forward`); this file holds no distributed code.
+
+The layers (embeddings and RoPE, the adaLN arithmetic, `RecomputeSaved`, attention, `Block`, `Head`) are
+in `dit_layers.py`; this file holds the configuration, the initialisation, `VideoDiT` (the network
+whole, with the shapes of its forward), the float32 islands and `dit_flops`.
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import contextlib
 import difflib
 import hashlib
 import math
-import weakref
 from dataclasses import dataclass, fields
 
 import torch
@@ -40,7 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from video_dit.models.attention import attention, set_attention_backend
+from video_dit.models.attention import set_attention_backend
+from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
 
 
 @dataclass
@@ -108,323 +112,6 @@ class DiTConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-# ---------------------------------------------------------------- embeddings and RoPE
-
-
-def sinusoidal_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """(N,) timesteps on 0..1000 -> (N, dim) float32 [cos | sin], frequencies 10000^(-i/half)."""
-    half = dim // 2
-    freqs = torch.pow(10000.0, -torch.arange(half, dtype=torch.float64, device=t.device) / half)
-    angles = torch.outer(t.to(torch.float64), freqs)  # (N, half)
-    return torch.cat([angles.cos(), angles.sin()], dim=1).float()
-
-
-def rope_tables(grid: tuple[int, int, int], head_dim: int, device=None, theta: float = 10000.0):
-    """Real RoPE tables for a (F', h, w) token grid: (cos, sin), each (1, L, 1, Dh/2) float32.
-
-    The head dim is split into frame / height / width bands as Wan does (height and width get
-    2*(Dh//6) channels each, frames the rest), each band with its own frequency ladder. Row i is
-    the token at row-major position i of the grid, so the tables can be split along tokens (dim 1).
-    """
-    d_hw = 2 * (head_dim // 6)
-    bands = (head_dim - 2 * d_hw, d_hw, d_hw)
-    parts = []
-    for axis, (n, d) in enumerate(zip(grid, bands)):
-        inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=device) / d)
-        angle = torch.outer(torch.arange(n, dtype=torch.float64, device=device), inv_freq)  # (n, d/2)
-        shape = [1, 1, 1, d // 2]
-        shape[axis] = n
-        parts.append(angle.view(shape).expand(*grid, d // 2))
-    angles = torch.cat(parts, dim=-1).reshape(1, math.prod(grid), 1, head_dim // 2)  # (1, L, 1, Dh/2)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent channel pairs of x (B, L, H, Dh) by the (1, L, 1, Dh/2) tables (Wan's pairing)."""
-    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)  # (B, L, H, Dh/2) each, strided views
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)  # (B, L, H, Dh/2, 2)
-    return out.flatten(-2).to(x.dtype)
-
-
-def f32(t: torch.Tensor) -> torch.Tensor:
-    """t in at least float32 (a float64 model stays float64): the dtype of the float32 islands."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def compute_dtype_of(t: torch.Tensor) -> torch.dtype:
-    """The dtype the matmuls run in here: autocast's where it is on (a bf16 DiT's forward), else t's."""
-    device = t.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
-
-
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, dtype: torch.dtype,
-             rc=None) -> torch.Tensor:
-    """LayerNorm(x) * (1 + scale) + shift; x (B, L, D), shift/scale (B, T, D) float32, T in {1, L}.
-    float32 region: the adaLN math (Wan: `norm(x).float() * (1 + e) + e`; bf16 here visibly degrades
-    the pretrained models); the result goes to `dtype`, the next Linear's compute dtype.
-    `rc`: a RecomputeSaved that stores the normed x as a recipe."""
-    with torch.autocast(x.device.type, enabled=False):
-        x = f32(x)
-        normed = F.layer_norm(x, x.shape[-1:], eps=eps)
-        if rc is not None:
-            rc.add(normed, _layer_norm, x, eps)
-        return torch.addcmul(shift, normed, 1 + scale).to(dtype)
-
-
-def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.layer_norm(f32(x), x.shape[-1:], eps=eps)
-
-
-def gated_add(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """x + y * gate, float32 (B, L, D): the residual update and the stream it returns stay float32,
-    as Wan's `with autocast(dtype=float32): x = x + y * e` (diffusers casts back to bf16)."""
-    with torch.autocast(x.device.type, enabled=False):
-        return torch.addcmul(f32(x), y, gate)
-
-
-def norm_to(norm: nn.LayerNorm, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """`norm(x)` computed in float32 (Wan's WanLayerNorm runs on x.float() with float32 weights),
-    then in `dtype` for the Linear after it."""
-    with torch.autocast(x.device.type, enabled=False):
-        x = f32(x)
-        weight, bias = (None if p is None else p.to(x.dtype) for p in (norm.weight, norm.bias))
-        return F.layer_norm(x, norm.normalized_shape, weight, bias, norm.eps).to(dtype)
-
-
-# ---------------------------------------------------------------- activation memory
-
-
-class RecomputeSaved:
-    """Autograd saves some cheap elementwise results for backward (the GELU output that `ffn.2`
-    keeps for its weight gradient, the adaLN-modulated inputs the Linears keep). Registered
-    tensors are saved as a recipe (function + its inputs, which autograd keeps anyway) and
-    recomputed during backward: the same math, a fraction of the activation memory. Works with
-    any module (LoRA, quanto) because it only swaps what autograd stores, not what runs.
-
-    Only active outside activation checkpointing (which already stores nothing inside a block).
-    """
-
-    def __init__(self):
-        self.entries: list[tuple[weakref.ref, object, tuple]] = []
-
-    def add(self, out: torch.Tensor, fn, *inputs) -> torch.Tensor:
-        self.entries.append((weakref.ref(out), fn, inputs))
-        return out
-
-    def pack(self, t: torch.Tensor):
-        if type(t) not in (torch.Tensor, nn.Parameter):  # tensor subclasses (quantized weights) as they are
-            return t
-        for ref, fn, inputs in self.entries:
-            out = ref()
-            if (out is not None and t.dtype == out.dtype and t.device == out.device
-                    and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()):
-                view = (t.size(), t.stride(), t.storage_offset() - out.storage_offset())
-                return (fn, inputs, out.stride(), view)
-        return t
-
-    @staticmethod
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        fn, inputs, stride, (size, view_stride, offset) = packed
-        with torch.no_grad():
-            out = fn(*inputs)
-        if out.stride() != stride:
-            raise RuntimeError(f"recomputed activation has strides {out.stride()}, saved one had {stride}")
-        return out.as_strided(size, view_stride, out.storage_offset() + offset)
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
-# ---------------------------------------------------------------- network
-
-
-class _RMSNormFn(torch.autograd.Function):
-    """x * rsqrt(mean(x^2) + eps) * weight, statistics in float32. Saves only x and the per-row
-    rstd; torch's CPU rms_norm is a composite that also keeps x * rstd for the weight gradient."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)  # (..., 1)
-        ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd).to(x.dtype) * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight, rstd = ctx.saved_tensors
-        xhat = x.to(rstd.dtype) * rstd
-        gw = grad.to(rstd.dtype) * weight.to(rstd.dtype)
-        grad_x = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
-        grad_w = (grad.to(rstd.dtype) * xhat).flatten(0, -2).sum(0) if ctx.needs_input_grad[1] else None
-        return grad_x.to(x.dtype), None if grad_w is None else grad_w.to(weight.dtype), None
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm with a learned scale (Wan's q/k norm across all heads); parameter name `weight`."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFn.apply(x, self.weight, self.eps)
-
-
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()  # across all heads
-        self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
-        self.attention_backend = "native"
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seq_parallel=None,
-                rc: RecomputeSaved | None = None) -> torch.Tensor:
-        """x (B, L, D) -> (B, L, D); rope = (cos, sin) (1, L, 1, Dh/2) for exactly these L tokens.
-        rc: the block's RecomputeSaved (normed, rotated q/k are recomputed from q/k in backward)."""
-        rc = rc or RecomputeSaved()
-        q, k = self.q(x), self.k(x)  # (B, L, D)
-        q_rot = rc.add(self._norm_rope(self.norm_q, q, *rope), self._norm_rope, self.norm_q, q, *rope)
-        k_rot = rc.add(self._norm_rope(self.norm_k, k, *rope), self._norm_rope, self.norm_k, k, *rope)
-        v = self.v(x).unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
-        # The sequence-parallel seam: with tokens split over ranks, the parallel layer's attention
-        # sees this rank's (B, L_local, H, Dh) q/k/v (already normed and rotated) and returns the same shape.
-        if seq_parallel is not None:
-            out = seq_parallel.attention(q_rot, k_rot, v)
-        else:
-            out = attention(q_rot, k_rot, v, backend=self.attention_backend)
-        return self.o(out.flatten(2))  # (B, L, D)
-
-    def _norm_rope(self, norm: nn.Module, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # float32 weights give a float32 normed, rotated q/k (Wan's, rotated in float64); attention
-        # then takes them in t's (the compute) dtype, as Wan's flash attention casts them
-        return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin).to(t.dtype)  # (B, L, H, Dh)
-
-
-def _norm_as(norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """norm(t) in t's dtype (the norm's float32 weight would otherwise promote it)."""
-    return norm(t).to(t.dtype)
-
-
-class CrossAttention(nn.Module):
-    """Attention from the video tokens to the text; with `image`, Wan 2.1 I2V's second attention
-    (same q, its own k_img / v_img / norm_k_img) over the image tokens, added before `o`."""
-
-    def __init__(self, dim: int, num_heads: int, qk_norm: bool, eps: float, image: bool = False):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()
-        self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
-        if image:
-            self.k_img, self.v_img = nn.Linear(dim, dim), nn.Linear(dim, dim)
-            self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
-        self.attention_backend = "native"
-
-    def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None,
-                rc: RecomputeSaved | None = None, image_context: torch.Tensor | None = None):
-        """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None (text only),
-        image_context (B, Li, D) for the image branch -> (B, L, D)."""
-        rc = rc or RecomputeSaved()
-        q = self.q(x)
-        q = rc.add(_norm_as(self.norm_q, q), _norm_as, self.norm_q, q)
-        q = q.unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
-        k = self.k(context)
-        k = _norm_as(self.norm_k, k).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
-        v = self.v(context).unflatten(2, (self.num_heads, -1))
-        out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)  # (B, L, H, Dh)
-        if image_context is not None:
-            # Wan and diffusers concatenate [image | text] into one context and split it again here
-            # (at context length - 512); we pass the two parts separately, which is the same math.
-            k_img = _norm_as(self.norm_k_img, self.k_img(image_context))
-            k_img = k_img.unflatten(2, (self.num_heads, -1))  # (B, Li, H, Dh)
-            v_img = self.v_img(image_context).unflatten(2, (self.num_heads, -1))
-            out = out + attention(q, k_img, v_img, backend=self.attention_backend)  # every image token is real
-        return self.o(out.flatten(2))
-
-
-class ImageEmbedding(nn.Module):
-    """Wan's `MLPProj` (`img_emb`): CLIP features (B, Li, image_dim) -> image context (B, Li, D).
-
-    proj = LayerNorm, Linear(image_dim, image_dim), GELU (exact), Linear(image_dim, D), LayerNorm.
-    FLF2V (num_images 2) first adds the learned `emb_pos` (1, 2 * image_tokens, image_dim), which tells
-    the first frame's tokens from the last frame's.
-    """
-
-    def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        c = cfg.image_dim
-        self.proj = nn.Sequential(nn.LayerNorm(c), nn.Linear(c, c), nn.GELU(), nn.Linear(c, cfg.dim),
-                                  nn.LayerNorm(cfg.dim))
-        self.emb_pos = nn.Parameter(torch.zeros(1, cfg.image_context_len, c)) if cfg.num_images > 1 else None
-
-    def forward(self, clip_fea: torch.Tensor) -> torch.Tensor:
-        x = clip_fea.to(self.proj[1].weight.dtype)
-        if self.emb_pos is not None:
-            x = x + self.emb_pos  # (B, 2 * image_tokens, image_dim)
-        cdt = compute_dtype_of(x)
-        x = norm_to(self.proj[0], x, cdt)  # the LayerNorms in float32, as Wan's under autocast
-        x = self.proj[3](self.proj[2](self.proj[1](x)))  # (B, Li, D)
-        return norm_to(self.proj[4], x, cdt)
-
-
-class Block(nn.Module):
-    def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        self.eps = cfg.eps
-        self.self_attn = SelfAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps)
-        # Wan's names: norm1 before self-attn, norm3 (affine) before cross-attn, norm2 before the FFN.
-        self.norm3 = nn.LayerNorm(cfg.dim, eps=cfg.eps) if cfg.cross_attn_norm else nn.Identity()
-        self.cross_attn = CrossAttention(cfg.dim, cfg.num_heads, cfg.qk_norm, cfg.eps, image=cfg.image_dim is not None)
-        self.ffn = nn.Sequential(nn.Linear(cfg.dim, cfg.ffn_dim), nn.GELU(approximate="tanh"),
-                                 nn.Linear(cfg.ffn_dim, cfg.dim))
-        self.modulation = nn.Parameter(torch.empty(1, 6, cfg.dim))
-        self.recompute = True  # RecomputeSaved inside the block; VideoDiT turns it off under checkpointing
-
-    def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None, image_context=None):
-        """x (B, L, D) the residual stream (float32 from the first gated add on; the patch tokens
-        entering block 0 are in the compute dtype); e0 (B, T, 6, D) float32, T in {1, L};
-        context (B, Lt, D); image_context (B, Li, D) or None -> (B, L, D) float32."""
-        cdt = compute_dtype_of(context)  # the Linears' dtype: bf16 under a bf16 DiT's autocast
-        with torch.autocast(x.device.type, enabled=False):
-            # float32 region: the six adaLN vectors (Wan: `with autocast(dtype=float32)`)
-            shift1, scale1, gate1, shift2, scale2, gate2 = (f32(self.modulation).unsqueeze(1) + e0).unbind(2)
-        eps, rc = self.eps, RecomputeSaved()
-        with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
-            h = rc.add(modulate(x, shift1, scale1, eps, cdt, rc), modulate, x, shift1, scale1, eps, cdt)
-            y = self.self_attn(h, rope, seq_parallel, rc)
-            x = rc.add(gated_add(x, y, gate1), gated_add, x, y, gate1)  # x, y are kept anyway
-            if isinstance(self.norm3, nn.LayerNorm):
-                c = rc.add(norm_to(self.norm3, x, cdt), norm_to, self.norm3, x, cdt)
-            else:
-                c = x.to(cdt)
-            x = x + self.cross_attn(c, context, context_mask, rc, image_context)  # float32 + compute dtype
-            h = rc.add(modulate(x, shift2, scale2, eps, cdt, rc), modulate, x, shift2, scale2, eps, cdt)
-            h = self.ffn[0](h)  # (B, L, ffn_dim)
-            g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
-            x = gated_add(x, self.ffn[2](g), gate2)
-        return x
-
-
-class Head(nn.Module):
-    def __init__(self, cfg: DiTConfig):
-        super().__init__()
-        self.eps = cfg.eps
-        self.head = nn.Linear(cfg.dim, cfg.out_dim * math.prod(cfg.patch_size))
-        self.modulation = nn.Parameter(torch.empty(1, 2, cfg.dim))
-
-    def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        """x (B, L, D), e (B, T, D) float32 -> (B, L, out_dim * pt*ph*pw) in the head's weight dtype."""
-        # float32 region: modulation, norm and the output Linear (Wan runs its head under autocast(float32))
-        with torch.autocast(x.device.type, enabled=False):
-            shift, scale = (f32(self.modulation).unsqueeze(1) + e.unsqueeze(2)).unbind(2)  # (B, T, D) each
-            return self.head(modulate(x, shift, scale, self.eps, self.head.weight.dtype))
-
-
 # ---------------------------------------------------------------- initialisation
 
 
@@ -459,6 +146,9 @@ def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: tor
     else:
         raise ValueError(f"init_parameter: no initialisation rule for DiT parameter {name!r} {tuple(t.shape)}")
     return t.copy_(values)
+
+
+# ---------------------------------------------------------------- network
 
 
 class VideoDiT(nn.Module):
