@@ -124,6 +124,20 @@ def test_mismatch_lists_missing_unexpected_and_wrong_shape_keys(tmp_path, tiny):
         load_dit(tmp_path / "other.safetensors")
 
 
+def test_mixed_dtype_file_needs_an_explicit_dtype(tmp_path, tiny):
+    """dtype=None keeps a file's one stored dtype; a file of two dtypes is refused, naming the file and
+    both dtypes, and loads once a dtype is given."""
+    sd = native_sd(tiny)
+    sd["head.head.weight"] = sd["head.head.weight"].to(torch.bfloat16)
+    save_file(sd, tmp_path / "mixed.safetensors")
+    with pytest.raises(WeightsError, match=r"mixed.safetensors \(native layout\): tensors of several dtypes "
+                                           r"\['torch.bfloat16', 'torch.float32'\]; pass dtype="):
+        load_dit(tmp_path / "mixed.safetensors", config=tiny.config)
+    assert load_dit(tmp_path / "mixed.safetensors", config=tiny.config, dtype=torch.float32).dtype == torch.float32
+    save_file({k: v.to(torch.bfloat16) for k, v in sd.items()}, tmp_path / "bf16.safetensors")
+    assert load_dit(tmp_path / "bf16.safetensors", config=tiny.config).dtype == torch.bfloat16
+
+
 def wan21_image_reference(image: str):
     """A small random diffusers Wan 2.1 I2V / FLF2V transformer at Wan's CLIP sizes (1280 wide, 257 tokens
     per image), head dim 128 so that a single file's config can be inferred (Wan's convention)."""

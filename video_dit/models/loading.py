@@ -231,6 +231,15 @@ def module_groups(names) -> list[list[str]]:
     return list(groups.values())
 
 
+def stored_dtype(shapes: dict, source: str) -> torch.dtype:
+    """The one dtype of a weights file's tensors (`shapes`: name -> tensor or header); a file of
+    mixed dtypes is refused, naming them (the caller then needs an explicit dtype)."""
+    dtypes = {v.dtype for v in shapes.values()}
+    if len(dtypes) > 1:
+        raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
+    return dtypes.pop()
+
+
 def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None) -> nn.Module:
     """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
     copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes.
@@ -240,10 +249,7 @@ def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=N
     lazy = sd if isinstance(sd, LazyWeights) else None
     shapes = lazy.meta() if lazy is not None else sd
     if dtype is None:
-        dtypes = {v.dtype for v in shapes.values()}
-        if len(dtypes) > 1:
-            raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-        dtype, storage = dtypes.pop(), None
+        dtype, storage = stored_dtype(shapes, source), None
     with torch.device("meta"):
         model = cls(config)
     check_state_dict(model, shapes, source)

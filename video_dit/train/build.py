@@ -32,7 +32,7 @@ import os
 import torch
 from torch import nn
 
-from video_dit.models.loading import WeightsError, check_state_dict, module_groups, open_dit
+from video_dit.models.loading import check_state_dict, module_groups, open_dit, stored_dtype
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
@@ -129,10 +129,7 @@ def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, c
         shapes = weights.meta()
         check_state_dict(model, shapes, description)
         if dtype is None:
-            dtypes = {v.dtype for v in shapes.values()}
-            if len(dtypes) > 1:
-                raise WeightsError(f"{description}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-            dtype = dtypes.pop()
+            dtype = stored_dtype(shapes, description)
     dtype = dtype or torch.float32
     if preset is not None:
         check_matches_preset(dict(model.state_dict(keep_vars=True)), preset, source)
