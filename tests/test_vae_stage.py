@@ -4,6 +4,7 @@ statistics normalize the data, and it is idempotent and deterministic."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -99,3 +100,30 @@ def test_cli(demo, tmp_path, capsys):
     assert "must end in .safetensors" in capsys.readouterr().out
     assert cli_main(["train-vae", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "v.safetensors")]) == 2
     assert "no videos" in capsys.readouterr().out
+
+
+def test_reconstruction_figures_of_a_known_error():
+    """PSNR and shape colour error of a stand-in VAE that shifts every pixel by a known amount: 0.1 in
+    [-1, 1] is 0.05 in [0, 1], so PSNR = 20 log10(1 / 0.05) = 26.02 dB and the colour error 12.75/255;
+    a second clip shifted only on its background keeps its shape colour exactly."""
+    from video_dit.train.vae_stage import reconstruction_figures
+
+    class Shift:
+        def __init__(self, bg_only=False):
+            self.bg_only = bg_only
+
+        def encode(self, x):
+            return type("P", (), {"mode": lambda _: x})()
+
+        def decode(self, z):
+            shift = torch.full_like(z, 0.1)
+            shift[:, :, :, 2:4, 2:4] = 0.0 if self.bg_only else 0.1   # the shape's pixels
+            return (z + shift).clamp(-1, 1)
+
+    clip = torch.full((3, 5, 8, 8), -0.9)
+    clip[:, :, 2:4, 2:4] = torch.tensor([0.5, -0.5, 0.2]).view(3, 1, 1, 1)   # shape: brightest > -0.8
+    fig = reconstruction_figures(Shift(), [clip])
+    assert fig["psnr"] == [round(20 * math.log10(1 / 0.05), 2)] and fig["colour_err"] == [12.8]
+    fig = reconstruction_figures(Shift(bg_only=True), [clip, clip])
+    mse = (0.05 ** 2) * (64 - 4) / 64                                        # 60 of 64 pixels off by 0.05
+    assert fig["psnr"] == [round(10 * math.log10(1 / mse), 2)] * 2 and fig["colour_err"] == [0.0, 0.0]

@@ -3,7 +3,10 @@
 A randomly initialised VAE cannot reconstruct anything, so the demo's DiT would learn to move noise.
 This stage trains the `tiny` preset VAE for a few hundred steps on short random windows of the demo
 clips (L1 + L2 reconstruction and a small KL term), then measures the per-channel mean and std of
-the latents over the whole clips so that the DiT sees normalized latents, and saves:
+the latents over the whole clips so that the DiT sees normalized latents. It trains on the clips
+directly in the data folder only; the demo's held-out clips (`holdout/`) are never trained on, and
+their reconstruction figures (PSNR, each shape's mean-colour error; `reconstruction_figures`) are
+logged and kept in the weights' metadata. It saves:
 
     out_path                    the weights (safetensors, native Wan VAE names)
     out_path.parent/config.json the VAEConfig fields, mean/std included
@@ -28,6 +31,7 @@ from video_dit.data.frames import snap_num_frames
 from video_dit.media import VIDEO_EXTS, read_video
 
 CONFIG_NAME = "config.json"
+HOLDOUT = "holdout"  # the demo data's held-out clips (video_dit.data.demo), measured, never trained on
 
 
 @dataclasses.dataclass
@@ -38,11 +42,16 @@ class VAETrainResult:
     std: tuple[float, ...]
     seconds: float
     vae: torch.nn.Module          # the trained model (eval mode), equal to what `path` holds
+    heldout: dict | None = None   # `reconstruction_figures` of the held-out clips (`data_dir/holdout/`), if any
 
 
 def _clips(data_dir: Path) -> list[torch.Tensor]:
-    """Every video under `data_dir` as (3, F, H, W) in [-1, 1]; all must share one frame size."""
-    files = sorted(p for p in data_dir.rglob("*") if p.suffix.lower() in VIDEO_EXTS and p.is_file())
+    """Every video directly in `data_dir` (not in subfolders: the demo's `holdout/` clips are never
+    trained on, as the training readers list a folder flat) as (3, F, H, W) in [-1, 1]; all must
+    share one frame size."""
+    data_dir = Path(data_dir)
+    files = sorted(p for p in data_dir.iterdir() if p.suffix.lower() in VIDEO_EXTS and p.is_file()) \
+        if data_dir.is_dir() else []
     if not files:
         raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on")
     clips = [read_video(p).permute(1, 0, 2, 3).contiguous() for p in files]  # (F,3,H,W) -> (3,F,H,W)
@@ -67,6 +76,51 @@ def _crop_origin(fg: torch.Tensor, ch: int, cw: int, gen: torch.Generator) -> tu
     k = int(torch.randint(len(ys), (1,), generator=gen))
     dy, dx = (int(torch.randint(n, (1,), generator=gen)) for n in (ch, cw))
     return (min(max(int(ys[k]) - dy, 0), H - ch), min(max(int(xs[k]) - dx, 0), W - cw))
+
+
+@torch.no_grad()
+def reconstruction_figures(vae, clips: list[torch.Tensor], batch: int = 8) -> dict:
+    """How well `vae` reproduces `clips` ((3, F, H, W) in [-1, 1] each; the demo's held-out clips).
+
+    Per clip, through `encode(...).mode()` and `decode` (the paths caching and previews take):
+      psnr        10 log10(1 / MSE) in dB, pixels in [0, 1], over every pixel of every frame
+      colour_err  max over R, G, B of |mean reconstruction - mean truth| (in /255) over the truth's
+                  shape pixels (brightest channel above ~10%, `_foreground`), all frames together
+    Returns {"psnr": [...], "colour_err": [...]} in clip order.
+    """
+    psnr, colour = [], []
+    for i in range(0, len(clips), batch):
+        x = torch.stack(clips[i:i + batch])                               # (B, 3, F, H, W)
+        r = vae.decode(vae.encode(x).mode())                              # (B, 3, F', H, W), clamped
+        x, r = (x[:, :, :r.shape[2]] + 1) / 2, (r + 1) / 2                # [0, 1]
+        mse = (r - x).pow(2).mean(dim=(1, 2, 3, 4)).clamp_min(1e-10)
+        psnr += (10 * torch.log10(1 / mse)).tolist()
+        fg = _foreground(2 * x - 1).bool()                                # (B, F, H, W)
+        for b in range(len(x)):
+            if not fg[b].any():
+                colour.append(0.0)
+                continue
+            truth, seen = x[b][:, fg[b]].mean(1), r[b][:, fg[b]].mean(1)  # (3,) each
+            colour.append(float((seen - truth).abs().max()) * 255)
+    return {"psnr": [round(v, 2) for v in psnr], "colour_err": [round(v, 1) for v in colour]}
+
+
+def _heldout_figures(vae, data_dir: Path, size: tuple[int, int]) -> dict | None:
+    """`reconstruction_figures` of the clips in `data_dir/holdout/` (never trained on; the demo's), or
+    None when there are none of the training frame size."""
+    folder = data_dir / HOLDOUT
+    if not folder.is_dir():
+        return None
+    if not any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()):
+        return None
+    clips = [c for c in _clips(folder) if tuple(c.shape[2:]) == size]
+    return reconstruction_figures(vae, clips) if clips else None
+
+
+def format_figures(fig: dict) -> str:
+    return (f"PSNR min {min(fig['psnr']):.1f} dB (mean {sum(fig['psnr']) / len(fig['psnr']):.1f}), shape colour "
+            f"error max {max(fig['colour_err']):.1f}/255 per channel, per clip: "
+            + ", ".join(f"{p:.1f} dB {c:.0f}/255" for p, c in zip(fig["psnr"], fig["colour_err"])))
 
 
 def _kl(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
@@ -208,6 +262,9 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                       f"({time.perf_counter() - start:.0f}s)", flush=True)
 
         vae.eval()
+        heldout = _heldout_figures(vae, data_dir, (H, W))
+        if verbose and heldout is not None:
+            print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}): {format_figures(heldout)}", flush=True)
         mean, std = latent_stats(vae, clips, stats_frames)
         config = dataclasses.replace(config, mean=mean, std=std)
         vae.config = config  # the returned model normalizes as a loaded one does
@@ -220,11 +277,13 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
         meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(seed),
                 "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
+        if heldout is not None:
+            meta["heldout_figures"] = json.dumps(heldout)
         _atomic_write(out_path, lambda p: save_file(state, str(p), metadata=meta))
         seconds = time.perf_counter() - start
         if verbose:
             print(f"[train-vae] saved {out_path} ({seconds:.0f}s)", flush=True)
-        return VAETrainResult(out_path, losses, mean, std, seconds, vae)
+        return VAETrainResult(out_path, losses, mean, std, seconds, vae, heldout)
     finally:
         if threads is not None:
             torch.set_num_threads(previous_threads)
