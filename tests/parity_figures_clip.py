@@ -16,7 +16,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import test_dit as td
 import test_dit_loading as tl
 import test_sampling_reference as tsr
-from video_dit.models.convert import dit_from_diffusers
 from video_dit.models.loading import load_dit, load_image_encoder, load_vae
 from video_dit.pipeline import VideoPipeline
 
@@ -29,17 +28,11 @@ for image in ("i2v", "flf2v"):
         e = ref(x, t, ctx, encoder_hidden_states_image=clip.reshape(-1, td.IMAGE_TOKENS, td.IMAGE_DIM), return_dict=False)[0]
         g = ours(x, t, ctx, clip_fea=clip)
     print(f"DiT {image} small: max|diff|/max|ref| = {((g - e).abs().max() / e.abs().max()).item():.2e}")
-from safetensors.torch import save_file
 for image in ("i2v", "flf2v"):
     ref = tl.wan21_image_reference(image)
     for layout in ("native", "diffusers", "comfyui"):
-        sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
-        if layout != "diffusers":
-            sd = dit_from_diffusers(sd)
-        if layout == "comfyui":
-            sd = {"model.diffusion_model." + k: v for k, v in sd.items()}
         with tempfile.TemporaryDirectory() as d:
-            save_file(sd, f"{d}/dit.safetensors")
+            tl.save_in_layout(ref, layout, f"{d}/dit.safetensors")
             m = load_dit(f"{d}/dit.safetensors")
             print(f"DiT {image} (image_dim 1280, {257 * m.config.num_images} tokens) {layout}: "
                   f"{tl.image_parity(m, ref, m.config.num_images):.2e}")

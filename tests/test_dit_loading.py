@@ -144,6 +144,17 @@ def wan21_image_reference(image: str):
     return helpers.diffusers_wan(36, 16, head_dim=128, image=image, image_dim=1280, image_tokens=257)
 
 
+def save_in_layout(ref, layout: str, path) -> None:
+    """A diffusers transformer's weights as one safetensors file in `layout`: "diffusers" as they are,
+    "native" (Wan's names) or "comfyui" (Wan's names under `model.diffusion_model.`)."""
+    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
+    if layout != "diffusers":
+        sd = dit_from_diffusers(sd)
+    if layout == "comfyui":
+        sd = {"model.diffusion_model." + k: v for k, v in sd.items()}
+    save_file(sd, path)
+
+
 def image_parity(model, ref, images: int):
     """Max |ours - diffusers| relative to the output scale, on Wan's 512-token text context."""
     g = torch.Generator().manual_seed(1)
@@ -162,12 +173,7 @@ def test_wan21_image_models_in_every_layout(tmp_path, image, layout):
     """Wan 2.1 I2V / FLF2V weights as one safetensors file in each key layout: the image branch is found
     from the keys (img_emb, emb_pos), and the model equals diffusers' WanTransformer3DModel."""
     ref = wan21_image_reference(image)
-    sd = {k: v.contiguous() for k, v in ref.state_dict().items()}
-    if layout != "diffusers":
-        sd = dit_from_diffusers(sd)
-    if layout == "comfyui":
-        sd = {"model.diffusion_model." + k: v for k, v in sd.items()}
-    save_file(sd, tmp_path / "dit.safetensors")
+    save_in_layout(ref, layout, tmp_path / "dit.safetensors")
     model = load_dit(tmp_path / "dit.safetensors")
     c = model.config
     assert (c.image_dim, c.image_tokens, c.num_images, c.in_dim) == (1280, 257, 2 if image == "flf2v" else 1, 36)
