@@ -124,19 +124,22 @@ def result(out_dir: Path, rank: int = 0) -> dict:
 
 def full_state(trainer) -> dict:
     """The trainable state as full tensors, whatever the ZeRO partitioning: fp32 params and Adam moments
-    (collective under ZeRO; every rank calls), plus the step and the LR scheduler's position."""
+    (collective under ZeRO; every rank calls), plus the step and the LR scheduler's position (each
+    expert's, keys prefixed `<expert>/`, in a two-expert job)."""
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     out = {}
-    for name, p in trainer.module.named_parameters():
-        if not p.requires_grad:
-            continue
-        out[f"param/{name}"] = safe_get_full_fp32_param(p).detach().cpu().clone()
-        for key in ("exp_avg", "exp_avg_sq"):
-            out[f"{key}/{name}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
+    for expert, e in trainer.experts.items():  # one DiT (expert None), or each trained expert's, prefixed
+        pre = f"{expert}/" if expert else ""
+        for name, p in e.module.named_parameters():
+            if not p.requires_grad:
+                continue
+            out[f"{pre}param/{name}"] = safe_get_full_fp32_param(p).detach().cpu().clone()
+            for key in ("exp_avg", "exp_avg_sq") if e.scheduler.last_epoch > 0 else ():  # none before its 1st step
+                out[f"{pre}{key}/{name}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
+        out[f"{pre}lr_step"] = torch.tensor(e.scheduler.last_epoch)
     out["step"] = torch.tensor(trainer.step)
-    out["lr_step"] = torch.tensor(trainer.scheduler.last_epoch)
     return out
 
 

@@ -23,7 +23,9 @@ WAN21_FLF2V_NEG = "镜头切换，" + WAN21_I2V_NEG  # Wan2.1 wan/configs/__init
 #   16 for flf2v (lines 76-81).
 #   Wan2.2 generate.py: unipc (line 204); steps, shift, guidance from the task's config (lines 84-91):
 #   wan/configs/wan_ti2v_5B.py lines 33-35 (shift 5.0, 50 steps, guidance 5.0);
-#   wan/configs/wan_i2v_A14B.py lines 34-37 (shift 5.0, 40 steps, guidance (3.5, 3.5) low/high noise).
+#   wan/configs/wan_i2v_A14B.py lines 34-37 (shift 5.0, 40 steps, guidance (3.5, 3.5) low/high noise);
+#   wan/configs/wan_t2v_A14B.py lines 34-37 (shift 12.0, 40 steps, guidance (3.0, 4.0) low/high noise:
+#   sample_guidance is the high-noise expert's, tests/test_experts_config.py checks the pair).
 EXPECTED = {
     "wan2.1-t2v-1.3b": ("unipc", 50, 5.0, 5.0, WAN_NEG),
     "wan2.1-t2v-14b": ("unipc", 50, 5.0, 5.0, WAN_NEG),
@@ -32,6 +34,7 @@ EXPECTED = {
     "wan2.1-flf2v-14b-720p": ("unipc", 50, 16.0, 5.0, WAN21_FLF2V_NEG),
     "wan2.2-ti2v-5b": ("unipc", 50, 5.0, 5.0, WAN_NEG),
     "wan2.2-i2v-a14b": ("unipc", 40, 5.0, 3.5, WAN_NEG),
+    "wan2.2-t2v-a14b": ("unipc", 40, 12.0, 4.0, WAN_NEG),
 }
 # ours (no reference): Euler at 20 steps, shift 3, guidance 5, no negative prompt (random text encoder)
 TINY = ("euler", 20, 3.0, 5.0, "")

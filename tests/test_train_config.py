@@ -149,7 +149,10 @@ def readme_example_table() -> dict[str, dict[str, str]]:
 
 def test_example_configs_match_the_readme(folder, tmp_path):
     """Every example config parses, and sets what the README's table says: preset, LoRA rank or full
-    fine-tune, i2v mode, ZeRO stage, SP degree, dtype and the timestep range (A14B's expert)."""
+    fine-tune, i2v mode, ZeRO stage, SP degree, dtype, the timestep range and the experts trained (A14B)."""
+    from video_dit.models.presets import get_preset
+    from video_dit.train.experts import requested
+
     table = readme_example_table()
     assert sorted(table) == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))  # every file, no stale row
     for name, row in table.items():
@@ -162,7 +165,9 @@ def test_example_configs_match_the_readme(folder, tmp_path):
                "training": "full" if p.network is None else f"LoRA {p.network.linear}",
                "i2v": p.i2v_mode if any(d.do_i2v for d in p.datasets) else "-",
                "ZeRO": str(p.deepspeed.zero_stage), "SP": str(p.deepspeed.sequence_parallel_size),
-               "dtype": p.train.dtype, "timesteps": f"{p.train.min_t:g}-{p.train.max_t:g}"}
+               "dtype": p.train.dtype, "timesteps": f"{p.train.min_t:g}-{p.train.max_t:g}",
+               "experts": {(): "-", ("high_noise",): "high-noise", ("low_noise",): "low-noise",
+                           ("high_noise", "low_noise"): "both"}[requested(p.model, get_preset(p.model.preset))]}
         want = dict(row, timesteps=row["timesteps"].split(" ")[0])  # "900-1000 (high-noise expert)"
         assert got == {k: want[k] for k in got}, (name, got, want)
 

@@ -50,7 +50,9 @@ class VideoPipeline:
     """Sample videos from a DiT and a VAE.
 
     dit: a `VideoDiT`, or any module called once per step as `dit(x, t, context)` (a DeepSpeed engine:
-    its config is read from `.module.config`; else pass `dit_config`). vae: a `CausalVideoVAE`.
+    its config is read from `.module.config`; else pass `dit_config`), or a `TwoExperts` (Wan 2.2
+    A14B: each step runs the expert of its timestep, `guidance_scale_2` the low-noise expert's scale).
+    vae: a `CausalVideoVAE`.
     In i2v replace mode the clean first-frame tokens get t = 0 (per-token timesteps, as in training:
     the one `FirstFrameConditioning` decides it; see conditioning.py). The i2v mode follows from the DiT config:
     in_dim == out_dim + 4 + z_dim is concat (Wan I2V, in_dim 36), in_dim == out_dim is replace;
@@ -101,6 +103,7 @@ class VideoPipeline:
     def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                          width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                          generator: torch.Generator | None = None, first_frame=None,
+                         guidance_scale_2: float | None = None,
                          i2v_mode: str | None = None, progress: bool = False, solver: str = "unipc",
                          grid: str = "wan", latents: torch.Tensor | None = None, last_frame=None,
                          image_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,7 +172,8 @@ class VideoPipeline:
             cond = {k: v.to(device) for k, v in cond.items()}
         # 3. the solver
         return flow_sample(self.dit, noise, prompts, schedule, negative_context=negatives,
-                           guidance_scale=guidance_scale, conditioning=conditioning, cond=cond, progress=progress)
+                           guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
+                           conditioning=conditioning, cond=cond, progress=progress)
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
@@ -188,12 +192,14 @@ class VideoPipeline:
                  width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
                  progress: bool = False, solver: str = "unipc", grid: str = "wan",
-                 latents: torch.Tensor | None = None, last_frame=None, image_embeds: torch.Tensor | None = None):
+                 latents: torch.Tensor | None = None, last_frame=None, image_embeds: torch.Tensor | None = None,
+                 guidance_scale_2: float | None = None):
         """Render videos as PIL frames.
 
         prompt_embeds: one (Lt, D) tensor -> returns list[PIL.Image] (F frames); or a list of B (Lt_i, D)
         tensors -> returns B such lists. negative_embeds: one (Lt, D) for all prompts or B of them;
-        required when guidance_scale != 1 (guidance 1 runs the conditional pass alone).
+        required when guidance_scale != 1 (guidance 1 runs the conditional pass alone). With two experts,
+        guidance_scale is the high-noise expert's and guidance_scale_2 the low-noise one's (None: the same).
         num_frames (snapped to 4k + 1), height, width (snapped to the divisibility). steps, shift, solver
         ("unipc", Wan's default, or "euler") and grid ("wan", or "diffusers" for a diffusers folder's
         UniPC) pick the schedule, `flow.sampling_schedule(steps, shift, solver, grid)`.
@@ -210,7 +216,8 @@ class VideoPipeline:
                                         width=width, steps=steps, guidance_scale=guidance_scale, shift=shift,
                                         generator=generator, first_frame=first_frame, i2v_mode=i2v_mode,
                                         progress=progress, solver=solver, grid=grid, latents=latents,
-                                        last_frame=last_frame, image_embeds=image_embeds)
+                                        last_frame=last_frame, image_embeds=image_embeds,
+                                        guidance_scale_2=guidance_scale_2)
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
 

@@ -8,7 +8,12 @@
 
 --model: `preset:NAME` (seeded random weights; the tiny preset needs no files) or PATH, a folder holding
 the DiT weights (diffusers `transformer/`, or weight files) and the VAE (`vae/` or a `*vae*` file; or
-pass --vae), plus `text_encoder/` + `tokenizer/` (or pass --text-encoder). Order of work: the prompts
+pass --vae), plus `text_encoder/` + `tokenizer/` (or pass --text-encoder). A two-expert folder (Wan 2.2
+A14B: `transformer/` + `transformer_2/`, or Wan's `high_noise_model/` + `low_noise_model/`) samples with
+both experts, each step with the one whose side of the boundary holds its timestep:
+    video-dit sample --model models/Wan2.2-T2V-A14B-Diffusers --lora NAME_high_noise.safetensors \\
+        --lora-2 NAME_low_noise.safetensors --prompt "..." --out a14b.mp4 [--offload-inactive-expert]
+(a LoRA handed to the other expert's option is refused, naming the file). Order of work: the prompts
 are encoded and the text encoder freed before the DiT is loaded, so the two never share memory; so are
 the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in PATH, or --image-encoder).
 Sampling settings left out come from PATH/scheduler/scheduler_config.json (solver, shift), then the
@@ -67,7 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=None,
                         help="preset whose defaults (solver, steps, shift, guidance, negative prompt, fps) apply to a "
                              "PATH model (default: the model's preset)")
-    parser.add_argument("--lora", default=None, help="a LoRA file (video_dit / ComfyUI format) applied to the DiT")
+    parser.add_argument("--lora", "--lora-high", dest="lora", default=None,
+                        help="a LoRA file (video_dit / ComfyUI format) applied to the DiT; for a two-expert model "
+                             "(Wan 2.2 A14B) the high-noise expert's (e.g. NAME_high_noise.safetensors)")
+    parser.add_argument("--lora-2", "--lora-low", dest="lora_2", default=None,
+                        help="two-expert model: the low-noise expert's LoRA (e.g. NAME_low_noise.safetensors)")
     parser.add_argument("--prompt", required=True, help="the text prompt")
     parser.add_argument("--negative", default=None,
                         help="negative prompt of classifier-free guidance (default: the preset's, e.g. Wan's; '' for none)")
@@ -88,7 +97,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flow ODE solver: unipc (Wan's) or euler (default: the model folder's scheduler "
                              "config, else the preset's)")
     parser.add_argument("--cfg", type=_float_in(0.0, strict=False), default=None,
-                        help="classifier-free guidance scale; 1 disables guidance (default: the preset's)")
+                        help="classifier-free guidance scale; 1 disables guidance (default: the preset's); a "
+                             "two-expert model: the high-noise expert's (both experts' without --cfg-2)")
+    parser.add_argument("--cfg-2", "--cfg-low", dest="cfg_2", type=_float_in(0.0, strict=False), default=None,
+                        help="two-expert model: the low-noise expert's guidance scale (default: --cfg, else the "
+                             "preset's pair, e.g. 3.0 for T2V-A14B whose high-noise scale is 4.0)")
+    parser.add_argument("--boundary-ratio", type=_float_in(0.0, strict=True), default=None,
+                        help="two-expert model: the high-noise expert denoises t >= this x 1000 (default: the "
+                             "folder's model_index.json, else the preset's: 0.875 T2V-A14B, 0.9 I2V-A14B)")
+    parser.add_argument("--offload-inactive-expert", action="store_true",
+                        help="two-expert model: keep the expert not sampling the current step on the CPU (one "
+                             "expert on the device at a time)")
     parser.add_argument("--shift", type=_float_in(0.0, strict=True), default=None,
                         help="flow-matching shift of the schedule (default: the model folder's scheduler config, "
                              "else the preset's)")
@@ -111,7 +130,9 @@ def _is_vae_file(path: Path) -> bool:
 
 
 def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tuple[str, str, str]:
-    """(dit source, vae source, text encoder source) for `load_dit` / `load_vae` / `load_text_encoder`."""
+    """(dit source, vae source, text encoder source) for `load_dit` / `load_vae` / `load_text_encoder`
+    (a two-expert folder's dit source is the folder: `load_experts` reads its experts)."""
+    from video_dit.models.loading import expert_sources
     from video_dit.models.presets import get_preset
 
     if model.startswith("preset:"):
@@ -125,7 +146,7 @@ def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tu
             raise ValueError(f"--model {model} is a single DiT file: pass --vae and --text-encoder too")
         return str(path), vae, text_encoder
     dit = str(path)
-    if not (path / "transformer").is_dir():
+    if not (path / "transformer").is_dir() and expert_sources(path) is None:
         files = [f for f in _weight_files(path) if not _is_vae_file(f)]
         if len(files) == 1:
             dit = str(files[0])
@@ -164,9 +185,54 @@ def image_encoder_for(model: str, dit_config, given: str | None) -> str | None:
                      "folder with image_encoder/ + image_processor/)")
 
 
+
+def check_lora_slot(path: str, expert: str, flag: str) -> None:
+    """A LoRA given for `expert` that says (metadata `expert`, else the `_high_noise` / `_low_noise` name
+    ai-toolkit and our trainer write) it belongs to the other expert: ValueError naming the file."""
+    from video_dit.diffusion.experts import EXPERTS
+    from video_dit.lora import read_lora
+
+    _, _, _, meta = read_lora(path)
+    said = meta.get("expert") or next((e for e in EXPERTS if Path(path).name.endswith(f"_{e}.safetensors")), None)
+    if said is not None and said != expert:
+        other = "--lora-2" if flag == "--lora" else "--lora"
+        raise ValueError(f"{flag} {path}: this LoRA was trained for the {said.replace('_', '-')} expert "
+                         f"({'its metadata says expert: ' + said if meta.get('expert') else 'its file name says so'}), "
+                         f"but {flag} is the {expert.replace('_', '-')} expert's; pass it as {other} (are the two "
+                         "files swapped?)")
+
+
+def load_experts(model: str, preset, boundary: float | None, dtype, device, offload: bool):
+    """`TwoExperts` of a two-expert model (a folder holding both, or `preset:NAME` of a two-expert preset),
+    or None for one model. Offloaded experts are loaded onto the CPU (moved in for their steps)."""
+    from video_dit.diffusion.experts import EXPERTS, TwoExperts, check_boundary
+    from video_dit.models.loading import expert_seed, expert_sources, folder_boundary, load_dit
+
+    if model.startswith("preset:"):
+        if preset is None or not preset.two_experts:
+            return None
+        sources = {e: (model, expert_seed(0, e)) for e in EXPERTS}
+    else:
+        found = expert_sources(model)
+        if found is None:
+            return None
+        sources = {e: (found[e], 0) for e in EXPERTS}
+    if boundary is None:
+        boundary = folder_boundary(model) or (preset.boundary_ratio if preset is not None and preset.two_experts
+                                               else None)
+    if boundary is None:
+        raise ValueError(f"--model {model} holds two experts but no boundary is known (no model_index.json "
+                         "boundary_ratio, no two-expert --preset): pass --boundary-ratio or --preset")
+    check_boundary(boundary, "--boundary-ratio")
+    where = "cpu" if offload else device
+    experts = [load_dit(src, dtype=dtype, device=where, seed=seed).eval() for src, seed in sources.values()]
+    return TwoExperts(*experts, boundary, offload=EXPERTS if offload else (), device=device if offload else None)
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
+    from video_dit.diffusion.experts import HIGH, LOW
     from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
@@ -182,12 +248,25 @@ def main(args: argparse.Namespace) -> int:
     fps = args.fps if args.fps is not None else (preset.fps if preset else 16)
     dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)
     image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
+    from video_dit.models.loading import expert_sources
+
+    two = (preset is not None and preset.two_experts and args.model.startswith("preset:")) or \
+        expert_sources(args.model) is not None
+    if not two:
+        for flag, value in (("--lora-2", args.lora_2), ("--cfg-2", args.cfg_2), ("--boundary-ratio", args.boundary_ratio)):
+            if value is not None:
+                raise ValueError(f"{flag} is for a two-expert model (Wan 2.2 A14B: a folder with transformer/ + "
+                                 f"transformer_2/ or high_noise_model/ + low_noise_model/); --model {args.model} is one")
+    for path, expert, flag in ((args.lora, HIGH, "--lora"), (args.lora_2, LOW, "--lora-2")):
+        if path is not None and two:
+            check_lora_slot(path, expert, flag)  # before any model loads
     # the command's values, else the folder's scheduler config (solver, shift), else the preset's
     given = {name: (value, flag) for name, value, flag in [
         ("solver", args.solver, "--solver"), ("steps", args.steps, "--steps"), ("shift", args.shift, "--shift"),
-        ("guidance", args.cfg, "--cfg"), ("negative", args.negative, "--negative")] if value is not None}
+        ("guidance", args.cfg, "--cfg"), ("guidance_2", args.cfg_2, "--cfg-2"),
+        ("negative", args.negative, "--negative")] if value is not None}
     scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
-    settings = resolve_sampling(preset, scheduler, given)
+    settings = resolve_sampling(preset, scheduler, given, two_experts=two)
     print(settings.describe(), flush=True)
     last = load_image(args.last_image) if args.last_image else None
     if last is not None and image is None:
@@ -200,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
     # 1. prompts -> embeds, then the text encoder is freed
     te = load_text_encoder(te_src, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
                            tokenizer=args.tokenizer)
-    guided = settings.guidance != 1.0
+    guided = settings.guided
     embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
     # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
@@ -209,11 +288,18 @@ def main(args: argparse.Namespace) -> int:
         clip = load_image_encoder(clip_src, dtype=dtype, device=device, quantize=args.quantize_image_encoder)
         image_embeds = image_features(clip, image, last)
         del clip
-    # 2. the DiT (+ LoRA) and the VAE
-    dit = load_dit(dit_src, dtype=dtype, device=device).eval()
-    if args.lora:
-        load_lora(args.lora, dit)
-        cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
+    # 2. the DiT (+ LoRA) or both experts (+ each one's LoRA), and the VAE
+    dit = load_experts(args.model, preset, args.boundary_ratio, dtype, device, args.offload_inactive_expert)
+    if dit is None:
+        dit = load_dit(dit_src, dtype=dtype, device=device).eval()
+        if args.lora:
+            load_lora(args.lora, dit)
+            cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
+    else:
+        for path, expert in ((args.lora, dit.high), (args.lora_2, dit.low)):
+            if path:
+                load_lora(path, expert)
+                cast_dit(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
     vae = load_vae(vae_src, dtype=getattr(torch, args.vae_dtype), device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
     if pipe.i2v_mode == "concat" and image is None:
@@ -223,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
     generator = torch.Generator("cpu").manual_seed(args.seed)
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,
                            width=args.width, steps=settings.steps, guidance_scale=settings.guidance,
+                           guidance_scale_2=settings.guidance_2 if two else None,
                            shift=settings.shift, solver=settings.solver, grid=settings.grid, generator=generator,
                            first_frame=image, progress=True, last_frame=last, image_embeds=image_embeds)
     write_video(frames, args.out, fps=fps)

@@ -9,7 +9,8 @@ the timesteps the DiT is told, integer for UniPC as in Wan and diffusers).
   Wan's `FlowUniPCMultistepScheduler` and diffusers' `UniPCMultistepScheduler(prediction_type=
   "flow_prediction", use_flow_sigmas=True)` with their defaults (solver_order 2, bh2,
   lower_order_final), which share it; ours runs its coefficients in float64, theirs in float32.
-Both make one DiT call per step (conditional and unconditional halves batched under guidance).
+Both make one DiT call per step (conditional and unconditional halves batched under guidance); with a
+two-expert model (`experts.TwoExperts`, Wan 2.2 A14B) the call goes to the expert of the step's timestep.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ import torch
 from torch import nn
 
 from video_dit.diffusion.conditioning import FirstFrameConditioning
+from video_dit.diffusion.experts import HIGH, LOW, TwoExperts
 from video_dit.diffusion.flow import SOLVERS, SamplingSchedule
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     """dtype and device of `module`'s first floating parameter (works through wrappers such as a
-    DeepSpeed engine, whose ZeRO-3 placeholders keep their dtype and device)."""
+    DeepSpeed engine, whose ZeRO-3 placeholders keep their dtype and device); for `TwoExperts` the
+    high-noise expert's dtype and the device the experts run on."""
+    if isinstance(module, TwoExperts):
+        dtype, device = module_dtype_device(module.high)
+        return dtype, torch.device(module.device) if module.device is not None else device
     for p in module.parameters():
         if p.is_floating_point():
             return p.dtype, p.device
@@ -98,20 +104,25 @@ class UniPC:
 @torch.no_grad()
 def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Tensor], schedule: SamplingSchedule,
                 *, negative_context: Sequence[torch.Tensor] | None = None, guidance_scale: float = 1.0,
-                conditioning: FirstFrameConditioning | None = None, cond: dict[str, torch.Tensor] | None = None,
-                progress: bool = False) -> torch.Tensor:
+                guidance_scale_2: float | None = None, conditioning: FirstFrameConditioning | None = None,
+                cond: dict[str, torch.Tensor] | None = None, progress: bool = False) -> torch.Tensor:
     """Integrate the flow ODE from `noise` along `schedule`; returns float32 latents at sigma 0.
 
     dit: called exactly once per step as `dit(x, t, context)` (x in the DiT's dtype, t float32 (B,) or
     (B, L), context a list of (Lt_i, D) tensors), so a DeepSpeed engine can stand in for the model.
+    Or a `TwoExperts` (Wan 2.2 A14B): each step runs the expert of its timestep (t >= boundary x 1000:
+    the high-noise one) at its own scale: `guidance_scale` for the high-noise expert, `guidance_scale_2`
+    (None: the same) for the low-noise one, as diffusers' `WanPipeline(transformer_2=, boundary_ratio=)`.
     noise (B, C, F', h, w): the initial latents (float32 state); context: B per-prompt embeds;
     schedule: `flow.sampling_schedule(steps, shift, solver, grid)`. negative_context: B embeds; with
-    guidance_scale != 1 the conditional and unconditional passes run batched in one forward (2B) and
-    combine as v_u + s * (v_c - v_u) (Wan's and diffusers' order); guidance_scale == 1 runs the
-    conditional pass alone. conditioning + cond: first-frame conditioning, re-applied to the model
-    input before every forward; the returned latent has the clean first frame restored. The DiT's
-    extra inputs (`conditioning.dit_kwargs(cond)`: the CLIP features of a Wan 2.1 I2V / FLF2V DiT) are
-    the same at every step and for both guidance halves (Wan gives the negative prompt the same image).
+    a step's scale != 1 the conditional and unconditional passes run batched in one forward (2B) and
+    combine as v_u + s * (v_c - v_u) (Wan's and diffusers' order); a scale of 1 runs the conditional
+    pass alone (decided per step: diffusers decides once, by `guidance_scale`, which differs only when
+    the high-noise scale is <= 1 and the low-noise one is not). conditioning + cond: first-frame
+    conditioning, re-applied to the model input before every forward; the returned latent has the
+    clean first frame restored. The DiT's extra inputs (`conditioning.dit_kwargs(cond)`: the CLIP
+    features of a Wan 2.1 I2V / FLF2V DiT) are the same at every step and for both guidance halves
+    (Wan gives the negative prompt the same image).
     """
     if schedule.solver not in SOLVERS:
         raise ValueError(f"unknown solver {schedule.solver!r}; accepted: {', '.join(SOLVERS)}")
@@ -119,11 +130,15 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
     context = list(context)
     if len(context) != B:
         raise ValueError(f"{len(context)} prompt embeds for a batch of {B} noise latents")
-    guided = guidance_scale != 1.0
+    experts = dit if isinstance(dit, TwoExperts) else None
+    if experts is None and guidance_scale_2 is not None:
+        raise ValueError("guidance_scale_2 is the low-noise expert's scale: it needs a TwoExperts model")
+    scales = {HIGH: guidance_scale, LOW: guidance_scale if guidance_scale_2 is None else guidance_scale_2}
+    guided = any(s != 1.0 for s in (scales.values() if experts is not None else [guidance_scale]))
     if guided:
         if negative_context is None:
-            raise ValueError(f"guidance_scale={guidance_scale} needs negative embeds "
-                             "(encode '' or a negative prompt); use guidance_scale=1 for none")
+            raise ValueError(f"guidance scale {next(s for s in scales.values() if s != 1.0)} needs negative embeds "
+                             "(encode '' or a negative prompt); use a guidance scale of 1 for none")
         negative_context = list(negative_context)
         if len(negative_context) != B:
             raise ValueError(f"{len(negative_context)} negative embeds for a batch of {B}")
@@ -133,8 +148,7 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
     ctx = [c.to(device=device, dtype=dtype) for c in context + (negative_context if guided else [])]
     extra = {k: v.to(device=device, dtype=dtype) for k, v in conditioning.dit_kwargs(cond).items()} \
         if conditioning is not None else {}
-    if guided:
-        extra = {k: torch.cat([v, v]) for k, v in extra.items()}
+    extra_pair = {k: torch.cat([v, v]) for k, v in extra.items()}
     x = noise.to(device=device, dtype=torch.float32)
     sigmas = schedule.sigmas.float()
     unipc = UniPC(sigmas.tolist()) if schedule.solver == "unipc" else None
@@ -145,24 +159,31 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
         steps = tqdm(steps, desc="sampling", unit="step")
 
     for i in steps:
-        # 1. this step's time for every sample, its model and its guidance (one DiT and one scale for
-        #    every step here; a two-expert model would pick both by t at this point)
+        # 1. this step's time for every sample, its model and its guidance: one DiT and one scale, or
+        #    the expert whose side of the boundary holds t (by the step's scalar t, not the per-token t)
         t = schedule.timesteps[i].to(device=device, dtype=torch.float32).expand(B)  # (B,)
         model, scale = dit, guidance_scale
+        if experts is not None:
+            name, model = experts.select(float(schedule.timesteps[i]))
+            scale = scales[name]
         # 2. the conditioned model input
         model_in, t_in = x, t
         if conditioning is not None:
             model_in, t_in, _ = conditioning.apply(x, t, cond)
         # 3. one forward: conditional and unconditional halves batched together under guidance
-        if guided:
+        pair = scale != 1.0
+        step_ctx = ctx if pair else ctx[:B]
+        if pair:
             model_in, t_in = torch.cat([model_in, model_in]), torch.cat([t_in, t_in])
-        v = model(model_in.to(dtype), t_in, ctx, **extra).float()
-        if guided:
+        v = model(model_in.to(dtype), t_in, step_ctx, **(extra_pair if pair else extra)).float()
+        if pair:
             v_cond, v_uncond = v.chunk(2)
             v = v_uncond + scale * (v_cond - v_uncond)
         # 4. the solver step (Euler's dt in float32, as diffusers computes it)
         x = x + float(sigmas[i + 1] - sigmas[i]) * v if unipc is None else unipc.step(i, x, v)
 
+    if experts is not None:
+        experts.park()
     if conditioning is not None:
         x = conditioning.restore(x, cond)
     return x

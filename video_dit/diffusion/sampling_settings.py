@@ -1,9 +1,10 @@
 """Which sampling settings a render uses, and where each one came from.
 
 Precedence, highest first:
-1. the command line (`video-dit sample --solver/--steps/--shift/--cfg/--negative`) or the job's
-   `sample:` keys (`sampler`, `sample_steps`, `shift`, `guidance_scale`, `neg`; a `samples[i]` key
-   before the block's);
+1. the command line (`video-dit sample --solver/--steps/--shift/--cfg/--cfg-2/--negative`) or the job's
+   `sample:` keys (`sampler`, `sample_steps`, `shift`, `guidance_scale`, `guidance_scale_2`, `neg`; a
+   `samples[i]` key before the block's); `--cfg-2` / `guidance_scale_2`: a two-expert model's low-noise
+   expert's scale (`--cfg` / `guidance_scale` is then the high-noise one's, and both when given alone);
 2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
    and with diffusers' UniPC its sigma grid (`flow.sampling_schedule`, grid "diffusers");
 3. the preset's `sample_*` fields (the reference's defaults for that model);
@@ -21,7 +22,7 @@ from pathlib import Path
 from video_dit.diffusion.flow import SOLVERS
 from video_dit.models.presets import WAN21_FLF2V_NEGATIVE_PROMPT, WAN21_I2V_NEGATIVE_PROMPT, WAN_NEGATIVE_PROMPT
 
-FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "negative")
+FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "guidance_2", "negative")
 # Wan2.1 generate.py's defaults for a t2v task (lines 72, 77, 231, 244) and wan/configs/shared_config.py
 WAN_GENERATE_DEFAULTS = dict(solver="unipc", steps=50, shift=5.0, guidance=5.0, negative=WAN_NEGATIVE_PROMPT)
 SCHEDULER_CONFIG = Path("scheduler") / "scheduler_config.json"
@@ -105,24 +106,31 @@ class SamplingSettings:
     solver: str
     steps: int
     shift: float
-    guidance: float
+    guidance: float               # two experts (Wan 2.2 A14B): the high-noise expert's scale
     negative: str
+    guidance_2: float | None = None  # two experts: the low-noise expert's scale; None for one model
     grid: str = "wan"
     sources: dict[str, str] = field(default_factory=dict)  # field -> where its value came from
+
+    @property
+    def guided(self) -> bool:
+        """Whether any step runs the unconditional pass (so the negative prompt is encoded)."""
+        return self.guidance != 1.0 or (self.guidance_2 is not None and self.guidance_2 != 1.0)
 
     def describe(self) -> str:
         """One line: the values, then which came from where."""
         solver = self.solver + (" on diffusers' grid" if self.solver == "unipc" and self.grid == "diffusers"
                                 else " on Wan's grid" if self.solver == "unipc" else "")
-        guided = self.guidance != 1.0
+        guided = self.guided
         neg = f", negative prompt {_negative_name(self.negative)}" if guided else " (off: no negative pass)"
+        guidance = (f"guidance {self.guidance:g}" if self.guidance_2 is None else
+                    f"guidance {self.guidance:g} (high-noise expert) / {self.guidance_2:g} (low-noise expert)")
         by_source: dict[str, list[str]] = {}
         for name in FIELDS:
-            if name != "negative" or guided:
+            if (name != "negative" or guided) and (name != "guidance_2" or self.guidance_2 is not None):
                 by_source.setdefault(self.sources.get(name, "?"), []).append(name)
         where = "; ".join(f"{', '.join(names)}: {source}" for source, names in by_source.items())
-        return (f"sampling: {solver}, {self.steps} steps, shift {self.shift:g}, guidance {self.guidance:g}{neg} "
-                f"[{where}]")
+        return f"sampling: {solver}, {self.steps} steps, shift {self.shift:g}, {guidance}{neg} [{where}]"
 
 
 def _negative_name(text: str) -> str:
@@ -134,14 +142,22 @@ def _negative_name(text: str) -> str:
 
 
 def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
-                     given: dict[str, tuple[object, str]] | None = None) -> SamplingSettings:
+                     given: dict[str, tuple[object, str]] | None = None,
+                     two_experts: bool | None = None) -> SamplingSettings:
     """The settings of a render. preset: a `Preset` or None (then Wan's generate.py defaults);
     scheduler: `read_scheduler_config(model)`; given: field -> (value, where it was given, e.g.
-    "--steps" or "sample.sample_steps") for the values the command or job sets (others absent)."""
+    "--steps" or "sample.sample_steps") for the values the command or job sets (others absent).
+    two_experts (default: the preset's): a two-expert model, whose `guidance_2` (the low-noise
+    expert's scale) is the given one, else the given `guidance` when only that is given (as diffusers'
+    guidance_scale_2 = None), else the preset's pair; a one-model render refuses a given guidance_2."""
     given = dict(given or {})
     unknown = set(given) - set(FIELDS)
     if unknown:
         raise ValueError(f"unknown sampling settings {sorted(unknown)}; accepted: {', '.join(FIELDS)}")
+    two = two_experts if two_experts is not None else bool(preset is not None and preset.two_experts)
+    if not two and "guidance_2" in given:
+        raise ValueError(f"{given['guidance_2'][1]}: the low-noise expert's guidance scale is for a two-expert model "
+                         "(Wan 2.2 A14B); this one is one model: give one guidance scale")
     if preset is not None:
         values = dict(solver=preset.sample_solver, steps=preset.sample_steps, shift=preset.sample_shift,
                       guidance=preset.sample_guidance, negative=preset.sample_negative)
@@ -149,6 +165,11 @@ def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
     else:
         values, origin = dict(WAN_GENERATE_DEFAULTS), "Wan's generate.py defaults (no preset known)"
     sources = dict.fromkeys(FIELDS, origin)
+    if two:
+        pair = preset.sample_guidance_2 if preset is not None else None
+        values["guidance_2"] = pair if pair is not None else values["guidance"]
+        if "guidance" in given and "guidance_2" not in given:
+            given["guidance_2"] = (given["guidance"][0], f"{given['guidance'][1]} (both experts)")
     if scheduler is not None:
         values.update(solver=scheduler.solver, shift=scheduler.shift)
         sources.update(solver=str(scheduler.path), shift=str(scheduler.path))

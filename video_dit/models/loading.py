@@ -369,6 +369,54 @@ def _dit_config_from_json(path: Path, shapes: dict[str, tuple]):
     return config
 
 
+# Where a two-expert model folder (Wan 2.2 A14B) keeps each expert's weights: diffusers' layout
+# (Wan-AI/Wan2.2-*-A14B-Diffusers: `transformer` runs t >= boundary, `transformer_2` the rest) and Wan's own
+# (wan/configs/wan_*_A14B.py `high_noise_checkpoint` / `low_noise_checkpoint`).
+EXPERT_FOLDERS: dict[str, dict[str, str]] = {
+    "diffusers": {"high_noise": "transformer", "low_noise": "transformer_2"},
+    "wan": {"high_noise": "high_noise_model", "low_noise": "low_noise_model"},
+}
+
+
+def expert_sources(source: str | os.PathLike) -> dict[str, str] | None:
+    """{"high_noise": folder, "low_noise": folder} of a two-expert model folder (either layout of
+    `EXPERT_FOLDERS`), None for anything else (a one-DiT folder or file, `preset:NAME`). A folder with
+    one expert's subfolder of a pair but not the other (`transformer_2/` alone, `high_noise_model/`
+    alone) is a `WeightsError` naming the missing one; `transformer/` alone is a one-DiT folder."""
+    path = Path(source)
+    if str(source).startswith("preset:") or not path.is_dir():
+        return None
+    for layout, names in EXPERT_FOLDERS.items():
+        present = {e: (path / sub).is_dir() for e, sub in names.items()}
+        if all(present.values()):
+            return {e: str(path / sub) for e, sub in names.items()}
+        if any(present.values()) and not (layout == "diffusers" and present == {"high_noise": True, "low_noise": False}):
+            missing = next(sub for e, sub in names.items() if not present[e])
+            have = next(sub for e, sub in names.items() if present[e])
+            raise WeightsError(f"{path}: has {have}/ but no {missing}/; a two-expert folder holds both "
+                               f"({' + '.join(names.values())}/), a one-DiT folder transformer/ alone")
+    return None
+
+
+def expert_seed(seed: int, expert: str) -> int:
+    """The random-init seed of one expert of a two-expert `preset:NAME` (so the two differ): `seed` for
+    the high-noise expert, `seed + 1` for the low-noise one."""
+    return seed + ("high_noise", "low_noise").index(expert)
+
+
+def folder_boundary(source: str | os.PathLike) -> float | None:
+    """The `boundary_ratio` a diffusers two-expert folder's model_index.json records (as diffusers'
+    `WanPipeline` reads it), else None."""
+    index = Path(source) / "model_index.json"
+    if str(source).startswith("preset:") or not index.is_file():
+        return None
+    try:
+        value = json.loads(index.read_text()).get("boundary_ratio")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{index}: not a readable JSON file ({exc})") from exc
+    return None if value is None else float(value)
+
+
 def open_dit(source: str | os.PathLike, config=None):
     """(weights, config, description) of a DiT checkpoint without reading a tensor: `weights` is a
     `LazyWeights` under native (original Wan) names, the key layout (original, diffusers, ComfyUI

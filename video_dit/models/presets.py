@@ -81,12 +81,20 @@ class Preset:
     sample_solver: str = "unipc"   # "unipc" (Wan's default solver) or "euler" (flow.SOLVERS)
     sample_steps: int = 50
     sample_shift: float = 5.0      # flow-matching shift of the sampling schedule
-    sample_guidance: float = 5.0   # classifier-free guidance scale (1 = no guidance)
+    sample_guidance: float = 5.0   # classifier-free guidance scale (1 = no guidance); two experts: the high-noise one's
+    sample_guidance_2: float | None = None  # two experts: the low-noise expert's (None: sample_guidance)
     sample_negative: str = WAN_NEGATIVE_PROMPT  # negative prompt of the guidance's unconditional pass
     train_shift: float = 3.0
     i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
     fps: int = 16
     image_encoder: ImageEncoderConfig | None = None  # the CLIP vision model of the DiT's image branch
+    # Two experts of this DiT shape (Wan 2.2 A14B): the high-noise expert denoises t >= boundary_ratio x
+    # 1000, the low-noise one the rest (diffusion/experts.py). None: one model.
+    boundary_ratio: float | None = None
+
+    @property
+    def two_experts(self) -> bool:
+        return self.boundary_ratio is not None
 
     @property
     def vae_spatial(self) -> int:
@@ -124,13 +132,21 @@ PRESETS: dict[str, Preset] = {
                DiTConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
                VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_steps=50, sample_shift=5.0,
                sample_guidance=5.0, train_shift=5.0, i2v_mode="replace", fps=24),
-        # Two experts of this shape (high-noise and low-noise); one is loaded and trained at a time.
-        # Wan2.2 wan/configs/wan_i2v_A14B.py lines 34-37: shift 5.0, 40 steps, guidance (3.5, 3.5) for
-        # (low, high) noise (one value while one expert samples), boundary 0.900; the shared negative.
+        # Wan 2.2 A14B: two experts of one 14B shape (diffusion/experts.py), Wan 2.1's VAE (wan/configs/
+        # wan_t2v_A14B.py, wan_i2v_A14B.py: `vae_checkpoint = 'Wan2.1_VAE.pth'`), the shared negative prompt.
+        # wan_t2v_A14B.py lines 34-37: shift 12.0, 40 steps, boundary 0.875, guidance (3.0, 4.0) for (low,
+        # high) noise; wan_i2v_A14B.py lines 34-37: shift 5.0, 40 steps, boundary 0.900, guidance (3.5, 3.5).
+        # Here sample_guidance is the high-noise expert's, sample_guidance_2 the low-noise one's (diffusers'
+        # guidance_scale / guidance_scale_2). Train shift 5: ai-toolkit's for both (its wan22 14B models train
+        # with wan22_5b_model.py's scheduler_config, shift 5.0); Wan publishes none.
+        Preset("wan2.2-t2v-a14b",
+               DiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
+               VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=40, sample_shift=12.0,
+               sample_guidance=4.0, sample_guidance_2=3.0, train_shift=5.0, boundary_ratio=0.875),
         Preset("wan2.2-i2v-a14b",
                DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
                VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=40, sample_shift=5.0,
-               sample_guidance=3.5, train_shift=5.0, i2v_mode="concat"),
+               sample_guidance=3.5, sample_guidance_2=3.5, train_shift=5.0, i2v_mode="concat", boundary_ratio=0.9),
         # Wan 2.1 I2V: channel concat (in_dim 36) + the first frame's CLIP features through the image
         # branch. 480P and 720P share the architecture. Wan2.1 generate.py samples i2v with 40 steps
         # (line 74) at shift 3 for 480p sizes, else 5 (lines 77-79), guidance 5.0 (line 244), and the
@@ -153,6 +169,11 @@ PRESETS: dict[str, Preset] = {
         # the tiny preset's sampling defaults.
         Preset("tiny-clip-i2v", TINY_CLIP_I2V_DIT, VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING,
                train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
+        # Tiny two-expert model (random init, tests): two tiny DiTs split at T2V-A14B's boundary.
+        Preset("tiny-a14b",
+               DiTConfig(in_dim=16, dim=128, ffn_dim=384, freq_dim=64, text_dim=64, out_dim=16,
+                         num_heads=4, num_layers=4, text_len=64),
+               VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING, train_shift=3.0, boundary_ratio=0.875),
         Preset("tiny-clip-flf2v", replace(TINY_CLIP_I2V_DIT, num_images=2), VAE_PRESETS["tiny"], "tiny", TINY_TE,
                **TINY_SAMPLING, train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
     ]

@@ -10,6 +10,11 @@ Layout under `<out>/checkpoints/`:
                                     then rank 0 renames it into place and updates `latest`
     latest                          the newest complete tag (written to a temp file, then renamed)
 
+A two-expert job (Wan 2.2 A14B, train/experts.py) runs one DeepSpeed engine per trained expert: each
+writes its own state (model, optimizer, LR schedule, the client state) into a subfolder named after
+the expert, `step_N/high_noise/` and `step_N/low_noise/`; the RNG files and meta.json (which names the
+experts) stay beside them. The universal conversion converts each subfolder.
+
 A kill at any moment leaves either the previous checkpoint as latest or the new one complete; a
 stale `.tmp` folder is removed (with a warning) on the next start. Resuming with another world size
 (or ZeRO stage) goes through DeepSpeed's universal checkpoint format: the error message gives the
@@ -125,8 +130,21 @@ def clean_incomplete(ckpt_dir: Path) -> list[Path]:
     return removed
 
 
+def _parts(engine) -> list[tuple[str | None, object]]:
+    """[(subfolder, engine)]: [(None, engine)] for one engine, [(expert, engine), ...] for a dict of them."""
+    return list(engine.items()) if isinstance(engine, dict) else [(None, engine)]
+
+
+def expert_parts(path: Path) -> list[str]:
+    """The expert subfolders of a checkpoint folder (empty for a one-model checkpoint)."""
+    from video_dit.diffusion.experts import EXPERTS
+
+    return [e for e in EXPERTS if (path / e).is_dir()]
+
+
 def is_universal(path: Path) -> bool:
-    return (path / "zero").is_dir()
+    parts = expert_parts(path)
+    return all((path / e / "zero").is_dir() for e in parts) if parts else (path / "zero").is_dir()
 
 
 @dataclass
@@ -142,10 +160,11 @@ class ResumePlan:
 
 
 def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
-                convert=None) -> ResumePlan | None:
+                convert=None, experts: tuple[str, ...] | None = None) -> ResumePlan | None:
     """What to load: `resume` is auto (latest complete under `ckpt_dir`, or a fresh start), none, or a
     checkpoint folder. A ZeRO checkpoint of another world size or stage is converted by `convert`
-    (`to_universal`, every rank calls) when given; otherwise `ResumeError` gives the command."""
+    (`to_universal`, every rank calls) when given; otherwise `ResumeError` gives the command.
+    `experts`: the experts the job trains (None: one model); the checkpoint must hold the same ones."""
     if resume == "none":
         return None
     if resume == "auto":
@@ -159,6 +178,12 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
     universal = is_universal(path)
     meta_file = path / META
     meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    saved = meta.get("experts", expert_parts(path) or None)
+    if (list(saved) if saved else None) != (list(experts) if experts else None):
+        what = lambda x: f"the experts {', '.join(x)}" if x else "one model (no experts)"  # noqa: E731
+        raise ResumeError(f"{path} holds {what(saved)}, but this job trains {what(experts)}; resume a checkpoint of "
+                          "the same experts (model.model_kwargs.train_high_noise / train_low_noise), or set "
+                          "save.resume: none")
     if not universal:
         if not meta:
             raise ResumeError(f"{path}: no {META}; not a complete video_dit checkpoint")
@@ -194,18 +219,21 @@ def to_universal(path: Path, out: Path) -> Path:
         print(f"[video_dit] {path} was saved with another world size or ZeRO stage: converting it to "
               f"DeepSpeed's universal format in {out}", file=sys.stderr, flush=True)
         workers = max(1, min(4, (os.cpu_count() or 2) // 2))  # > 1: DeepSpeed forks a process pool
-        args = argparse.Namespace(input_folder=str(path), output_folder=str(tmp), num_extract_workers=workers,
-                                  num_merge_workers=workers, keep_temp_folder=False, strict=True,
-                                  inject_missing_state=False)
-        try:
-            ds_to_universal(args)
-        except Exception as exc:  # any failure of the converter becomes one message naming the folder
-            raise ResumeError(f"{path}: the conversion to DeepSpeed's universal format failed: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        # one conversion per engine: the folder itself, or each expert's subfolder of a two-expert job
+        for part in expert_parts(path) or [None]:
+            src, dst = (path, tmp) if part is None else (path / part, tmp / part)
+            args = argparse.Namespace(input_folder=str(src), output_folder=str(dst), num_extract_workers=workers,
+                                      num_merge_workers=workers, keep_temp_folder=False, strict=True,
+                                      inject_missing_state=False)
+            try:
+                ds_to_universal(args)
+            except Exception as exc:  # any failure of the converter becomes one message naming the folder
+                raise ResumeError(f"{src}: the conversion to DeepSpeed's universal format failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
         shutil.copyfile(path / META, tmp / META)
         os.replace(tmp, out)
     dist.barrier()  # the process group's timeout bounds this wait
-    if not (out / "zero").is_dir():
+    if not is_universal(out):
         raise ResumeError(f"{out}: rank {dist.get_rank()} cannot see the converted checkpoint (the checkpoint "
                           "folder must be on a file system every rank reads)")
     return out
@@ -232,9 +260,13 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
     # lets `python -m deepspeed.checkpoint.ds_to_universal` convert this checkpoint for a new world size
     client_state["universal_checkpoint_info"] = {"universal_checkpoint_version": 0.2}
     meta = dict(meta, frozen_base_excluded=frozen_base)
+    parts = _parts(engine)
+    if parts[0][0] is not None:
+        meta["experts"] = [part for part, _ in parts]
     try:
-        engine.save_checkpoint(str(ckpt_dir), tag=tmp_tag, client_state=client_state, save_latest=False,
-                               exclude_frozen_parameters=frozen_base)
+        for part, e in parts:  # one engine: step_N/; a dict of expert engines: step_N/<expert>/
+            e.save_checkpoint(str(ckpt_dir) if part is None else str(tmp), tag=tmp_tag if part is None else part,
+                              client_state=client_state, save_latest=False, exclude_frozen_parameters=frozen_base)
         tmp.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(tmp / f"rank_{rank:05d}.json", json.dumps(rng_state()))
         if extra is not None:
@@ -263,14 +295,19 @@ def save(engine, ckpt_dir: Path, step: int, client_state: dict, meta: dict, keep
 
 
 def load(engine, plan: ResumePlan) -> dict:
-    """Load `plan` into `engine` (every rank); returns the client state. Restores this rank's RNG
-    states when the checkpoint has them for this rank (not after a world-size change)."""
+    """Load `plan` into `engine` (every rank; a dict {expert: engine} loads each expert's subfolder);
+    returns the client state. Restores this rank's RNG states when the checkpoint has them for this
+    rank (not after a world-size change)."""
     path = plan.path
     strict = not plan.meta.get("frozen_base_excluded", False)  # LoRA checkpoints hold only the adapters
-    load_path, client_state = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=True, load_module_strict=strict)
-    if load_path is None:
-        raise ResumeError(f"{path}: DeepSpeed could not load this checkpoint")
+    client_state = None
+    for part, e in _parts(engine):
+        load_dir, tag = (path.parent, path.name) if part is None else (path, part)
+        load_path, state = e.load_checkpoint(str(load_dir), tag=tag, load_optimizer_states=True,
+                                             load_lr_scheduler_states=True, load_module_strict=strict)
+        if load_path is None:
+            raise ResumeError(f"{load_dir / tag}: DeepSpeed could not load this checkpoint")
+        client_state = state if client_state is None else client_state
     rank_file = path / f"rank_{dist.get_rank():05d}.json"
     if rank_file.is_file() and plan.meta.get("world_size") == dist.get_world_size():
         set_rng_state(json.loads(rank_file.read_text()))

@@ -208,6 +208,10 @@ class TrainConfig:
     max_nonfinite_steps: int = 5
     skip_first_sample: bool = False
     disable_sampling: bool = False
+    # two-expert models (train/experts.py): ai-toolkit's switch_boundary_every (optimizer steps per expert
+    # turn) and ours, expert_choice: "alternate" (ai-toolkit's rule) or "timestep"
+    switch_boundary_every: int = 1
+    expert_choice: Literal["alternate", "timestep"] = "alternate"
     # ai-toolkit keys accepted and ignored (see IGNORED)
     # flow matching either way; ai-toolkit's default "ddpm" makes ai-toolkit draw t from its shifted sampling
     # grid instead of by timestep_type: a job shared with ai-toolkit should say flowmatch
@@ -220,7 +224,7 @@ class TrainConfig:
     validation_config: ValidationConfig | None = None
 
     def validate(self, path: str) -> None:
-        for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps"):
+        for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps", "switch_boundary_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
         if self.gradient_accumulation_steps is not None:
@@ -247,7 +251,7 @@ class TrainConfig:
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
 # video_dit/integrations/ai_toolkit/model.py `ModelKwargs`); each is also accepted as `model.<key>`.
 MODEL_KWARGS = ("preset", "i2v_mode", "attention_backend", "mask_first_frame_loss", "image_encoder_path",
-                "quantize_image_encoder")
+                "quantize_image_encoder", "train_high_noise", "train_low_noise", "boundary_ratio")
 
 
 @dataclass
@@ -265,7 +269,9 @@ class ModelConfig:
     `name_or_path`, or the tiny presets' random one); `quantize_image_encoder` (qfloat8 weights).
     `vae_dtype` (ai-toolkit's key): the dtype the VAE encodes and decodes in; ours defaults to float32
     whatever `train.dtype` (Wan runs its VAE in float32; bf16 Conv3d has no fast kernel), ai-toolkit's
-    to its training dtype."""
+    to its training dtype. Two-expert presets (Wan 2.2 A14B, train/experts.py): `train_high_noise` /
+    `train_low_noise` (ai-toolkit's model_kwargs; None = true), `boundary_ratio` (ours; None = the
+    folder's model_index.json, else the preset's)."""
 
     arch: Literal["video_dit"] = "video_dit"
     name_or_path: str = "preset:tiny"
@@ -276,6 +282,9 @@ class ModelConfig:
     qtype_te: Literal["qfloat8", "qint8", "float8"] = "qfloat8"
     i2v_mode: Literal["replace", "concat"] | None = None
     mask_first_frame_loss: bool | None = None
+    train_high_noise: bool | None = None
+    train_low_noise: bool | None = None
+    boundary_ratio: float | None = None
     attention_backend: Literal["native", "flash"] = "native"
     vae_path: str | None = None
     text_encoder_path: str | None = None
@@ -302,6 +311,9 @@ class ModelConfig:
             key = next(iter(kwargs))
             raise ConfigError(f"{path}.model_kwargs.{key}", f"unknown key{did_you_mean(key, MODEL_KWARGS)}; "
                                                             f"accepted in model_kwargs: {', '.join(MODEL_KWARGS)}")
+        for key in ("train_high_noise", "train_low_noise"):
+            if getattr(self, key) not in (None, True, False):
+                raise ConfigError(f"{path}.model_kwargs.{key}", f"{getattr(self, key)!r}; accepted: true, false")
         if self.mask_first_frame_loss not in (None, True, False):
             raise ConfigError(f"{path}.mask_first_frame_loss", f"{self.mask_first_frame_loss!r}; accepted: true, false")
         if self.te_name_or_path is not None:
@@ -355,6 +367,7 @@ class SampleItem:
     neg: str | bool | None = None
     seed: int | None = None
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None  # ours: a two-expert model's low-noise expert's scale
     sample_steps: int | None = None
     num_frames: int | None = None
     width: int | None = None
@@ -402,6 +415,7 @@ class SampleConfig:
     seed: int = 42
     walk_seed: bool = True
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None  # ours: two experts (A14B): the low-noise expert's; guidance_scale the high
     sample_steps: int | None = None
     shift: float | None = None      # ours
     # ai-toolkit's key: "unipc" (Wan's solver) or "euler" ("flowmatch" is ai-toolkit's name for its
@@ -423,7 +437,7 @@ class SampleConfig:
         for key in ("width", "height", "num_frames", "sample_steps", "fps"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
-        for key in ("guidance_scale", "shift"):
+        for key in ("guidance_scale", "guidance_scale_2", "shift"):
             v = getattr(self, key)
             if v is not None and (v < 0 or (key == "shift" and v == 0)):
                 raise ConfigError(f"{path}.{key}", f"must be {'> 0' if key == 'shift' else '>= 0'}, got {v}")
@@ -540,8 +554,25 @@ class ProcessConfig:
             raise ConfigError(f"{path}.model.quantize", "a quantized base is frozen: quantize needs a "
                                                         "`network` (LoRA) block; remove quantize for a full fine-tune")
         from video_dit.models.presets import get_preset
+        from video_dit.train.experts import boundary_of, check_ranges, requested
 
         preset = get_preset(self.model.preset)
+        trained = requested(self.model, preset)  # two-expert presets: which experts (the folder: validate.py)
+        if preset.two_experts:
+            check_ranges(self.train, trained, boundary_of(self.model, preset))
+            if len(trained) == 2 and self.train.ema_config.use_ema:
+                raise ConfigError(f"{path}.train.ema_config.use_ema", "an EMA of two trained experts is not "
+                                  "supported yet; accepted: false, or train one expert (model.model_kwargs."
+                                  "train_high_noise / train_low_noise: false)")
+        elif self.model.boundary_ratio is not None:
+            boundary_of(self.model, preset)  # refused on a one-model preset
+        if self.sample is not None and not preset.two_experts:
+            for key, cfg in [("sample", self.sample)] + [(f"sample.samples[{i}]", s)
+                                                        for i, s in enumerate(self.sample.samples)]:
+                if cfg.guidance_scale_2 is not None:
+                    raise ConfigError(f"{path}.{key}.guidance_scale_2",
+                                      f"the low-noise expert's guidance scale, but preset {preset.name!r} is one "
+                                      "model, not two experts; give guidance_scale alone")
         heads = preset.dit.num_heads
         sp = self.deepspeed.sequence_parallel_size
         if heads % sp:

@@ -155,27 +155,39 @@ def lr_lambda(warmup_steps: int, total_steps: int, kind: str):
     return f
 
 
-def build_optimizer(params, train_cfg):
+def at_steps(schedule, steps: list[int] | None, total: int):
+    """The LR multiplier of an optimizer that steps only at the global optimizer steps `steps` (one
+    expert of a two-expert job): its k-th step trains at `schedule(steps[k])`, the job's schedule at
+    that global step (as ai-toolkit's one scheduler gives); past the last listed step, at the steps
+    after `total`. `steps` None: every step (the schedule itself)."""
+    if steps is None:
+        return schedule
+    return lambda k: schedule(steps[k] if k < len(steps) else total + k - len(steps))
+
+
+def build_optimizer(params, train_cfg, steps: list[int] | None = None):
+    """AdamW and its LambdaLR; `steps`: the global steps this optimizer steps at (`at_steps`)."""
     o = train_cfg.optimizer_params
     kwargs = dict(lr=train_cfg.lr, betas=tuple(o.betas), eps=o.eps,
                   weight_decay=o.weight_decay if train_cfg.optimizer == "adamw" else 0.0)
     if on_gpu():
         kwargs["fused"] = True
     optimizer = torch.optim.AdamW(params, **kwargs)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(train_cfg.warmup_steps, train_cfg.steps, train_cfg.lr_scheduler))
+    schedule = lr_lambda(train_cfg.warmup_steps, train_cfg.steps, train_cfg.lr_scheduler)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, at_steps(schedule, steps, train_cfg.steps))
     return optimizer, scheduler
 
 
-def initialize(model, job, world_size: int, load_universal: bool = False):
+def initialize(model, job, world_size: int, load_universal: bool = False, steps: list[int] | None = None):
     """(engine, optimizer, scheduler) for `model` whose trainable parameters have requires_grad (and
-    whose dtypes `cast_for_training` set: DeepSpeed keeps them as they are)."""
+    whose dtypes `cast_for_training` set: DeepSpeed keeps them as they are); `steps`: the global
+    optimizer steps it trains at (one expert of two; None: every step)."""
     import deepspeed
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    optimizer, scheduler = build_optimizer(params, job.process.train)
+    optimizer, scheduler = build_optimizer(params, job.process.train, steps)
     config = ds_config(job, world_size)
     if load_universal:
         config.setdefault("checkpoint", {})["load_universal"] = True
@@ -205,6 +217,16 @@ def alias_fp32_partitions(optimizer) -> int:
             master.data = low.data
             aliased += 1
     return aliased
+
+
+def initialize_frozen(model, job, world_size: int):
+    """A DeepSpeed engine without optimizer for a frozen ZeRO-3 (partitioned) model, so its forward
+    gathers each block's parameters as a training engine's does (DeepSpeed runs ZeRO-3 inference
+    through `DeepSpeedZeRoOffload` when no optimizer is given). Under ZeRO 0-2 the model is used as is."""
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(job, world_size))
+    return engine
 
 
 def quantize_frozen(model, qtype: str) -> None:

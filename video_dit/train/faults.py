@@ -103,17 +103,20 @@ def install(trainer) -> None:
 
     trainer.loss_of = faulty_loss_of
 
-    writer = trainer.engine.checkpoint_engine
-    save, written = writer.save, [0]
+    written = [0]  # files written by this process, over every engine (a two-expert job has one per expert)
 
-    def faulty_save(state_dict, path):
-        for name, a in faults:
-            if name == "enospc_on_save" and rank == 0 and written[0] >= a["after_file"]:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        save(state_dict, path)
-        written[0] += 1
-        for name, a in faults:
-            if name == "kill_during_save" and rank == 0 and written[0] == a["after_file"]:
-                _kill_self(f"after checkpoint file {written[0]} ({path})")
+    def faulty(save):
+        def faulty_save(state_dict, path):
+            for name, a in faults:
+                if name == "enospc_on_save" and rank == 0 and written[0] >= a["after_file"]:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            save(state_dict, path)
+            written[0] += 1
+            for name, a in faults:
+                if name == "kill_during_save" and rank == 0 and written[0] == a["after_file"]:
+                    _kill_self(f"after checkpoint file {written[0]} ({path})")
+        return faulty_save
 
-    writer.save = faulty_save
+    engines = trainer.engines()
+    for engine in engines.values() if isinstance(engines, dict) else [engines]:
+        engine.checkpoint_engine.save = faulty(engine.checkpoint_engine.save)

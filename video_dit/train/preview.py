@@ -6,6 +6,7 @@ preview's sampling settings are resolved then too (job keys, else the model fold
 else the preset's defaults) and the trainer logs them (`describe`). So are the control images' CLIP
 features for a Wan 2.1 I2V / FLF2V model (`encode_preview_images`: ctrl_img, and ctrl_img_2 as the
 last frame): CLIP runs once per preview image and the image encoder is freed too.
+A two-expert model (`TwoExperts`) samples with both experts, each on its own steps at its own scale.
 Under ZeRO-3 the DiT's parameters are partitioned: every rank runs the same sampling loop and
 DeepSpeed's module hooks gather each block's parameters just before it runs and release them
 after (one block at a time), so all ranks take part and only rank 0 writes files. Under ZeRO 0-2
@@ -55,7 +56,8 @@ def sample_settings(sample_cfg, index: int, preset=None, scheduler=None) -> Samp
         given["solver"] = (solver, f"sample.sampler ({sample_cfg.sampler})")
     if sample_cfg.shift is not None:
         given["shift"] = (sample_cfg.shift, "sample.shift")
-    for name, key in (("steps", "sample_steps"), ("guidance", "guidance_scale"), ("negative", "neg")):
+    for name, key in (("steps", "sample_steps"), ("guidance", "guidance_scale"), ("guidance_2", "guidance_scale_2"),
+                      ("negative", "neg")):
         for where, cfg in ((f"sample.samples[{index}].{key}", item), (f"sample.{key}", sample_cfg)):
             value = getattr(cfg, key)
             if value is not None:
@@ -81,7 +83,7 @@ def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> lis
         return jobs
     for i, s in enumerate(sample_cfg.samples):
         settings = sample_settings(sample_cfg, i, preset, scheduler)
-        guided = settings.guidance != 1.0
+        guided = settings.guided
         with torch.no_grad():
             embeds = text_encoder.encode([s.prompt] + ([settings.negative] if guided else []))
         seed = s.seed if s.seed is not None else sample_cfg.seed + (i if sample_cfg.walk_seed else 0)
@@ -130,13 +132,17 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
     from video_dit.media import contact_sheet, load_image, write_video
     from video_dit.pipeline import VideoPipeline
 
+    from video_dit.diffusion.experts import TwoExperts
+
     rank = dist.get_rank()
+    models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
     # ZeRO-3 (partitioned weights) and sequence parallelism (attention is a collective) need every rank
-    every_rank = zero_stage == 3 or getattr(dit, "seq_parallel", None) is not None
+    every_rank = zero_stage == 3 or any(getattr(m, "seq_parallel", None) is not None for m in models)
     written = []
     if rank == 0 or every_rank:
-        was_training = dit.training
-        dit.eval()
+        was_training = [m.training for m in models]
+        for m in models:
+            m.eval()
         param = next(p for p in dit.parameters())
         pipe = VideoPipeline(dit, vae, i2v_mode=i2v_mode)
         for job in jobs:
@@ -152,6 +158,7 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
                                        steps=st.steps, guidance_scale=st.guidance, shift=st.shift, solver=st.solver,
+                                       guidance_scale_2=st.guidance_2 if isinstance(dit, TwoExperts) else None,
                                        grid=st.grid, generator=gen, first_frame=first, last_frame=last,
                                        image_embeds=None if job.clip_features is None
                                        else job.clip_features.to(param.device))
@@ -162,6 +169,7 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_s
             except Exception as exc:  # a preview must never stop a training run: log it and go on
                 log(f"preview {job.index} at step {step} failed: {type(exc).__name__}: {exc}\n"
                     + "".join(traceback.format_exception(exc)[-3:]))
-        dit.train(was_training)
+        for m, mode in zip(models, was_training):
+            m.train(mode)
     dist.barrier()
     return written

@@ -8,6 +8,13 @@
                          exports (validation: video_dit/train/validation.py; EMA: video_dit/train/ema.py)
     Trainer.close()      release the logger (the process group stays for the launcher's teardown)
 
+Two-expert models (Wan 2.2 A14B, train/experts.py): one DeepSpeed engine per trained expert, in one
+process (each with its own LoRA or full weights, optimizer, LR scheduler and checkpoint subfolder;
+under ZeRO-3 each partitioned); optimizer step s trains the expert `ExpertSchedule.expert_of(s)` (all
+ranks agree: a pure function of the job and s, checked every step) on timesteps of its own side of the
+boundary. An expert that is loadable but not trained renders previews and validation only (frozen:
+partitioned under ZeRO-3; under ZeRO 0-2 on the CPU, moved to the device while it is used).
+
 Determinism: the noise and timestep of each sample come from its own generator, seeded by (seed, r,
 s, j) for optimizer step s on data-parallel rank r, j the sample's position among the samples this
 rank trains in step s (micro-batch m of batch size b: j = m*b + i). So a resumed run draws exactly
@@ -20,18 +27,19 @@ and "3 steps + relaunch + 3 steps" give the same losses.
 from __future__ import annotations
 
 import gc
-import glob
 import hashlib
 import json
 import random
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from video_dit.diffusion.experts import expert_range
 from video_dit.train import checkpoint as ckpt
 from video_dit.train import engine as eng
 from video_dit.train.metrics import MetricsLog, peak_memory_gb, step_flops
@@ -113,6 +121,15 @@ def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype
             text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
 
+class Expert:
+    """One trained DiT of the job: its DeepSpeed engine (module, optimizer, LR scheduler) and its
+    timestep sampler. `name`: the expert ("high_noise" / "low_noise"), None for a one-model job."""
+
+    def __init__(self, name, engine, optimizer, scheduler, timesteps):
+        self.name, self.engine, self.optimizer, self.scheduler = name, engine, optimizer, scheduler
+        self.module, self.timesteps = engine.module, timesteps
+
+
 class Trainer:
     def __init__(self, job, resume: str | None = None, log=print):
         self.job, self.p = job, job.process
@@ -172,29 +189,35 @@ class Trainer:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-        # 2. the DiT (under ZeRO-3 built partitioned: no rank holds the whole model), its trainable
-        # parameters, checkpointing
-        from video_dit.train.build import build_dit, make_trainable
+        # 2. which DiTs: one model, or the experts a two-expert job trains (train/experts.py), and the rule
+        #    of which expert trains which step
+        from video_dit.train.experts import ExpertSchedule, plan_experts
 
-        # a LoRA base is built in the training dtype, a full fine-tune in float32 (its master weights)
-        dit = build_dit(p.model.name_or_path, self.preset, zero_stage=self.zero_stage,
-                        dtype=eng.build_dtype(self.dtype, lora=p.network is not None), device=self.device,
-                        seed=p.model.seed, ds_config=eng.ds_config(job, self.world) if self.zero_stage == 3 else None)
-        # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
-        make_trainable(dit, p, self.dtype, self.sp_info)
-        self.dit_config = dit.config
-        dit.train()
-
-        # 3. resume plan (decides load_universal), DeepSpeed, then quantization of the frozen base
+        self.expert_plan = plan_experts(p, self.preset)
+        trained = self.expert_plan.trained if self.expert_plan else (None,)
+        self.expert_schedule = None
+        if self.expert_plan is not None:
+            self.expert_schedule = ExpertSchedule(self.expert_plan, p.train.seed, timestep_sampler(p, self.preset),
+                                                  _seed_of)
+        # 3. resume plan (decides load_universal), then per trained DiT: build (under ZeRO-3 partitioned:
+        #    no rank holds a whole model), trainable parameters, checkpointing, DeepSpeed, quantization of
+        #    the frozen base
         plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage,
-                                convert=ckpt.to_universal)  # another world size / ZeRO stage: universal format
-        self.engine, self.optimizer, self.scheduler = eng.initialize(
-            dit, job, self.world, load_universal=plan is not None and plan.universal)
-        self.module = self.engine.module
-        if p.model.quantize:
-            eng.quantize_frozen(self.module, p.model.qtype_name)
-
-        self.timesteps = timestep_sampler(p, self.preset)
+                                convert=ckpt.to_universal,  # another world size / ZeRO stage: universal format
+                                experts=self.expert_plan.trained if self.expert_plan else None)
+        self.experts: dict[str | None, Expert] = {}
+        for name in trained:
+            dit = self._build_dit(name)
+            steps = self.expert_schedule.steps_of(name, p.train.steps) if len(trained) > 1 else None
+            engine, optimizer, scheduler = eng.initialize(
+                dit, job, self.world, load_universal=plan is not None and plan.universal, steps=steps)
+            if p.model.quantize:
+                eng.quantize_frozen(engine.module, p.model.qtype_name)
+            t_range = expert_range(name, self.expert_plan.boundary, p.train.min_t, p.train.max_t) if name else None
+            self.experts[name] = Expert(name, engine, optimizer, scheduler, timestep_sampler(p, self.preset, t_range))
+        self.activate(trained[0])
+        self.dit_config = self.module.config
+        self.frozen_experts = self._build_preview_experts()
         self.conditioning = build_conditioning(p, self.dit_config)
 
         self.ema = None
@@ -204,10 +227,11 @@ class Trainer:
             self.ema = EMA(self.module, p.train.ema_config.ema_decay, self.zero_stage)
 
         self.step = 0
+        self._drawn_t: list[float] = []  # this optimizer step's timesteps on this rank (two-expert metrics)
         self.nonfinite_in_row = 0
         self.config_hash = job.config_hash()
         if plan is not None:
-            state = ckpt.load(self.engine, plan)
+            state = ckpt.load(self.engines(), plan)
             if self.ema is not None and not self.ema.load(plan.source):
                 self.log(f"warning: {plan.source} holds no EMA; the average restarts from the resumed weights")
             self.step = int(state["step"])
@@ -230,6 +254,59 @@ class Trainer:
     def log(self, msg: str) -> None:
         if self.rank0:
             self._log(f"[video_dit] {msg}")
+
+    def _build_dit(self, expert: str | None, trainable: bool = True, device=None):
+        """One DiT of the job (`build_dit`; an expert's from its source): trainable (`make_trainable`:
+        LoRA or full weights, checkpointing, sequence parallelism), or frozen in eval mode."""
+        from video_dit.parallel.sequence import attach
+        from video_dit.train.build import build_dit, make_trainable
+
+        p = self.p
+        source, seed = (p.model.name_or_path, p.model.seed) if expert is None else self.expert_plan.sources[expert]
+        # a LoRA base (or a frozen expert) is built in the training dtype, a full fine-tune in float32
+        # (its master weights); bf16 keeps the float32 islands either way
+        dtype = eng.build_dtype(self.dtype, lora=p.network is not None) if trainable else self.dtype
+        dit = build_dit(source, self.preset, zero_stage=self.zero_stage, dtype=dtype, device=device or self.device,
+                        seed=seed, ds_config=eng.ds_config(self.job, self.world) if self.zero_stage == 3 else None)
+        if trainable:
+            # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
+            return make_trainable(dit, p, self.dtype, self.sp_info).train()
+        dit.set_attention_backend(p.model.attention_backend)
+        attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
+        return dit.requires_grad_(False).eval()
+
+    def _build_preview_experts(self) -> dict:
+        """The experts that are loadable but not trained, frozen, for previews and validation only (a
+        one-expert job on a two-expert model): under ZeRO-3 partitioned behind an optimizer-less engine;
+        under ZeRO 0-2 on the CPU, moved to the device for its preview steps (`TwoExperts` offload) and
+        for a validation; a validation sigma of an expert the job cannot load is refused at the start."""
+        plan = self.expert_plan
+        if plan is None or not (self._sampling_enabled() or self.validator is not None):
+            return {}
+        if self.zero_stage != 3 and self.sp == 1 and not self.rank0 and self.validator is None:
+            return {}  # under ZeRO 0-2 (no sequence parallelism) rank 0 renders alone: only it holds the expert
+        frozen = {}
+        for name in (e for e in plan.sources if e not in plan.trained):
+            if self.zero_stage == 3:
+                frozen[name] = eng.initialize_frozen(self._build_dit(name, trainable=False), self.job,
+                                                     self.world).module
+            else:
+                frozen[name] = self._build_dit(name, trainable=False, device="cpu")
+        return frozen
+
+    def activate(self, name: str | None) -> None:
+        """Make `name`'s engine, optimizer, LR scheduler, module and timestep sampler the ones the loop and
+        the outputs use (`self.engine`, ...): the expert of the step being built (None: the one model)."""
+        e = self.experts[name]
+        self.active = name
+        self.engine, self.optimizer, self.scheduler, self.module, self.timesteps = (
+            e.engine, e.optimizer, e.scheduler, e.module, e.timesteps)
+
+    def engines(self):
+        """The DeepSpeed engine, or {expert: engine} of a two-expert job (checkpoints hold each)."""
+        if self.expert_plan is None:
+            return self.engine
+        return {name: e.engine for name, e in self.experts.items()}
 
     def _sampling_enabled(self) -> bool:
         s = self.p.sample
@@ -314,11 +391,13 @@ class Trainer:
                 for i in range(B)]
         t = torch.cat([self.timesteps.sample(1, g) for g in gens])  # (B,) on [min_t, max_t]
         noise = torch.cat([torch.randn(shape, generator=g) for g in gens])  # (B, C, F', h, w)
+        self._drawn_t.extend(t.tolist())
         return self.loss_at(batch, t, noise)
 
-    def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor, model=None) -> torch.Tensor:
         """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
-        `loss_of` computes after drawing them (a validation loss calls this with fixed ones)."""
+        `loss_of` computes after drawing them (a validation loss calls this with fixed ones). `model`:
+        the DiT to run (default: the engine being trained; a two-expert validation picks by t)."""
         from video_dit.diffusion.objective import flow_matching_loss
 
         x0 = batch["latents"].to(self.device, torch.float32)  # (B, C, F', h, w)
@@ -332,8 +411,9 @@ class Trainer:
             active = batch["do_i2v"].to(self.device) if "do_i2v" in batch else torch.tensor(
                 [self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
         context = [e.to(self.device) for e in batch["text_embeds"]]
-        return flow_matching_loss(self.engine, x0, context, t, noise, conditioning=self.conditioning, cond=cond,
-                                  active=active, weight=self.timesteps.loss_weight(t))
+        return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
+                                  conditioning=self.conditioning, cond=cond, active=active,
+                                  weight=self.timesteps.loss_weight(t))
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
@@ -355,6 +435,9 @@ class Trainer:
         micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
         t_step = time.perf_counter()
         while self.step < total:
+            if micro == 0:  # a new optimizer step: its expert (two-expert jobs; None for one model)
+                self.activate(self.expert_schedule.expert_of(self.step) if self.expert_schedule else None)
+                self._drawn_t = []
             batch = next(batches)
             self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
@@ -404,6 +487,8 @@ class Trainer:
             }
             if self.validator is not None and self.validator.due(self.step, total):
                 row.update(self.validate())
+            if self.expert_plan is not None:
+                row.update(self._expert_row())
             self.metrics.write(row)
             if bar is not None:
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}")
@@ -435,6 +520,16 @@ class Trainer:
             text = f"demo check skipped: {exc}"
         self.log(text)
 
+    def _expert_row(self) -> dict:
+        """metrics.jsonl fields of a two-expert step: the expert trained and every rank's timesteps
+        (gathered); raises when the ranks disagree on the expert (they never should: one rule)."""
+        mine = [self.expert_plan.trained.index(self.active), *self._drawn_t]
+        rows = [None] * self.world
+        dist.all_gather_object(rows, mine)
+        if len({r[0] for r in rows}) != 1:
+            raise RuntimeError(f"step {self.step}: the ranks trained different experts {[r[0] for r in rows]}")
+        return {"expert": self.active, "timesteps": [r[1:] for r in rows]}
+
     # ---------------------------------------------------------------- outputs
     def _ema_for(self, use: bool):
         """The EMA weights swapped into the model when the job asks for them here (every rank)."""
@@ -446,10 +541,11 @@ class Trainer:
         """The validation figures of the current weights (every rank; see validation.py), and of the
         EMA weights with `ema_config.validate_with_ema`."""
         t0 = time.perf_counter()
-        out = self.validator.run(self.module, self.loss_at)
-        if self.ema is not None and self.p.train.ema_config.validate_with_ema:
-            with self.ema.swapped_in():
-                out.update(self.validator.run(self.module, self.loss_at, suffix="_ema"))
+        with self._experts_for_validation() as loss_at:
+            out = self.validator.run(self.module, loss_at)
+            if self.ema is not None and self.p.train.ema_config.validate_with_ema:
+                with self.ema.swapped_in():
+                    out.update(self.validator.run(self.module, loss_at, suffix="_ema"))
         self.log(f"step {self.step}: val_loss {out['val_loss']:.4f}"
                  + (f", EMA {out['val_loss_ema']:.4f}" if "val_loss_ema" in out else "")
                  + f" ({time.perf_counter() - t0:.1f}s)")
@@ -460,9 +556,49 @@ class Trainer:
 
         t0 = time.perf_counter()
         with self._ema_for(self.p.train.ema_config.sample_with_ema):
-            paths = render(self.module, self.vae, self.previews, self.out_dir, self.step, zero_stage=self.zero_stage,
-                           i2v_mode=self.i2v_mode, log=self.log)
+            paths = render(self._preview_model(), self.vae, self.previews, self.out_dir, self.step,
+                           zero_stage=self.zero_stage, i2v_mode=self.i2v_mode, log=self.log)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
+
+    @contextmanager
+    def _experts_for_validation(self):
+        """The loss function validation calls: `loss_at`; for a two-expert model each validation sigma's
+        loss is its expert's (`expert_at`: the trained engine, or the frozen expert, moved to the device
+        for the validation under ZeRO 0-2 and back after)."""
+        if self.expert_plan is None:
+            yield self.loss_at
+            return
+        from video_dit.diffusion.experts import expert_at
+
+        models = {**self.frozen_experts, **{n: e.engine for n, e in self.experts.items()}}
+        moved = [m for n, m in self.frozen_experts.items() if self.zero_stage != 3]
+        for m in moved:
+            m.to(self.device)
+        try:
+            yield lambda batch, t, noise: self.loss_at(
+                batch, t, noise, model=models[expert_at(float(t.flatten()[0]), self.expert_plan.boundary)])
+        finally:
+            for m in moved:
+                m.to("cpu")
+
+    def _preview_model(self):
+        """What previews sample: the DiT, or both experts (`TwoExperts`: the trained ones and a frozen
+        preview-only one); an expert the job cannot load (one expert's weights only) is left out, with
+        a warning: the previews then show that expert alone, not what Wan 2.2 samples."""
+        if self.expert_plan is None:
+            return self.module
+        from video_dit.diffusion.experts import EXPERTS, TwoExperts
+
+        modules = {**{n: e.module for n, e in self.experts.items()}, **self.frozen_experts}
+        if len(modules) == 1:
+            if not getattr(self, "_warned_one_expert", False):
+                self.log(f"warning: previews use the {self.active.replace('_', '-')} expert alone: "
+                         f"{self.p.model.name_or_path} holds one expert (a two-expert folder samples both)")
+                self._warned_one_expert = True
+            return next(iter(modules.values()))
+        offload = tuple(n for n in self.frozen_experts if self.zero_stage != 3)
+        return TwoExperts(*(modules[e] for e in EXPERTS), self.expert_plan.boundary, offload=offload,
+                          device=self.device if offload else None)
 
     def save(self) -> None:
         """Checkpoint (DeepSpeed state + sampler + counters + RNG, + the EMA) and the exports of this step."""
@@ -471,7 +607,7 @@ class Trainer:
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
                 "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
-        ckpt.save(self.engine, self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
+        ckpt.save(self.engines(), self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
                   frozen_base=p.network is not None, extra=self.ema.save if self.ema is not None else None)
         self._export(self.job.name)
         if self.ema is not None:  # the average beside the raw weights: <name>_ema_<step>..., <name>_ema...
@@ -482,7 +618,11 @@ class Trainer:
                  + (" (raw and EMA)" if self.ema is not None else ""))
 
     def _export(self, name: str, ema: bool = False) -> None:
-        """The LoRA file or full weights folder of this step as `<name>_<step>...`, `<name>...` the latest."""
+        """The LoRA file or full weights folder of this step as `<name>_<step>...`, `<name>...` the latest;
+        one per trained expert of a two-expert job: `<name>_<step>_<expert>.safetensors` (ai-toolkit's split
+        LoRA names, ComfyUI keys, `expert` + `boundary_ratio` in the metadata) or, for a full fine-tune,
+        `<name>_<step>/<Wan's expert folder>/` (high_noise_model/, low_noise_model/)."""
+        from video_dit.models.loading import EXPERT_FOLDERS
         from video_dit.train import export
 
         p = self.p
@@ -492,29 +632,37 @@ class Trainer:
         if ema:
             metadata["ema_decay"] = str(p.train.ema_config.ema_decay)
         dtype = p.save.torch_dtype
-        if p.network is not None:
-            metadata.update(rank=p.network.linear)
-            path = self.out_dir / f"{name}_{self.step:09d}.safetensors"
-            out = export.export_lora(self.module, self.zero_stage, path, p.network.alpha, dtype, metadata)
-            if out is not None:
-                export.point_latest(self.out_dir / f"{name}.safetensors", out)
-                self._prune_exports(name, ".safetensors")
-        else:
-            folder = self.out_dir / f"{name}_{self.step:09d}"
-            out = export.export_full(self.module, self.zero_stage, folder, dtype, metadata)
-            if out is not None:
-                export.point_latest(self.out_dir / name, out)
-                self._prune_exports(name, "")
+        folder = self.out_dir / f"{name}_{self.step:09d}"
+        for expert, e in self.experts.items():
+            suffix = f"_{expert}" if expert else ""
+            meta_e = dict(metadata, **({"expert": expert, "boundary_ratio": self.expert_plan.boundary} if expert else {}))
+            if p.network is not None:
+                meta_e.update(rank=p.network.linear)
+                path = self.out_dir / f"{name}_{self.step:09d}{suffix}.safetensors"
+                out = export.export_lora(e.module, self.zero_stage, path, p.network.alpha, dtype, meta_e)
+                if out is not None:
+                    export.point_latest(self.out_dir / f"{name}{suffix}.safetensors", out)
+            else:
+                out = export.export_full(e.module, self.zero_stage,
+                                         folder / EXPERT_FOLDERS["wan"][expert] if expert else folder, dtype, meta_e)
+        if self.rank0:
+            if p.network is None:
+                export.point_latest(self.out_dir / name, folder)
+            self._prune_exports(name)
 
-    def _prune_exports(self, name: str, suffix: str) -> None:
-        """Keep the last `max_step_saves_to_keep` of `<name>_<9-digit step><suffix>`."""
+    def _prune_exports(self, name: str) -> None:
+        """Keep the exports of the last `max_step_saves_to_keep` saves: `<name>_<9-digit step>` files or
+        folders, with every expert's `_high_noise` / `_low_noise` file of a step."""
         import re
         import shutil
 
-        step_re = re.escape(name) + r"_\d{9}" + re.escape(suffix)
-        found = sorted(q for q in self.out_dir.glob(f"{glob.escape(name)}_*{suffix}") if re.fullmatch(step_re, q.name))
-        for old in found[:-self.p.save.max_step_saves_to_keep]:
-            if old.is_dir():
+        step_re = re.compile(re.escape(name) + r"_(\d{9})(_high_noise|_low_noise)?(\.safetensors)?")
+        found = [(int(m.group(1)), q) for q in self.out_dir.iterdir() if (m := step_re.fullmatch(q.name))]
+        keep = sorted({step for step, _ in found})[-self.p.save.max_step_saves_to_keep:]
+        for step, old in found:
+            if step in keep:
+                continue
+            if old.is_dir() and not old.is_symlink():
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 old.unlink(missing_ok=True)
@@ -523,14 +671,16 @@ class Trainer:
         self.metrics.close()
 
 
-def timestep_sampler(process, preset):
+def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None):
     """The job's `TimestepSampler`: `train.timestep_type` at `train.timestep_shift` (default: the
-    preset's training shift), conditioned on [train.min_t, train.max_t]."""
+    preset's training shift), conditioned on [train.min_t, train.max_t], or on `t_range` (an expert's
+    side of the boundary within them, `diffusion.experts.expert_range`)."""
     from video_dit.diffusion.flow import TimestepSampler
 
     t = process.train
     shift = t.timestep_shift if t.timestep_shift is not None else preset.train_shift
-    return TimestepSampler(t.timestep_type, shift=shift, min_t=t.min_t, max_t=t.max_t)
+    lo, hi = t_range if t_range is not None else (t.min_t, t.max_t)
+    return TimestepSampler(t.timestep_type, shift=shift, min_t=lo, max_t=hi)
 
 
 def build_conditioning(process, dit_config):

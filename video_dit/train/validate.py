@@ -74,6 +74,18 @@ def check_paths(job) -> None:
     if not m.name_or_path.startswith("preset:") and not Path(m.name_or_path).exists():
         raise ConfigError(f"{PROCESS}.model.name_or_path", f"{m.name_or_path!r} does not exist; accepted: "
                                                             "preset:NAME or a weights file/folder")
+    from video_dit.train.experts import plan_experts
+
+    plan = plan_experts(p, preset)  # two-expert presets: the folder holds the experts asked for (train/experts.py)
+    if plan is not None and p.train.validation_config is not None:
+        from video_dit.diffusion.experts import expert_at
+
+        for s in p.train.validation_config.validation_sigmas:
+            if expert_at(1000.0 * s, plan.boundary) not in plan.sources:
+                raise ConfigError(f"{PROCESS}.train.validation_config.validation_sigmas",
+                                  f"sigma {s:g} is the {expert_at(1000.0 * s, plan.boundary)} expert's, but "
+                                  f"{m.name_or_path!r} holds one expert; accepted: sigmas on its side of "
+                                  f"{plan.boundary:g}, or a two-expert folder")
     if preset.text_encoder.tokenizer != "byt5" and m.text_encoder_path is None:
         base = Path(m.name_or_path)
         if m.name_or_path.startswith("preset:") or not (base / "text_encoder").is_dir():

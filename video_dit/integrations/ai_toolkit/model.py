@@ -81,6 +81,8 @@ class ModelKwargs:
     image_encoder_path: the CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (default: the weights
         folder's image_encoder/, or a tiny preset's random one); quantize_image_encoder: qfloat8 weights.
         Both keys are our DeepSpeed trainer's too (ai-toolkit's ModelConfig would drop them elsewhere).
+    train_high_noise / train_low_noise: a two-expert preset's experts to train (ai-toolkit's wan22_14b
+        keys; None = true); boundary_ratio (ours): default the folder's model_index.json, else the preset's.
     """
 
     preset: str | None = None
@@ -89,6 +91,9 @@ class ModelKwargs:
     mask_first_frame_loss: bool | None = None
     image_encoder_path: str | None = None
     quantize_image_encoder: bool | None = None
+    train_high_noise: bool | None = None
+    train_low_noise: bool | None = None
+    boundary_ratio: float | None = None
 
     def validate(self, path: str) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -217,6 +222,7 @@ class VideoDiTModel(BaseModel):
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
         self._configure(resolve_preset(model_config.name_or_path, self.options))
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
+        self._configure_experts()
 
     def _configure(self, preset: Preset) -> None:
         """Preset-derived settings; redone in load_model with the DiT config the weights carry."""
@@ -233,6 +239,48 @@ class VideoDiTModel(BaseModel):
                                                        last_frame=self.last_frame)
         except ValueError as exc:
             raise ConfigError("model.model_kwargs.mask_first_frame_loss", str(exc)) from exc
+
+    def _configure_experts(self) -> None:
+        """A two-expert preset (Wan 2.2 A14B) is ai-toolkit's multistage model, as its wan22_14b: stage 0
+        = the high-noise expert (t in [boundary x 1000, 1000]), stage 1 = the low-noise one; ai-toolkit's
+        trainer draws each step's timesteps inside the current stage and switches stages every
+        `train.switch_boundary_every` steps among `trainable_multistage_boundaries`. We route each
+        forward to the expert of the batch's timesteps (get_noise_prediction) and split the LoRA into one
+        file per expert (save_lora / load_lora, ai-toolkit's `_high_noise` / `_low_noise` names)."""
+        from video_dit.diffusion.experts import EXPERTS
+        from video_dit.train.experts import model_experts
+
+        self.experts: tuple[str, ...] = ()  # the trained experts (empty for one model)
+        if not self.preset.two_experts:
+            from video_dit.train.experts import requested
+
+            requested(self.options, self.preset, where="model.model_kwargs")  # refuses the keys on one model
+            return
+        name = self.model_config.name_or_path
+        self.experts, self.boundary, self.expert_sources = model_experts(
+            name, self.options, self.preset, where="model.model_kwargs", path_key="model.name_or_path")
+        self.is_multistage = True
+        self.multistage_boundaries = [self.boundary, 0.0]
+        self.trainable_multistage_boundaries = [EXPERTS.index(e) for e in self.experts]
+
+    @property
+    def max_step_saves_to_keep_multiplier(self) -> int:
+        """ai-toolkit keeps this many files per save: one LoRA file per trained expert."""
+        return max(1, len(self.experts)) if self._split_loras() else 1
+
+    def _split_loras(self) -> bool:
+        net = getattr(self, "network", None)
+        config = getattr(getattr(net, "module", net), "network_config", None)
+        return bool(getattr(config, "split_multistage_loras", True))
+
+    def get_model_to_train(self):
+        """What ai-toolkit attaches its LoRA to: both experts (`TwoExperts`, LoRA keys `high.` / `low.`)
+        when both train, the one trained expert alone otherwise (as ai-toolkit's wan22_14b)."""
+        from video_dit.diffusion.experts import TwoExperts
+
+        if isinstance(self.model, TwoExperts) and len(self.experts) == 1:
+            return self.model.expert(self.experts[0])
+        return self.model
 
     # ---------------------------------------------------------------- identity and sizes
 
@@ -316,13 +364,22 @@ class VideoDiTModel(BaseModel):
         cfg = self.model_config
         dit_src, vae_src, te_src = self._sources()
         self.print_and_status_update(f"Loading video_dit DiT ({self.preset.name}) from {dit_src}")
-        dit = load_dit(dit_src, dtype=self.torch_dtype, device="cpu")
-        self._configure(dataclasses.replace(self.preset, dit=dit.config))  # a weights path may differ in depth
-        dit.set_attention_backend(self.options.attention_backend)
-        if cfg.quantize:
-            from toolkit.util.quantize import quantize_model
+        if self.experts:  # a two-expert model: each loadable expert (both, or one expert's own weights)
+            from video_dit.diffusion.experts import EXPERTS, TwoExperts
 
-            quantize_model(self, dit)  # ai-toolkit's qtype handling and our exclusions
+            parts = {e: load_dit(src, dtype=self.torch_dtype, device="cpu", seed=seed)
+                     for e, (src, seed) in self.expert_sources.items()}
+            dits = [parts[e] for e in EXPERTS if e in parts]
+            dit = TwoExperts(*dits, self.boundary) if len(dits) == 2 else dits[0]
+        else:
+            dits = [dit := load_dit(dit_src, dtype=self.torch_dtype, device="cpu")]
+        self._configure(dataclasses.replace(self.preset, dit=dit.config))  # a weights path may differ in depth
+        for part in dits:
+            part.set_attention_backend(self.options.attention_backend)
+            if cfg.quantize:
+                from toolkit.util.quantize import quantize_model
+
+                quantize_model(self, part)  # ai-toolkit's qtype handling and our exclusions
         dit.to("cpu" if cfg.low_vram else self.device_torch)
 
         self.print_and_status_update(f"Loading video_dit VAE from {vae_src}")
@@ -464,6 +521,11 @@ class VideoDiTModel(BaseModel):
         _ensure_on(self.model, self.device_torch)
         x = latent_model_input.to(self.device_torch, self.torch_dtype)
         t = timestep.to(self.device_torch, torch.float32).reshape(-1).expand(x.shape[0])
+        model = self.model
+        from video_dit.diffusion.experts import TwoExperts, expert_at
+
+        if isinstance(model, TwoExperts):  # the expert of the batch's timesteps (ai-toolkit draws one stage's)
+            model = model.expert(expert_at(float(t.mean()), self.boundary))
         te = text_embeddings.text_embeds
         context = [e.to(self.device_torch, self.torch_dtype) for e in te] if isinstance(te, (list, tuple)) \
             else te.to(self.device_torch, self.torch_dtype)
@@ -473,7 +535,7 @@ class VideoDiTModel(BaseModel):
             x, t, mask = self.conditioning.apply(x, t, cond)  # t: per token (B, L) in replace, (B,) in concat
             self._i2v_loss_mask = mask if self.conditioning.mask_first_frame_loss else None
             extra = self.conditioning.dit_kwargs(cond)  # the CLIP features of a Wan 2.1 I2V / FLF2V DiT
-        return self.model(x, t, context, **{k: v.to(self.torch_dtype) for k, v in extra.items()})  # (B, C, F', h, w)
+        return model(x, t, context, **{k: v.to(self.torch_dtype) for k, v in extra.items()})  # (B, C, F', h, w)
 
     def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
         return velocity_target(batch.latents, noise).detach()
@@ -579,20 +641,83 @@ class VideoDiTModel(BaseModel):
             out[PEFT_PREFIX + key] = value
         return out
 
+    # a two-expert model's LoRA keys carry the expert's attribute in `TwoExperts` ahead of the module path
+    _EXPERT_CHILD = {"high_noise": "high", "low_noise": "low"}
+
+    def save_lora(self, state_dict: dict, output_path: str, metadata: dict | None = None) -> None:
+        """ai-toolkit's hook (network.save_weights calls it with our converted keys): a two-expert model's
+        LoRA as one ComfyUI-keyed file per trained expert, `<name>_high_noise.safetensors` /
+        `<name>_low_noise.safetensors` (ai-toolkit's wan22_14b names, our DeepSpeed trainer's too), each
+        with `expert` and `boundary_ratio` in its metadata; one model (or split_multistage_loras: false):
+        the one file."""
+        from safetensors.torch import save_file
+
+        metadata = {k: str(v) for k, v in (metadata or {}).items()}
+        if not self.experts or not self._split_loras():
+            save_file(state_dict, output_path, metadata=metadata)
+            return
+        for expert in self.experts:
+            prefix = f"diffusion_model.{self._EXPERT_CHILD[expert]}." if len(self.experts) == 2 else "diffusion_model."
+            part = {"diffusion_model." + k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            if not part:
+                raise WeightsError(f"{output_path}: no LoRA keys of the {expert} expert (under {prefix})")
+            save_file(part, output_path.replace(".safetensors", f"_{expert}.safetensors"),
+                      metadata=dict(metadata, expert=expert, boundary_ratio=str(self.boundary)))
+
+    def load_lora(self, file: str) -> dict:
+        """ai-toolkit's hook (network.load_weights): a `_high_noise` / `_low_noise` file of a two-expert
+        model loads with its pair (every trained expert's file, as ai-toolkit's wan22_14b), keys placed
+        under each expert; a file whose metadata names the other expert than its name (swapped files) is
+        a `WeightsError` naming it. Any other file loads as it is."""
+        from safetensors import safe_open
+
+        from video_dit.diffusion.experts import EXPERTS
+        from video_dit.models.loading import read_state_dict
+
+        named = next((e for e in EXPERTS if file.endswith(f"_{e}.safetensors")), None)
+        if not self.experts or named is None:
+            return read_state_dict(file)
+        base = file[: -len(f"_{named}.safetensors")]
+        combined = {}
+        for expert in self.experts:
+            path = f"{base}_{expert}.safetensors"
+            if not os.path.isfile(path):
+                raise WeightsError(f"{path}: missing; {file} is one of a two-expert LoRA pair, and this job trains "
+                                   f"the {expert} expert too")
+            with safe_open(path, framework="pt") as f:
+                said = (f.metadata() or {}).get("expert")
+            if said not in (None, expert):
+                raise WeightsError(f"{path}: its metadata says it is the {said} expert's LoRA, but its name says "
+                                   f"{expert}: the two files are swapped; rename them to match")
+            prefix = f"diffusion_model.{self._EXPERT_CHILD[expert]}." if len(self.experts) == 2 else "diffusion_model."
+            for key, value in read_state_dict(path).items():
+                if not key.startswith("diffusion_model."):
+                    raise WeightsError(f"{path}: key {key!r} is not a ComfyUI Wan LoRA key (diffusion_model.<module>)")
+                combined[prefix + key[len("diffusion_model."):]] = value
+        return combined
+
     def save_model(self, output_path, meta, save_dtype):
         """Full fine-tune: native DiT weights (`model.safetensors`) + `config.json`, read by `load_dit`,
         and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
-        `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads."""
+        `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads.
+        Two experts: each in its Wan-layout subfolder (`high_noise_model/`, `low_noise_model/`)."""
         import yaml
         from safetensors.torch import save_file
 
-        dit = getattr(self.model, "module", self.model)
+        from video_dit.diffusion.experts import EXPERTS, TwoExperts
+        from video_dit.models.loading import EXPERT_FOLDERS
+
+        model = getattr(self.model, "module", self.model)
+        parts = ([(os.path.join(output_path, EXPERT_FOLDERS["wan"][e]), model.expert(e)) for e in EXPERTS]
+                 if isinstance(model, TwoExperts) else [(output_path, model)])
         os.makedirs(output_path, exist_ok=True)
-        sd = {k: v.detach().to("cpu", save_dtype).contiguous() for k, v in dit.state_dict().items()
-              if ".lora_" not in k}
-        save_file(sd, os.path.join(output_path, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(output_path, "config.json"), "w") as f:
-            json.dump(asdict(dit.config), f, indent=2)
+        for folder, dit in parts:
+            os.makedirs(folder, exist_ok=True)
+            sd = {k: v.detach().to("cpu", save_dtype).contiguous() for k, v in dit.state_dict().items()
+                  if ".lora_" not in k}
+            save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(asdict(dit.config), f, indent=2)
         with open(os.path.join(output_path, SAVED_SOURCES), "w") as f:
             json.dump(self.sources, f, indent=2)
         with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:

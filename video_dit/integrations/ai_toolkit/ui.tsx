@@ -19,11 +19,15 @@ const flowmatch = {
 };
 
 // [selected, unselected] values, as in options.tsx
-function presetDefaults(preset: string, o: { frames: number; fps: number; size: number; quantize: boolean; i2v: boolean }) {
+// Two-expert presets (Wan 2.2 A14B) also carry ai-toolkit's multistage keys, as its wan22_14b entries.
+function presetDefaults(preset: string, o: { frames: number; fps: number; size: number; quantize: boolean; i2v: boolean;
+                                             experts?: boolean }) {
+  const kwargs = { ...(preset.startsWith('tiny') ? {} : { preset }),
+                   ...(o.experts ? { train_high_noise: true, train_low_noise: true } : {}) };
   return {
     ...flowmatch,
     'config.process[0].model.name_or_path': [preset.startsWith('tiny') ? `preset:${preset}` : '', ''],
-    'config.process[0].model.model_kwargs': [preset.startsWith('tiny') ? {} : { preset }, {}],
+    'config.process[0].model.model_kwargs': [kwargs, {}],
     'config.process[0].model.quantize': [o.quantize, false],
     'config.process[0].model.quantize_te': [o.quantize, false],
     'config.process[0].sample.num_frames': [o.frames, 1],
@@ -75,10 +79,27 @@ export const videoDitModelArchs: ModelArch[] = [
     defaults: presetDefaults('wan2.2-ti2v-5b', { frames: 121, fps: 24, size: 704, quantize: true, i2v: true }),
   },
   {
-    name: 'video_dit:wan2.2-i2v-a14b',
-    label: 'video_dit Wan 2.2 I2V A14B (one expert, channel-concat i2v)',
+    name: 'video_dit:wan2.2-t2v-a14b',
+    label: 'video_dit Wan 2.2 T2V A14B (two experts)',
     ...video,
-    defaults: presetDefaults('wan2.2-i2v-a14b', { frames: 81, fps: 16, size: 480, quantize: true, i2v: true }),
+    additionalSections: [...video.additionalSections, 'model.multistage' as const],
+    defaults: presetDefaults('wan2.2-t2v-a14b', { frames: 81, fps: 16, size: 480, quantize: true, i2v: false,
+                                                  experts: true }),
+  },
+  {
+    name: 'video_dit:wan2.2-i2v-a14b',
+    label: 'video_dit Wan 2.2 I2V A14B (two experts, channel-concat i2v)',
+    ...video,
+    additionalSections: [...video.additionalSections, 'model.multistage' as const],
+    defaults: presetDefaults('wan2.2-i2v-a14b', { frames: 81, fps: 16, size: 480, quantize: true, i2v: true,
+                                                  experts: true }),
+  },
+  {
+    name: 'video_dit:tiny-a14b',
+    label: 'video_dit tiny two-expert (CPU smoke test, Wan 2.2 A14B layout)',
+    ...video,
+    additionalSections: [...video.additionalSections, 'model.multistage' as const],
+    defaults: presetDefaults('tiny-a14b', { frames: 17, fps: 16, size: 64, quantize: false, i2v: true, experts: true }),
   },
   {
     name: 'video_dit:wan2.1-i2v-14b-480p',
