@@ -18,6 +18,7 @@ of every step; `offload` names the experts that wait on the CPU while the other 
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 HIGH, LOW = "high_noise", "low_noise"
@@ -73,11 +74,20 @@ class TwoExperts(nn.Module):
             raise ValueError(f"offload: unknown experts {sorted(unknown)}; accepted: {', '.join(EXPERTS)}")
         if offload and device is None:
             raise ValueError("offload needs the device the active expert runs on")
-        self.offload, self.device = tuple(offload), device
+        self.offload, self.compute_device = tuple(offload), device
 
     @property
     def config(self):
         return self.high.config
+
+    @property
+    def device(self):
+        """Where the experts run: the offload device, else the high-noise expert's (as a DiT's `.device`)."""
+        return torch.device(self.compute_device) if self.compute_device is not None else self.high.device
+
+    @property
+    def dtype(self):
+        return self.high.dtype
 
     def expert(self, name: str) -> nn.Module:
         return self.high if name == HIGH else self.low
@@ -91,7 +101,7 @@ class TwoExperts(nn.Module):
             if other in self.offload:
                 self.expert(other).to("cpu")
             if name in self.offload:
-                self.expert(name).to(self.device)
+                self.expert(name).to(self.compute_device)
         return name, self.expert(name)
 
     def park(self) -> None:

@@ -32,7 +32,7 @@ def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     high-noise expert's dtype and the device the experts run on."""
     if isinstance(module, TwoExperts):
         dtype, device = module_dtype_device(module.high)
-        return dtype, torch.device(module.device) if module.device is not None else device
+        return dtype, torch.device(module.compute_device) if module.compute_device is not None else device
     for p in module.parameters():
         if p.is_floating_point():
             return p.dtype, p.device
