@@ -24,6 +24,7 @@ from torch import nn
 from video_dit.diffusion.conditioning import FirstFrameConditioning
 from video_dit.diffusion.experts import HIGH, LOW, TwoExperts
 from video_dit.diffusion.flow import SOLVERS, SamplingSchedule
+from video_dit.models.common import module_dtype_device as first_float_dtype_device
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
@@ -33,10 +34,7 @@ def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     if isinstance(module, TwoExperts):
         dtype, device = module_dtype_device(module.high)
         return dtype, torch.device(module.compute_device) if module.compute_device is not None else device
-    for p in module.parameters():
-        if p.is_floating_point():
-            return p.dtype, p.device
-    raise ValueError(f"{type(module).__name__} has no floating-point parameters")
+    return first_float_dtype_device(module)
 
 
 def _lam(s: float) -> float:

@@ -12,7 +12,8 @@ from torch import nn
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
-    """dtype and device of `module`'s first floating-point parameter."""
+    """dtype and device of `module`'s first floating-point parameter (works through wrappers such as a
+    DeepSpeed engine, whose ZeRO-3 placeholders keep their dtype and device)."""
     for p in module.parameters():
         if p.is_floating_point():
             return p.dtype, p.device
