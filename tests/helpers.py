@@ -168,8 +168,9 @@ def metrics(out_dir: Path) -> list[dict]:
 
 
 def losses(out_dir: Path) -> dict[int, float]:
-    """step -> loss of `out_dir/metrics.jsonl` (the last row of a step wins: a relaunch appends)."""
-    return {r["step"]: r["loss"] for r in metrics(out_dir)}
+    """step -> training loss of `out_dir/metrics.jsonl` (the last row of a step wins: a relaunch appends;
+    a validation-only row, such as step 0's, has no training loss)."""
+    return {r["step"]: r["loss"] for r in metrics(out_dir) if r.get("loss") is not None}
 
 
 def probe_inputs(in_dim: int = 16, text_dim: int = 64):

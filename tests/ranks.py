@@ -16,7 +16,8 @@ runs a list of trainer jobs as one rank of such a launch.
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
   and always writes result_rank<r>.json: VAE / text / CLIP image encode calls, the optimizer-step and micro-step
   counters, the LR scheduler's position, what the ZeRO optimizer offloads, a NonFiniteError's message,
-  the class of a LoRA's base layer, the compute dtype and the parameters' dtypes.
+  the class of a LoRA's base layer, the compute dtype, the parameters' dtypes and the dtypes the
+  first block's Linears output while training (what the matmuls actually ran in).
   `presets` (start_jobs / run_jobs): `helpers.register_preset` keyword dicts, registered in every rank
   before the first job.
 """
@@ -196,6 +197,18 @@ def _dump(trainer, out: Path) -> None:
     trainer.save = save_and_dump
 
 
+def _watch_linears(block) -> set:
+    """The dtypes the plain nn.Linear layers of `block` (LoRA adapters and base layers alike) output
+    from now on, gathered in the returned set (a forward hook each)."""
+    import torch
+
+    seen = set()
+    for m in block.modules():
+        if type(m) is torch.nn.Linear:
+            m.register_forward_hook(lambda mod, args, out: seen.add(str(out.dtype)))
+    return seen
+
+
 def _save_init(trainer, out: Path) -> None:
     from safetensors.torch import save_file
 
@@ -263,6 +276,7 @@ def worker(spec_path: str) -> int:
         res["quantized"] = type(base).__name__ if base is not None else None
         res["dtype"] = str(trainer.dtype)  # the compute dtype the trainer chose
         res["param_dtypes"] = sorted({str(p.dtype) for p in trainer.module.parameters()})
+        linear_dtypes = _watch_linears(trainer.module.blocks[0])
         if item.get("nan") is not None:
             _poison(trainer, item["nan"])
         record = _record(trainer, out) if item.get("record") else None
@@ -280,6 +294,7 @@ def worker(spec_path: str) -> int:
         opt = trainer.engine.optimizer  # DeepSpeed's ZeRO optimizer: what it actually offloads
         res.update(offload_optimizer=bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
                    offload_param=bool(getattr(opt, "offload_param", False)))
+        res["linear_output_dtypes"] = sorted(linear_dtypes)
         res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0,
                    image_encode_calls=image_calls.n - image0, step=trainer.step,
                    scheduler_steps=trainer.scheduler.last_epoch, engine_global_steps=trainer.engine.global_steps,
