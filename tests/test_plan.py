@@ -93,7 +93,8 @@ def test_plan_table_names_buckets_and_a_bucket_that_fits_nowhere(job, capsys):
 
 
 def test_plan_bad_input_names_the_option(job, capsys, tmp_path):
-    for argv, option in ((["--gpu-mem", "lots"], "--gpu-mem"), (["--host-mem", "-1"], "--host-mem")):
+    for argv, option in ((["--gpu-mem", "lots"], "--gpu-mem"), (["--host-mem", "-1"], "--host-mem"),
+                         (["--gpu-mem", "inf"], "--gpu-mem")):
         with pytest.raises(SystemExit):
             _args(str(job), *argv)
         assert option in capsys.readouterr().err
@@ -101,6 +102,8 @@ def test_plan_bad_input_names_the_option(job, capsys, tmp_path):
     assert code == 2 and "--gpus must be >= 1" in out
     code, out = run_plan(capsys, str(job), "--gpus", "3", "--gpu-mem", "80", "--nodes", "2")
     assert code == 2 and "--nodes 2" in out
+    code, out = run_plan(capsys, str(job), "--gpus", "1", "--gpu-mem", "80", "--bucket", "8x32x32")
+    assert code == 2 and "--bucket 8x32x32" in out and "4k+1 frames" in out
     bad_sp = helpers.write_job(tmp_path, "bad_sp", helpers.train_process(job.parent, deepspeed={"sequence_parallel_size": 3}))
     code, out = run_plan(capsys, str(bad_sp), "--gpus", "6", "--gpu-mem", "80")
     assert code == 2 and "sequence_parallel_size" in out and "heads" in out
@@ -119,5 +122,9 @@ def test_train_sh_check_refuses_warns_or_stays_off(job, tmp_path, capsys):
         assert validate.main(["--plan", "--", str(path), "--num_gpus", "64"]) == 0
         err = capsys.readouterr().err
         assert (expected in err) if expected else "memory plan:" not in err
+    for bad in ("0", "two"):  # train.sh's launcher arguments are checked as the plan reads them
+        assert validate.main(["--plan", "--", str(job), "--num_gpus", bad]) == 2
+        err = capsys.readouterr().err
+        assert "deepspeed.memory_check" in err and f"--num_gpus takes a whole number >= 1, got '{bad}'" in err
     assert validate.main([str(job), "--plan"]) == 0  # what train.sh starts here (2 CPU ranks or the GPUs) fits
     assert "memory plan:" in capsys.readouterr().err

@@ -27,7 +27,7 @@ def positive_gib(option: str):
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{option} takes a number of GiB (e.g. 80), got {text!r}") from None
-        if not value > 0:
+        if not 0 < value < float("inf"):
             raise argparse.ArgumentTypeError(f"{option} must be a positive number of GiB, got {text!r}")
         return value
     return parse

@@ -609,7 +609,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     from video_dit.train.engine import ds_config
 
     if machine.ranks < 1:
-        raise PlanError(f"--gpus must be >= 1 (got {machine.ranks}); for CPU ranks give --gpus 0 --cpu-ranks N")
+        raise PlanError(f"the machine has {machine.ranks} ranks; --gpus, --cpu-ranks or --num_gpus must be >= 1")
     if machine.nodes < 1 or machine.ranks % machine.nodes:
         raise PlanError(f"--nodes {machine.nodes} must be >= 1 and divide the {machine.ranks} ranks")
     p = job.process
@@ -637,6 +637,11 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
         return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
                        per_token=per_token, sizes=sizes, lora_img_emb=img_emb)
 
+    for f, h, w in buckets or ():
+        t, d = preset.vae.temporal_compression, preset.divisibility
+        if (f - 1) % t or h % d or w % d:
+            raise PlanError(f"--bucket {f}x{h}x{w}: {preset.name} takes {t}k+1 frames and sides that are multiples "
+                            f"of {d} pixels (e.g. {(f - 1) // t * t + 1}x{max(d, h // d * d)}x{max(d, w // d * d)})")
     listed = ([(b, 0, "--bucket") for b in buckets] if buckets else job_buckets(job, preset, missing))
     rows = []
     for bucket, items, source in listed:
@@ -767,22 +772,34 @@ def launcher_machine(launcher_args: list[str]) -> Machine:
             if a.startswith(flag + "="):
                 return a.split("=", 1)[1]
         return None
+    def count(text: str, what: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise PlanError(f"{what} takes a whole number >= 1, got {text!r}")
+        return n
     hostfile = value("--hostfile")
     if hostfile is not None:
         from pathlib import Path
 
+        try:
+            text = Path(hostfile).read_text()
+        except OSError as exc:
+            raise PlanError(f"--hostfile {hostfile}: cannot be read ({exc.strerror})") from exc
         slots = []
-        for line in Path(hostfile).read_text().splitlines():
+        for line in text.splitlines():
             line = line.split("#", 1)[0].strip()
             if line:
-                found = [int(t.split("=", 1)[1]) for t in line.split() if t.startswith("slots=")]
-                slots.append(found[0] if found else 1)
+                found = [t.split("=", 1)[1] for t in line.split() if t.startswith("slots=")]
+                slots.append(count(found[0], f"--hostfile {hostfile}: slots=") if found else 1)
         if not slots:
             raise PlanError(f"--hostfile {hostfile}: no `host slots=N` lines")
         return replace(here, ranks=sum(slots), nodes=len(slots))
     num = value("--num_gpus")
     if num is not None:
-        return replace(here, ranks=int(num))
+        return replace(here, ranks=count(num, "--num_gpus"))
     return here
 
 
