@@ -74,7 +74,12 @@ def write_job(work: Path, weights: Path, vae: Path, te: Path) -> Path:
                   "gradient_checkpointing": True, "disable_sampling": True, "skip_first_sample": True},
         "model": {"arch": "video_dit", "name_or_path": str(weights.parent), "preset": PRESET,
                   "vae_path": str(vae), "text_encoder_path": str(te)},
-        "deepspeed": {"zero_stage": 3, "sequence_parallel_size": 2, "timeout_s": 1800},
+        # DeepSpeed's default stage3_max_reuse_distance (1e9 elements) may keep up to 3.7 GiB of the
+        # gathered fp32 model per rank from the second step on (the planner's bound); re-gathering
+        # instead keeps a rank near 1/N of the model
+        "deepspeed": {"zero_stage": 3, "sequence_parallel_size": 2, "timeout_s": 1800,
+                      "config": {"zero_optimization": {"stage3_max_reuse_distance": int(5e7),
+                                                       "stage3_max_live_parameters": int(1e8)}}},
     }
     path = work / "rehearsal.yaml"
     path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": "rehearsal", "process": [process]}}))
