@@ -216,3 +216,55 @@ def test_expert_timesteps_are_the_shifted_distribution_conditioned_on_its_side(w
     full = _shifted(4 * steps, preset.train_shift, rng)
     assert _ks(t, full) < _critical(steps, len(full))
     assert experts == [schedule.expert_of(s) for s in range(steps)]  # a pure function of (seed, step)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_plan_holds_an_engine_per_trained_expert_and_one_experts_activations(world, zero):
+    """`video-dit plan` of a two-expert job: each trained expert's parameters, optimizer state and ZeRO
+    buffers on every rank, the activations of one (one expert trains per step); the frozen expert a
+    one-expert job previews with costs its base partitions (ZeRO-3) or host memory (ZeRO-2). The
+    parameter and optimizer bytes are counted here from the tiny-a14b DiT built with its LoRA."""
+    from video_dit.lora import add_lora
+    from video_dit.models.dit import VideoDiT
+    from video_dit.train.config import parse_job
+    from video_dit.train.engine import ds_config
+    from video_dit.train.plan import job_experts, predict, setting_of
+
+    def plan(kwargs: dict, samples: bool = False):
+        process = helpers.train_process(world, base="a14b", zero=zero, model={"preset": "tiny-a14b",
+                                                                              "model_kwargs": kwargs},
+                                        samples=[helpers.holdout_sample(world / "data")] if samples else None)
+        job = parse_job({"job": "extension", "config": {"name": "j", "process": [process]}}, "t")
+        experts = job_experts(job)
+        return experts, predict(get_preset("tiny-a14b").dit, (3, 4, 4), setting_of(job), world=2, lora_rank=4,
+                                dtype=torch.float32, ds=ds_config(job, 2, cuda=False), cuda=False,
+                                experts=experts)
+
+    dit = VideoDiT(get_preset("tiny-a14b").dit)
+    base = [p.numel() for p in dit.parameters()]
+    add_lora(dit, 4, 4.0)
+    lora = sum(p.numel() for n, p in dit.named_parameters() if ".lora_" in n)
+    both, p2 = plan({})
+    one, p1 = plan({"train_low_noise": False})
+    previewed, p1f = plan({"train_low_noise": False}, samples=True)
+    assert both.trained == (HIGH, LOW) and one.trained == (HIGH,) and not one.frozen
+    assert previewed.frozen == 1 and "the other frozen for previews" in previewed.describe()
+    n = 2  # ranks; fp32 on CPU ranks
+    # Adam's two moments of the LoRA partition, + its fp32 master under ZeRO-2 (ZeRO-3's float32
+    # partition is its own master: engine.alias_fp32_partitions)
+    master = (3 if zero == 2 else 2) * 4 * -(-lora // n)
+    if zero == 2:
+        params = 4 * (sum(base) + lora)  # every rank holds the whole expert
+        frozen_device, frozen_host = 0, 4 * sum(base)  # the frozen expert waits on the host
+    else:  # partitions, and the tensors under the job's stage3_param_persistence_threshold (1e4) whole
+        def z3(numels):
+            return 4 * sum(-(-k // n) + (k if k < 10_000 else 0) for k in numels)
+
+        params = z3(base + [p.numel() for nm, p in dit.named_parameters() if ".lora_" in nm])
+        frozen_device, frozen_host = z3(base), 0
+    assert p1.resident.parameters == params and p2.resident.parameters == 2 * params
+    assert p1.resident.optimizer == master and p2.resident.optimizer == 2 * master
+    assert p2.activations.peak == p1.activations.peak  # one expert's step
+    assert p1f.resident.parameters - p1.resident.parameters == frozen_device
+    assert p1f.resident.host - p1.resident.host == frozen_host
+

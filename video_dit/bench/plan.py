@@ -4,6 +4,7 @@ fine-tuning, sequence parallelism 1 and 2, block checkpointing on and off, two w
 counts.
 
     video-dit bench --suite plan            # every configuration (CPU, fp32, ~15 min on 2 cores)
+    python -m video_dit.bench.plan --experts  # two trained experts: two engines in one process, alternating
     python -m video_dit.bench.plan --only 0,3 --json plan.json
 
 Each configuration runs in 2 fresh rank processes (gloo, 1 thread each) through the trainer's own
@@ -46,6 +47,11 @@ CONFIGS = [
 ]
 SMALL = [dict(zero=z, lora=lora, sp=sp, ckpt=ck, dim=64, tokens=256)
          for z, lora, sp, ck in ((0, None, 1, False), (3, 4, 2, True))]
+# two trained experts (Wan 2.2 A14B's training, train/experts.py): two engines in one process, the steps
+# alternating between them (`--experts`)
+EXPERT_CONFIGS = [dict(zero=2, lora=8, sp=1, ckpt=False, dim=512, tokens=1024, experts=2),
+                  dict(zero=3, lora=8, sp=1, ckpt=True, dim=512, tokens=1024, experts=2),
+                  dict(zero=3, lora=None, sp=1, ckpt=False, dim=256, tokens=1024, experts=2)]
 
 
 def dit_config(c: dict):
@@ -74,7 +80,8 @@ def job_of(c: dict, data_dir: str, out_dir: str):
 
 def name_of(c: dict) -> str:
     return (f"ZeRO-{c['zero']} {'LoRA r' + str(c['lora']) if c['lora'] else 'full'} SP{c['sp']} "
-            f"{'ckpt' if c['ckpt'] else 'no-ckpt'} D{c['dim']} L{c['tokens']}")
+            f"{'ckpt' if c['ckpt'] else 'no-ckpt'} D{c['dim']} L{c['tokens']}"
+            + (f" x{c['experts']} experts" if c.get("experts", 1) > 1 else ""))
 
 
 # ---------------------------------------------------------------- one rank
@@ -88,32 +95,37 @@ def _rank_main(spec: dict) -> int:
     from video_dit.parallel.sequence import init_sequence_parallel
     from video_dit.train import engine as eng
     from video_dit.train.build import build_dit, make_trainable
-    from video_dit.train.plan import Setting, predict
+    from video_dit.train.plan import Experts, Setting, predict
 
     torch.set_num_threads(1)
     deepspeed.init_distributed("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     c = spec["config"]
+    n_experts = c.get("experts", 1)
     job = job_of(c, spec["data_dir"], spec["out_dir"])
     cfg, grid, dtype = dit_config(c), TOKENS[c["tokens"]], torch.float32
     ds = eng.ds_config(job, world)
+    experts = Experts(("high_noise", "low_noise")[:n_experts]) if n_experts > 1 else None
     pred = predict(cfg, grid, Setting(c["zero"], sp=c["sp"], checkpointing=c["ckpt"]), world=world,
-                   lora_rank=c["lora"], dtype=dtype, ds=ds, cuda=False)
+                   lora_rank=c["lora"], dtype=dtype, ds=ds, cuda=False, experts=experts)
 
     tracker = CPUAllocationTracker()
     tracker.__enter__()
     sp_info = init_sequence_parallel(c["sp"])
-    dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=eng.build_dtype(dtype, lora=bool(c["lora"])),
-                    config=cfg, ds_config=ds if c["zero"] == 3 else None)
-    make_trainable(dit, job.process, dtype, sp_info).train()
-    engine, _, _ = eng.initialize(dit, job, world)
+    engines = []
+    for i in range(n_experts):  # one engine per expert, built one after the other (as the trainer does)
+        dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=eng.build_dtype(dtype, lora=bool(c["lora"])),
+                        config=cfg, seed=i, ds_config=ds if c["zero"] == 3 else None)
+        make_trainable(dit, job.process, dtype, sp_info).train()
+        engines.append(eng.initialize(dit, job, world)[0])
     g = torch.Generator().manual_seed(sp_info.dp_rank)  # a sequence group shares its batch
     x = torch.randn(1, cfg.in_dim, *grid, generator=g)
     target = torch.randn(1, cfg.out_dim, *grid, generator=g)
     t = torch.rand(1, generator=g) * 1000
     context = [torch.randn(cfg.text_len, cfg.text_dim, generator=g)]
     steps = []
-    for _ in range(1 + spec["repeats"]):
+    for i in range(n_experts * (1 + spec["repeats"])):  # the experts alternate, step by step
+        engine = engines[i % n_experts]
         base = tracker.live
         tracker.peak = base
         t0 = time.perf_counter()
@@ -124,7 +136,7 @@ def _rank_main(spec: dict) -> int:
         del loss
         steps.append({"base": base, "peak": tracker.peak, "saved": saved, "s": time.perf_counter() - t0})
     tracker.__exit__(None, None, None)
-    measured = steps[1:]
+    measured = steps[n_experts:]  # after every engine's first step (Adam's moments exist from then on)
     out = {"rank": rank, "steps": steps, "measured_peak": max(s["peak"] for s in measured),
            "measured_activations": max(s["peak"] - s["base"] for s in measured),  # the step's rise above what lives
 
@@ -159,13 +171,13 @@ def run_config(c: dict, repeats: int, workdir: Path) -> dict:
 
 
 def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int | None = None,
-        only: list[int] | None = None) -> dict:
+        only: list[int] | None = None, experts: bool = False) -> dict:
     if device != "cpu":
         raise ValueError("the plan suite measures CPU ranks (a CUDA comparison with max_memory_allocated "
                          "is not implemented: no GPU was lent to this project)")
     from video_dit.data.demo import make_demo_data
 
-    configs = SMALL if small else CONFIGS
+    configs = EXPERT_CONFIGS if experts else SMALL if small else CONFIGS
     picked = [configs[i] for i in only] if only else configs
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_plan_") as tmp:
@@ -199,6 +211,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--only", default=None, help="comma-separated configuration indices")
+    ap.add_argument("--experts", action="store_true", help="the two-expert configurations (Wan 2.2 A14B training)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--_rank", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -206,7 +219,8 @@ def main(argv=None) -> int:
         return _rank_main(json.loads(Path(args._rank).read_text()))
     from video_dit.bench.common import write_json
 
-    res = run(repeats=args.repeats, small=args.small, only=[int(i) for i in args.only.split(",")] if args.only else None)
+    res = run(repeats=args.repeats, small=args.small, only=[int(i) for i in args.only.split(",")] if args.only else None,
+              experts=args.experts)
     print_table(res)
     write_json(res, args.json)
     return 0

@@ -95,6 +95,11 @@ The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor A
 tensor the size of the largest tensor it updates (the flat fp32 partition under ZeRO-1/2/3); on CUDA
 the fused AdamW allocates none.
 
+Two-expert jobs (Wan 2.2 A14B, `Experts`): the DeepSpeed state above once per trained expert (each
+its own engine), the activations and transient buffers of one (one expert trains per step), plus a
+frozen expert's base (ZeRO-3 partitions, or host memory under ZeRO 0-2) when a one-expert job
+previews or validates with both.
+
 Host RAM (per node): each rank's process (`PROCESS_BYTES`, the interpreter with torch and
 DeepSpeed imported, measured by `video-dit bench --suite rehearsal`), the frozen encoders while the
 caches are built (umT5, the VAE and for Wan 2.1 I2V / FLF2V CLIP on each rank: they are loaded on
@@ -180,6 +185,8 @@ class ModelSizes:
     largest_module: int            # the most elements one module owns (ZeRO-3 gathers per module)
     largest_tensor: int
     ffn_weight: int                # ffn.2's weight (D x F): its new gradient is part of the peak
+    frozen_sized: tuple[tuple[int, int], ...] = ()  # (numel, bytes per element) of the DiT's own
+    # parameters stored frozen (no master weights): what a frozen expert holds
 
 
 def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False) -> ModelSizes:
@@ -197,11 +204,14 @@ def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_
     # the float32 islands float32
     dtypes = param_dtypes(model, dtype, masters=True)
     base = lora = base_bytes = train_bytes = 0
-    numels, itemsizes, per_module = [], [], {}
+    frozen_dtypes = param_dtypes(model, dtype)  # a frozen expert's storage: the bulk in `dtype`, islands float32
+    numels, itemsizes, frozen_sized, per_module = [], [], [], {}
     for name, p in model.named_parameters():
         n = p.numel()
         numels.append(n)
         itemsizes.append(dtypes[name].itemsize)
+        if ".lora_" not in name:
+            frozen_sized.append((n, frozen_dtypes[name].itemsize))
         owner = name.rsplit(".", 1)[0]
         per_module[owner] = per_module.get(owner, 0) + n
         nbytes = n * dtypes[name].itemsize
@@ -214,8 +224,9 @@ def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_
             if not lora_rank:
                 train_bytes += nbytes
     return ModelSizes(base=base, lora=lora, trainable=lora if lora_rank else base, base_bytes=base_bytes,
-                      trainable_bytes=train_bytes, numels=tuple(numels), itemsizes=tuple(itemsizes), largest_module=max(per_module.values()),
-                      largest_tensor=max(numels), ffn_weight=dit_config.dim * dit_config.ffn_dim)
+                      trainable_bytes=train_bytes, numels=tuple(numels), itemsizes=tuple(itemsizes),
+                      largest_module=max(per_module.values()), largest_tensor=max(numels),
+                      ffn_weight=dit_config.dim * dit_config.ffn_dim, frozen_sized=tuple(frozen_sized))
 
 
 # ---------------------------------------------------------------- activations (derived, see docstring)
@@ -320,10 +331,83 @@ class RankMemory:
 
 
 def state_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
-                 cuda: bool) -> tuple[RankMemory, RankMemory]:
+                 cuda: bool, experts: Experts | None = None) -> tuple[RankMemory, RankMemory]:
     """(resident, transient) DeepSpeed memory of one rank (see the module docstring). `resident`
     lives through the whole step after the first; `transient` is what exists only during backward
-    (`buffers`, ZeRO-1/2 `gradients`) or at the optimizer step (`optimizer`: its temporaries)."""
+    (`buffers`, ZeRO-1/2 `gradients`) or at the optimizer step (`optimizer`: its temporaries).
+    `experts`: the DiTs of a two-expert job (`Experts`; None: one model)."""
+    res, trans = _engine_memory(sizes, setting, world, ds, dtype, cuda)
+    if experts is None:
+        return res, trans
+    return experts.resident(res, sizes, setting, world, ds, dtype), trans
+
+
+@dataclass(frozen=True)
+class Experts:
+    """The DiTs of a two-expert job (Wan 2.2 A14B, train/experts.py), as the trainer holds them: one
+    DeepSpeed engine per trained expert, each with its own parameters, optimizer state and ZeRO
+    buffers, all resident through every step (the inactive expert's too: it only stops computing);
+    one expert trains per step, so the activations and the transient buffers are one expert's. A
+    one-expert job with previews or validation also loads the other expert frozen
+    (`Trainer._build_preview_experts`): under ZeRO-3 partitioned (its base partitions on the device),
+    under ZeRO 0-2 on the host (rank 0's alone for previews; every rank's with validation: counted on
+    every rank, an upper bound)."""
+
+    trained: tuple[str, ...]
+    frozen: int = 0
+
+    def resident(self, one: RankMemory, sizes: ModelSizes, setting: Setting, world: int, ds: dict,
+                 dtype: torch.dtype) -> RankMemory:
+        n = len(self.trained)
+        out = RankMemory(parameters=one.parameters * n, gradients=one.gradients * n, optimizer=one.optimizer * n,
+                         buffers=one.buffers * n, activations=one.activations, host=one.host * n)
+        if self.frozen:
+            if setting.zero_stage == 3:
+                persist = zero_config(ds).param_persistence_threshold
+                frozen = sum(-(-k // world) * b + (k * b if k < persist else 0) for k, b in sizes.frozen_sized)
+                if setting.offload_param:
+                    out.host += frozen * self.frozen
+                else:
+                    out.parameters += frozen * self.frozen
+            else:
+                out.host += sum(k * b for k, b in sizes.frozen_sized) * self.frozen
+        return out
+
+    def describe(self) -> str:
+        names = " and ".join(e.replace("_", "-") for e in self.trained)
+        frozen = ", the other frozen for previews / validation" if self.frozen else ""
+        return (f"two experts: {names} trained ({len(self.trained)} DeepSpeed engine(s): parameters, optimizer "
+                f"state and ZeRO buffers per expert; activations of one){frozen}")
+
+
+def job_experts(job) -> Experts | None:
+    """The `Experts` of a job (None for a one-model preset), from its keys and, when the model folder is
+    on this machine, from what it holds; a folder that is not here is taken to hold both experts."""
+    from pathlib import Path
+
+    from video_dit.models.presets import get_preset
+    from video_dit.train.experts import requested
+
+    p = job.process
+    preset = get_preset(p.model.preset)
+    if not preset.two_experts:
+        return None
+    trained = requested(p.model, preset)
+    frozen = 0
+    if len(trained) == 1:
+        from video_dit.models.loading import expert_sources
+
+        src = p.model.name_or_path
+        both = src.startswith("preset:") or not Path(src).exists() or expert_sources(src) is not None
+        uses = (p.sample is not None and bool(p.sample.samples) and not p.train.disable_sampling) or \
+            p.train.validation_config is not None
+        frozen = int(both and uses)
+    return Experts(trained, frozen)
+
+
+def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
+                   cuda: bool) -> tuple[RankMemory, RankMemory]:
+    """`state_memory` of one DeepSpeed engine."""
     z = zero_config(ds)
     N, stage = world, setting.zero_stage
     Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
@@ -398,12 +482,13 @@ def tokens_of(cfg, grid) -> int:
 
 def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
             dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
-            sizes: ModelSizes | None = None, lora_img_emb: bool = False) -> Prediction:
-    """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`."""
+            sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None) -> Prediction:
+    """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`; `experts`:
+    the DiTs of a two-expert job (None: one model)."""
     sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb)
     act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
                            lora_img_emb=lora_img_emb)
-    res, trans = state_memory(sizes, setting, world, ds, dtype, cuda)
+    res, trans = state_memory(sizes, setting, world, ds, dtype, cuda, experts)
     if setting.zero_stage == 0:
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
         during = act.peak
@@ -534,6 +619,7 @@ class JobPlan:
     sizes: ModelSizes
     buckets: list[BucketPlan]
     host: HostPlan
+    experts: Experts | None = None
 
     @property
     def fits(self) -> bool:
@@ -641,10 +727,11 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
     capacity = capacity_of(machine)
     setting = setting_of(job)
+    experts = job_experts(job)
 
     def pred(grid, s):
         return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
-                       per_token=per_token, sizes=sizes, lora_img_emb=img_emb)
+                       per_token=per_token, sizes=sizes, lora_img_emb=img_emb, experts=experts)
 
     for f, h, w in buckets or ():
         t, d = preset.vae.temporal_compression, preset.divisibility
@@ -678,13 +765,15 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
                    f" GiB) > {capacity / GiB:.1f} GiB")
         rows.append(BucketPlan(bucket, items, source, now.tokens, now, now.device_bytes <= capacity, recommended,
                                best_b, why))
-    host = host_memory(job, preset, machine, sizes, setting, dtype, cuda, rows)
-    return JobPlan(job.name, preset.name, machine, capacity, dtype, setting, lora, sizes, rows, host)
+    host = host_memory(job, preset, machine, sizes, setting, dtype, cuda, rows, experts)
+    return JobPlan(job.name, preset.name, machine, capacity, dtype, setting, lora, sizes, rows, host, experts)
 
 
 def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setting, dtype, cuda: bool,
-                rows: list[BucketPlan]) -> HostPlan:
-    """Host RAM per node at start-up and during training (see the module docstring)."""
+                rows: list[BucketPlan], experts: Experts | None = None) -> HostPlan:
+    """Host RAM per node at start-up and during training (see the module docstring; the DiTs of a
+    two-expert job are built one after the other, so under ZeRO-3 or on a GPU the set-up peak is one
+    expert's, on CPU ranks under ZeRO 0-2 the experts built before stay)."""
     from video_dit.models.loading import module_groups
 
     enc = encoder_bytes(job, preset, dtype)
@@ -698,7 +787,7 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     if setting.zero_stage == 3:
         dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)
     else:
-        dit_setup = group if cuda else sizes.base_bytes  # read per group to the GPU; on CPU it stays
+        dit_setup = group if cuda else sizes.base_bytes * (len(experts.trained) if experts else 1)  # on CPU it stays
     # the encoders come to the host first (transformers / our loaders), then go to the device; the
     # text and image encoders are freed after the caches, the VAE stays (previews)
     encoders = enc["text_encoder"] + enc["vae"] + enc["image_encoder"]
@@ -720,6 +809,7 @@ def format_plan(plan: JobPlan) -> str:
     lines = [f"memory plan: {plan.job_name} ({plan.preset}, {kind}, {str(plan.dtype).replace('torch.', '')}) on {where}",
              f"  DiT {s.base / 1e6:,.1f} M parameters, {s.trainable / 1e6:,.1f} M trainable; per rank up to "
              f"{plan.capacity / GiB:.1f} GiB; as configured: {plan.setting.describe()}",
+             *([f"  {plan.experts.describe()}"] if plan.experts else []),
              f"  {'bucket FxHxW':>14} {'tokens':>7} {'params':>7} {'grads':>6} {'optim':>6} {'buffers':>7} "
              f"{'activ.':>7} {'total':>7}  fits  settings that fit (smallest SP first), largest micro-batch"]
     for b in plan.buckets:
@@ -747,6 +837,8 @@ def plan_summary(plan: JobPlan) -> dict:
             "machine": {"ranks": plan.machine.ranks, "nodes": plan.machine.nodes, "device": plan.machine.device,
                         "gpu_mem_gib": (plan.machine.gpu_mem or 0) / GiB, "host_mem_gib": (plan.machine.host_mem or 0) / GiB},
             "parameters": plan.sizes.base, "trainable": plan.sizes.trainable, "fits": plan.fits,
+            "experts": None if plan.experts is None else {"trained": list(plan.experts.trained),
+                                                          "frozen": plan.experts.frozen},
             "host_startup_gib": plan.host.startup / GiB, "host_training_gib": plan.host.training / GiB,
             "buckets": [{"bucket": list(b.bucket), "tokens": b.tokens, "items": b.items, "source": b.source,
                          "fits": b.fits, "as_configured": pred(b.as_configured), "recommended": pred(b.recommended),
