@@ -161,6 +161,17 @@ def write_job(root: Path, name: str, process: dict | None = None, **kw) -> Path:
     return path
 
 
+def validate(root: Path, job: dict, capsys) -> tuple[int, str]:
+    """`video_dit.train.validate` (the checks before any rank starts) on `job`, written to root/job.yaml:
+    (exit code, what it printed to stderr)."""
+    from video_dit.train.validate import main
+
+    path = Path(root) / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    rc = main([str(path)])
+    return rc, capsys.readouterr().err
+
+
 def metrics(out_dir: Path) -> list[dict]:
     from video_dit.train.metrics import read_metrics
 

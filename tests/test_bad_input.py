@@ -60,15 +60,6 @@ def _set(job: dict, path: str, value) -> dict:
     return job
 
 
-def _validate(tmp_path, job, capsys) -> tuple[int, str]:
-    from video_dit.train.validate import main
-
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    rc = main([str(path)])
-    return rc, capsys.readouterr().err
-
-
 def _blocker(tmp_path) -> str:
     (tmp_path / "a_file").write_text("not a folder")
     return str(tmp_path / "a_file" / "out")
@@ -94,14 +85,14 @@ def _blocker(tmp_path) -> str:
     ("train.ema_config.ema_decay", -0.1, "must be in [0, 1)"),
 ])
 def test_bad_config_exits_2_naming_the_key_before_any_rank(good_job, tmp_path, capsys, key, value, accepted):
-    assert _validate(tmp_path, good_job, capsys)[0] == 0
+    assert helpers.validate(tmp_path, good_job, capsys)[0] == 0
     if value == "EMPTY":
         value = str(tmp_path / "empty")
         Path(value).mkdir()
         (Path(value) / "notes.txt").write_text("captions without media")
     if value == "BLOCKED":
         value = _blocker(tmp_path)
-    rc, err = _validate(tmp_path, _set(good_job, key, value), capsys)
+    rc, err = helpers.validate(tmp_path, _set(good_job, key, value), capsys)
     assert rc == 2, err
     line = err.strip().splitlines()[-1]
     assert f"{PROCESS}.{key}" in line and accepted in line, line
@@ -333,13 +324,13 @@ def _wrong_width_clip(tmp_path) -> str:
     ({"sample.samples[0].ctrl_img_2": "GOOD"}, "sample.samples[0].ctrl_img_2", "takes one image"),
 ])
 def test_wan21_image_to_video_bad_input_exits_2(clip_job, tmp_path, capsys, changes, key, accepted):
-    assert _validate(tmp_path, clip_job, capsys)[0] == 0
+    assert helpers.validate(tmp_path, clip_job, capsys)[0] == 0
     job = clip_job
     for k, v in changes.items():
         v = {"CORRUPT": _corrupt_png(tmp_path), "WRONG_WIDTH": _wrong_width_clip(tmp_path),
              "GOOD": str(tmp_path / "data/a.png")}.get(v, v) if isinstance(v, str) else v
         job = _set(job, k, v)
-    rc, err = _validate(tmp_path, job, capsys)
+    rc, err = helpers.validate(tmp_path, job, capsys)
     assert rc == 2, err
     line = err.strip().splitlines()[-1]
     assert f"{PROCESS}.{key}" in line and accepted in line, line

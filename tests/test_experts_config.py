@@ -11,7 +11,6 @@ import helpers
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from video_dit.diffusion.experts import HIGH, LOW, expert_at, expert_range
 from video_dit.models.presets import get_preset
@@ -32,15 +31,6 @@ def world(tmp_path_factory):
         (root / "a14b" / sub).mkdir(parents=True)
         helpers.write_base(root / "a14b" / sub / "diffusion_pytorch_model.safetensors", seed=seed)
     return root
-
-
-def _validate(tmp_path, job, capsys) -> tuple[int, str]:
-    from video_dit.train.validate import main
-
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(job))
-    rc = main([str(path)])
-    return rc, capsys.readouterr().err
 
 
 def test_a14b_presets_carry_the_release_numbers():
@@ -110,7 +100,7 @@ def test_bad_expert_input_exits_2_naming_the_key(world, capsys, model, train, ke
     model = {k: v.format(base=world / "base.safetensors", half=world / "half") if isinstance(v, str) else v
              for k, v in model.items()}
     job = _job(world, {"name_or_path": str(world / "a14b"), **model}, train)
-    rc, err = _validate(world, job, capsys)
+    rc, err = helpers.validate(world, job, capsys)
     assert rc == 2, err
     assert f"{PROCESS}.{key}:" in err and message in err, err
 
@@ -121,7 +111,7 @@ def test_good_expert_jobs_validate(world, capsys):
     for model in ({}, {"model_kwargs": {"train_low_noise": False}},
                   {"name_or_path": str(world / "base.safetensors"), "model_kwargs": {"train_high_noise": False}}):
         job = _job(world, {"name_or_path": str(world / "a14b"), **model}, {"switch_boundary_every": 10})
-        rc, err = _validate(world, job, capsys)
+        rc, err = helpers.validate(world, job, capsys)
         assert rc == 0, err
 
 
