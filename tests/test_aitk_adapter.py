@@ -205,6 +205,11 @@ def test_predict_noise_keeps_the_model_dtypes_ai_toolkit_would_cast(aitk):
     model = build(aitk, train_dtype="bf16")
     model.load_model()
     before = {n: p.dtype for n, p in model.model.named_parameters()}
+    assert before["time_projection.1.weight"] == torch.float32 and before["blocks.0.ffn.0.weight"] == torch.bfloat16
+    # ai-toolkit's trainer then casts the model whole (BaseSDTrainProcess after load_model, base_model
+    # after each preview): the float32 islands survive it
+    model.unet.to(model.device_torch, dtype=model.torch_dtype)
+    assert {n: p.dtype for n, p in model.model.named_parameters()} == before
     embeds = model.get_prompt_embeds(["a red square"])
     x = torch.randn(1, 16, 2, 2, 2, dtype=torch.bfloat16)
     with torch.no_grad():

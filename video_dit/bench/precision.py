@@ -11,7 +11,7 @@ LoRA (rank 16 on the blocks' attention and FFN Linears, lora_B non-zero so both 
   ours bf16  as the trainer stores a LoRA job (`cast_dit(model, bf16, masters=True)`): frozen bulk bf16,
              the float32 islands (time MLPs, modulation tables, norms, head) and the adapters float32,
              the forward under bf16 autocast with float32 islands and a float32 residual stream;
-  pure bf16  `model.to(torch.bfloat16)`, adapters included (DeepSpeed's bf16 mode casts every parameter),
+  pure bf16  `torch.nn.Module.to(model, torch.bfloat16)`, adapters included (DeepSpeed's bf16 mode casts every parameter),
              our forward otherwise unchanged (float32 adaLN arithmetic and residual stream);
   before     the pure cast with a bf16 residual stream (`x + y * gate` back in bf16, as diffusers does):
              what this project computed before the float32 islands;
@@ -173,7 +173,7 @@ def variant(name: str, ours, ref, device="cpu"):
     if name == "ours":
         return cast_dit(copy.deepcopy(ours).to(device), torch.bfloat16, masters=True), False, torch.bfloat16
     if name in ("pure", "before"):
-        return copy.deepcopy(ours).to(device, torch.bfloat16), False, torch.bfloat16
+        return torch.nn.Module.to(copy.deepcopy(ours), device, torch.bfloat16), False, torch.bfloat16  # every parameter
     if name == "diffusers":
         model = diffusers_as_loaded(copy.deepcopy(ref).to(device), torch.bfloat16)
         for k, p in _lora_of(model).items():
@@ -226,7 +226,7 @@ def cost(shape: dict, repeats: int, seed: int = 0, device="cpu") -> dict:
         if job == "full":
             base.requires_grad_(True)
         models = {"ours": cast_dit(copy.deepcopy(base), torch.bfloat16, masters=True),
-                  "pure": copy.deepcopy(base).to(torch.bfloat16)}
+                  "pure": torch.nn.Module.to(copy.deepcopy(base), torch.bfloat16)}
         models["before"] = models["pure"]
 
         def step(name):

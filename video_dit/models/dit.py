@@ -208,6 +208,20 @@ class VideoDiT(nn.Module):
         """The bulk weights' storage dtype (the float32 islands aside; see `cast_dit`)."""
         return self.patch_embedding.weight.dtype
 
+    def to(self, *args, **kwargs):
+        """`nn.Module.to`, except that a floating dtype casts as `cast_dit(self, dtype)` does: the
+        float32 islands stay float32 and the bulk computes in `dtype`. Why: code that owns the model
+        casts it whole (ai-toolkit's trainer calls `unet.to(device, dtype=train_dtype)` after
+        `load_model` and after each preview), which would make the islands bf16. Every parameter is
+        cast as a frozen one (the trainer's float32 masters come from `cast_dit(masters=True)`); the
+        pure cast is `nn.Module.to(model, dtype)`."""
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is None or not dtype.is_floating_point:
+            return super().to(*args, **kwargs)
+        if device is not None:
+            super().to(device, non_blocking=non_blocking)
+        return cast_dit(self, dtype)
+
     def precision(self, device_type: str):
         """The forward's context: a bf16 / fp16 DiT (`compute_dtype`, else its bulk weights' dtype)
         runs under torch autocast in that dtype, as Wan runs its model; its weight cache is off (each
@@ -388,8 +402,8 @@ def cast_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.
     """Cast a DiT for computing in `dtype`, in place: each parameter to `param_dtypes(model, dtype,
     masters)`, and `model.compute_dtype = dtype`, so its forward runs the bulk under `dtype` autocast
     and the float32 islands in float32. `cast_dit(m, torch.float32)` is a plain float32 model.
-    (`model.to(torch.bfloat16)` instead casts every parameter: the pure-bf16 baseline of
-    `video-dit bench --suite precision`.)"""
+    (`model.to(dtype)` does this too; `nn.Module.to(model, torch.bfloat16)` instead casts every
+    parameter: the pure-bf16 baseline of `video-dit bench --suite precision`.)"""
     dtypes = param_dtypes(model, dtype, masters)
     for name, p in model.named_parameters():
         if name in dtypes and p.dtype != dtypes[name]:
