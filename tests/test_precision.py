@@ -106,3 +106,54 @@ def test_precision_bench_small_ours_vs_diffusers_and_pure_bf16():
 def test_cast_dit_to_a_float_dtype_is_uniform(dtype):
     model = cast_dit(VideoDiT(CFG), dtype)
     assert {p.dtype for p in model.parameters()} == {dtype} and model.compute_dtype is None
+
+
+def test_whole_model_to_bf16_keeps_the_islands_as_ai_toolkit_calls_it():
+    """ai-toolkit's trainer casts the model it is given whole, `unet.to(device, dtype=train_dtype)`
+    (BaseSDTrainProcess after load_model; base_model after each preview): the islands survive it."""
+    torch.manual_seed(1)
+    fp32 = VideoDiT(CFG)
+    cast = cast_dit(VideoDiT(CFG), torch.float32)
+    cast.load_state_dict(fp32.state_dict())
+    cast.to("cpu", dtype=torch.bfloat16)
+    assert cast.compute_dtype == torch.bfloat16 and cast.dtype == torch.bfloat16
+    ref = fp32.state_dict()
+    for name, p in cast.named_parameters():
+        want = torch.float32 if wan_float32(name) else torch.bfloat16
+        assert p.dtype == want and torch.equal(p.detach(), ref[name].to(want)), name
+    assert cast.to(torch.bfloat16) is cast and cast.to("cpu").compute_dtype == torch.bfloat16
+    cast.to(dtype=torch.float32)
+    assert {p.dtype for p in cast.parameters()} == {torch.float32} and cast.compute_dtype is None
+    pure = torch.nn.Module.to(VideoDiT(CFG), torch.bfloat16)  # the precision bench's pure cast
+    assert {p.dtype for p in pure.parameters()} == {torch.bfloat16}
+    from video_dit.diffusion.experts import TwoExperts  # Wan 2.2 A14B in ai-toolkit: the same cast
+
+    pair = TwoExperts(VideoDiT(CFG), VideoDiT(CFG), 0.9).to("cpu", torch.bfloat16)
+    for name, p in pair.named_parameters():
+        want = torch.float32 if wan_float32(name.split(".", 1)[1]) else torch.bfloat16
+        assert p.dtype == want, name
+
+
+def test_full_export_keeps_the_islands_float32_and_loads_as_stored(tmp_path):
+    """A bf16 full export holds the islands in float32 (a trained time MLP is not rounded), and
+    `load_dit` with no dtype reads such a file as stored; other mixed files still need dtype=."""
+    from video_dit.models.loading import WeightsError, load_dit
+    from video_dit.train.export import _gathered_state
+
+    torch.manual_seed(2)
+    fp32 = VideoDiT(CFG)
+    ref = fp32.state_dict()
+    sd = dict(_gathered_state(fp32, 0, torch.bfloat16))
+    assert sd.keys() == ref.keys()
+    for name, t in sd.items():
+        want = torch.float32 if wan_float32(name) else torch.bfloat16
+        assert t.dtype == want and torch.equal(t, ref[name].to(want)), name
+    save_file(sd, str(tmp_path / "export.safetensors"))
+    loaded = load_dit(tmp_path / "export.safetensors", config=CFG)
+    assert loaded.dtype == torch.bfloat16
+    for name, p in loaded.named_parameters():
+        assert p.dtype == sd[name].dtype and torch.equal(p.detach(), sd[name]), name
+    bad = {**sd, "blocks.0.ffn.0.weight": sd["blocks.0.ffn.0.weight"].float()}  # not an island
+    save_file(bad, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(WeightsError, match="several dtypes.*pass dtype="):
+        load_dit(tmp_path / "bad.safetensors", config=CFG)

@@ -92,6 +92,13 @@ class TwoExperts(nn.Module):
     def expert(self, name: str) -> nn.Module:
         return self.high if name == HIGH else self.low
 
+    def to(self, *args, **kwargs):
+        """Each expert's own `to`: a DiT's casts to a dtype as `cast_dit` does (its float32 islands stay
+        float32; ai-toolkit's trainer calls `unet.to(device, dtype)` on the model it is given)."""
+        for module in (self.high, self.low):
+            module.to(*args, **kwargs)
+        return self
+
     def select(self, t: float) -> tuple[str, nn.Module]:
         """(name, module) of the expert for timestep `t`, on the compute device (an offloaded expert is
         moved there now, and the other offloaded one back to the CPU)."""

@@ -231,29 +231,41 @@ def module_groups(names) -> list[list[str]]:
     return list(groups.values())
 
 
-def stored_dtype(shapes: dict, source: str) -> torch.dtype:
+def stored_dtype(shapes: dict, source: str, float32_kept: bool = False) -> torch.dtype:
     """The one dtype of a weights file's tensors (`shapes`: name -> tensor or header); a file of
-    mixed dtypes is refused, naming them (the caller then needs an explicit dtype)."""
+    mixed dtypes is refused, naming them (the caller then needs an explicit dtype). `float32_kept`:
+    float32 beside one lower dtype is that dtype (a bf16 / fp16 DiT with its float32 islands, as our
+    full export writes it; the caller checks each tensor against its `param_dtypes`)."""
     dtypes = {v.dtype for v in shapes.values()}
-    if len(dtypes) > 1:
+    low = dtypes - {torch.float32}
+    if len(dtypes) > 1 and not (float32_kept and len(low) == 1):
         raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-    return dtypes.pop()
+    return low.pop() if len(dtypes) > 1 else dtypes.pop()
 
 
 def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None) -> nn.Module:
     """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
-    copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes.
+    copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes,
+    except one stored as `storage` would store it (a bf16 / fp16 DiT with its float32 islands, as
+    our full export writes it).
     `sd` is a dict of tensors or a `LazyWeights`, read one module group at a time.
     `storage(model, dtype) -> {name: dtype}`: per-parameter dtypes instead (the DiT's `param_dtypes`,
     which keeps its float32 islands float32: each tensor goes from the file to its dtype directly)."""
     lazy = sd if isinstance(sd, LazyWeights) else None
     shapes = lazy.meta() if lazy is not None else sd
+    mixed = False
     if dtype is None:
-        dtype, storage = stored_dtype(shapes, source), None
+        mixed = len({v.dtype for v in shapes.values()}) > 1
+        dtype = stored_dtype(shapes, source, float32_kept=storage is not None)
+        storage = storage if mixed else None
     with torch.device("meta"):
         model = cls(config)
     check_state_dict(model, shapes, source)
     per_name = storage(model, dtype) if storage is not None else {}
+    if mixed and any(v.dtype != per_name.get(k, dtype) for k, v in shapes.items()):
+        found = sorted({str(v.dtype) for v in shapes.values()})
+        raise WeightsError(f"{source}: tensors of several dtypes {found}, not those of a {dtype} model with "
+                           "float32 islands; pass dtype=")
     groups = module_groups(shapes) if lazy is not None else [list(sd)]
     for group in groups:
         tensors = lazy.read(group) if lazy is not None else {k: sd[k] for k in group}

@@ -42,22 +42,31 @@ def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.
 
 
 def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
-    """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a time."""
+    """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a
+    time, each at the dtype a DiT stored in `dtype` holds it (`param_dtypes`: a bf16 / fp16 file
+    keeps the float32 islands float32, so a trained time MLP or modulation table is not rounded)."""
+    from video_dit.models.dit import param_dtypes
+
+    dtypes = param_dtypes(module, dtype)
+
+    def out(key, t):
+        return t.detach().to("cpu", dtype=dtypes.get(key, dtype), copy=True)
+
     own = {n: t for n, t in module.named_parameters(recurse=False)}
     own.update({n: b for n, b in module.named_buffers(recurse=False)})
     with gathered(list(module.parameters(recurse=False)), zero_stage):
         for n, t in own.items():
-            yield n, t.detach().to("cpu", dtype=dtype, copy=True)
+            yield n, out(n, t)
     for name, child in module.named_children():
         if isinstance(child, torch.nn.ModuleList):
             for i, sub in enumerate(child):
                 with gathered(list(sub.parameters()), zero_stage):
                     for k, v in sub.state_dict().items():
-                        yield f"{name}.{i}.{k}", v.detach().to("cpu", dtype=dtype, copy=True)
+                        yield f"{name}.{i}.{k}", out(f"{name}.{i}.{k}", v)
         else:
             with gathered(list(child.parameters()), zero_stage):
                 for k, v in child.state_dict().items():
-                    yield f"{name}.{k}", v.detach().to("cpu", dtype=dtype, copy=True)
+                    yield f"{name}.{k}", out(f"{name}.{k}", v)
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,

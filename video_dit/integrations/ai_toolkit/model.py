@@ -697,7 +697,8 @@ class VideoDiTModel(BaseModel):
         return combined
 
     def save_model(self, output_path, meta, save_dtype):
-        """Full fine-tune: native DiT weights (`model.safetensors`) + `config.json`, read by `load_dit`,
+        """Full fine-tune: native DiT weights (`model.safetensors`, at `save_dtype` but for the float32
+        islands) + `config.json`, read by `load_dit`,
         and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
         `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads.
         Two experts: each in its Wan-layout subfolder (`high_noise_model/`, `low_noise_model/`)."""
@@ -705,6 +706,7 @@ class VideoDiTModel(BaseModel):
         from safetensors.torch import save_file
 
         from video_dit.diffusion.experts import EXPERTS, TwoExperts
+        from video_dit.models.dit import param_dtypes
         from video_dit.models.loading import EXPERT_FOLDERS
 
         model = getattr(self.model, "module", self.model)
@@ -713,7 +715,8 @@ class VideoDiTModel(BaseModel):
         os.makedirs(output_path, exist_ok=True)
         for folder, dit in parts:
             os.makedirs(folder, exist_ok=True)
-            sd = {k: v.detach().to("cpu", save_dtype).contiguous() for k, v in dit.state_dict().items()
+            dtypes = param_dtypes(dit, save_dtype)  # the float32 islands stay float32, as our trainer's export
+            sd = {k: v.detach().to("cpu", dtypes.get(k, save_dtype)).contiguous() for k, v in dit.state_dict().items()
                   if ".lora_" not in k}
             save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
             with open(os.path.join(folder, "config.json"), "w") as f:
