@@ -264,8 +264,8 @@ def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=N
     per_name = storage(model, dtype) if storage is not None else {}
     if mixed and any(v.dtype != per_name.get(k, dtype) for k, v in shapes.items()):
         found = sorted({str(v.dtype) for v in shapes.values()})
-        raise WeightsError(f"{source}: tensors of several dtypes {found}, not those of a {dtype} model with "
-                           "float32 islands; pass dtype=")
+        raise WeightsError(f"{source}: tensors of several dtypes {found}; pass dtype= (a {dtype} file may keep "
+                           "only a DiT's float32 islands in float32)")
     groups = module_groups(shapes) if lazy is not None else [list(sd)]
     for group in groups:
         tensors = lazy.read(group) if lazy is not None else {k: sd[k] for k in group}
