@@ -511,6 +511,7 @@ class TinyVAEStage:
     batch_size: int = 2
     frames: int = 5
     lr: float = 2e-3
+    sample_posterior: bool = True  # False: decode the posterior mean in training (a plain autoencoder)
 
 
 @dataclass

@@ -519,6 +519,13 @@ class Trainer:
         except ValueError as exc:  # prompts that are not demo captions
             text = f"demo check skipped: {exc}"
         self.log(text)
+        if self.validator is not None:
+            from video_dit.commands.plot import read_metrics
+
+            val = [(r["step"], r["val_loss"]) for r in read_metrics(self.metrics.path) if "val_loss" in r]
+            if val:
+                self.log(f"held-out validation loss: {val[0][1]:.4f} at step {val[0][0]} -> {val[-1][1]:.4f} at step "
+                         f"{val[-1][0]} (`video-dit plot {self.out_dir}` draws it beside the training loss)")
 
     def _expert_row(self) -> dict:
         """metrics.jsonl fields of a two-expert step: the expert trained and every rank's timesteps

@@ -55,7 +55,7 @@ def prepare(raw: dict, log=print) -> None:
 
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             train_tiny_vae(v.data, out, steps=v.steps, seed=v.seed, batch_size=v.batch_size, frames=v.frames,
-                           lr=v.lr)
+                           lr=v.lr, sample_posterior=v.sample_posterior)
 
 
 def check_paths(job) -> None:
