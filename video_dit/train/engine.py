@@ -22,6 +22,7 @@ import os
 import socket
 from contextlib import contextmanager, nullcontext
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,26 @@ def init_distributed(timeout_s: int) -> tuple[int, int]:
             torch.cuda.set_device(local_device())
         deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo",
                                    timeout=timedelta(seconds=timeout_s))
+        if not on_gpu():
+            unlink_cpu_allreduce_buffer()
     return dist.get_rank(), dist.get_world_size()
+
+
+def cpu_allreduce_buffer_path(rank: int) -> Path:
+    """The POSIX shared-memory segment DeepSpeed's CPU accelerator creates per rank for its shm
+    allreduce (name format of deepspeed/ops/csrc/cpu/comm/shm.cpp, shm_initialize: prefix, uid,
+    MASTER_ADDR, MASTER_PORT, rank)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def unlink_cpu_allreduce_buffer() -> None:
+    """DeepSpeed 0.19.8 never unlinks its CPU shm allreduce segments (shared_close is never
+    called): every 2-rank CPU launch left 2 x 66 MiB in /dev/shm (RAM) for good. Once every rank
+    has mapped every segment (shm_initialize returns only after it has; the barrier waits for all),
+    each rank unlinks its own name: the mappings stay valid and the memory goes with the processes."""
+    dist.barrier()
+    cpu_allreduce_buffer_path(dist.get_rank()).unlink(missing_ok=True)
 
 
 def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:
