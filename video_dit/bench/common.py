@@ -8,6 +8,7 @@ memory measurement on CPU and CUDA.
     cuda_peak(fn)                                                -> CUDA bytes above the start
     tensor_memory_split(groups)                                  -> bytes per category, each storage once
     diffusers_as_loaded(model, dtype)                            -> a diffusers model as from_pretrained casts it
+    dit_pair(shape, seed)                                        -> (ours, diffusers' Wan transformer), same weights
 
 Every figure is a measurement in this process; nothing here knows a target number.
 """
@@ -203,6 +204,37 @@ def diffusers_as_loaded(model, dtype: torch.dtype):
             kept = any(k in name.split(".") for k in keep)
             p.data = p.data.to(torch.float32 if kept else dtype)
     return model
+
+
+# ---------------------------------------------------------------- ours and the reference, same weights
+
+
+def dit_pair(shape: dict, seed: int = 0, ref_dtype: torch.dtype = torch.float32):
+    """(ours float32, diffusers' `WanTransformer3DModel`) on the CPU with the same weights (diffusers'
+    random init after `torch.manual_seed(seed)`; ours holds its own copy), from a bench shape dict
+    (dim, heads, ffn_dim, layers, latents (C, F', h, w), text_len, text_dim). `ref_dtype`: the reference
+    as `from_pretrained(torch_dtype=)` leaves it (`diffusers_as_loaded`), ours given those same values."""
+    from diffusers import WanTransformer3DModel
+
+    from video_dit.models.convert import dit_from_diffusers
+    from video_dit.models.dit import DiTConfig, VideoDiT
+
+    torch.manual_seed(seed)
+    ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=shape["heads"],
+                                attention_head_dim=shape["dim"] // shape["heads"], in_channels=shape["latents"][0],
+                                out_channels=16, text_dim=shape["text_dim"], freq_dim=256, ffn_dim=shape["ffn_dim"],
+                                num_layers=shape["layers"], cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                eps=1e-6)
+    if ref_dtype != torch.float32:
+        diffusers_as_loaded(ref, ref_dtype)
+    cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"], freq_dim=256,
+                    text_dim=shape["text_dim"], num_heads=shape["heads"], num_layers=shape["layers"],
+                    text_len=shape["text_len"])
+    with torch.device("meta"):
+        ours = VideoDiT(cfg)
+    ours.load_state_dict({k: v.to(torch.float32, copy=True) for k, v in dit_from_diffusers(ref.state_dict()).items()},
+                         assign=True)
+    return ours, ref
 
 
 # ---------------------------------------------------------------- subprocesses

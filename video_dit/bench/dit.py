@@ -28,8 +28,7 @@ import sys
 
 import torch
 
-from video_dit.bench.common import (cuda_peak, device_peak, diffusers_as_loaded, median, mfu, profiled_live_after,
-                                    profiled_peak,
+from video_dit.bench.common import (cuda_peak, device_peak, dit_pair, median, mfu, profiled_live_after, profiled_peak,
                                     run_json_subprocess, time_side_by_side, write_json)
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)
@@ -61,27 +60,13 @@ def _kernel(device: str):
 
 def build(shape: dict, device: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """(ours, reference, inputs) with identical weights, in `dtype`."""
-    from diffusers import WanTransformer3DModel
+    from video_dit.models.dit import cast_dit
 
-    from video_dit.models.convert import dit_from_diffusers
-    from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit
-
-    torch.manual_seed(seed)
-    ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=shape["heads"],
-                                attention_head_dim=shape["dim"] // shape["heads"], in_channels=shape["latents"][0],
-                                out_channels=16, text_dim=shape["text_dim"], freq_dim=256, ffn_dim=shape["ffn_dim"],
-                                num_layers=shape["layers"], cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-                                eps=1e-6).to(device)
-    if dtype != torch.float32:  # as from_pretrained(torch_dtype=...) leaves it: _keep_in_fp32_modules stay float32
-        diffusers_as_loaded(ref, dtype)
-    cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"], freq_dim=256,
-                    text_dim=shape["text_dim"], num_heads=shape["heads"], num_layers=shape["layers"],
-                    text_len=shape["text_len"])
-    with torch.device("meta"):
-        ours = VideoDiT(cfg)
-    ours.load_state_dict({k: v.to(torch.float32, copy=True) for k, v in dit_from_diffusers(ref.state_dict()).items()},
-                         assign=True)
-    cast_dit(ours, dtype)  # as load_dit(dtype=...) stores it: bf16 bulk, float32 islands
+    # the reference as from_pretrained(torch_dtype=...) leaves it (_keep_in_fp32_modules stay float32), ours
+    # given its values and stored as load_dit(dtype=...) stores it: bf16 bulk, float32 islands
+    ours, ref = dit_pair(shape, seed, ref_dtype=dtype)
+    ref.to(device)
+    cast_dit(ours.to(device), dtype)
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(1, *shape["latents"], generator=g).to(device=device, dtype=dtype)
     t = torch.tensor([700.0], device=device)

@@ -40,7 +40,7 @@ import time
 
 import torch
 
-from video_dit.bench.common import diffusers_as_loaded, median, profiled_peak, time_side_by_side, write_json
+from video_dit.bench.common import diffusers_as_loaded, dit_pair, median, profiled_peak, time_side_by_side, write_json
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 3, 32, 32), text_len=512, text_dim=4096,
             rank=16)
@@ -71,25 +71,12 @@ def bf16_residual():
 
 def build(shape: dict, seed: int = 0):
     """(ours float32 with LoRA, diffusers float32 with the same LoRA); diffusers' random init."""
-    from diffusers import WanTransformer3DModel
     from peft import LoraConfig, inject_adapter_in_model
 
     from video_dit.lora import add_lora
     from video_dit.models.convert import dit_from_diffusers
-    from video_dit.models.dit import DiTConfig, VideoDiT
 
-    torch.manual_seed(seed)
-    ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=shape["heads"],
-                                attention_head_dim=shape["dim"] // shape["heads"], in_channels=shape["latents"][0],
-                                out_channels=16, text_dim=shape["text_dim"], freq_dim=256, ffn_dim=shape["ffn_dim"],
-                                num_layers=shape["layers"], cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-                                eps=1e-6)
-    cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"], freq_dim=256,
-                    text_dim=shape["text_dim"], num_heads=shape["heads"], num_layers=shape["layers"],
-                    text_len=shape["text_len"])
-    with torch.device("meta"):
-        ours = VideoDiT(cfg)
-    ours.load_state_dict(dit_from_diffusers(ref.state_dict()), assign=True)
+    ours, ref = dit_pair(shape, seed)
     rank = shape["rank"]
     add_lora(ours, rank, rank)
     g = torch.Generator().manual_seed(seed + 7)
