@@ -126,6 +126,19 @@ def test_every_file_layout_gives_the_reference_features(tmp_path, images, layout
     torch.testing.assert_close(enc.encode(images), reference_features(ref, images, mean, std), rtol=0, atol=1e-5)
 
 
+def test_a_folder_without_image_encoder_config_is_named(tmp_path):
+    """A model folder with no image_encoder/config.json: loading and the shape check before any rank
+    both name the folder and what it should hold."""
+    from video_dit.models.loading import image_encoder_shape
+
+    (tmp_path / "model" / "image_encoder").mkdir(parents=True)
+    with pytest.raises(WeightsError, match=r"model: expected a folder holding image_encoder/config.json \(and "
+                                           r"its safetensors\) and image_processor/; download"):
+        load_image_encoder(tmp_path / "model")
+    with pytest.raises(WeightsError, match=r"model: expected a folder holding image_encoder/config.json; download"):
+        image_encoder_shape(tmp_path / "model")
+
+
 def test_bad_files_name_the_file_and_what_is_accepted(tmp_path):
     sd = flat(reference_model())
     save_file({f"visual.transformer.resblocks.{k}": v for k, v in sd.items()}, tmp_path / "open_clip.safetensors")

@@ -577,6 +577,16 @@ def _quantize_frozen(model: nn.Module, quantize: str | None) -> None:
     quanto.freeze(model)
 
 
+def component_dir(path: Path, name: str, download: str, holds: str = "") -> Path:
+    """The folder of one component in a diffusers model folder (`path/name`, e.g. text_encoder/), or
+    `path` itself when it is that component's folder; it must hold config.json, else a `WeightsError`
+    naming `path`, what it should hold (`name`/config.json and `holds`) and how to get it (`download`)."""
+    folder = path / name if (path / name).is_dir() else path
+    if not (folder / "config.json").is_file():
+        raise WeightsError(f"{path}: expected a folder holding {name}/config.json{holds}; {download}")
+    return folder
+
+
 def te_quantization(model_config) -> str | None:
     """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
     `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
@@ -619,11 +629,8 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
         if not path.exists():
             raise WeightsError(f"{path}: no such file or folder; {TEXT_ENCODER_DOWNLOAD}")
         if path.is_dir():
-            te_dir = path / "text_encoder" if (path / "text_encoder").is_dir() else path
+            te_dir = component_dir(path, "text_encoder", TEXT_ENCODER_DOWNLOAD, " (and its safetensors) and tokenizer/")
             tok_dir = Path(tokenizer) if tokenizer is not None else path / "tokenizer"
-            if not (te_dir / "config.json").is_file():
-                raise WeightsError(f"{path}: expected a folder holding text_encoder/config.json (and its "
-                                   f"safetensors) and tokenizer/; {TEXT_ENCODER_DOWNLOAD}")
             model = UMT5EncoderModel.from_pretrained(str(te_dir), local_files_only=True,
                                                      dtype=dtype if dtype is not None else "auto")
         else:
@@ -751,10 +758,8 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
         if path.is_dir():
             from transformers import CLIPVisionModel
 
-            enc_dir = path / "image_encoder" if (path / "image_encoder").is_dir() else path
-            if not (enc_dir / "config.json").is_file():
-                raise WeightsError(f"{path}: expected a folder holding image_encoder/config.json (and its "
-                                   f"safetensors) and image_processor/; {IMAGE_ENCODER_DOWNLOAD}")
+            enc_dir = component_dir(path, "image_encoder", IMAGE_ENCODER_DOWNLOAD,
+                                    " (and its safetensors) and image_processor/")
             model = CLIPVisionModel.from_pretrained(str(enc_dir), local_files_only=True,
                                                     dtype=dtype if dtype is not None else "auto")
             processor = enc_dir.parent / "image_processor" / "preprocessor_config.json"
@@ -803,9 +808,7 @@ def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
     if not path.exists():
         raise WeightsError(f"{path}: no such file or folder; {IMAGE_ENCODER_DOWNLOAD}")
     if path.is_dir():
-        cfg_json = (path / "image_encoder" if (path / "image_encoder").is_dir() else path) / "config.json"
-        if not cfg_json.is_file():
-            raise WeightsError(f"{path}: expected a folder holding image_encoder/config.json; {IMAGE_ENCODER_DOWNLOAD}")
+        cfg_json = component_dir(path, "image_encoder", IMAGE_ENCODER_DOWNLOAD) / "config.json"
         c = json.loads(cfg_json.read_text())
         c = c.get("vision_config", c)  # a full CLIPConfig nests the vision part
         return int(c["hidden_size"]), (int(c["image_size"]) // int(c["patch_size"])) ** 2 + 1
