@@ -94,8 +94,6 @@ def test_two_expert_folders_in_both_layouts(world):
      "is one model, not two experts"),
     # half a two-expert folder
     ({"name_or_path": "{half}"}, {}, "model.name_or_path", "has high_noise_model/ but no low_noise_model/"),
-    # an EMA of both trained experts (not written yet)
-    ({}, {"ema_config": {"use_ema": True}}, "train.ema_config.use_ema", "an EMA of two trained experts"),
 ])
 def test_bad_expert_input_exits_2_naming_the_key(world, capsys, model, train, key, message):
     (world / "half/high_noise_model").mkdir(parents=True, exist_ok=True)

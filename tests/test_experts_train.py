@@ -1,7 +1,7 @@
 """Both experts of a two-expert model (tiny-a14b, Wan 2.2 A14B's shape in miniature) trained in one
 DeepSpeed run on 2 CPU ranks, one engine per expert. One launch, four jobs:
   A   ZeRO-2, LoRA on both experts, alternating every step, a checkpoint and export every step, a
-      preview at the end (both experts sample it);
+      preview at the end (both experts sample it), validation at sigmas 1 and 0.5, an EMA (decay 0.5);
   Z   ZeRO-3, otherwise A (both experts' bases and LoRAs partitioned, previews gathered block by block);
   C   ZeRO-3, resuming Z's step-2 checkpoint (both experts' engines) from another output folder;
   O   ZeRO-2, the high-noise expert alone; its preview with the frozen low-noise expert (on the CPU,
@@ -49,6 +49,7 @@ def _job(root: Path, name: str, zero: int, preview: bool = True, steps: int = 4,
                              sample_every=steps, model=model, train=train, **kw)
 
 
+EMA_DECAY = 0.5
 SIGMAS = [1.0, 0.5]  # t = 1000 (the high-noise expert's) and 500 (the low-noise one's)
 
 
@@ -62,7 +63,8 @@ def _validation(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(world):
-    a = _job(world, "a", zero=2, save_every=1, train={"validation_config": _validation(world)})
+    a = _job(world, "a", zero=2, save_every=1, train={"validation_config": _validation(world),
+                                                      "ema_config": {"use_ema": True, "ema_decay": EMA_DECAY}})
     z = _job(world, "z", zero=3, save_every=2)
     c = _job(world, "c", zero=3, save_every=2, preview=False)
     o = _job(world, "o", zero=2, save_every=2, model={"model_kwargs": {"train_low_noise": False}}, steps=2,
@@ -220,3 +222,17 @@ def test_validation_runs_each_sigma_on_its_expert(runs, world):
             other = "low_noise_model" if sub == "high_noise_model" else "high_noise_model"
             assert row[f"val_loss@{s:g}"] == pytest.approx(expected[(s, sub)], rel=1e-4), (name, s)
             assert abs(expected[(s, other)] - expected[(s, sub)]) > 1e-3 * expected[(s, sub)]
+
+
+def test_ema_averages_both_experts_every_step(runs):
+    """A's EMA (decay 0.5) over both experts, updated after every optimizer step: each expert's EMA
+    export at step k is decay x its step k-1 EMA + (1 - decay) x its raw export at k, also on the
+    steps that trained the other expert (its weights then held still)."""
+    out = runs / "a"
+    for e in (HIGH, LOW):
+        ema = {s: load_file(str(out / f"a_ema_{s:09d}_{e}.safetensors")) for s in range(1, 5)}
+        raw = {s: load_file(str(out / f"a_{s:09d}_{e}.safetensors")) for s in range(1, 5)}
+        for s in range(2, 5):
+            expected = {k: EMA_DECAY * ema[s - 1][k] + (1 - EMA_DECAY) * raw[s][k] for k in raw[s]}
+            assert helpers.max_abs_diff(ema[s], expected) < 1e-6, (e, s)
+    assert (out / "a_ema_high_noise.safetensors").is_file() and (out / "a_ema_low_noise.safetensors").is_file()

@@ -561,10 +561,6 @@ class ProcessConfig:
         trained = requested(self.model, preset)  # two-expert presets: which experts (the folder: validate.py)
         if preset.two_experts:
             check_ranges(self.train, trained, boundary_of(self.model, preset))
-            if len(trained) == 2 and self.train.ema_config.use_ema:
-                raise ConfigError(f"{path}.train.ema_config.use_ema", "an EMA of two trained experts is not "
-                                  "supported yet; accepted: false, or train one expert (model.model_kwargs."
-                                  "train_high_noise / train_low_noise: false)")
         elif self.model.boundary_ratio is not None:
             boundary_of(self.model, preset)  # refused on a one-model preset
         if self.sample is not None and not preset.two_experts:

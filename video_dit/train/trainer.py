@@ -224,7 +224,12 @@ class Trainer:
         if p.train.ema_config.use_ema:
             from video_dit.train.ema import EMA
 
-            self.ema = EMA(self.module, p.train.ema_config.ema_decay, self.zero_stage)
+            # a two-expert job: one average over both trained experts' weights, updated after every
+            # optimizer step (the inactive expert's weights held still), as ai-toolkit's EMA of its one
+            # network holding both experts' LoRAs; parameter names prefixed by the expert
+            tracked = self.module if self.expert_plan is None else torch.nn.ModuleDict(
+                {name: e.module for name, e in self.experts.items()})
+            self.ema = EMA(tracked, p.train.ema_config.ema_decay, self.zero_stage)
 
         self.step = 0
         self._drawn_t: list[float] = []  # this optimizer step's timesteps on this rank (two-expert metrics)
