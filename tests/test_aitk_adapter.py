@@ -479,3 +479,65 @@ def test_wan21_flf2v_clip_model_through_ai_toolkit(aitk, tmp_path):
     with pytest.raises(ValueError, match="first-last-frame"):  # an FLF2V preview needs its last frame
         model.generate_single_image(model.get_generation_pipeline(), gen_config, cond, uncond,
                                     torch.manual_seed(3), {})
+
+
+def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp_path):
+    """A do_i2v folder of a clip and a still (issue 21), each item through our trainer's `loss_of` and
+    through the ai-toolkit arch, from the latents and first-frame latents `build_cache` stores (ai-toolkit's
+    cached-latent batches carry the same: `first_frame_latents` for clips only), same DiT, t and noise:
+    equal losses. The still is plain t2v (no mask, no first frame) in both; the clip is conditioned."""
+    from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
+
+    from video_dit.data.dataset import DatasetConfig, scan_datasets
+    from video_dit.data.demo import make_demo_data
+    from video_dit.data.frames import load_item_pixels
+    from video_dit.diffusion.conditioning import encode_conditioning
+    from video_dit.media import tensor_to_pil
+    from video_dit.train.trainer import Trainer, _seed_of
+    from video_dit.typed_config import parse
+
+    folder = tmp_path / "mixed"
+    make_demo_data(folder, count=1, frames=T, size=H, holdout=0)
+    tensor_to_pil(torch.rand(3, H, W, generator=torch.Generator().manual_seed(0)) * 2 - 1)[0].save(folder / "s.png")
+    cfg = parse(DatasetConfig, {"folder_path": str(folder), "num_frames": T, "resolution": [H], "do_i2v": True},
+                "config.process[0].datasets[0]")
+    scan = scan_datasets([cfg], 16, verbose=False, i2v_mode="replace")
+    assert sorted((it.kind, it.conditioned) for it in scan.items) == [("image", False), ("video", True)]
+
+    ctx = sd.get_prompt_embeds(["a shape"])
+    trainer = Trainer.__new__(Trainer)  # only what loss_of reads
+    trainer.p = types.SimpleNamespace(train=types.SimpleNamespace(seed=5))
+    trainer.dp_rank, trainer.step, trainer.device = 0, 0, torch.device("cpu")
+    trainer.engine, trainer.conditioning = sd.model, sd.conditioning  # the one conditioning object
+    t = torch.tensor([640.0])
+
+    class FixedTimesteps:
+        def sample(self, n, generator):
+            return t
+
+        def loss_weight(self, tt):
+            return torch.ones_like(tt)
+
+    trainer.timesteps = FixedTimesteps()
+    for item in scan.items:
+        trainer.dataset = types.SimpleNamespace(item=lambda i, item=item: item)
+        video = load_item_pixels(item).permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W), as build_cache encodes it
+        with torch.no_grad():
+            latents = sd.vae.normalize(sd.vae.encode(video).mode())
+            first = encode_conditioning(sd.vae, video, "replace", video.shape[2])  # stored for stills too
+            cached = {"latents": latents, "text_embeds": ctx.text_embeds, "index": torch.tensor([0]), **first}
+            ours = trainer.loss_of(cached, micro=0)
+            # the noise loss_of drew from its (seed, rank, step, micro) generator, after t
+            noise = torch.randn(latents.shape, generator=torch.Generator("cpu").manual_seed(_seed_of(5, 0, 0, 0)))
+            batch = DataLoaderBatchDTO(latents=latents, do_i2v=True, num_frames=video.shape[2],
+                                       first_frame_latents=first["first_frame_latents"] if item.kind == "video"
+                                       else None)
+            pred = sd.get_noise_prediction(add_noise(latents, noise, t), t, ctx, batch=batch)
+            target = sd.get_loss_target(noise=noise, batch=batch, timesteps=t)
+            theirs = sd.scale_loss(F.mse_loss(pred, target, reduction="none")).mean()
+            plain = F.mse_loss(sd.model(add_noise(latents, noise, t), t, ctx.text_embeds), noise - latents)
+        assert torch.isfinite(ours) and torch.allclose(ours, theirs, rtol=1e-5), (item.path, ours, theirs)
+        if item.kind == "image":  # unconditioned: exactly the t2v loss
+            assert torch.allclose(ours, plain, rtol=1e-5)
+        else:  # conditioned on the first frame: not the t2v loss
+            assert not torch.allclose(ours, plain, rtol=1e-3)

@@ -76,17 +76,30 @@ config:
     assert "frame sides must be multiples of 16" in out
     assert re.search(r"9 x\s+32 x\s+32:\s+6 #", out)
     assert "broken.mp4: empty file" in out and "3 items, 1 files skipped" in out
-    assert "latent cache: 0/3 items cached (0%)" in out
-    # cache two of the three items under a named latent space, then look again
+    assert "latents: 0 of 3 items cached, 3 not cached\n" in out
+    assert "space" not in out  # no internal cache-space strings, only cached / not cached
+    # two of the three items cached with another VAE: still not cached for this job
     cfg = parse(DatasetConfig, {"folder_path": str(data), "num_frames": 9, "resolution": [32]}, "ds")
     scan = scan_dataset(cfg, 16, verbose=False)
     scan.items = scan.items[:2]
-    build_cache(scan, lambda v: {"latents": v[:, :, ::4, ::8, ::8]}, lambda caps: [torch.zeros(2, 4) for _ in caps],
-                space_version="tiny-vae@1", verbose=False)
+    encode = lambda v: {"latents": v[:, :, ::4, ::8, ::8]}  # noqa: E731
+    text = lambda caps: [torch.zeros(2, 4) for _ in caps]  # noqa: E731
+    build_cache(scan, encode, text, space_version="another-vae", verbose=False)
     assert cli_main(["inspect-data", str(job)]) == 0
     out = capsys.readouterr().out
-    assert "latent cache: 2/3 items cached (67%) for space 'tiny-vae@1'" in out
-    assert "text cache: 2/3 distinct captions" in out
+    assert "latents: 0 of 3 items cached, 3 not cached\n" in out
+    # ... and with the job's own versions (what the trainer computes): 2 cached, 1 not
+    from video_dit.models.presets import get_preset
+    from video_dit.train.config import load_job
+    from video_dit.train.trainer import cache_spaces, model_sources
+
+    p = load_job(job).process  # what the trainer keys its caches by on a CPU machine: float32 encoders
+    space, text_space = cache_spaces(p, get_preset("tiny"), *model_sources(p), torch.float32, torch.float32)
+    build_cache(scan, encode, text, space_version=space, text_space_version=text_space, verbose=False)
+    assert cli_main(["inspect-data", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "latents: 2 of 3 items cached, 1 not cached\n" in out
+    assert "text embeds: 2 of 3 distinct captions cached, 1 not cached\n" in out
     job.write_text(job.read_text().replace("num_frames: 9", "num_frame: 9"))
     assert cli_main(["inspect-data", str(job)]) == 1
     assert "did you mean 'num_frames'" in capsys.readouterr().out

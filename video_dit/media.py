@@ -48,7 +48,11 @@ def _open(path):
         raise MediaError(path, "empty file (0 bytes)")
     try:
         container = av.open(str(path))
-    except (av.error.FFmpegError, UnicodeDecodeError, OSError) as exc:
+    except av.error.InvalidDataError as exc:  # a cut-off MP4 (no index yet) lands here too
+        raise MediaError(path, f"not a readable video: truncated or corrupt (FFmpeg: {exc.strerror})") from exc
+    except av.error.FFmpegError as exc:  # its str() starts with an errno no user can read
+        raise MediaError(path, f"not a readable video (FFmpeg: {exc.strerror or exc})") from exc
+    except (UnicodeDecodeError, OSError) as exc:
         raise MediaError(path, f"not a readable video ({exc})") from exc
     if not container.streams.video:
         container.close()
@@ -113,7 +117,9 @@ def read_video_frames(path, indices: Sequence[int] | None = None) -> np.ndarray:
                 frames[i] = frame.to_ndarray(format="rgb24")
             if last is not None and i >= last:
                 break
-    except (av.error.FFmpegError, ValueError) as exc:
+    except av.error.FFmpegError as exc:
+        raise MediaError(path, f"decoding failed: truncated or corrupt (FFmpeg: {exc.strerror or exc})") from exc
+    except ValueError as exc:
         raise MediaError(path, f"decoding failed ({exc})") from exc
     finally:
         container.close()

@@ -3,8 +3,11 @@
 Reads `config.process[0].datasets` of an ai-toolkit-format job YAML (each entry parsed as a
 `DatasetConfig`) and the model preset (`config.process[0].model.preset`, or `name_or_path:
 preset:NAME`) for the bucket divisibility. Prints per dataset the counts, the bucket histogram,
-every skipped file with its reason, and how many items already have cached latents (per latent
-space version found on disk) and cached caption embeds. Exit status 1 when a dataset is unusable.
+every skipped file with its reason, what the start-up summary notes (stills trained unconditioned,
+sources smaller than their resolution with the upscale factor), and how many items are cached / not
+cached for this job's VAE, i2v mode and text encoder (the trainer's `job_cache_spaces`, for the
+encoder dtype the trainer uses on this machine; when the whole job does not parse, an entry made with
+any settings counts). Exit status 1 when a dataset is unusable.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import warnings
 
 import yaml
 
-from video_dit.data.cache import cache_root_of, cache_status, text_cached_any
+from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
 from video_dit.models.presets import get_preset
 from video_dit.typed_config import ConfigError, parse
@@ -65,6 +68,14 @@ def inspect(config_path: str, preset: str | None = None) -> int:
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{PROCESS}.datasets", "expected a non-empty list of datasets")
     print(f"model preset {name}: frame sides must be multiples of {divisibility}")
+    space = text_space = None
+    try:  # the job's own cache versions, when the whole job parses (the datasets alone may)
+        from video_dit.train.config import parse_job
+        from video_dit.train.trainer import job_cache_spaces
+
+        space, text_space = job_cache_spaces(parse_job(doc, config_path).process)
+    except ConfigError as exc:
+        print(f"note: the job does not parse ({exc}); cache counts are for any VAE / text encoder")
     status = 0
     for i, entry in enumerate(entries):
         key = f"{PROCESS}.datasets[{i}]"
@@ -91,17 +102,14 @@ def inspect(config_path: str, preset: str | None = None) -> int:
             print(f"    {b[0]:>4} x {b[1]:>4} x {b[2]:>4}: {n:>6} {_bar(n, top)}")
         for p, reason in scan.skipped:
             print(f"  skipped {p}: {reason}")
-        total, spaces, failed = cache_status(scan)
-        if spaces:
-            for _, (version, n) in sorted(spaces.items(), key=lambda kv: -kv[1][1]):
-                print(f"  latent cache: {n}/{total} items cached ({100 * n / total:.0f}%) for space {version!r}")
-        else:
-            print(f"  latent cache: 0/{total} items cached (0%)")
-        if failed:
-            print(f"  latent cache: {failed} items failed to decode at a previous caching")
-        captions = {(str(cache_root_of(it, None)), it.caption) for it in scan.items}
-        have = sum(1 for root, c in captions if text_cached_any(root, c))
-        print(f"  text cache: {have}/{len(captions)} distinct captions have cached embeds (any space)")
+        for note in scan.notes():
+            print(f"  {note}")
+        c = cache_status(scan, space, text_space)
+        which = "" if c.exact else " (for any settings)"
+        print(f"  latents: {c.cached} of {c.items} items cached, {c.items - c.cached} not cached{which}"
+              + (f"; {c.failed} failed to decode at a previous caching" if c.failed else ""))
+        print(f"  text embeds: {c.captions_cached} of {c.captions} distinct captions cached, "
+              f"{c.captions - c.captions_cached} not cached{which}")
     return status
 
 

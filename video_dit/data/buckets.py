@@ -6,6 +6,10 @@ most R^2 and as large as the grid allows, aspect ratio between 1:4 and 4:1. An i
 candidate whose aspect ratio is nearest its own (in log space), so a 1920x1080 clip at R=512, d=16
 lands in 672x384. The bucket key of an item is `(F, H, W)` in pixels: images (F=1) and clips of
 different lengths never share a batch.
+
+`fitted_bucket` adds the no-upscale rule: a source smaller than its resolution's bucket takes the
+largest bucket that fits inside it (the resolution lowered one cell at a time), unless upscaling is
+allowed.
 """
 
 from __future__ import annotations
@@ -47,3 +51,22 @@ def bucket_size(width: int, height: int, resolution: int, divisibility: int,
     target = math.log(width / height)
     return min(candidate_buckets(resolution, divisibility),
                key=lambda hw: (abs(math.log(hw[1] / hw[0]) - target), -hw[0] * hw[1], hw[1]))
+
+
+def fitted_bucket(width: int, height: int, resolution: int, divisibility: int, square: bool = False,
+                  allow_upscale: bool = False) -> tuple[tuple[int, int] | None, float]:
+    """(`(H, W)` bucket, upscale factor the source needs for the bucket of `resolution`). With
+    `allow_upscale` (or a factor <= 1) that bucket is returned; otherwise the bucket of the largest
+    resolution (lowered by `divisibility` at a time) whose sides fit inside the source, so nothing
+    is upscaled, or None when none fits (a side shorter than one cell)."""
+    H, W = bucket_size(width, height, resolution, divisibility, square)
+    factor = max(W / width, H / height)
+    if allow_upscale or factor <= 1.0:
+        return (H, W), factor
+    r = min(resolution, min(width, height) if square else math.isqrt(width * height) + 1)
+    while r >= divisibility:
+        H, W = bucket_size(width, height, r, divisibility, square)
+        if W <= width and H <= height:
+            return (H, W), factor
+        r -= divisibility
+    return None, factor

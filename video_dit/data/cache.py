@@ -11,7 +11,9 @@ VAE weights' identity, its dtype and what is stored; the text key uses `text_spa
 the same string; `text_space`: the preset, the text encoder's weights, tokenizer, dtype, quantization).
 Touching or replacing a file changes its key, so exactly that entry is recomputed; old entries are
 left in place (another job with other settings may still use them). Every write is atomic: a temp
-file in the same folder, then `os.replace`.
+file in the same folder (`.<name>.tmp<pid>`), then `os.replace`; the temp files of a run that was
+killed mid-write are removed before the next start (`remove_partial_files`, run by the validation
+that precedes the ranks).
 
 The empty prompt is cached in every root: caption dropout happens per step in `CachedDataset`
 (the item's caption is swapped for "" by a generator seeded with (seed, epoch, index)), so it is
@@ -25,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +150,41 @@ def _atomic_write_text(text: str, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+_TMP_RE = re.compile(r"^\..+\.tmp(\d+)$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_partial_files(scan: ScanResult, cache_dir=None) -> tuple[int, int]:
+    """Remove the temp files (`.<name>.tmp<pid>`) that cache writes of a killed run left in the
+    `_latent_cache/` and `_text_cache/` folders of `scan`, when their writer (the pid in the name)
+    is no longer a live process on this machine; returns (files, bytes) removed. Call it before
+    any rank starts (a live writer's file is never touched, but on another node a pid means nothing)."""
+    removed, size = 0, 0
+    roots = {cache_root_of(it, cache_dir) for it in scan.items}
+    for folder in sorted(r / sub for r in roots for sub in (LATENT_DIR, TEXT_DIR)):
+        if not folder.is_dir():
+            continue
+        for f in folder.iterdir():
+            m = _TMP_RE.match(f.name)
+            if m and f.is_file() and not _pid_alive(int(m.group(1))):
+                try:
+                    n = f.stat().st_size
+                    f.unlink()
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                removed, size = removed + 1, size + n
+    return removed, size
 
 
 @dataclass
@@ -357,25 +395,36 @@ def collate(samples: list[dict]) -> dict:
     return batch
 
 
-def cache_status(scan: ScanResult, cache_dir=None) -> tuple[int, dict[str, tuple[str, int]], int]:
-    """For `inspect-data`, without knowing the trainer's space version: `(items, {space key:
-    (space_version, items cached)}, items with a skip marker)`."""
-    by_space: dict[str, list] = {}
-    skipped = 0
+@dataclass
+class CacheStatus:
+    """What `inspect-data` reports of one scan's caches. `exact`: the counts are for the job's own
+    space versions (cached = what the trainer will read); otherwise for any version found on disk."""
+
+    items: int
+    cached: int        # items with a latent entry
+    failed: int        # items whose decode failed at a previous caching (skip marker)
+    captions: int      # distinct captions (per cache root)
+    captions_cached: int
+    exact: bool
+
+
+def cache_status(scan: ScanResult, space_version: str | None = None, text_space_version: str | None = None,
+                 cache_dir=None) -> CacheStatus:
+    """Cached / not cached per item for the job's space versions (the trainer's `job_cache_spaces`);
+    without them, an entry for any version counts."""
+    exact = space_version is not None and text_space_version is not None
+    cached = failed = 0
     for item in scan.items:
         folder = cache_root_of(item, cache_dir) / LATENT_DIR
         prefix = f"{Path(item.path).name}_{item_key(item)}_"
-        found = sorted(folder.glob(glob.escape(prefix) + "*.safetensors")) if folder.is_dir() else []
-        for f in found:
-            key = f.name[len(prefix):-len(".safetensors")]
-            entry = by_space.setdefault(key, [None, 0])
-            entry[1] += 1
-            if entry[0] is None:
-                try:
-                    with safe_open(str(f), framework="pt") as sf:
-                        entry[0] = (sf.metadata() or {}).get("space_version", "?")
-                except (SafetensorError, OSError) as exc:
-                    entry[0] = f"unreadable ({exc})"
+        if exact:
+            found = _valid_entry(latent_path(item, space_version, cache_dir))
+        else:
+            found = folder.is_dir() and any(folder.glob(glob.escape(prefix) + "*.safetensors"))
+        cached += found
         if not found and skip_path(item, cache_dir).is_file():
-            skipped += 1
-    return len(scan.items), {k: (v[0], v[1]) for k, v in by_space.items()}, skipped
+            failed += 1
+    captions = {(cache_root_of(it, cache_dir), it.caption) for it in scan.items}
+    have = sum(_valid_entry(text_path(root, c, text_space_version)) if exact else text_cached_any(root, c)
+               for root, c in captions)
+    return CacheStatus(len(scan.items), cached, failed, len(captions), have, exact)

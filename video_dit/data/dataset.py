@@ -9,12 +9,25 @@ demo data and the `_latent_cache/`, `_text_cache/` folders are not items); dot-f
 frame; nothing is decoded) and turns each good file into one `DataItem` per `resolution`. A file
 that cannot be used (zero bytes, not a video, corrupt, truncated, too short, huge resolution (frames
 above `MAX_PIXELS`, PIL's decompression-bomb limit), unreadable caption) is skipped with ONE warning
-naming it and the reason, and counted in the summary printed at the start.
-No usable item left -> `DataError` before any training starts.
+naming it and the reason, and counted in the summary printed at the start. A caption that is not
+UTF-8 is read as UTF-16 (with its byte-order mark) or cp1252 / latin-1, with one warning naming it.
+No usable item left -> `DataError` before any training starts; so is a video dataset whose every
+clip is shorter than `num_frames` (the message names the longest clip).
+
+Sizes: an item is never upscaled by default. A source smaller than the bucket of its `resolution`
+takes the largest bucket that fits inside it (the resolution lowered a cell at a time), so it
+trains at about its own size; the summary says how many and the largest factor avoided.
+`allow_upscale: true` scales them up to the resolution instead (the summary warns with the factor).
+
+Stills in a `do_i2v` dataset train unconditioned (as t2v, as ai-toolkit does): a one-frame item has
+no frame after the first to generate. `DataItem.conditioned` is the one definition of "this item
+is trained on its first frame". A concat i2v model (in_dim 36) has no unconditioned input, so
+`scan_datasets(..., i2v_mode="concat")` refuses stills in `do_i2v` datasets, naming them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections import Counter
@@ -27,7 +40,7 @@ from PIL import Image, UnidentifiedImageError
 
 from video_dit import media
 from video_dit.data import frames as frames_mod
-from video_dit.data.buckets import bucket_size
+from video_dit.data.buckets import fitted_bucket
 from video_dit.typed_config import ConfigError
 
 VIDEO_EXTS = media.VIDEO_EXTS
@@ -41,6 +54,20 @@ class DataError(ValueError):
 
 class DataWarning(UserWarning):
     """One per skipped file (naming it and why), and one per folder for missing captions."""
+
+
+_format_warning = warnings.formatwarning
+
+
+def _format_data_warning(message, category, filename, lineno, line=None):
+    """A `DataWarning` prints as one line, `[video_dit] warning: <message>`: the default format adds
+    the emitting source line (`return ScanResult.merge(...`), which tells a user nothing."""
+    if isinstance(category, type) and issubclass(category, DataWarning):
+        return f"[video_dit] warning: {message}\n"
+    return _format_warning(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _format_data_warning
 
 
 @dataclass
@@ -67,7 +94,8 @@ class DatasetConfig:
     `_latent_cache/` and `_text_cache/` go; default: inside `folder_path`), `num_workers`
     (DataLoader worker processes the trainer uses to read cached tensors), `validation_split` (a
     share of the folder's files, chosen by `train.seed`, held out for `train.validation_config` and
-    never trained on; 1 = the whole folder is a validation set).
+    never trained on; 1 = the whole folder is a validation set), `allow_upscale` (false: a source
+    smaller than `resolution` trains at its own size; true: it is upscaled to it).
     """
 
     folder_path: str
@@ -90,6 +118,7 @@ class DatasetConfig:
     cache_dir: str | None = None
     num_workers: int = 0
     validation_split: float = 0.0
+    allow_upscale: bool = False
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -168,6 +197,19 @@ class DataItem:
     num_repeats: int = 1
     cache_root: str = ""            # `_latent_cache/` and `_text_cache/` live here
 
+    @property
+    def conditioned(self) -> bool:
+        """Whether this item trains on its first frame (i2v): a clip of a `do_i2v` dataset. A still
+        (one frame) has no later frame to generate and trains unconditioned, as t2v. The one home of
+        this rule: the trainer's per-sample choice and the start-up summary read it."""
+        return self.do_i2v and self.bucket[0] > 1
+
+    @property
+    def upscale(self) -> float:
+        """Linear factor the source is scaled by to cover its bucket (> 1: upscaled)."""
+        _, H, W = self.bucket
+        return max(W / self.source[1], H / self.source[2])
+
 
 @dataclass
 class ScanResult:
@@ -176,6 +218,10 @@ class ScanResult:
     missing_captions: int = 0
     ignored: int = 0                # other files (captions excluded)
     folders: list[str] = field(default_factory=list)
+    clips: list[tuple[str, int, float]] = field(default_factory=list)  # (path, frames, fps) of every video
+    #                                      whose header was read, items or not (for "longest clip")
+    not_upscaled: list[tuple[str, int, float]] = field(default_factory=list)  # (path, resolution, factor
+    #                                      avoided): kept at their own size instead of being upscaled
 
     def bucket_counts(self) -> Counter:
         """`(F, H, W) -> items per epoch` (repeats counted)."""
@@ -192,7 +238,29 @@ class ScanResult:
                  + (f", {self.missing_captions} without caption (empty prompt)" if self.missing_captions else "")]
         for b, n in sorted(self.bucket_counts().items()):
             lines.append(f"  bucket F={b[0]} H={b[1]} W={b[2]}: {n} per epoch")
+        lines += [f"  {note}" for note in self.notes()]
         return "\n".join(lines)  # the skipped files themselves were named in one warning each
+
+    def notes(self) -> list[str]:
+        """What the summary (and `inspect-data`) must tell beyond counts: stills trained unconditioned
+        in i2v datasets, sources kept at their own size, upscaled items with their factor."""
+        out = []
+        stills = sorted({Path(it.path).name for it in self.items if it.do_i2v and not it.conditioned})
+        if stills:
+            out.append(f"{len(stills)} still image(s) in do_i2v datasets train unconditioned (as t2v: a "
+                       f"still has no frame after the first to generate): {_first(stills)}")
+        if self.not_upscaled:
+            path, res, factor = max(self.not_upscaled, key=lambda x: x[2])
+            out.append(f"{len(self.not_upscaled)} item(s) smaller than their resolution train at their own size "
+                       f"instead of being upscaled (up to {factor:.1f}x: {Path(path).name} at resolution {res}); "
+                       "allow_upscale: true would upscale them")
+        up = [it for it in self.items if it.upscale > 1.0 + 1e-9]
+        if up:
+            worst = max(up, key=lambda it: it.upscale)
+            out.append(f"warning: {len(up)} item(s) are upscaled (allow_upscale: true), up to {worst.upscale:.1f}x "
+                       f"({Path(worst.path).name}: {worst.source[1]}x{worst.source[2]} -> "
+                       f"{worst.bucket[2]}x{worst.bucket[1]})")
+        return out
 
     @staticmethod
     def merge(scans: list["ScanResult"]) -> "ScanResult":
@@ -201,25 +269,49 @@ class ScanResult:
                           skipped=[x for s in scans for x in s.skipped],
                           missing_captions=sum(s.missing_captions for s in scans),
                           ignored=sum(s.ignored for s in scans),
-                          folders=[f for s in scans for f in s.folders])
+                          folders=[f for s in scans for f in s.folders],
+                          clips=[c for s in scans for c in s.clips],
+                          not_upscaled=[x for s in scans for x in s.not_upscaled])
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _reason_kind(reason: str) -> str:
     for key in ("empty", "truncated", "too short", "frames <", "span less", "not a readable",
-                "caption", "image dataset", "decod", "huge resolution"):
+                "caption", "image dataset", "decod", "huge resolution", "px cell"):
         if key in reason:
             return {"frames <": "too short", "span less": "too short", "not a readable": "not readable",
-                    "decod": "undecodable", "image dataset": "video in an image dataset"}.get(key, key)
+                    "truncated": "truncated or corrupt",
+                    "decod": "undecodable", "image dataset": "video in an image dataset",
+                    "px cell": "too small"}.get(key, key)
     return "unreadable"
 
 
-def _read_caption(path: Path) -> str:
+def _read_caption(path: Path) -> tuple[str, str | None]:
+    """(caption, note): UTF-8 (a byte-order mark is dropped); else UTF-16 when it starts with its
+    byte-order mark and a third of its bytes are zeros (text that is mostly Latin letters); else
+    cp1252 (Windows' Western encoding, a superset of latin-1's printable characters), else latin-1,
+    which decodes any bytes. `note` says which fallback was used, for one warning naming the file:
+    no clip is lost for its caption's encoding."""
     try:
-        return path.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as exc:
-        raise DataError(f"unreadable caption {path.name} (not UTF-8: {exc.reason} at byte {exc.start})") from exc
+        raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"unreadable caption {path.name} ({exc.strerror or exc})") from exc
+    try:
+        return raw.decode("utf-8-sig").strip(), None
+    except UnicodeDecodeError as exc:
+        why = f"not UTF-8: {exc.reason} at byte {exc.start}"
+    utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff") and raw.count(0) * 3 >= len(raw)
+    candidates = (("utf-16",) if utf16 else ()) + ("cp1252", "latin-1")
+    for encoding in candidates:
+        try:
+            text = raw.decode(encoding).strip()
+        except UnicodeDecodeError:
+            continue
+        return text, f"caption {path.name} is {why}; read as {encoding}: {text[:60]!r}"
+    raise AssertionError("latin-1 decodes any bytes")  # pragma: no cover
 
 
 def _probe_image(path: Path) -> tuple[int, int]:
@@ -243,9 +335,11 @@ def _check_pixels(path: Path, width: int, height: int) -> None:
                                      f"{MAX_PIXELS}); downscale it first")
 
 
-def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
-    """`(kind, (w, h), frame indices, source, stat, caption or None)` of one file, or the reason
-    it is unusable (raised as MediaError / ClipTooShort / DataError). Runs in a worker thread."""
+def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str, clip_info: list):
+    """`(kind, (w, h), frame indices, source, stat, caption or None, caption note or None)` of one
+    file, or the reason it is unusable (raised as MediaError / ClipTooShort / DataError). A video
+    whose header was read is appended to `clip_info` as (frames, fps), usable or not. Runs in a
+    worker thread."""
     ext = path.suffix.lower()
     if ext in VIDEO_EXTS and not cfg.is_video:
         raise DataError("video in an image dataset (num_frames: 1); set num_frames > 1 to use videos")
@@ -257,6 +351,7 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
         if info.num_frames < 1:
             raise media.MediaError(path, "the header gives no frame count")
         _check_pixels(path, info.width, info.height)
+        clip_info.append((info.num_frames, info.fps))
         idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
                                        src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
         frames_mod.check_frames_present(path, max(idx))
@@ -265,8 +360,25 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str):
         size = _probe_image(path)
         kind, idx, source = "image", [0], (1, size[0], size[1], 0.0)
     cap_path = path.with_suffix(caption_suffix)
-    caption = _read_caption(cap_path) if cap_path.exists() else None
-    return kind, size, idx, source, stat, caption
+    caption, note = _read_caption(cap_path) if cap_path.exists() else (None, None)
+    return kind, size, idx, source, stat, caption, note
+
+
+def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) -> tuple[list[Path], int]:
+    """(absolute paths of the videos and images directly in `folder`, sorted; how many other files
+    there are, captions excluded). The one listing rule of dataset folders: flat (sub-folders such
+    as `holdout/` or the caches are not read), dot-files ignored. `video-dit train-vae` reads its
+    folder with it too. `files`: these files instead of the folder's (validation items)."""
+    caption_suffix = "." + caption_ext.lstrip(".")
+    paths, ignored = [], 0
+    listed = files if files is not None else Path(folder).iterdir()
+    for path in sorted(p for p in listed if p.is_file() and not p.name.startswith(".")):
+        ext = path.suffix.lower()
+        if ext in VIDEO_EXTS + IMAGE_EXTS:
+            paths.append(path.absolute())
+        elif ext != caption_suffix.lower():
+            ignored += 1
+    return paths, ignored
 
 
 def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
@@ -276,28 +388,22 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
     threads (default min(8, cpus); PyAV releases the GIL while it reads). `files`: read these files
     with `cfg`'s settings instead of listing the folder (validation items). Raises `DataError` if
-    no item is usable."""
+    no item is usable, or if it is a video dataset whose every clip is too short for `num_frames`."""
     if not cfg.validated or isinstance(cfg.resolution, int):
         cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
     cfg.check_divisibility(divisibility)
     folder = Path(cfg.folder_path)
     caption_suffix = "." + cfg.caption_ext.lstrip(".")
-    paths, ignored = [], 0
-    listed = files if files is not None else folder.iterdir()
-    for path in sorted(p for p in listed if p.is_file() and not p.name.startswith(".")):
-        ext = path.suffix.lower()
-        if ext in VIDEO_EXTS + IMAGE_EXTS:
-            paths.append(path.absolute())
-        elif ext != caption_suffix.lower():
-            ignored += 1
+    paths, ignored = list_media(folder, cfg.caption_ext, files)
 
     def probe(path):
+        info: list = []
         try:
-            return _probe(path, cfg, caption_suffix)
+            return _probe(path, cfg, caption_suffix, info), info
         except media.MediaError as exc:
-            return exc.reason
+            return exc.reason, info
         except (frames_mod.ClipTooShort, DataError) as exc:
-            return str(exc)
+            return str(exc), info
 
     threads = probe_threads or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -305,18 +411,36 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     items: list[DataItem] = []
     skipped: list[tuple[str, str]] = []
     missing: list[str] = []
-    for path, result in zip(paths, results):
+    clips: list[tuple[str, int, float]] = []
+    not_upscaled: list[tuple[str, int, float]] = []
+    for path, (result, info) in zip(paths, results):
+        clips += [(str(path), n, fps) for n, fps in info]
         if isinstance(result, str):
             skipped.append((str(path), result))
             if verbose:
                 warnings.warn(f"{path}: skipped: {result}", DataWarning, stacklevel=2)
             continue
-        kind, (w, h), idx, source, stat, caption = result
+        kind, (w, h), idx, source, stat, caption, note = result
+        fitted = [(res, *fitted_bucket(w, h, res, divisibility, square=not cfg.buckets,
+                                       allow_upscale=cfg.allow_upscale)) for res in cfg.resolution]
+        if all(hw is None for _, hw, _ in fitted):
+            reason = (f"smaller ({w}x{h}) than one {divisibility}-px cell of the model: it cannot train without "
+                      "upscaling; allow_upscale: true upscales it")
+            skipped.append((str(path), reason))
+            if verbose:
+                warnings.warn(f"{path}: skipped: {reason}", DataWarning, stacklevel=2)
+            continue
+        if note is not None and verbose:
+            warnings.warn(f"{path}: {note}", DataWarning, stacklevel=2)
         if caption is None:
             caption = cfg.default_caption if cfg.default_caption is not None else ""
             missing.append(path.name)
-        for res in cfg.resolution:
-            H, W = bucket_size(w, h, res, divisibility, square=not cfg.buckets)
+        for res, hw, factor in fitted:
+            if hw is None:
+                continue
+            H, W = hw
+            if factor > 1.0 and not cfg.allow_upscale:
+                not_upscaled.append((str(path), res, factor))
             resize, crop = frames_mod.crop_plan(w, h, W, H)
             items.append(DataItem(path=str(path), kind=kind, caption=caption, bucket=(len(idx), H, W),
                                   frames=tuple(idx), resize=resize, crop=crop, source=source,
@@ -327,9 +451,10 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
         warnings.warn(f"{folder}: {len(missing)} files have no .{cfg.caption_ext.lstrip('.')} caption and train "
                       f"with {'default_caption' if cfg.default_caption is not None else 'the empty prompt'} "
                       f"(first: {missing[0]})", DataWarning, stacklevel=2)
-    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)])
+    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)], clips, not_upscaled)
     if verbose:
         print(result.summary(), flush=True)
+    _check_clip_lengths(cfg, result)
     if not items:
         raise DataError(f"{cfg.config_path}.folder_path {str(folder)!r}: no usable item "
                         f"({len(skipped)} files skipped: "
@@ -338,7 +463,51 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     return result
 
 
-def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool = True) -> ScanResult:
-    """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index)."""
-    return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose)
-                             for i, c in enumerate(cfgs)])
+def _check_clip_lengths(cfg: DatasetConfig, scan: ScanResult) -> None:
+    """`DataError` when a video dataset has clips but none became an item for being too short for
+    `num_frames` (stills may remain: the job asked for video), naming the longest clip and the
+    largest `num_frames` it gives."""
+    if not cfg.is_video or not scan.clips or any(it.kind == "video" for it in scan.items):
+        return
+    short = {p for p, r in scan.skipped if _reason_kind(r) == "too short"}
+    if not short:
+        return  # the clips failed for other reasons, each named in its own warning
+    path, total, fps = max((c for c in scan.clips if c[0] in short), key=lambda c: c[1])
+    fits = _longest_selection(total, fps, cfg)
+    rule = ("spread over the whole clip (shrink_video_to_frames: true)" if cfg.shrink_video_to_frames
+            else f"consecutive frames at fps {cfg.fps:g} (shrink_video_to_frames: false)")
+    raise DataError(f"{cfg.config_path}.num_frames: {cfg.num_frames} is longer than every clip of "
+                    f"{cfg.folder_path!r}: the longest, {Path(path).name}, has {total} frames at {fps:g} fps, "
+                    f"which gives at most {fits} frames taken as {rule}; accepted: num_frames <= {fits} "
+                    "(4k+1), or short_clip: stretch to repeat frames")
+
+
+def _longest_selection(total: int, fps: float, cfg: DatasetConfig) -> int:
+    """The largest 4k+1 frame count `select_frames` takes from a clip of `total` frames at `fps`."""
+    n = frames_mod.snap_num_frames(max(1, total if cfg.shrink_video_to_frames
+                                       else math.ceil(total * cfg.fps / fps) + 1 if fps > 0 else total))
+    while n > 1:
+        try:
+            frames_mod.select_frames(total, n, shrink=cfg.shrink_video_to_frames, src_fps=fps, fps=cfg.fps)
+            return n
+        except frames_mod.ClipTooShort:
+            n -= frames_mod.TEMPORAL_FACTOR
+    return 1
+
+
+def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool = True,
+                  i2v_mode: str | None = None) -> ScanResult:
+    """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index).
+    `i2v_mode="concat"` (an in_dim 36 model, which conditions every item): stills in `do_i2v`
+    datasets are refused with a `DataError` naming them (no unconditioned input exists there)."""
+    scans = [scan_dataset(c, divisibility, dataset_index=i, verbose=verbose) for i, c in enumerate(cfgs)]
+    if i2v_mode == "concat":
+        for cfg, scan in zip(cfgs, scans):
+            stills = sorted(Path(it.path).name for it in scan.items if it.do_i2v and not it.conditioned)
+            if stills:
+                raise DataError(
+                    f"{cfg.config_path}.folder_path: {len(stills)} still image(s) ({_first(stills)}) in a concat "
+                    "image-to-video job: an in_dim 36 model is conditioned on a first frame in every step, and "
+                    "a still has no frame after it to generate (Wan's I2V has no unconditioned input). Move "
+                    "the stills out of the folder, or train them in a t2v job")
+    return ScanResult.merge(scans)

@@ -108,7 +108,8 @@ def check_frames_present(path, last_index: int) -> None:
             if (target is not None and max_pts < target) or (target is None and seen <= last_index):
                 raise media.MediaError(path, f"truncated: the stream ends before frame {last_index}")
     except av.error.FFmpegError as exc:
-        raise media.MediaError(path, f"unreadable near frame {last_index} ({exc})") from exc
+        raise media.MediaError(path, f"truncated or corrupt near frame {last_index} "
+                                     f"(FFmpeg: {getattr(exc, 'strerror', None) or exc})") from exc
 
 
 def crop_plan(src_w: int, src_h: int, width: int, height: int) -> tuple[tuple[int, int], tuple[int, int]]:

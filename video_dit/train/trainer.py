@@ -121,6 +121,22 @@ def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype
             text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
 
+def encoder_dtypes(process) -> tuple[torch.dtype, torch.dtype]:
+    """(VAE dtype, text / image encoder dtype) the trainer loads the frozen encoders in: the VAE in
+    model.vae_dtype (float32 by default, as Wan runs it), the encoders in the training dtype."""
+    return process.model.vae_torch_dtype, eng.train_dtype(process.train.dtype, process.train.cpu_bf16)
+
+
+def job_cache_spaces(process) -> tuple[str, str]:
+    """`cache_spaces` of a job as the trainer computes them on this machine (for `video-dit inspect-data`,
+    which loads no encoder; on a machine without a GPU the encoders are float32)."""
+    from video_dit.models.presets import get_preset
+
+    vae_src, te_src = model_sources(process)
+    vae_dtype, te_dtype = encoder_dtypes(process)
+    return cache_spaces(process, get_preset(process.model.preset), vae_src, te_src, vae_dtype, te_dtype)
+
+
 class Expert:
     """One trained DiT of the job: its DeepSpeed engine (module, optimizer, LR scheduler) and its
     timestep sampler. `name`: the expert ("high_noise" / "low_noise"), None for a one-model job."""
@@ -172,7 +188,8 @@ class Trainer:
         #    (float32 by default, as Wan runs it), the text and image encoders in the training dtype
         #    (Wan's umT5 runs in bf16).
         vae_src, te_src = model_sources(p)
-        self.vae = load_vae_for(vae_src, p.model.vae_torch_dtype, self.device)
+        vae_dtype, _ = encoder_dtypes(p)
+        self.vae = load_vae_for(vae_src, vae_dtype, self.device)
         text_encoder = self._load_text_encoder(te_src, self.dtype)
         clip_src = image_encoder_source(p)
         image_encoder = self._load_image_encoder(clip_src, self.dtype) if clip_src is not None else None
@@ -338,7 +355,8 @@ class Trainer:
         p = self.p
         from video_dit.train import validation
 
-        scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0)
+        scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0,
+                             i2v_mode=self.i2v_mode if self.any_i2v else None)
         scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
         flf2v = p.flf2v
         space, text_space = cache_spaces(p, self.preset, vae_src, te_src, next(self.vae.parameters()).dtype,
@@ -411,10 +429,11 @@ class Trainer:
         if self.conditioning is not None:
             cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents", "clip_features")
                     if k in batch}
-            # per sample: a t2v dataset mixed into an i2v job (replace mode) trains unconditioned
-            # (a validation batch says it itself: its indices are the validation set's)
+            # per sample (DataItem.conditioned): clips of do_i2v datasets; stills and t2v datasets train
+            # unconditioned, as t2v (concat mode refuses unconditioned items at the scan); a validation
+            # batch says it itself: its indices are the validation set's
             active = batch["do_i2v"].to(self.device) if "do_i2v" in batch else torch.tensor(
-                [self.dataset.item(int(i)).do_i2v for i in batch["index"]], device=self.device)
+                [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=self.device)
         context = [e.to(self.device) for e in batch["text_embeds"]]
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,

@@ -5,8 +5,12 @@ Exit 0 when the job can start, 2 with one line naming the key path and what is a
 each skipped when its output exists; `launch/train.sh` always passes it.
 Beyond the typed parse (`video_dit.train.config`), this checks what needs the file system: dataset
 folders (exist, hold media), control images of previews, weights paths, the resume path, and that
-the output folder is writable. `--plan` (train.sh passes it with its launcher arguments) then prints
-the memory plan of the ranks about to start and applies `deepspeed.memory_check` (`memory_check`).
+the output folder is writable; then it scans the data as the trainer will (container headers only,
+seconds for hundreds of clips): no usable item, `num_frames` longer than every clip (naming the
+longest) and stills in a concat i2v job exit 2 here rather than after the ranks start. The temp
+files of cache writes that a killed run left behind are removed here (no rank runs yet). `--plan`
+(train.sh applies it with its launcher arguments) then prints the memory plan of the
+ranks about to start and applies `deepspeed.memory_check` (`memory_check`).
 """
 
 from __future__ import annotations
@@ -193,6 +197,25 @@ def check_image_encoder(p, preset) -> None:
                                f"(accepted: {'ViT-H/14 at 224 px' if want[0] == 1280 else 'the preset image encoder'})")
 
 
+def check_data(job, log=print):
+    """Scan the job's datasets as the trainer will (`scan_datasets`; `DataError` when unusable) and
+    remove the partial cache files of an interrupted run. Returns the scan."""
+    from video_dit.data import scan_datasets
+    from video_dit.data.cache import remove_partial_files
+    from video_dit.models.presets import get_preset
+
+    p = job.process
+    any_i2v = any(d.do_i2v for d in p.datasets)
+    # quiet: the trainer prints the summary and one warning per skipped file at start-up
+    scan = scan_datasets(p.datasets, get_preset(p.model.preset).divisibility, verbose=False,
+                         i2v_mode=p.i2v_mode if any_i2v else None)
+    files, size = remove_partial_files(scan)
+    if files:
+        log(f"[video_dit] removed {files} partial cache file(s) ({size / 2 ** 20:.1f} MiB) left by an "
+            "interrupted run")
+    return scan
+
+
 def validate_file(path: str, do_prepare: bool = False, log=print):
     """The parsed `TrainJob` of `path`, after the optional set-up stages and all checks."""
     from video_dit.train.config import parse_job, read_yaml
@@ -202,6 +225,7 @@ def validate_file(path: str, do_prepare: bool = False, log=print):
         prepare(raw if isinstance(raw, dict) else {}, log=log)
     job = parse_job(raw, str(path))
     check_paths(job)
+    check_data(job, log=log)
     return job
 
 
@@ -237,12 +261,14 @@ def main(argv: list[str] | None = None) -> int:
                                                             "and apply deepspeed.memory_check")
     parser.add_argument("launcher", nargs="*", help="train.sh's extra DeepSpeed launcher arguments (--plan)")
     args = parser.parse_args(argv)
+    from video_dit.data import DataError
+
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         job = validate_file(args.config, args.prepare, log=log)
         if args.plan:
             memory_check(job, args.launcher, log=log)
-    except ConfigError as exc:
+    except (ConfigError, DataError) as exc:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2
     p = job.process
