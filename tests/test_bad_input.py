@@ -40,12 +40,13 @@ def good_job(tmp_path) -> dict:
     data.mkdir()
     Image.new("RGB", (32, 32), (200, 10, 10)).save(data / "a.png")
     (data / "a.txt").write_text("a red square")
+    (tmp_path / "base.safetensors").write_bytes(b"")  # trained weights as far as validation looks (never loaded)
     return {"job": "extension", "config": {"name": "j", "process": [{
         "type": "sd_trainer", "training_folder": str(tmp_path / "out"),
         "network": {"type": "lora", "linear": 4},
         "datasets": [{"folder_path": str(data), "resolution": [32]}],
         "train": {"steps": 3},
-        "model": {"arch": "video_dit", "name_or_path": "preset:tiny"},
+        "model": {"arch": "video_dit", "name_or_path": str(tmp_path / "base.safetensors"), "preset": "tiny"},
         "sample": {"width": 32, "height": 32, "samples": [{"prompt": "x", "ctrl_img": str(data / "a.png")}]},
     }]}}
 

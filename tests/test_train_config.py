@@ -31,6 +31,7 @@ def folder(tmp_path):
     d.mkdir()
     Image.new("RGB", (32, 32)).save(d / "a.png")
     (d / "a.txt").write_text("a black square")
+    (d / "base.safetensors").write_bytes(b"")  # trained weights as far as the config checks look (never loaded)
     return d
 
 
@@ -40,7 +41,7 @@ def base_job(folder: Path, tmp_path: Path) -> dict:
         "network": {"type": "lora", "linear": 4, "linear_alpha": 4},
         "datasets": [{"folder_path": str(folder), "resolution": [32]}],
         "train": {"steps": 3, "lr": "1e-4"},
-        "model": {"arch": "video_dit", "name_or_path": "preset:tiny"},
+        "model": {"arch": "video_dit", "name_or_path": str(folder / "base.safetensors"), "preset": "tiny"},
         "sample": {"width": 32, "height": 32, "samples": [{"prompt": "x", "ctrl_img": str(folder / "a.png")}]},
     }]}}
 
@@ -95,6 +96,9 @@ def test_parses_ai_toolkit_keys_and_ours(folder, tmp_path):
     ("model.quantize", True, "model.quantize", "zero_stage 0, 1 or 2"),
     ("train.timestep_type", "sigmod", "train.timestep_type", "did you mean 'sigmoid'"),
     ("model.name_or_path", "preset:tiny2", "model.name_or_path", "preset:tiny"),
+    ("model.name_or_path", "preset:tiny", "network", "full fine-tune (remove the network block), or LoRA on trained"),
+    ("train.learning_rate", 1e-4, "train.learning_rate", "did you mean 'lr'"),
+    ("network.rank", 8, "network.rank", "did you mean 'linear'"),
     ("train.optimizer", "adamw8bit", "train.optimizer", "'adamw'"),
 ])
 def test_bad_values_name_the_key_and_what_is_accepted(folder, tmp_path, path, value, key, accepted):

@@ -23,8 +23,27 @@ class ConfigError(ValueError):
         super().__init__(f"{path}: {message}")
 
 
+# Names other trainers (diffusers, kohya, OneTrainer, HF) give keys we spell otherwise: difflib's
+# spelling distance cannot find them (`learning_rate` is far from `lr`).
+OTHER_NAMES = {
+    "learning_rate": "lr", "max_train_steps": "steps", "train_steps": "steps", "num_train_steps": "steps",
+    "max_steps": "steps", "train_batch_size": "batch_size", "micro_batch_size": "batch_size",
+    "gradient_accumulation_step": "gradient_accumulation", "grad_accum": "gradient_accumulation",
+    "lr_warmup_steps": "warmup_steps", "warmup": "warmup_steps", "lr_schedule": "lr_scheduler",
+    "mixed_precision": "dtype", "precision": "dtype", "clip_grad_norm": "max_grad_norm",
+    "rank": "linear", "lora_rank": "linear", "network_dim": "linear", "alpha": "linear_alpha",
+    "lora_alpha": "linear_alpha", "network_alpha": "linear_alpha", "frames": "num_frames",
+    "caption_extension": "caption_ext", "data_dir": "folder_path", "path": "folder_path",
+    "output_dir": "training_folder", "pretrained_model_name_or_path": "name_or_path", "model_path": "name_or_path",
+}
+
+
 def did_you_mean(name: str, valid) -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1)
+    valid = list(valid)
+    other = OTHER_NAMES.get(name.lower())
+    if other in valid:
+        return f" (did you mean {other!r}?)"
+    close = difflib.get_close_matches(name, valid, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

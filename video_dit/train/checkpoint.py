@@ -118,6 +118,16 @@ def find_latest(ckpt_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def resume_hint(ckpt_dir: Path) -> str:
+    """What a relaunch does, for the message of an interrupted run (no warnings: `latest` is read as is)."""
+    done = complete_checkpoints(Path(ckpt_dir))
+    if not done:
+        return "no checkpoint yet: relaunching the same command starts again from step 0"
+    last = done[-1]
+    return (f"last checkpoint {last} (step {int(TAG_RE.match(last.name).group(1))}); relaunch the same command to "
+            "resume from it")
+
+
 def clean_incomplete(ckpt_dir: Path) -> list[Path]:
     """Remove half-written `*.tmp` checkpoint folders (call on rank 0 before training)."""
     removed = []

@@ -630,6 +630,12 @@ class ProcessConfig:
         if self.prepare and self.prepare.tiny_vae and not self.model.vae_path:
             raise ConfigError(f"{path}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; "
                                                         "set it")
+        if self.network is not None and self.model.name_or_path.startswith("preset:"):
+            raise ConfigError(f"{path}.network", f"LoRA on {self.model.name_or_path!r} trains nothing: a preset's "
+                              "weights are a random init whose output layer is zero (as in Wan and DiT), so every "
+                              "LoRA gradient is 0 and the adapters stay 0. Accepted: a full fine-tune (remove the "
+                              "network block), or LoRA on trained weights (model.name_or_path: a weights file or "
+                              "folder, with model.preset)")
 
     @property
     def i2v_mode(self) -> str:
@@ -671,9 +677,13 @@ class TrainJob:
 
     def config_hash(self) -> str:
         """Hash of what decides the training trajectory (model, network, data, train, deepspeed), not
-        of paths of outputs or preview settings; stored in checkpoints, compared on resume."""
+        of paths of outputs or preview settings, nor of `train.steps` (a resume may change it: the LR
+        schedule then follows `engine.LRSchedule.extended`, logged); stored in checkpoints, compared on
+        resume."""
         p = self.raw["config"]["process"][0]
         keep = {k: p.get(k) for k in ("model", "network", "datasets", "train", "deepspeed")}
+        if isinstance(keep["train"], dict):
+            keep["train"] = {k: v for k, v in keep["train"].items() if k != "steps"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

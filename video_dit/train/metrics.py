@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from pathlib import Path
@@ -34,20 +35,41 @@ def step_flops(dit_config, latent_shape, text_len: int) -> tuple[float, int]:
 
 
 class MetricsLog:
-    """Appends rows to `<out>/metrics.jsonl` (rank 0 only; other ranks get a no-op logger)."""
+    """Appends rows to `<out>/metrics.jsonl` (rank 0 only; other ranks get a no-op logger).
 
-    def __init__(self, out_dir: Path, enabled: bool):
+    The file is the run's history: opened at `resume_step` (the step a run starts or resumes from), it
+    first keeps only the rows of earlier steps (those a killed run wrote past its last checkpoint are
+    done again now, and a fresh start begins an empty history); a half-written last line goes too."""
+
+    def __init__(self, out_dir: Path, enabled: bool, resume_step: int = 0):
         self.enabled = enabled
         self.path = Path(out_dir) / "metrics.jsonl"
         self.tb = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._truncate(resume_step)
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is optional
                 SummaryWriter = None
             if SummaryWriter is not None:
                 self.tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+
+    def _truncate(self, step: int) -> None:
+        if not self.path.is_file():
+            return
+        keep = []
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(keep), encoding="utf-8")
+        os.replace(tmp, self.path)
 
     def write(self, row: dict) -> None:
         if not self.enabled:

@@ -32,6 +32,7 @@ import json
 import random
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -216,18 +217,20 @@ class Trainer:
         if self.expert_plan is not None:
             self.expert_schedule = ExpertSchedule(self.expert_plan, p.train.seed, timestep_sampler(p, self.preset),
                                                   _seed_of)
-        # 3. resume plan (decides load_universal), then per trained DiT: build (under ZeRO-3 partitioned:
-        #    no rank holds a whole model), trainable parameters, checkpointing, DeepSpeed, quantization of
-        #    the frozen base
+        # 3. resume plan (decides load_universal and the LR schedule), then per trained DiT: build (under
+        #    ZeRO-3 partitioned: no rank holds a whole model), trainable parameters, checkpointing,
+        #    DeepSpeed, quantization of the frozen base
         plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage,
                                 convert=ckpt.to_universal,  # another world size / ZeRO stage: universal format
                                 experts=self.expert_plan.trained if self.expert_plan else None)
+        self.schedule = self._schedule(plan)  # the job's global-step schedule; each expert's at its steps
         self.experts: dict[str | None, Expert] = {}
         for name in trained:
             dit = self._build_dit(name)
             steps = self.expert_schedule.steps_of(name, p.train.steps) if len(trained) > 1 else None
             engine, optimizer, scheduler = eng.initialize(
-                dit, job, self.world, load_universal=plan is not None and plan.universal, steps=steps)
+                dit, job, self.world, load_universal=plan is not None and plan.universal, schedule=self.schedule,
+                steps=steps)
             if p.model.quantize:
                 eng.quantize_frozen(engine.module, p.model.qtype_name)
             t_range = expert_range(name, self.expert_plan.boundary, p.train.min_t, p.train.max_t) if name else None
@@ -254,6 +257,8 @@ class Trainer:
         self.config_hash = job.config_hash()
         if plan is not None:
             state = ckpt.load(self.engines(), plan)
+            for e in self.experts.values():  # the restored optimizers hold the checkpoint schedule's last LR
+                eng.sync_lr(e.scheduler)
             if self.ema is not None and not self.ema.load(plan.source):
                 self.log(f"warning: {plan.source} holds no EMA; the average restarts from the resumed weights")
             self.step = int(state["step"])
@@ -263,7 +268,8 @@ class Trainer:
                 self.log(f"warning: {plan.path} was saved with a different training config "
                          f"(hash {state.get('config_hash')} vs {self.config_hash}); resuming anyway")
             self.log(f"resumed from {plan.path} at step {self.step}")
-        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0)
+        # metrics.jsonl is the run's history: rows of steps after the resumed one (done again now) are dropped
+        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0, resume_step=self.step)
         from video_dit.parallel.memory import ActivationPeak
 
         self.act_peak = ActivationPeak(self.device)  # activation peak per rank, for metrics
@@ -329,6 +335,27 @@ class Trainer:
         if self.expert_plan is None:
             return self.engine
         return {name: e.engine for name, e in self.experts.items()}
+
+    def _schedule(self, plan) -> eng.LRSchedule:
+        """The LR schedule of this run: the job's; on resume the checkpoint's, extended when train.steps
+        changed (`LRSchedule.extended`, logged). Other schedule changes are refused (`ResumeError`)."""
+        fresh = eng.LRSchedule.of(self.p.train)
+        if plan is None:
+            return fresh
+        saved = plan.meta.get("lr_schedule")
+        if saved is None:
+            self.log(f"warning: {plan.path} records no LR schedule (an older checkpoint); this job's schedule "
+                     "applies as if it had been configured from the start")
+            return fresh
+        change = eng.schedule_change(plan.meta, self.p.train)
+        if change is not None:
+            raise ckpt.ResumeError(f"config.process[0].train.{change[0]}: {change[1]}")
+        old, step = eng.LRSchedule(**saved), int(plan.meta["step"])
+        if old.total == fresh.total or step >= fresh.total:
+            return old
+        new = old.extended(step, fresh.total)
+        self.log(new.describe(step, old))
+        return new
 
     def _sampling_enabled(self) -> bool:
         s = self.p.sample
@@ -450,11 +477,7 @@ class Trainer:
             self.metrics.write({"step": 0, **self.validate()})
         if self.step == 0 and self.previews and not p.train.skip_first_sample:
             self.preview()
-        bar = None
-        if self.rank0:
-            from tqdm import tqdm
-
-            bar = tqdm(total=total, initial=self.step, desc=self.job.name, dynamic_ncols=True, file=sys.stderr)
+        bar = self._open_progress(total) if self.rank0 else None
         batches = self._batches()
         micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
         t_step = time.perf_counter()
@@ -524,9 +547,39 @@ class Trainer:
                 self.preview()
             t_step = time.perf_counter()
         if bar is not None:
-            bar.close()
+            self._close_progress(bar)
+            self._write_plots()
         self._demo_report()
         return 0
+
+    def _open_progress(self, total: int, file=None):
+        """The rank-0 progress bar (stderr). While it is open, log lines go through `tqdm.write`, which
+        clears the bar, prints the line and redraws the bar below it: a plain print would be glued to the
+        end of the bar's line. `file` (tests): one stream for both."""
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=self.step, desc=self.job.name, dynamic_ncols=True, file=file or sys.stderr)
+        self._plain_log = self._log
+        if self._log is print:  # a caller's own log function is left alone
+            self._log = lambda msg: tqdm.write(msg, file=file or sys.stdout)
+        return bar
+
+    def _close_progress(self, bar) -> None:
+        bar.close()
+        self._log = self._plain_log
+
+    def _write_plots(self) -> None:
+        """A finished job draws its curves (`video-dit plot`) beside metrics.jsonl; a failure is a warning."""
+        from video_dit.commands.plot import plot_metrics
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a figure without data is just not drawn
+                drawn = plot_metrics(self.out_dir)
+        except (RuntimeError, OSError, ValueError) as exc:
+            self.log(f"warning: no plots written ({exc})")
+            return
+        self.log(f"plots: {', '.join(str(q) for q in drawn)}")
 
     def _demo_report(self) -> None:
         """The embedded demo (a `prepare.demo_data` job): the preview checker on step 0 and the last
@@ -637,7 +690,8 @@ class Trainer:
         client = {"step": self.step, "sampler": self.sampler.state_dict(consumed_batches=self._consumed),
                   "nonfinite_in_row": self.nonfinite_in_row, "config_hash": self.config_hash}
         meta = {"step": self.step, "world_size": self.world, "zero_stage": self.zero_stage,
-                "config_hash": self.config_hash, "name": self.job.name, "time": time.time()}
+                "config_hash": self.config_hash, "name": self.job.name, "time": time.time(),
+                "lr": p.train.lr, "lr_schedule": self.schedule.to_dict()}
         ckpt.save(self.engines(), self.ckpt_dir, self.step, client, meta, keep=p.save.max_step_saves_to_keep,
                   frozen_base=p.network is not None, extra=self.ema.save if self.ema is not None else None)
         self._export(self.job.name)
@@ -739,6 +793,11 @@ def run(job, resume: str | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return trainer.train()
+    except KeyboardInterrupt:  # Ctrl-C of a run started without our launcher (the launcher prints its own line)
+        if trainer.rank0:
+            print(f"\n[video_dit] interrupted after step {trainer.step}; {ckpt.resume_hint(trainer.ckpt_dir)}",
+                  file=sys.stderr, flush=True)
+        return 130
     except NonFiniteError as exc:
         trainer.log(f"error: {exc}")
         return EXIT_NONFINITE

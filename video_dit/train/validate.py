@@ -197,6 +197,29 @@ def check_image_encoder(p, preset) -> None:
                                f"(accepted: {'ViT-H/14 at 224 px' if want[0] == 1280 else 'the preset image encoder'})")
 
 
+def check_resume(job) -> None:
+    """The checkpoint a relaunch would resume (`save.resume`): `ConfigError` when the job changes what a
+    resumed run cannot change about its LR schedule (`engine.schedule_change`; train.steps may change)."""
+    import json
+    import warnings
+
+    from video_dit.train import checkpoint as ckpt
+    from video_dit.train.engine import schedule_change
+
+    resume = job.process.save.resume
+    if resume == "none":
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trainer warns about a stale `latest` itself
+        path = ckpt.find_latest(job.out_dir / "checkpoints") if resume == "auto" else Path(resume)
+    meta = path / ckpt.META if path is not None else None
+    if meta is None or not meta.is_file():
+        return
+    change = schedule_change(json.loads(meta.read_text()), job.process.train)
+    if change is not None:
+        raise ConfigError(f"{PROCESS}.train.{change[0]}", f"{change[1]} (checkpoint {path})")
+
+
 def check_data(job, log=print):
     """Scan the job's datasets as the trainer will (`scan_datasets`; `DataError` when unusable) and
     remove the partial cache files of an interrupted run. Returns the scan."""
@@ -225,6 +248,7 @@ def validate_file(path: str, do_prepare: bool = False, log=print):
         prepare(raw if isinstance(raw, dict) else {}, log=log)
     job = parse_job(raw, str(path))
     check_paths(job)
+    check_resume(job)
     check_data(job, log=log)
     return job
 
