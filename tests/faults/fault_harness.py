@@ -66,21 +66,49 @@ def train_sh(root: Path, config: Path, *, fault: str | None = None, timeout: int
         out, _ = proc.communicate(timeout=timeout)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        kill_session(proc.pid)
         out, _ = proc.communicate()
         rc = "timeout"
     end = time.time()
-    leftover = True
-    for _ in range(50):
-        try:
-            os.killpg(proc.pid, 0)  # signal 0: only asks whether any process of the session exists
-        except ProcessLookupError:
-            leftover = False
-            break
-        time.sleep(0.1)
+    leftover = session_left(proc.pid, 5.0)
     if leftover:
-        os.killpg(proc.pid, 9)
+        kill_session(proc.pid)
     return {"rc": rc, "output": out, "end": end, "leftover": leftover}
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`: the launcher runs the ranks in a process group of
+    their own, so a process group no longer finds them all; the session (start_new_session) does."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def session_left(sid: int, within_s: float) -> list[int]:
+    """The processes of session `sid` still alive after waiting up to `within_s` seconds for none."""
+    end = time.monotonic() + within_s
+    while True:
+        left = session_processes(sid)
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)
+
+
+def kill_session(sid: int) -> None:
+    for pid in session_processes(sid):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 def trained_items(out_dir: Path) -> list[tuple[int, int, list[int]]]:

@@ -295,11 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as exc:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2
+    print(summary_line(args.config, job), file=sys.stderr)
+    return 0
+
+
+def summary_line(config: str, job) -> str:
+    """The one line a job that passed validation gets."""
     p = job.process
     kind = f"LoRA rank {p.network.linear}" if p.network else "full fine-tune"
-    print(f"[video_dit] {args.config}: OK ({job.name}: {p.model.name_or_path}, {kind}, ZeRO-{p.deepspeed.zero_stage}, "
-          f"{p.train.steps} steps -> {job.out_dir})", file=sys.stderr)
-    return 0
+    return (f"[video_dit] {config}: OK ({job.name}: {p.model.name_or_path}, {kind}, ZeRO-{p.deepspeed.zero_stage}, "
+            f"{p.train.steps} steps -> {job.out_dir})")
 
 
 if __name__ == "__main__":
