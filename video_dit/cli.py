@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help)
@@ -35,11 +36,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a user can cause and fix (a path, a value, a file): one line, exit 2. Anything else is a bug and
+# keeps its traceback. VIDEO_DIT_TRACEBACK=1 shows the traceback of these too.
+USER_ERRORS = (ValueError, KeyError, OSError)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     sys.argv[1:] = argv
     args = build_parser().parse_args(argv)
-    return int(importlib.import_module(args._module).main(args) or 0)
+    try:
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except USER_ERRORS as exc:
+        if os.environ.get("VIDEO_DIT_TRACEBACK"):
+            raise
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"video-dit {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -13,11 +13,14 @@ A14B: `transformer/` + `transformer_2/`, or Wan's `high_noise_model/` + `low_noi
 both experts, each step with the one whose side of the boundary holds its timestep:
     video-dit sample --model models/Wan2.2-T2V-A14B-Diffusers --lora NAME_high_noise.safetensors \\
         --lora-2 NAME_low_noise.safetensors --prompt "..." --out a14b.mp4 [--offload-inactive-expert]
-(a LoRA handed to the other expert's option is refused, naming the file). Order of work: the prompts
-are encoded and the text encoder freed before the DiT is loaded, so the two never share memory; so are
-the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in PATH, or --image-encoder).
-Sampling settings left out come from PATH/scheduler/scheduler_config.json (solver, shift), then the
-preset's defaults (diffusion/sampling_settings.py); one printed line says which were used.
+(a LoRA handed to the other expert's option is refused, naming the file). A full fine-tune export
+(ours or the ai-toolkit arch's) records its preset and where its VAE and text encoder came from in
+`video_dit_sources.json`, which is read when --vae / --text-encoder / --preset are not given. Order of
+work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
+share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
+PATH, or --image-encoder). Sampling settings left out come from PATH/scheduler/scheduler_config.json
+(solver, shift), then the preset's defaults (diffusion/sampling_settings.py); one printed line says
+which were used. Errors are one line (`video-dit`'s top level), never a traceback.
 """
 
 from __future__ import annotations
@@ -131,8 +134,9 @@ def _is_vae_file(path: Path) -> bool:
 
 def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tuple[str, str, str]:
     """(dit source, vae source, text encoder source) for `load_dit` / `load_vae` / `load_text_encoder`
-    (a two-expert folder's dit source is the folder: `load_experts` reads its experts)."""
-    from video_dit.models.loading import expert_sources
+    (a two-expert folder's dit source is the folder: `load_experts` reads its experts); a folder's
+    `video_dit_sources.json` names the VAE and text encoder an export was trained with."""
+    from video_dit.models.loading import SOURCES_FILE, expert_sources, read_sources
     from video_dit.models.presets import get_preset
 
     if model.startswith("preset:"):
@@ -154,6 +158,15 @@ def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tu
             raise ValueError(f"--model {model}: no transformer/ folder and no DiT weight files "
                              f"({', '.join(WEIGHT_EXTS)}) in it")
         # several files: sharded DiT weights, read as a folder by load_dit
+    saved = read_sources(path)
+    for key, given in (("vae", vae), ("text_encoder", text_encoder)):
+        recorded = saved.get(key)
+        if given is None and recorded is not None and not recorded.startswith("preset:") \
+                and not Path(recorded).exists():
+            raise FileNotFoundError(f"--model {model}: its {SOURCES_FILE} names the {key.replace('_', ' ')} "
+                                    f"{recorded}, which does not exist here; pass --{key.replace('_', '-')}")
+    vae = vae or saved.get("vae")
+    text_encoder = text_encoder or saved.get("text_encoder")
     if vae is None:
         candidates = [path / "vae"] if (path / "vae").is_dir() else [f for f in _weight_files(path) if _is_vae_file(f)]
         if len(candidates) != 1:
@@ -243,7 +256,11 @@ def main(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
-    preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:") else None)
+    from video_dit.models.loading import read_sources
+
+    saved = {} if args.model.startswith("preset:") else read_sources(args.model) if Path(args.model).is_dir() else {}
+    preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:")
+                                  else saved.get("preset"))
     preset = get_preset(preset_name) if preset_name else None
     fps = args.fps if args.fps is not None else (preset.fps if preset else 16)
     dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)

@@ -21,6 +21,31 @@ class WeightsError(ValueError):
     """A weights file or folder that does not fit the model; the message names the file and keys."""
 
 
+# Written beside full fine-tune weights (our trainer's exports, the ai-toolkit arch's save_model):
+# {"preset", "vae", "text_encoder"[, "i2v_mode", "sampling"]}, so that the folder loads and samples alone.
+SOURCES_FILE = "video_dit_sources.json"
+
+
+def read_sources(folder: str | os.PathLike) -> dict:
+    """What `SOURCES_FILE` in `folder` records, or {} (no such file, or `folder` is not a folder)."""
+    path = Path(folder) / SOURCES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise WeightsError(f"{path}: not a readable sources file ({exc})") from exc
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def write_sources(folder: str | os.PathLike, sources: dict) -> Path:
+    path = Path(folder) / SOURCES_FILE
+    path.write_text(json.dumps(sources, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 # safetensors header dtype names -> torch dtypes
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,

@@ -70,9 +70,11 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
-                shard_bytes: int = SHARD_BYTES) -> Path | None:
+                shard_bytes: int = SHARD_BYTES, sources: dict | None = None) -> Path | None:
     """Native (original Wan key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
-    through `<folder>.tmp` and a rename); every rank must call."""
+    through `<folder>.tmp` and a rename); every rank must call. `sources` (preset, VAE, text encoder,
+    the previews' sampling settings) goes to `video_dit_sources.json` beside them, so `video-dit sample
+    --model FOLDER` needs no other flag."""
     from safetensors.torch import save_file
 
     rank0 = dist.get_rank() == 0
@@ -105,6 +107,10 @@ def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metad
     config = asdict(module.config)
     config["patch_size"] = list(config["patch_size"])
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    if sources is not None:
+        from video_dit.models.loading import write_sources
+
+        write_sources(tmp, sources)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)

@@ -707,7 +707,7 @@ class Trainer:
         one per trained expert of a two-expert job: `<name>_<step>_<expert>.safetensors` (ai-toolkit's split
         LoRA names, ComfyUI keys, `expert` + `boundary_ratio` in the metadata) or, for a full fine-tune,
         `<name>_<step>/<Wan's expert folder>/` (high_noise_model/, low_noise_model/)."""
-        from video_dit.models.loading import EXPERT_FOLDERS
+        from video_dit.models.loading import EXPERT_FOLDERS, write_sources
         from video_dit.train import export
 
         p = self.p
@@ -727,13 +727,29 @@ class Trainer:
                 out = export.export_lora(e.module, self.zero_stage, path, p.network.alpha, dtype, meta_e)
                 if out is not None:
                     export.point_latest(self.out_dir / f"{name}{suffix}.safetensors", out)
-            else:
+            else:  # one model: its sources beside its weights; two experts: beside both expert folders
                 out = export.export_full(e.module, self.zero_stage,
-                                         folder / EXPERT_FOLDERS["wan"][expert] if expert else folder, dtype, meta_e)
+                                         folder / EXPERT_FOLDERS["wan"][expert] if expert else folder, dtype, meta_e,
+                                         sources=None if expert else self._sources())
         if self.rank0:
             if p.network is None:
+                if self.expert_plan is not None:
+                    write_sources(folder, self._sources())
                 export.point_latest(self.out_dir / name, folder)
             self._prune_exports(name)
+
+    def _sources(self) -> dict:
+        """What a full fine-tune export records beside its weights (`video_dit_sources.json`): the preset,
+        where the VAE and text encoder came from (absolute paths), the i2v mode and the first preview's
+        sampling settings, which `video-dit sample --model EXPORT` then uses by default."""
+        import os
+
+        vae, te = model_sources(self.p)
+        out = {"preset": self.preset.name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
+               **{k: v if v.startswith("preset:") else os.path.abspath(v) for k, v in (("vae", vae), ("text_encoder", te))}}
+        if self.previews:
+            out["sampling"] = preview_sampling(self.previews[0], self.p.sample, self.preset)
+        return out
 
     def _prune_exports(self, name: str) -> None:
         """Keep the exports of the last `max_step_saves_to_keep` saves: `<name>_<9-digit step>` files or
@@ -778,6 +794,14 @@ def build_conditioning(process, dit_config):
     return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
                                   mask_first_frame_loss=process.model.mask_first_frame_loss,
                                   last_frame=process.flf2v)
+
+
+def preview_sampling(job, sample_cfg, preset) -> dict:
+    """The sampling settings a preview used, as `video-dit sample` flags name them."""
+    shift = sample_cfg.shift if sample_cfg.shift is not None else preset.sample_shift
+    neg = sample_cfg.samples[job.index].neg if sample_cfg.samples[job.index].neg is not None else sample_cfg.neg
+    return {"steps": job.steps, "cfg": job.guidance_scale, "shift": shift, "negative": neg, "frames": job.num_frames,
+            "height": job.height, "width": job.width, "fps": job.fps, "seed": job.seed}
 
 
 def run(job, resume: str | None = None) -> int:

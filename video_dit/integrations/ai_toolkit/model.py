@@ -41,7 +41,7 @@ import torch
 from video_dit.data.frames import snap_num_frames as snap_frame_count
 from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
 from video_dit.diffusion.flow import velocity_target
-from video_dit.models.loading import WeightsError
+from video_dit.models.loading import SOURCES_FILE, WeightsError, read_sources, write_sources
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.typed_config import ConfigError, parse
 
@@ -58,7 +58,7 @@ TEXT_EMBEDDING_VERSION = 1
 LATENT_VERSION = 1
 TEMPORAL = 4  # pixel frames per latent frame after the first (Wan VAEs)
 PEFT_PREFIX = "transformer."  # ai-toolkit's LoRA key prefix for `is_transformer` models (peft format)
-SAVED_SOURCES = "video_dit_sources.json"  # written by save_model beside full fine-tune weights
+SAVED_SOURCES = SOURCES_FILE  # written by save_model beside full fine-tune weights, as our trainer's exports
 
 
 def snap_num_frames(num_frames: int) -> int:
@@ -103,11 +103,7 @@ class ModelKwargs:
 def saved_sources(name_or_path: str) -> dict:
     """What `save_model` recorded next to full fine-tune weights (ai-toolkit resumes a fine-tune by
     pointing `name_or_path` at its last save): {"preset", "vae", "text_encoder"}, or {}."""
-    path = os.path.join(name_or_path, SAVED_SOURCES)
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
+    return read_sources(name_or_path)
 
 
 def plain_meta(meta) -> dict:
@@ -721,7 +717,6 @@ class VideoDiTModel(BaseModel):
             save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
             with open(os.path.join(folder, "config.json"), "w") as f:
                 json.dump(asdict(dit.config), f, indent=2)
-        with open(os.path.join(output_path, SAVED_SOURCES), "w") as f:
-            json.dump(self.sources, f, indent=2)
+        write_sources(output_path, self.sources)
         with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:
             yaml.safe_dump(plain_meta(meta), f)
