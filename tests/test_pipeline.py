@@ -185,10 +185,13 @@ def test_sample_command_rejects_bad_values(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli(["sample", "--model", "preset:tiny", "--prompt", "x", "--out", str(tmp_path / "a.avi")])
     assert "accepted: .mp4" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="no such file"):
-        cli(["sample", "--model", str(tmp_path / "nope"), "--prompt", "x", "--out", str(tmp_path / "a.mp4")])
-    with pytest.raises(KeyError, match="did you mean 'tiny'"):
-        cli(["sample", "--model", "preset:tinny", "--prompt", "x", "--out", str(tmp_path / "a.mp4")])
+    # errors a user can fix: one line, exit 2, no traceback
+    assert cli(["sample", "--model", str(tmp_path / "nope"), "--prompt", "x", "--out", str(tmp_path / "a.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("video-dit sample: error: --model") and "no such file" in err and err.count("\n") == 1
+    assert cli(["sample", "--model", "preset:tinny", "--prompt", "x", "--out", str(tmp_path / "a.mp4")]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean 'tiny'" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_sample_command_from_a_model_folder_with_lora(tmp_path):
