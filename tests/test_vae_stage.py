@@ -127,3 +127,52 @@ def test_reconstruction_figures_of_a_known_error():
     fig = reconstruction_figures(Shift(bg_only=True), [clip, clip])
     mse = (0.05 ** 2) * (64 - 4) / 64                                        # 60 of 64 pixels off by 0.05
     assert fig["psnr"] == [round(10 * math.log10(1 / mse), 2)] * 2 and fig["colour_err"] == [0.0, 0.0]
+
+
+def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(tmp_path, monkeypatch, capsys):
+    """Clips of several sizes train together (scaled and centre-cropped to the smallest shorter side);
+    the folder is read flat, as a dataset is; unusable clips are found from their headers, never decoded."""
+    import numpy as np
+
+    from video_dit import media
+    from video_dit.data.dataset import DataWarning
+    from video_dit.train import vae_stage
+
+    rng = np.random.default_rng(0)
+    d = tmp_path / "real"
+    for name, (frames, w, h) in {"wide.mp4": (9, 64, 40), "square.mov": (9, 32, 32), "tall.mkv": (13, 40, 56),
+                                 "short.mp4": (3, 32, 32), "holdout/extra.mp4": (9, 32, 32)}.items():
+        media.write_video(rng.integers(0, 255, (frames, h, w, 3), dtype=np.uint8), d / name, fps=8)
+    (d / "broken.mp4").write_bytes(b"\0" * 100)
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(d / "still.png")  # not a clip: ignored
+    decoded = []
+    read = media.read_video_frames
+    monkeypatch.setattr(media, "read_video_frames", lambda p, idx=None: decoded.append(p.name) or read(p, idx))
+    with pytest.warns(DataWarning) as caught:
+        clips = vae_stage._clips(d, frames=5, cell=8)
+    assert sorted(decoded) == ["square.mov", "tall.mkv", "wide.mp4"]  # never short.mp4, broken.mp4, holdout/
+    assert [tuple(c.shape) for c in clips] == [(3, 9, 32, 32), (3, 13, 32, 32), (3, 9, 32, 32)]  # sorted by name
+    warned = " | ".join(str(w.message) for w in caught)
+    assert "short.mp4: skipped by the VAE stage: 3 frames, fewer than the 5-frame training windows" in warned
+    assert "broken.mp4: skipped by the VAE stage" in warned
+    # the wide clip: scaled to cover 32 px of height, its centre 32 columns kept (crop_plan, as the trainer does)
+    wide = media.read_video(d / "wide.mp4")  # (F, 3, 40, 64)
+    resized = torch.nn.functional.interpolate(wide, size=(32, 51), mode="bicubic", antialias=True,
+                                              align_corners=False).clamp(-1, 1)
+    torch.testing.assert_close(clips[2].permute(1, 0, 2, 3), resized[:, :, :, 9:41], rtol=0, atol=1e-6)
+    # the stage trains on it, through the command
+    with pytest.warns(DataWarning):
+        assert cli_main(["train-vae", "--data", str(d), "--out", str(tmp_path / "v.safetensors"), "--steps", "2",
+                         "--frames", "5", "--threads", "1"]) == 0
+    assert load_vae(tmp_path / "v.safetensors").config.z_dim == len(VAEConfig.from_dict(
+        json.loads((tmp_path / CONFIG_NAME).read_text())).mean)
+    # nothing usable: an error before any decode
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "broken.mp4").write_bytes(b"\0" * 100)
+    decoded.clear()
+    with pytest.raises(ValueError, match="no clip the VAE stage can use.*broken.mp4"):
+        vae_stage._clips(bad, frames=5, verbose=False)
+    assert decoded == []

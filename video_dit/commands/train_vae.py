@@ -1,7 +1,9 @@
 """`video-dit train-vae --data DIR --out FILE`: train the tiny VAE of the embedded default job.
 
 Writes FILE (safetensors) and config.json beside it (VAEConfig with the measured latent mean/std),
-which `load_vae(FILE)` reads. An existing FILE is kept unless --force.
+which `load_vae(FILE)` reads. An existing FILE is kept unless --force. DIR is read flat, as a dataset
+folder is; clips of any sizes are scaled and centre-cropped to one training size, and every header is
+checked before anything is decoded (unusable clips are skipped with a warning naming them).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos (the demo data)")
+    parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos, read flat as a dataset (any sizes)")
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps (default 150)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")

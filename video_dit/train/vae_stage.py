@@ -11,6 +11,9 @@ logged and kept in the weights' metadata. It saves:
     out_path                    the weights (safetensors, native Wan VAE names)
     out_path.parent/config.json the VAEConfig fields, mean/std included
 
+Any folder of clips works (`video-dit train-vae --data FOLDER`): it is read flat as a dataset is,
+every header is checked before anything is decoded, and clips of any sizes are scaled and
+centre-cropped to one square training size (`_clips`).
 Idempotent (an existing `out_path` is kept) and deterministic for a given seed and thread count.
 Both files are written through a temporary name and renamed, config first, so an interrupted run
 leaves either nothing or a complete pair.
@@ -28,7 +31,7 @@ from pathlib import Path
 import torch
 
 from video_dit.data.frames import snap_num_frames
-from video_dit.media import VIDEO_EXTS, read_video
+from video_dit.media import VIDEO_EXTS
 
 CONFIG_NAME = "config.json"
 HOLDOUT = "holdout"  # the demo data's held-out clips (video_dit.data.demo), measured, never trained on
@@ -45,19 +48,63 @@ class VAETrainResult:
     heldout: dict | None = None   # `reconstruction_figures` of the held-out clips (`data_dir/holdout/`), if any
 
 
-def _clips(data_dir: Path) -> list[torch.Tensor]:
-    """Every video directly in `data_dir` (not in subfolders: the demo's `holdout/` clips are never
-    trained on, as the training readers list a folder flat) as (3, F, H, W) in [-1, 1]; all must
-    share one frame size."""
-    data_dir = Path(data_dir)
-    files = sorted(p for p in data_dir.iterdir() if p.suffix.lower() in VIDEO_EXTS and p.is_file()) \
-        if data_dir.is_dir() else []
+MAX_SIDE = 256     # clips are resized to at most this square side (the stage trains on small crops)
+MAX_FRAMES = 33    # frames decoded per clip: windows and latent statistics need no more
+
+
+def _clips(data_dir: Path, frames: int = 1, cell: int = 8, verbose: bool = True,
+           side: int | None = None) -> list[torch.Tensor]:
+    """The videos directly in `data_dir` (read flat, as a dataset folder is: `dataset.list_media`),
+    each as (3, F, S, S) in [-1, 1]: its first `MAX_FRAMES` frames, scaled to cover an S x S square and
+    centre-cropped, S the smallest clip's shorter side (at most `MAX_SIDE`, a multiple of the VAE's
+    `cell`), so clips of any sizes train together. Every header is read before anything is decoded:
+    a clip that cannot be read or has fewer than `frames` frames is skipped with a warning naming it;
+    no clip left is a `ValueError`. `side`: that square side instead (the held-out clips, measured at
+    the training size)."""
+    import warnings
+
+    from video_dit.data.dataset import DataWarning, list_media
+    from video_dit.data.frames import crop_plan, fit_frames
+    from video_dit.media import MediaError, probe_video, read_video_frames
+
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"{data_dir}: not a folder, so no videos to train the VAE on")
+    paths, _ = list_media(data_dir)
+    files = [p for p in paths if p.suffix.lower() in VIDEO_EXTS]
     if not files:
-        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on")
-    clips = [read_video(p).permute(1, 0, 2, 3).contiguous() for p in files]  # (F,3,H,W) -> (3,F,H,W)
-    sizes = {tuple(c.shape[2:]) for c in clips}
-    if len(sizes) > 1:
-        raise ValueError(f"{data_dir}: the VAE stage needs clips of one frame size, found {sorted(sizes)}")
+        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on (the "
+                                "folder is read flat, as a dataset is: sub-folders are not read)")
+    skipped, usable = [], []
+    for path in files:  # 1. headers only
+        try:
+            info = probe_video(path)
+        except MediaError as exc:
+            skipped.append((path, exc.reason))
+            continue
+        if info.num_frames < frames:
+            skipped.append((path, f"{info.num_frames} frames, fewer than the {frames}-frame training windows"))
+        else:
+            usable.append((path, info))
+    if side is None:
+        side = min([MAX_SIDE] + [min(i.width, i.height) for _, i in usable]) // cell * cell
+    if usable and side < cell:
+        raise ValueError(f"{data_dir}: the smallest clip ({min(min(i.width, i.height) for _, i in usable)} px) is "
+                         f"smaller than the VAE's {cell}-px cell")
+    clips = []
+    for path, info in usable:  # 2. decode what passed, at the training size
+        try:
+            array = read_video_frames(path, list(range(min(info.num_frames, MAX_FRAMES))))  # (F, H, W, 3) uint8
+        except MediaError as exc:
+            skipped.append((path, exc.reason))
+            continue
+        resize, crop = crop_plan(info.width, info.height, side, side)
+        clips.append(fit_frames(array, resize, crop, (side, side)).permute(1, 0, 2, 3).contiguous())  # (3, F, S, S)
+    if verbose:
+        for path, why in skipped:
+            warnings.warn(f"{path}: skipped by the VAE stage: {why}", DataWarning, stacklevel=2)
+    if not clips:
+        raise ValueError(f"{data_dir}: no clip the VAE stage can use ({len(skipped)} skipped: "
+                         + "; ".join(f"{p.name}: {why}" for p, why in skipped[:3]) + ")")
     return clips
 
 
@@ -113,7 +160,10 @@ def _heldout_figures(vae, data_dir: Path, size: tuple[int, int]) -> dict | None:
         return None
     if not any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()):
         return None
-    clips = [c for c in _clips(folder) if tuple(c.shape[2:]) == size]
+    try:
+        clips = [c for c in _clips(folder, verbose=False, side=size[0]) if tuple(c.shape[2:]) == size]
+    except ValueError:  # no held-out clip is readable: nothing to measure
+        return None
     return reconstruction_figures(vae, clips) if clips else None
 
 
@@ -203,10 +253,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         torch.set_num_threads(threads)
     start = time.perf_counter()
     try:
-        clips = _clips(data_dir)
+        clips = _clips(data_dir, frames, VAE_PRESETS[preset].spatial_compression, verbose=verbose)
         length = min(c.shape[1] for c in clips)
-        if length < frames:
-            raise ValueError(f"{data_dir}: clips have {length} frames, fewer than the {frames}-frame windows")
         stats_frames = snap_num_frames(length)
         H, W = clips[0].shape[2:]
         fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
