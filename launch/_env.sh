@@ -19,7 +19,7 @@ PY
 }
 
 vd_python() {  # $1 = "dev" to also require the test extra; prints the python to use
-  local need="deepspeed,peft,av,yaml"
+  local need="deepspeed,peft,av,yaml,matplotlib"
   [ "${1:-}" = "dev" ] && need="$need,pytest,diffusers"
   local active
   active="$(command -v python3 || command -v python)"

@@ -1,4 +1,4 @@
-"""Train a video DiT under DeepSpeed: parse, build, train, close.
+"""Train a video DiT under DeepSpeed: parse, build, train, close; a finished job draws its curves.
 
 Usually started through `launch/train.sh`, which validates the config before any rank starts:
     ./launch/train.sh                                     # the embedded default (configs/demo_i2v_tiny.yaml)
@@ -12,6 +12,7 @@ Directly:
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -33,7 +34,12 @@ def main() -> int:
     except ConfigError as exc:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2
-    return run(job, resume=args.resume)
+    code = run(job, resume=args.resume)
+    if code == 0 and os.environ.get("RANK", "0") == "0":  # loss/throughput/memory PNGs beside metrics.jsonl
+        from video_dit.commands.plot import write_plots
+
+        write_plots(job.out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return code
 
 
 if __name__ == "__main__":

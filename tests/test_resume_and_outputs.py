@@ -177,18 +177,26 @@ def test_log_lines_are_not_glued_to_the_progress_bar(tmp_path):
 
 
 def test_a_finished_job_writes_its_plots_beside_the_metrics(tmp_path):
-    pytest.importorskip("matplotlib")
+    """launch/train.py (rank 0, exit 0) calls write_plots on the job's output folder."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from video_dit.commands.plot import write_plots
     from video_dit.train.metrics import MetricsLog
 
+    root = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("matplotlib") for d in deps)  # installed with the package, not an extra
+    assert "write_plots(job.out_dir" in (root / "launch/train.py").read_text()
     log = MetricsLog(tmp_path, enabled=True)
     for step in range(1, 5):
         log.write({"step": step, "loss": 1.0 / step, "samples_per_s": 2.0, "tokens_per_s": 20.0, "peak_mem_gb": 1.0})
     lines = []
-    trainer = _stub_trainer(tmp_path)
-    trainer._log = lines.append
-    trainer._write_plots()
+    drawn = write_plots(tmp_path, log=lines.append)
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["loss.png", "memory.png", "throughput.png"]
+    assert sorted(p.name for p in drawn) == ["loss.png", "memory.png", "throughput.png"]
     assert lines and lines[0].startswith("[video_dit] plots: ")
+    lines.clear()
+    assert write_plots(tmp_path / "empty", log=lines.append) == [] and "no plots written" in lines[0]
 
 
 def test_resume_hint_names_the_last_complete_checkpoint(tmp_path):

@@ -5,7 +5,8 @@ held-out `val_loss` (and `val_loss_ema`)), `throughput.png` (samples/s and
 tokens/s, stacked) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
 A line that is not a JSON object with a `step` (a half-written last line of a running job, say) is
 skipped with a warning naming the file and line. After a resume, a step logged twice keeps its
-last record. matplotlib is an optional dependency (`pip install video_dit[plot]`).
+last record. matplotlib is installed with the package; a finished training job calls
+`plot_metrics` on its own output folder.
 """
 
 from __future__ import annotations
@@ -104,8 +105,8 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
         matplotlib.use("Agg")  # headless servers: never open a window
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError("video-dit plot needs matplotlib: pip install matplotlib "
-                           "(or pip install 'video_dit[plot]')") from exc
+        raise RuntimeError("video-dit plot needs matplotlib, a dependency of video_dit: reinstall the package "
+                           "(pip install -e .) or pip install matplotlib") from exc
 
     metrics = Path(metrics)
     if metrics.is_dir():
@@ -181,6 +182,20 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
         save(fig, [ax], "memory.png")
     else:
         warnings.warn(f"{metrics}: no 'peak_mem_gb' values; memory.png not written", stacklevel=2)
+    return drawn
+
+
+def write_plots(out_dir: str | Path, log=print) -> list[Path]:
+    """What a finished training job does (launch/train.py, rank 0): its curves beside its metrics.jsonl;
+    a failure (no matplotlib, no metrics) is one warning line, never an error of the job."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a figure without data is just not drawn
+            drawn = list(plot_metrics(out_dir))
+    except (RuntimeError, OSError, ValueError) as exc:
+        log(f"[video_dit] warning: no plots written ({exc})")
+        return []
+    log(f"[video_dit] plots: {', '.join(str(q) for q in drawn)}")
     return drawn
 
 

@@ -32,7 +32,6 @@ import json
 import random
 import sys
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -548,7 +547,6 @@ class Trainer:
             t_step = time.perf_counter()
         if bar is not None:
             self._close_progress(bar)
-            self._write_plots()
         self._demo_report()
         return 0
 
@@ -568,18 +566,6 @@ class Trainer:
         bar.close()
         self._log = self._plain_log
 
-    def _write_plots(self) -> None:
-        """A finished job draws its curves (`video-dit plot`) beside metrics.jsonl; a failure is a warning."""
-        from video_dit.commands.plot import plot_metrics
-
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a figure without data is just not drawn
-                drawn = plot_metrics(self.out_dir)
-        except (RuntimeError, OSError, ValueError) as exc:
-            self.log(f"warning: no plots written ({exc})")
-            return
-        self.log(f"plots: {', '.join(str(q) for q in drawn)}")
 
     def _demo_report(self) -> None:
         """The embedded demo (a `prepare.demo_data` job): the preview checker on step 0 and the last
