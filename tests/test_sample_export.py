@@ -40,6 +40,23 @@ def test_an_export_samples_with_no_other_flag(export_folder, tmp_path, capsys):
     assert out["shift5"].read_bytes() != out["bare"].read_bytes()
 
 
+def test_an_export_renders_with_the_settings_its_previews_used(export_folder, tmp_path):
+    """What the trainer records (`preview_sampling`) becomes the default of every flag left out."""
+    sources = json.loads((export_folder / "video_dit_sources.json").read_text())
+    shown = {"solver": "euler", "steps": 2, "shift": 7.0, "guidance": 1.0, "negative": "", "grid": "wan",
+             "frames": 1, "height": 16, "width": 16, "fps": 8, "seed": 4}
+    (export_folder / "video_dit_sources.json").write_text(json.dumps({**sources, "sampling": shown}))
+    bare, explicit = tmp_path / "bare.mp4", tmp_path / "explicit.mp4"
+    assert cli_main(["sample", "--model", str(export_folder), "--prompt", "a red square", "--out", str(bare)]) == 0
+    flags = ["--solver", "euler", "--steps", "2", "--shift", "7", "--cfg", "1", "--frames", "1", "--height", "16",
+             "--width", "16", "--fps", "8", "--seed", "4", "--preset", "tiny", "--vae", "preset:tiny",
+             "--text-encoder", "preset:tiny"]
+    (export_folder / "video_dit_sources.json").write_text(json.dumps(sources))  # nothing recorded: flags only
+    assert cli_main(["sample", "--model", str(export_folder), "--prompt", "a red square", *flags,
+                     "--out", str(explicit)]) == 0
+    assert bare.read_bytes() == explicit.read_bytes()
+
+
 def test_sample_errors_are_one_line(export_folder, tmp_path, capsys):
     sources = export_folder / "video_dit_sources.json"
     sources.write_text(json.dumps({"preset": "tiny", "vae": str(tmp_path / "gone_vae.safetensors"),

@@ -6,7 +6,8 @@ launch costs more than the steps), and one test per claim:
        has its keys, previews are decodable MP4s (+ PNG sheets) rendered from the control image; then
        a job resuming A's step-20 checkpoint: steps 21..30 give A's losses exactly.
   C    ZeRO-0 / ZeRO-3 LoRA (equal exports that reload; ZeRO-0 asks bf16: CPU ranks train fp32 and
-       say so once), ZeRO-3 / ZeRO-2 full fine-tunes (exports load),
+       say so once), ZeRO-3 / ZeRO-2 full fine-tunes (exports load; `video-dit sample --model EXPORT`
+       alone reproduces its preview MP4),
        a quantized base (its LoRA exports and reloads; non-finite losses skipped, then stop the job),
        gradient accumulation against one bigger batch and CPU offload against none (ZeRO-2 each; ZeRO-3
        both in one job; on a world of identical clips, see `same_world`), both offloaded
@@ -130,7 +131,7 @@ def launch_c(world):
     # z0 asks for bf16: CPU ranks train it in float32 (its exports equal z3's, fp32), saying so once
     jobs = [job_yaml(world, "z0", zero=0, train={"dtype": "bf16"}), job_yaml(world, "z3", zero=3, sample_every=3),
             job_yaml(world, "f3", zero=3, lora=False, steps=2, save_every=2),
-            job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2)]
+            job_yaml(world, "f2", zero=2, lora=False, steps=2, save_every=2, sample_every=2)]
     specs = [{"config": str(j), "resume": "none", "predict": True} for j in jobs]
     # quantized frozen base (after deepspeed.initialize) + non-finite losses injected on rank 1 only:
     # loss call 2 is skipped on both ranks and training goes on; calls 5 and 6 stop the job (2 in a row)
@@ -220,6 +221,14 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     # ZeRO-3 and ZeRO-2 full fine-tunes of the same job agree too
     a, b = (load_dit(str(world / f"out/{n}/{n}")).state_dict() for n in ("f3", "f2"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    # the export renders what its previews showed with no other flag (issue 21): video_dit_sources.json
+    # holds its preset, VAE, text encoder and the preview's sampling settings; same MP4, byte for byte
+    from video_dit.cli import main as cli_main
+
+    sample, out = helpers.holdout_sample(world / "data"), world / "f2_from_export.mp4"
+    assert cli_main(["sample", "--model", str(world / "out/f2/f2"), "--prompt", sample["prompt"],
+                     "--image", sample["ctrl_img"], "--out", str(out)]) == 0
+    assert out.read_bytes() == (world / "out/f2/samples/000000002_0.mp4").read_bytes()
 
 
 def test_quantized_base_skips_nonfinite_losses_and_its_lora_reloads(launch_c):

@@ -15,7 +15,10 @@ both experts, each step with the one whose side of the boundary holds its timest
         --lora-2 NAME_low_noise.safetensors --prompt "..." --out a14b.mp4 [--offload-inactive-expert]
 (a LoRA handed to the other expert's option is refused, naming the file). A full fine-tune export
 (ours or the ai-toolkit arch's) records its preset and where its VAE and text encoder came from in
-`video_dit_sources.json`, which is read when --vae / --text-encoder / --preset are not given. Order of
+`video_dit_sources.json`, which is read when --vae / --text-encoder / --preset are not given, and
+the settings its first preview rendered with (solver, steps, shift, guidance, negative prompt,
+frames, size, fps, seed), used for every flag the command leaves out: it renders what the previews
+showed. Order of
 work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
 share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
 PATH, or --image-encoder). Sampling settings left out come from PATH/scheduler/scheduler_config.json
@@ -92,9 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the model folder's image_encoder/, or a tiny preset's own)")
     parser.add_argument("--quantize-image-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the CLIP image encoder's weights with optimum-quanto")
-    parser.add_argument("--frames", type=_positive_int, default=17, help="frames, snapped to 4k + 1 (default 17)")
-    parser.add_argument("--height", type=_positive_int, default=480, help="pixels, snapped to the model's multiple (default 480)")
-    parser.add_argument("--width", type=_positive_int, default=832, help="pixels, snapped to the model's multiple (default 832)")
+    parser.add_argument("--frames", type=_positive_int, default=None,
+                        help="frames, snapped to 4k + 1 (default: an export's previews', else 17)")
+    parser.add_argument("--height", type=_positive_int, default=None,
+                        help="pixels, snapped to the model's multiple (default: an export's previews', else 480)")
+    parser.add_argument("--width", type=_positive_int, default=None,
+                        help="pixels, snapped to the model's multiple (default: an export's previews', else 832)")
     parser.add_argument("--steps", type=_positive_int, default=None, help="solver steps (default: the preset's)")
     parser.add_argument("--solver", choices=("unipc", "euler"), default=None,
                         help="flow ODE solver: unipc (Wan's) or euler (default: the model folder's scheduler "
@@ -114,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shift", type=_float_in(0.0, strict=True), default=None,
                         help="flow-matching shift of the schedule (default: the model folder's scheduler config, "
                              "else the preset's)")
-    parser.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    parser.add_argument("--seed", type=int, default=None, help="noise seed (default: an export's first preview's, else 0)")
     parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="DiT and text-encoder dtype (default float32; bfloat16 keeps the DiT's float32 islands)")
@@ -246,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from video_dit.diffusion.experts import HIGH, LOW
-    from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
+    from video_dit.diffusion.sampling_settings import SchedulerConfig, read_scheduler_config, resolve_sampling
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
     from video_dit.models.dit import cast_dit
@@ -256,14 +262,18 @@ def main(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
-    from video_dit.models.loading import read_sources
+    from video_dit.models.loading import SOURCES_FILE, read_sources
 
     saved = {} if args.model.startswith("preset:") else read_sources(args.model) if Path(args.model).is_dir() else {}
     preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:")
                                   else saved.get("preset"))
     preset = get_preset(preset_name) if preset_name else None
-    fps = args.fps if args.fps is not None else (preset.fps if preset else 16)
     dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)
+    # a full fine-tune export: what its first preview used, for every flag the command leaves out
+    shown = saved.get("sampling") or {}
+    size = {k: getattr(args, k) if getattr(args, k) is not None else shown.get(k, default)
+            for k, default in (("frames", 17), ("height", 480), ("width", 832), ("seed", 0))}
+    fps = args.fps if args.fps is not None else shown.get("fps", preset.fps if preset else 16)
     image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
     from video_dit.models.loading import expert_sources
 
@@ -282,7 +292,13 @@ def main(args: argparse.Namespace) -> int:
         ("solver", args.solver, "--solver"), ("steps", args.steps, "--steps"), ("shift", args.shift, "--shift"),
         ("guidance", args.cfg, "--cfg"), ("guidance_2", args.cfg_2, "--cfg-2"),
         ("negative", args.negative, "--negative")] if value is not None}
-    scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
+    if shown:  # ranks after the command, before the folder's scheduler config and the preset
+        where = f"{SOURCES_FILE} (the previews')"
+        given = {**{k: (shown[k], where) for k in ("steps", "guidance", "guidance_2", "negative")
+                    if shown.get(k) is not None}, **given}
+        scheduler = SchedulerConfig(shown["solver"], shown["shift"], shown.get("grid", "wan"), Path(where))
+    else:
+        scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
     settings = resolve_sampling(preset, scheduler, given, two_experts=two)
     print(settings.describe(), flush=True)
     last = load_image(args.last_image) if args.last_image else None
@@ -323,9 +339,10 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {pipe.dit_config.in_dim}): "
                          "pass --image FIRST_FRAME")
     # 3. sample, decode, write
-    generator = torch.Generator("cpu").manual_seed(args.seed)
-    frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=args.frames, height=args.height,
-                           width=args.width, steps=settings.steps, guidance_scale=settings.guidance,
+    generator = torch.Generator("cpu").manual_seed(size["seed"])
+    frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=size["frames"],
+                           height=size["height"], width=size["width"], steps=settings.steps,
+                           guidance_scale=settings.guidance,
                            guidance_scale_2=settings.guidance_2 if two else None,
                            shift=settings.shift, solver=settings.solver, grid=settings.grid, generator=generator,
                            first_frame=image, progress=True, last_frame=last, image_embeds=image_embeds)

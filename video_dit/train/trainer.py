@@ -734,7 +734,7 @@ class Trainer:
         out = {"preset": self.preset.name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
                **{k: v if v.startswith("preset:") else os.path.abspath(v) for k, v in (("vae", vae), ("text_encoder", te))}}
         if self.previews:
-            out["sampling"] = preview_sampling(self.previews[0], self.p.sample, self.preset)
+            out["sampling"] = preview_sampling(self.previews[0])
         return out
 
     def _prune_exports(self, name: str) -> None:
@@ -782,11 +782,12 @@ def build_conditioning(process, dit_config):
                                   last_frame=process.flf2v)
 
 
-def preview_sampling(job, sample_cfg, preset) -> dict:
-    """The sampling settings a preview used, as `video-dit sample` flags name them."""
-    shift = sample_cfg.shift if sample_cfg.shift is not None else preset.sample_shift
-    neg = sample_cfg.samples[job.index].neg if sample_cfg.samples[job.index].neg is not None else sample_cfg.neg
-    return {"steps": job.steps, "cfg": job.guidance_scale, "shift": shift, "negative": neg, "frames": job.num_frames,
+def preview_sampling(job) -> dict:
+    """The settings a preview rendered with (`PreviewJob`), for an export's `video_dit_sources.json`:
+    `video-dit sample --model EXPORT` uses them for every flag it is not given."""
+    st = job.settings
+    return {"solver": st.solver, "steps": st.steps, "shift": st.shift, "guidance": st.guidance,
+            "guidance_2": st.guidance_2, "negative": st.negative, "grid": st.grid, "frames": job.num_frames,
             "height": job.height, "width": job.width, "fps": job.fps, "seed": job.seed}
 
 
