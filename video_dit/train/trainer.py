@@ -566,7 +566,6 @@ class Trainer:
         bar.close()
         self._log = self._plain_log
 
-
     def _demo_report(self) -> None:
         """The embedded demo (a `prepare.demo_data` job): the preview checker on step 0 and the last
         step (`video-dit check-demo` prints the same)."""
@@ -728,11 +727,9 @@ class Trainer:
         """What a full fine-tune export records beside its weights (`video_dit_sources.json`): the preset,
         where the VAE and text encoder came from (absolute paths), the i2v mode and the first preview's
         sampling settings, which `video-dit sample --model EXPORT` then uses by default."""
-        import os
-
-        vae, te = model_sources(self.p)
-        out = {"preset": self.preset.name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
-               **{k: v if v.startswith("preset:") else os.path.abspath(v) for k, v in (("vae", vae), ("text_encoder", te))}}
+        vae, te = (v if v.startswith("preset:") else str(Path(v).absolute()) for v in model_sources(self.p))
+        out = {"preset": self.preset.name, "vae": vae, "text_encoder": te,
+               "i2v_mode": self.i2v_mode if self.any_i2v else "none"}
         if self.previews:
             out["sampling"] = preview_sampling(self.previews[0])
         return out
