@@ -482,7 +482,7 @@ def test_wan21_flf2v_clip_model_through_ai_toolkit(aitk, tmp_path):
 
 
 def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp_path):
-    """A do_i2v folder of a clip and a still (issue 21), each item through our trainer's `loss_of` and
+    """A do_i2v folder of a clip and a still (issue 21), each item through our trainer's `loss_at` and
     through the ai-toolkit arch, from the latents and first-frame latents `build_cache` stores (ai-toolkit's
     cached-latent batches carry the same: `first_frame_latents` for clips only), same DiT, t and noise:
     equal losses. The still is plain t2v (no mask, no first frame) in both; the clip is conditioned."""
@@ -493,7 +493,7 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
     from video_dit.data.frames import load_item_pixels
     from video_dit.diffusion.conditioning import encode_conditioning
     from video_dit.media import tensor_to_pil
-    from video_dit.train.trainer import Trainer, _seed_of
+    from video_dit.train.trainer import Trainer
     from video_dit.typed_config import parse
 
     folder = tmp_path / "mixed"
@@ -505,20 +505,10 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
     assert sorted((it.kind, it.conditioned) for it in scan.items) == [("image", False), ("video", True)]
 
     ctx = sd.get_prompt_embeds(["a shape"])
-    trainer = Trainer.__new__(Trainer)  # only what loss_of reads
-    trainer.p = types.SimpleNamespace(train=types.SimpleNamespace(seed=5))
-    trainer.dp_rank, trainer.step, trainer.device = 0, 0, torch.device("cpu")
-    trainer.engine, trainer.conditioning = sd.model, sd.conditioning  # the one conditioning object
+    trainer = Trainer.__new__(Trainer)  # only what loss_at reads
+    trainer.device, trainer.engine, trainer.conditioning = torch.device("cpu"), sd.model, sd.conditioning
+    trainer.timesteps = types.SimpleNamespace(loss_weight=torch.ones_like)  # plain "shift": weight 1
     t = torch.tensor([640.0])
-
-    class FixedTimesteps:
-        def sample(self, n, generator):
-            return t
-
-        def loss_weight(self, tt):
-            return torch.ones_like(tt)
-
-    trainer.timesteps = FixedTimesteps()
     for item in scan.items:
         trainer.dataset = types.SimpleNamespace(item=lambda i, item=item: item)
         video = load_item_pixels(item).permute(1, 0, 2, 3)[None]  # (1, 3, F, H, W), as build_cache encodes it
@@ -526,9 +516,8 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
             latents = sd.vae.normalize(sd.vae.encode(video).mode())
             first = encode_conditioning(sd.vae, video, "replace", video.shape[2])  # stored for stills too
             cached = {"latents": latents, "text_embeds": ctx.text_embeds, "index": torch.tensor([0]), **first}
-            ours = trainer.loss_of(cached, micro=0)
-            # the noise loss_of drew from its (seed, rank, step, micro) generator, after t
-            noise = torch.randn(latents.shape, generator=torch.Generator("cpu").manual_seed(_seed_of(5, 0, 0, 0)))
+            noise = torch.randn(latents.shape, generator=torch.Generator().manual_seed(5))
+            ours = trainer.loss_at(cached, t, noise)  # what loss_of computes after drawing t and noise
             batch = DataLoaderBatchDTO(latents=latents, do_i2v=True, num_frames=video.shape[2],
                                        first_frame_latents=first["first_frame_latents"] if item.kind == "video"
                                        else None)
