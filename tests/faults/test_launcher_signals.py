@@ -4,7 +4,7 @@ Two launches of one job, as a user (or `timeout`, a scheduler, a closed terminal
   A  train.steps 200; once a checkpoint at step >= 4 exists, SIGKILL to the launcher's PID (not its
      process group): no handler runs there, the watchdog kills the ranks.
   B  the same command with train.steps raised to 400: resumes from A's last checkpoint, the cosine
-     re-stretched from there (engine.LRSchedule.extended); after two more checkpoints, SIGTERM to
+     re-stretched from there (engine.LRSchedule.extended); after one more checkpoint, SIGTERM to
      the launcher's PID: the ranks are killed, one line names the step and the last checkpoint.
 Asserted: no process of the job survives either signal by more than a few seconds, B resumes from
 the checkpoint A left, metrics.jsonl is the run's history (each step once), the LR of every step
@@ -92,7 +92,7 @@ def runs(mixed):
     _set_steps(cfg, 400)
     b = _start(mixed, cfg, b_log)
     try:
-        _wait(b, b_log, lambda: _latest_step(ck) >= resumed_at + 4)
+        _wait(b, b_log, lambda: _latest_step(ck) >= resumed_at + 2)
         b_left, b_s = _signal_and_reap(b, signal.SIGTERM)
     finally:
         h.kill_session(b.pid)
