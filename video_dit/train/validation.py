@@ -145,7 +145,7 @@ class Validator:
                 k = self.mine[slot] if real else (self.mine[-1] if self.mine else 0)
                 sample = self.dataset[k]
                 batch = collate([sample])
-                batch["do_i2v"] = torch.tensor([self.dataset.item(k).do_i2v])
+                batch["do_i2v"] = torch.tensor([self.dataset.item(k).conditioned])  # stills: as t2v
                 noise = self.noise(k, sample["latents"].shape)
                 for j, s in enumerate(self.sigmas):
                     loss = loss_at(batch, torch.tensor([1000.0 * s]), noise)
