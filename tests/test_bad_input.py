@@ -295,9 +295,18 @@ def test_bad_media_are_skipped_named_and_counted(tmp_path, monkeypatch, capsys):
 
 @pytest.fixture()
 def clip_job(good_job, tmp_path) -> dict:
-    """A valid job on the tiny Wan 2.1 I2V-style preset (concat + CLIP): video-less stills are enough here."""
+    """A valid job on the tiny Wan 2.1 I2V-style preset (concat + CLIP): a full fine-tune (LoRA on a random
+    preset is refused) on one clip (a concat i2v model refuses stills)."""
+    from video_dit import media
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    media.write_video(np.zeros((5, 32, 32, 3), np.uint8), clips / "c.mp4", fps=8)
     job = _set(good_job, "model.name_or_path", "preset:tiny-clip-i2v")
-    return _set(job, "datasets[0].do_i2v", True)
+    process = job["config"]["process"][0]
+    del process["network"], process["model"]["preset"]  # name_or_path names the preset
+    process["datasets"][0].update(folder_path=str(clips), num_frames=5, do_i2v=True)
+    return job
 
 
 def _corrupt_png(tmp_path) -> str:

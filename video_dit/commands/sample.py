@@ -305,7 +305,8 @@ def main(args: argparse.Namespace) -> int:
     if last is not None and image is None:
         raise ValueError("--last-image needs --image (the first frame)")
     dit_config = get_preset(dit_src[len("preset:"):]).dit if dit_src.startswith("preset:") else open_dit(dit_src)[1]
-    clip_src = image_encoder_for(args.model, dit_config, args.image_encoder)  # checked before any model loads
+    # checked before any model loads; an export names the CLIP image encoder it was trained with
+    clip_src = image_encoder_for(args.model, dit_config, args.image_encoder or saved.get("image_encoder"))
     if dit_config.image_dim is not None and dit_config.num_images == 2 and last is None:
         raise ValueError(f"--model {args.model} is first-last-frame (Wan 2.1 FLF2V): pass --last-image LAST_FRAME")
 

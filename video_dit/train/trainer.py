@@ -725,11 +725,14 @@ class Trainer:
 
     def _sources(self) -> dict:
         """What a full fine-tune export records beside its weights (`video_dit_sources.json`): the preset,
-        where the VAE and text encoder came from (absolute paths), the i2v mode and the first preview's
+        where the VAE, text encoder (and CLIP image encoder) came from (absolute paths), the i2v mode and the first preview's
         sampling settings, which `video-dit sample --model EXPORT` then uses by default."""
         vae, te = (v if v.startswith("preset:") else str(Path(v).absolute()) for v in model_sources(self.p))
         out = {"preset": self.preset.name, "vae": vae, "text_encoder": te,
                "i2v_mode": self.i2v_mode if self.any_i2v else "none"}
+        clip = image_encoder_source(self.p)  # Wan 2.1 I2V / FLF2V: the CLIP image encoder too
+        if clip is not None:
+            out["image_encoder"] = clip if clip.startswith("preset:") else str(Path(clip).absolute())
         if self.previews:
             out["sampling"] = preview_sampling(self.previews[0])
         return out
