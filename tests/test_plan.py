@@ -116,6 +116,12 @@ def test_train_sh_check_refuses_warns_or_stays_off(job, tmp_path, capsys):
     assert validate.main(["--plan", "--", str(job), "--num_gpus", "64"]) == 2
     err = capsys.readouterr().err
     assert "deepspeed.memory_check" in err and "predicted not to fit" in err and "memory plan:" in err
+    # what train.sh runs (video_dit.train.launcher): the same refusal, before any rank starts
+    from video_dit.train import launcher
+
+    assert launcher.main([str(job), "--num_gpus", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "deepspeed.memory_check" in err and "predicted not to fit" in err and "OK (" not in err
     for mode, expected in (("warn", "warning: predicted not to fit"), ("off", None)):
         path = helpers.write_job(tmp_path, f"check_{mode}",
                                  helpers.train_process(job.parent, deepspeed={"memory_check": mode}))
