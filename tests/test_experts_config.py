@@ -19,7 +19,9 @@ PROCESS = "config.process[0]"
 
 
 def _job(tmp_path, model: dict, train: dict | None = None, preset: str = "tiny-a14b") -> dict:
-    process = helpers.train_process(tmp_path, model={"preset": preset, **model}, train=train or {})
+    # a job on a preset's random weights is a full fine-tune (LoRA on one is refused: it trains nothing)
+    random = str(model.get("name_or_path", "")).startswith("preset:")
+    process = helpers.train_process(tmp_path, model={"preset": preset, **model}, train=train or {}, lora=not random)
     return {"job": "extension", "config": {"name": "j", "process": [process]}}
 
 
