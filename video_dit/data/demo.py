@@ -142,7 +142,10 @@ def check_clip(frames: np.ndarray, caption: str) -> dict:
     foreground over all frames, named by the nearest demo colour. Passes when every frame holds a
     foreground of at least half the first frame's area, at least 3/4 of the frames classify as the
     caption's shape, the colour is the caption's, and the centroid moved from the first frame to the
-    last by >= W/4 along the caption's direction and more along it than across it.
+    last by >= W/4 along the caption's direction and more along it than across it. A foreground that
+    grows past twice the first frame's area is not the shape (a decoder drifting to a bright wash of
+    the whole frame): it fails `present`, and then `motion` too, since the centroid of a flood tracks
+    nothing.
     Returns the figures and `ok` (bool) with `failed` (the criteria that failed).
     """
     shape, colour, direction = parse_caption(caption)
@@ -167,12 +170,12 @@ def check_clip(frames: np.ndarray, caption: str) -> dict:
     (x0, y0), (x1, y1) = centroids[0], centroids[-1]
     along = (x1 - x0) * dx + (y1 - y0) * dy
     across = abs((x1 - x0) * dy) + abs((y1 - y0) * dx)
-    present = bool(areas[0] > 0 and (areas >= 0.5 * areas[0]).all())
+    present = bool(areas[0] > 0 and (areas >= 0.5 * areas[0]).all() and (areas <= 2 * areas[0]).all())
     shape_share = sum(s == shape for s in shapes) / F
     result = {
         "caption": caption, "shape": shape, "colour": colour, "direction": direction,
-        "area_first": int(areas[0]), "area_min": int(areas.min()), "shape_share": round(shape_share, 3),
-        "seen_shape": max(set(shapes), key=shapes.count), "mean_rgb": [round(float(v), 1) for v in mean_rgb],
+        "area_first": int(areas[0]), "area_min": int(areas.min()), "area_max": int(areas.max()), "shape_share": round(shape_share, 3),
+        "seen_shape": max(sorted(set(shapes)), key=shapes.count), "mean_rgb": [round(float(v), 1) for v in mean_rgb],
         "seen_colour": nearest_colour(mean_rgb) if len(pixels) else "none",
         "moved_px": round(float(along), 1) if np.isfinite(along) else None,
         "across_px": round(float(across), 1) if np.isfinite(across) else None,
@@ -182,7 +185,7 @@ def check_clip(frames: np.ndarray, caption: str) -> dict:
         "present": present,
         "shape": shape_share >= 0.75,
         "colour": result["seen_colour"] == colour,
-        "motion": bool(np.isfinite(along) and along >= W / 4 and along > across),
+        "motion": bool(present and np.isfinite(along) and along >= W / 4 and along > across),
     }
     result["failed"] = [k for k, ok in checks.items() if not ok]
     result["ok"] = not result["failed"]
@@ -195,5 +198,5 @@ def format_check(result: dict) -> str:
     return (f"{'PASS' if result['ok'] else 'FAIL'}  {result['shape']} {result['colour']} {result['direction']}: "
             f"seen {result['seen_shape']} ({result['shape_share']:.0%} of frames), {result['seen_colour']} "
             f"rgb {tuple(round(v) for v in result['mean_rgb'])}, {moved} (need >= {result['needed_px']:g}), "
-            f"area {result['area_min']}-{result['area_first']} px"
+            f"area {result['area_min']}-{result['area_max']} px (first frame {result['area_first']})"
             + (f"  [failed: {', '.join(result['failed'])}]" if result["failed"] else ""))
