@@ -506,7 +506,7 @@ class TinyVAEStage:
     """`prepare.tiny_vae`: run `train_tiny_vae(data, model.vae_path, ...)` when the file is missing."""
 
     data: str
-    steps: int = 150  # the recipe of video_dit.train.vae_stage (300 collapsed to a flat colour)
+    steps: int = 150  # the recipe of video_dit.train.vae_stage (its held-out figures: see train_tiny_vae)
     seed: int = 0
     batch_size: int = 2
     frames: int = 5
