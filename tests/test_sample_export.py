@@ -44,17 +44,22 @@ def test_an_export_renders_with_the_settings_its_previews_used(export_folder, tm
     """What the trainer records (`preview_sampling`) becomes the default of every flag left out."""
     sources = json.loads((export_folder / "video_dit_sources.json").read_text())
     shown = {"solver": "euler", "steps": 2, "shift": 7.0, "guidance": 1.0, "negative": "", "grid": "wan",
-             "frames": 1, "height": 16, "width": 16, "fps": 8, "seed": 4}
+             "frames": 1, "height": 16, "width": 16, "fps": 8, "seed": 4, "dtype": "bfloat16", "vae_dtype": "float32"}
     (export_folder / "video_dit_sources.json").write_text(json.dumps({**sources, "sampling": shown}))
     bare, explicit = tmp_path / "bare.mp4", tmp_path / "explicit.mp4"
     assert cli_main(["sample", "--model", str(export_folder), "--prompt", "a red square", "--out", str(bare)]) == 0
     flags = ["--solver", "euler", "--steps", "2", "--shift", "7", "--cfg", "1", "--frames", "1", "--height", "16",
-             "--width", "16", "--fps", "8", "--seed", "4", "--preset", "tiny", "--vae", "preset:tiny",
-             "--text-encoder", "preset:tiny"]
+             "--width", "16", "--fps", "8", "--seed", "4", "--dtype", "bfloat16", "--vae-dtype", "float32",
+             "--preset", "tiny", "--vae", "preset:tiny", "--text-encoder", "preset:tiny"]
     (export_folder / "video_dit_sources.json").write_text(json.dumps(sources))  # nothing recorded: flags only
     assert cli_main(["sample", "--model", str(export_folder), "--prompt", "a red square", *flags,
                      "--out", str(explicit)]) == 0
     assert bare.read_bytes() == explicit.read_bytes()
+    # the recorded dtype matters (a bf16 job's previews ran the DiT in bf16): float32 renders other frames
+    fp32 = tmp_path / "fp32.mp4"
+    assert cli_main(["sample", "--model", str(export_folder), "--prompt", "a red square",
+                     *[f if f != "bfloat16" else "float32" for f in flags], "--out", str(fp32)]) == 0
+    assert fp32.read_bytes() != bare.read_bytes()
 
 
 def test_sample_errors_are_one_line(export_folder, tmp_path, capsys):

@@ -110,6 +110,28 @@ def test_bad_values_name_the_key_and_what_is_accepted(folder, tmp_path, path, va
     assert accepted in msg, msg
 
 
+def test_the_reason_lora_on_a_preset_is_refused():
+    """What the refusal above says, computed: a preset's random init has a zero output layer, so every
+    LoRA gradient of a step is exactly 0 (the adapters would never move); the same DiT with a non-zero
+    head (as trained weights have) gives the adapters gradients."""
+    from helpers import randomize_head
+    from video_dit import lora
+    from video_dit.models.loading import load_dit
+
+    def lora_grads(dit):
+        lora.add_lora(dit, 4)
+        gen = torch.Generator().manual_seed(0)
+        c = dit.config
+        out = dit(torch.randn(1, c.in_dim, 2, 8, 8, generator=gen), torch.tensor([500.0]),
+                  [torch.randn(5, c.text_dim, generator=gen)])
+        (out - torch.randn(out.shape, generator=gen)).pow(2).mean().backward()
+        return [p.grad for p in dit.parameters() if p.requires_grad]
+
+    grads = lora_grads(load_dit("preset:tiny"))
+    assert grads and all(torch.count_nonzero(g) == 0 for g in grads)
+    assert any(torch.count_nonzero(g) > 0 for g in lora_grads(randomize_head(load_dit("preset:tiny"))))
+
+
 def test_file_checks_name_the_key(folder, tmp_path):
     from video_dit.train.validate import check_paths
 

@@ -17,9 +17,8 @@ both experts, each step with the one whose side of the boundary holds its timest
 (ours or the ai-toolkit arch's) records its preset and where its VAE and text encoder came from in
 `video_dit_sources.json`, which is read when --vae / --text-encoder / --preset are not given, and
 the settings its first preview rendered with (solver, steps, shift, guidance, negative prompt,
-frames, size, fps, seed), used for every flag the command leaves out: it renders what the previews
-showed. Order of
-work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
+frames, size, fps, seed, the DiT / text encoder and VAE dtypes), used for every flag the command
+leaves out: it renders what the previews showed. Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
 share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
 PATH, or --image-encoder). Sampling settings left out come from PATH/scheduler/scheduler_config.json
 (solver, shift), then the preset's defaults (diffusion/sampling_settings.py); one printed line says
@@ -122,10 +121,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else the preset's)")
     parser.add_argument("--seed", type=int, default=None, help="noise seed (default: an export's first preview's, else 0)")
     parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="DiT and text-encoder dtype (default float32; bfloat16 keeps the DiT's float32 islands)")
-    parser.add_argument("--vae-dtype", choices=DTYPES, default="float32",
-                        help="VAE dtype (default float32, as Wan decodes)")
+    parser.add_argument("--dtype", choices=DTYPES, default=None,
+                        help="DiT and text-encoder dtype (default: an export's previews', else float32; bfloat16 "
+                             "keeps the DiT's float32 islands)")
+    parser.add_argument("--vae-dtype", choices=DTYPES, default=None,
+                        help="VAE dtype (default: an export's previews', else float32, as Wan decodes)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--out", type=_out_path, required=True, help=f"output file ({' '.join(OUT_EXTS)})")
 
@@ -261,7 +261,6 @@ def main(args: argparse.Namespace) -> int:
     from video_dit.pipeline import VideoPipeline, image_features
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = getattr(torch, args.dtype)
     from video_dit.models.loading import SOURCES_FILE, read_sources
 
     saved = {} if args.model.startswith("preset:") else read_sources(args.model) if Path(args.model).is_dir() else {}
@@ -274,6 +273,8 @@ def main(args: argparse.Namespace) -> int:
     size = {k: getattr(args, k) if getattr(args, k) is not None else shown.get(k, default)
             for k, default in (("frames", 17), ("height", 480), ("width", 832), ("seed", 0))}
     fps = args.fps if args.fps is not None else shown.get("fps", preset.fps if preset else 16)
+    dtype = getattr(torch, args.dtype or shown.get("dtype", "float32"))          # the previews' DiT / text encoder
+    vae_dtype = getattr(torch, args.vae_dtype or shown.get("vae_dtype", "float32"))
     image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
     from video_dit.models.loading import expert_sources
 
@@ -334,7 +335,7 @@ def main(args: argparse.Namespace) -> int:
             if path:
                 load_lora(path, expert)
                 cast_dit(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
-    vae = load_vae(vae_src, dtype=getattr(torch, args.vae_dtype), device=device).eval()
+    vae = load_vae(vae_src, dtype=vae_dtype, device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
     if pipe.i2v_mode == "concat" and image is None:
         raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {pipe.dit_config.in_dim}): "

@@ -72,8 +72,9 @@ except ProcessLookupError:
 """
 
 
-def _option(args: list[str], name: str) -> str | None:
-    """The value of `--name V` or `--name=V` in a DeepSpeed launcher argument list, or None."""
+def launcher_option(args: list[str], name: str) -> str | None:
+    """The value of `--name V` or `--name=V` in a DeepSpeed launcher argument list, or None (also the
+    memory planner's reading of train.sh's arguments, `plan.launcher_machine`)."""
     for i, a in enumerate(args):
         if a == name and i + 1 < len(args):
             return args[i + 1]
@@ -104,8 +105,8 @@ def choose_port(args: list[str], log=print) -> tuple[list[str], int | None]:
     (--hostfile) are left alone: the rendezvous runs on another machine."""
     from video_dit.train.engine import free_port
 
-    given = _option(args, "--master_port")
-    if _option(args, "--hostfile") is not None:
+    given = launcher_option(args, "--master_port")
+    if launcher_option(args, "--hostfile") is not None:
         return args, int(given) if given else None
     if given is not None:
         if port_in_use(int(given)):
@@ -128,7 +129,7 @@ class PortInUse(RuntimeError):
 def placement(args: list[str]) -> tuple[list[str], dict]:
     """(DeepSpeed launcher arguments choosing the ranks, environment changes) as train.sh chose them:
     the user's choice, else every visible GPU, else 2 CPU ranks with OMP threads split between them."""
-    if any(_option(args, k) is not None for k in ("--hostfile", "--num_gpus", "--include")):
+    if any(launcher_option(args, k) is not None for k in ("--hostfile", "--num_gpus", "--include")):
         return [], {}
     import shutil
 
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, **env_changes, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *ranks, *args,
            str(ROOT / "launch" / "train.py"), "--config", config]
-    multi_node = _option(argv, "--hostfile") is not None
+    multi_node = launcher_option(argv, "--hostfile") is not None
     sup = Supervisor(cmd, env=env, cwd=ROOT, grace_s=GRACE_S if multi_node else 0.0)
     sup.start()  # 4.-6.
     code = sup.wait()

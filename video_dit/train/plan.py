@@ -863,16 +863,14 @@ def local_machine(ranks: int | None = None, nodes: int = 1) -> Machine:
 def launcher_machine(launcher_args: list[str]) -> Machine:
     """The machine of a `launch/train.sh` command line: `--num_gpus N`, `--hostfile FILE` (one
     `host slots=N` line per node), else what train.sh starts here (`local_machine`)."""
+    from video_dit.train.launcher import launcher_option
+
     args = list(launcher_args)
     here = local_machine()
 
     def value(flag):
-        for i, a in enumerate(args):
-            if a == flag and i + 1 < len(args):
-                return args[i + 1]
-            if a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-        return None
+        return launcher_option(args, flag)
+
     def count(text: str, what: str) -> int:
         try:
             n = int(text)

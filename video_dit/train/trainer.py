@@ -725,8 +725,9 @@ class Trainer:
 
     def _sources(self) -> dict:
         """What a full fine-tune export records beside its weights (`video_dit_sources.json`): the preset,
-        where the VAE, text encoder (and CLIP image encoder) came from (absolute paths), the i2v mode and the first preview's
-        sampling settings, which `video-dit sample --model EXPORT` then uses by default."""
+        where the VAE, text encoder (and CLIP image encoder) came from (absolute paths), the i2v mode and
+        the first preview's sampling settings and dtypes, which `video-dit sample --model EXPORT` then
+        uses by default."""
         vae, te = (v if v.startswith("preset:") else str(Path(v).absolute()) for v in model_sources(self.p))
         out = {"preset": self.preset.name, "vae": vae, "text_encoder": te,
                "i2v_mode": self.i2v_mode if self.any_i2v else "none"}
@@ -734,7 +735,9 @@ class Trainer:
         if clip is not None:
             out["image_encoder"] = clip if clip.startswith("preset:") else str(Path(clip).absolute())
         if self.previews:
-            out["sampling"] = preview_sampling(self.previews[0])
+            vae_dtype, _ = encoder_dtypes(self.p)
+            out["sampling"] = {**preview_sampling(self.previews[0]),  # previews: the DiT in the training dtype
+                               "dtype": dtype_name(self.dtype), "vae_dtype": dtype_name(vae_dtype)}
         return out
 
     def _prune_exports(self, name: str) -> None:
@@ -780,6 +783,11 @@ def build_conditioning(process, dit_config):
     return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
                                   mask_first_frame_loss=process.model.mask_first_frame_loss,
                                   last_frame=process.flf2v)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> "bfloat16" (`video-dit sample --dtype`'s spelling)."""
+    return str(dtype).removeprefix("torch.")
 
 
 def preview_sampling(job) -> dict:
