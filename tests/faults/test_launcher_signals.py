@@ -27,7 +27,9 @@ from PIL import Image
 
 import fault_harness as h
 
-pytestmark = pytest.mark.multirank
+# two real launches (20-40 s of start-up on an idle 2-core machine before any step) are past the CI
+# budget: `-m slow`. In CI, tests/test_launcher.py checks the same Supervisor with stand-in ranks.
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 GONE_S = 5  # from the signal to the last process of the job
 
 
