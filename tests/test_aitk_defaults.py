@@ -213,7 +213,7 @@ def test_our_trainer_accepts_ai_toolkits_defaults_of_shared_keys(tmp_path):
     assert {"neg", "sampler", "sample_start_step"} <= set(block["sample"]) and "neg" in block["sample"]["samples"][0]
     assert {"cache_latents_to_disk", "cache_text_embeddings"} <= set(block["datasets"][0])
     job = parse_job({"job": "extension", "config": {"name": "j", "process": [{
-        "training_folder": str(tmp_path / "out"), "network": {"type": "lora"},
+        "training_folder": str(tmp_path / "out"),     # a full fine-tune: LoRA on a preset is refused
         "model": {"name_or_path": "preset:tiny"}, **block}]}})
     p = job.process
     assert p.sample.neg == "" and p.sample.samples[0].neg == ""  # False: no negative prompt
