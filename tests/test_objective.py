@@ -110,7 +110,7 @@ def trainer(sd, folder, preset: str, timestep_type: str = "uniform", **model):
     tr.device, tr.engine = torch.device("cpu"), sd.model
     tr.conditioning = build_conditioning(job.process, sd.model.dit.config)
     tr.timesteps = timestep_sampler(job.process, get_preset(preset))
-    tr.dataset = types.SimpleNamespace(item=lambda i: types.SimpleNamespace(do_i2v=True))
+    tr.dataset = types.SimpleNamespace(item=lambda i: types.SimpleNamespace(do_i2v=True, conditioned=True))
     return tr
 
 
