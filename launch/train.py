@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's video_dit, installed or not
 
 from video_dit.train.config import load_job
+from video_dit.train.engine import leave_distributed
 from video_dit.train.trainer import run
 from video_dit.typed_config import ConfigError
 
@@ -34,7 +35,10 @@ def main() -> int:
     except ConfigError as exc:
         print(f"config error in {args.config}: {exc}", file=sys.stderr)
         return 2
-    code = run(job, resume=args.resume)
+    try:
+        code = run(job, resume=args.resume)
+    finally:
+        leave_distributed()
     if code == 0 and os.environ.get("RANK", "0") == "0":  # loss/throughput/memory PNGs beside metrics.jsonl
         from video_dit.commands.plot import write_plots
 

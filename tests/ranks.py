@@ -310,7 +310,16 @@ def worker(spec_path: str) -> int:
     return 0
 
 
+def _worker_main(spec: str) -> int:
+    from video_dit.train.engine import leave_distributed
+
+    try:
+        return worker(spec)
+    finally:
+        leave_distributed()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--jobs":
-        sys.exit(worker(sys.argv[2]))
+        sys.exit(_worker_main(sys.argv[2]))
     sys.exit(f"usage: {sys.argv[0]} --jobs SPEC.json")

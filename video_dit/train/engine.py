@@ -64,6 +64,14 @@ def init_distributed(timeout_s: int) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave_distributed() -> None:
+    """End this process's group before the interpreter exits (local, no collective: safe after a
+    failed peer). Left to interpreter shutdown, gloo's threads were torn down in an order that
+    aborted a rank that had finished ('terminate called without an active exception', SIGABRT)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def cpu_allreduce_buffer_path(rank: int) -> Path:
     """The POSIX shared-memory segment DeepSpeed's CPU accelerator creates per rank for its shm
     allreduce (name format of deepspeed/ops/csrc/cpu/comm/shm.cpp, shm_initialize: prefix, uid,
