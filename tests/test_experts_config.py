@@ -4,7 +4,6 @@ expert's training timesteps (the shifted distribution conditioned on its side of
 
 from __future__ import annotations
 
-import copy
 import math
 
 import helpers

@@ -20,7 +20,6 @@ first run's step 3 loss.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -29,7 +28,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
 GiB = 2 ** 30

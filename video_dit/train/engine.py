@@ -84,9 +84,12 @@ def unlink_cpu_allreduce_buffer() -> None:
     """DeepSpeed 0.19.8 never unlinks its CPU shm allreduce segments (shared_close is never
     called): every 2-rank CPU launch left 2 x 66 MiB in /dev/shm (RAM) for good. Once every rank
     has mapped every segment (shm_initialize returns only after it has; the barrier waits for all),
-    each rank unlinks its own name: the mappings stay valid and the memory goes with the processes."""
-    dist.barrier()
-    cpu_allreduce_buffer_path(dist.get_rank()).unlink(missing_ok=True)
+    each rank unlinks its own name: the mappings stay valid and the memory goes with the processes.
+    Without the segment (not every rank local: DeepSpeed made none on any rank) nothing to wait for."""
+    own = cpu_allreduce_buffer_path(dist.get_rank())
+    if own.exists():
+        dist.barrier()
+        own.unlink()
 
 
 def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:

@@ -269,7 +269,7 @@ def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_
     full = not lora_rank
     T = Ll if per_token else 1
     T_time = L if per_token else 1  # the time MLP runs before the tokens are split
-    Li, c = cfg.image_context_len, cfg.image_dim or 0
+    Li = cfg.image_context_len
     stats = (9 + H + (H if N == 1 else 0) + (H if Li else 0)) * 4
     text = Lt * (3 * D * s + 4 + 2 * r * s) + Li * (3 * D * s + 4 + 2 * r * s)  # + the image side (k_img, v_img)
     image = 2 * D * s if Li else 0  # the text and image attention outputs, apart from their sum (kept by `o`)
@@ -493,7 +493,6 @@ def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lo
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
         during = act.peak
         after = trans.gradients + max(trans.buffers, trans.optimizer)
-        backward_peak = res.device + max(during, after)
         mem = replace(res, activations=during if during >= after else 0,
                       gradients=0 if during >= after else trans.gradients,
                       buffers=0 if during >= after else trans.buffers,
