@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -138,9 +139,12 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
         rc_a, wall_a = launch(job, work / "run_a.log", fault=f"kill_rank1_at_step:{KILL_AT}")
         first = rows(metrics_path)
         rc_b, wall_b = launch(job, work / "run_b.log")
-        every = rows(metrics_path)
-        second = every[len(first):]
         log_b = (work / "run_b.log").read_text()
+        resumed = re.search(r"resumed from \S+ at step (\d+)", log_b)
+        resumed_at = int(resumed.group(1)) if resumed else 0
+        # metrics.jsonl drops the rows after the resumed step, which the relaunch writes again
+        every = rows(metrics_path)
+        second = [r for r in every if r["step"] > resumed_at]
         export = work / "out" / "rehearsal" / "rehearsal.safetensors"
         lora = {}
         if export.is_file():
@@ -158,7 +162,7 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
             "run_a": {"rc": rc_a, "wall_s": wall_a, "steps": [r["step"] for r in first],
                       "peak_rss_gib": max((r["peak_mem_gb"] for r in first), default=None)},
             "run_b": {"rc": rc_b, "wall_s": wall_b, "steps": [r["step"] for r in second],
-                      "resumed": "resumed from" in log_b,
+                      "resumed": resumed is not None, "resumed_at_step": resumed_at,
                       "peak_rss_gib": max((r["peak_mem_gb"] for r in second), default=None)},
             "step_s": statistics.median(r["step_time_s"] for r in every) if every else None,
             "loss_step3": {"first_run": a3, "resumed": b3,
@@ -180,7 +184,7 @@ def print_table(res: dict) -> None:
     print(f"\nRehearsal: {res['preset']} LoRA r{RANK}, ZeRO-3 (partitioned build), SP 2, block checkpointing, "
           f"2 CPU ranks, 17x128x128 ({res['tokens']} tokens), fp32")
     print(f"  run 1: exit {a['rc']} (killed in step {KILL_AT}), steps {a['steps']}, {a['wall_s']:.0f} s")
-    print(f"  run 2: exit {b['rc']}, resumed {b['resumed']}, steps {b['steps']}, {b['wall_s']:.0f} s")
+    print(f"  run 2: exit {b['rc']}, resumed {b['resumed']} (from step {b['resumed_at_step']}), steps {b['steps']}, {b['wall_s']:.0f} s")
     ls = res["loss_step3"]
     print(f"  step {KILL_AT - 1} loss: first run {ls['first_run']}, resumed {ls['resumed']}, equal {ls['equal']}")
     print(f"  per-rank peak RSS: measured {res['peak_rss_gib']} GiB, planner {p['peak_rss_per_rank_gib']:.2f} GiB "

@@ -143,3 +143,37 @@ def run_peak_gb(device) -> float:
     """This rank's allocator peak over the whole run on CUDA, also across ActivationPeak's resets."""
     device = torch.device(device)
     return max(ActivationPeak.run_peak_bytes, torch.cuda.max_memory_allocated(device)) / 2 ** 30
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages freed since the last call back to the OS (glibc's `malloc_trim`; a no-op
+    elsewhere). Why: each group's full tensors are freed, but the partitions allocated between them
+    live on, and glibc keeps the freed pages in its heap, so the process's RSS would grow by about
+    half a group per group (measured: +0.7 GiB over the 1.3B's 30 blocks) though no tensor is live.
+    The same holds for ZeRO-3's per-block gathers on CPU ranks (`release_heap_per_block`)."""
+    global _malloc_trim
+    if _malloc_trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim this way
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim = None
+
+
+def release_heap_per_block(dit) -> None:
+    """Hand freed heap pages back to the OS before each DiT block runs (forward, and the recomputation
+    in backward when blocks are checkpointed): for ZeRO-3 on CPU ranks, whose parameters are gathered
+    into host memory block by block and freed after use. glibc keeps those freed pages, so without
+    this a rank's RSS grows by about its partition of every block in a step though no gathered
+    tensor is alive (measured, `wan2.1-t2v-1.3b` LoRA, 2 CPU ranks, ZeRO-3, SP 2, checkpointing:
+    3.2 GiB after set-up -> 6.8 GiB peak in the first step, -> 3.9 GiB with this; the planner says
+    4.05). A no-op where `release_freed_memory` is (not glibc)."""
+    for block in dit.blocks:
+        block.register_forward_pre_hook(lambda module, args: release_freed_memory())

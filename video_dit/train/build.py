@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from video_dit.models.loading import check_state_dict, module_groups, open_dit, stored_dtype
+from video_dit.parallel.memory import release_freed_memory
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
@@ -168,27 +169,6 @@ def _build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, c
             del tensors
         release_freed_memory()
     return cast_dit(model, dtype)  # the compute dtype; every parameter already has its dtype
-
-
-def release_freed_memory() -> None:
-    """Hand the heap pages freed since the last call back to the OS (glibc's `malloc_trim`; a no-op
-    elsewhere). Why: each group's full tensors are freed, but the partitions allocated between them
-    live on, and glibc keeps the freed pages in its heap, so the process's RSS would grow by about
-    half a group per group (measured: +0.7 GiB over the 1.3B's 30 blocks) though no tensor is live."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        import ctypes
-        import ctypes.util
-
-        try:
-            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim this way
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim = None
 
 
 def partition_numel(model: nn.Module) -> dict[str, int]:

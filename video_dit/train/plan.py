@@ -82,13 +82,17 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
   ZeRO-3   sum ceil(p/N) s partitions (+ parameters under the persistence threshold in full); fp32
            master Pt/N 4; the gradient partition buffer Pt/N s and the reduce bucket
            (reduce_bucket_size s), both allocated at initialize; Adam 2 Pt/N 4; while forward and
-           backward run, gathered parameters: min(P, max(prefetch bucket, max reuse distance) +
-           largest module) s. After a module runs, DeepSpeed (from the second step, its trace known)
-           keeps its parameters gathered when they recur within the next stage3_max_reuse_distance
-           elements of the trace (partitioned_param_coordinator.__params_to_release); so every
-           parameter gathered at a moment t is used again in the trace window after t that holds
-           at most that many elements, plus the prefetched ones: an upper bound, near for a model
-           larger than the distance (default 1e9 elements: 3.7 GiB in fp32, 1.9 GiB in bf16)
+           backward run, gathered parameters: min(P, max(prefetch bucket, max live parameters,
+           max reuse distance) + largest module) s. From the second step (its trace known) DeepSpeed
+           prefetches ahead of the module running while fewer than stage3_max_live_parameters
+           elements are gathered (partitioned_param_coordinator.fetch_sub_module: each prefetch at
+           most the prefetch bucket), and after a module runs it keeps the parameters gathered that
+           recur within the next stage3_max_reuse_distance elements of the trace
+           (__params_to_release); so every parameter gathered at a moment t is the running module's,
+           a prefetched one, or one used again in the trace window after t that holds at most that
+           many elements: an upper bound, near for a model larger than these (default 1e9 elements
+           each: 3.7 GiB in fp32, 1.9 GiB in bf16). Measured (the rehearsal's job, max live 1e8,
+           reuse 5e7): 0.41 GiB gathered from step 2, the bound 0.42 GiB
   offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
   (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
 The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
@@ -440,9 +444,10 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         res.gradients = part * s
         res.buffers = z.reduce_bucket_size * s
         gatherable = sum(n for n in sizes.numels if n >= persist)
-        # gathered at once: the module running, what is prefetched and what DeepSpeed keeps gathered
-        # because it is used again within max_reuse_distance elements of the step's trace (bound below)
-        trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_reuse_distance)
+        # gathered at once: the module running, what is prefetched (up to max_live_parameters gathered
+        # in all) and what DeepSpeed keeps gathered because it is used again within max_reuse_distance
+        # elements of the step's trace (bound below)
+        trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
                             + sizes.largest_module) * max(sizes.itemsizes)
         trans.optimizer = part * 4 + (0 if cuda else part * 4)
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers

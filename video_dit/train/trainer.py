@@ -295,6 +295,10 @@ class Trainer:
         dtype = eng.build_dtype(self.dtype, lora=p.network is not None) if trainable else self.dtype
         dit = build_dit(source, self.preset, zero_stage=self.zero_stage, dtype=dtype, device=device or self.device,
                         seed=seed, ds_config=eng.ds_config(self.job, self.world) if self.zero_stage == 3 else None)
+        if self.zero_stage == 3 and self.device.type == "cpu":  # host-memory gathers, block by block
+            from video_dit.parallel.memory import release_heap_per_block
+
+            release_heap_per_block(dit)
         if trainable:
             # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
             return make_trainable(dit, p, self.dtype, self.sp_info).train()
