@@ -176,3 +176,48 @@ def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(t
     with pytest.raises(ValueError, match="no clip the VAE stage can use.*broken.mp4"):
         vae_stage._clips(bad, frames=5, verbose=False)
     assert decoded == []
+
+
+def test_recipe_latent_init_scale_and_cell_term(tmp_path):
+    """`latent_init_scale` multiplies the initial posterior mean (quant_conv's mean half, not its
+    logvar half); `cell_weight` adds w x the mean |error of each 8x8 cell's mean colour| to the loss,
+    recomputed here from the same init and window (one 9-frame clip, whole frames: the window is fixed)."""
+    from torch.nn.functional import avg_pool3d
+
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+
+    d = tmp_path / "one"
+    make_demo_data(d, count=1, frames=9, size=32, seed=0, holdout=0)
+    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
+              verbose=False)  # lr 1e-12: the weights after the step are the init
+    base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
+    scaled = train_tiny_vae_result(d, tmp_path / "b.safetensors", latent_init_scale=100.0, **kw)
+    celled = train_tiny_vae_result(d, tmp_path / "c.safetensors", cell_weight=4.0, **kw)
+    z = base.vae.config.z_dim
+    a, b = base.vae.conv1.weight.detach(), scaled.vae.conv1.weight.detach()
+    torch.testing.assert_close(b[:z], 100 * a[:z], rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(b[z:], a[z:], rtol=1e-5, atol=1e-9)
+
+    torch.manual_seed(0)
+    vae = CausalVideoVAE(VAE_PRESETS["tiny"]).train()
+    x = torch.stack(_clips(d, 9, 8, verbose=False))                     # (1, 3, 9, 32, 32)
+    with torch.no_grad():
+        err = vae.decode(vae.encode(x, chunked=False).mode(), chunked=False, clamp=False) - x
+    expected = 4.0 * float(avg_pool3d(err, (1, 8, 8)).abs().mean())
+    assert abs((celled.losses[0] - base.losses[0]) - expected) < 1e-5 * max(1.0, expected), \
+        (celled.losses[0], base.losses[0], expected)
+
+
+@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5)])
+def test_prepare_refuses_a_bad_recipe_value_naming_the_key(tmp_path, key, value):
+    from video_dit.train.validate import prepare
+    from video_dit.typed_config import ConfigError
+
+    raw = {"job": "extension", "config": {"name": "x", "process": [{
+        "type": "sd_trainer", "model": {"vae_path": str(tmp_path / "v.safetensors")},
+        "prepare": {"tiny_vae": {"data": str(tmp_path), key: value}}}]}}
+    with pytest.raises(ConfigError) as err:
+        prepare(raw, log=lambda *_: None)
+    assert f"prepare.tiny_vae.{key}" in str(err.value) and str(value) in str(err.value)
+    assert not (tmp_path / "v.safetensors").exists()

@@ -512,6 +512,8 @@ class TinyVAEStage:
     frames: int = 5
     lr: float = 2e-3
     sample_posterior: bool = True  # False: decode the posterior mean in training (a plain autoencoder)
+    latent_init_scale: float | None = None  # scale of the initial posterior mean (see train_tiny_vae)
+    cell_weight: float = 0.0  # weight of the latent cells' mean-colour error (see train_tiny_vae)
 
 
 @dataclass

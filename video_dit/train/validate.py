@@ -48,6 +48,11 @@ def prepare(raw: dict, log=print) -> None:
                            fps=d.fps)
     if stages.tiny_vae is not None:
         v = stages.tiny_vae
+        if v.latent_init_scale is not None and not v.latent_init_scale > 0:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.latent_init_scale",
+                              f"must be > 0 (or left out: the default init), got {v.latent_init_scale}")
+        if not v.cell_weight >= 0:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.cell_weight", f"must be >= 0, got {v.cell_weight}")
         model = parse(ModelConfig, proc.get("model"), f"{PROCESS}.model")
         if not model.vae_path:
             raise ConfigError(f"{PROCESS}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; set it")
@@ -59,7 +64,8 @@ def prepare(raw: dict, log=print) -> None:
 
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             train_tiny_vae(v.data, out, steps=v.steps, seed=v.seed, batch_size=v.batch_size, frames=v.frames,
-                           lr=v.lr, sample_posterior=v.sample_posterior)
+                           lr=v.lr, sample_posterior=v.sample_posterior, latent_init_scale=v.latent_init_scale,
+                           cell_weight=v.cell_weight)
 
 
 def check_paths(job) -> None:
