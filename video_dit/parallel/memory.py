@@ -173,7 +173,7 @@ def release_heap_per_block(dit) -> None:
     into host memory block by block and freed after use. glibc keeps those freed pages, so without
     this a rank's RSS grows by about its partition of every block in a step though no gathered
     tensor is alive (measured, `wan2.1-t2v-1.3b` LoRA, 2 CPU ranks, ZeRO-3, SP 2, checkpointing:
-    3.2 GiB after set-up -> 6.8 GiB peak in the first step, -> 3.9 GiB with this; the planner says
-    4.05). A no-op where `release_freed_memory` is (not glibc)."""
+    3.2 GiB after set-up -> 6.8 GiB peak by the end of the first step, 4.0 GiB with this; the
+    planner says 4.22). A no-op where `release_freed_memory` is (not glibc)."""
     for block in dit.blocks:
         block.register_forward_pre_hook(lambda module, args: release_freed_memory())
