@@ -208,13 +208,14 @@ def _atomic_write(path: Path, write) -> None:
             tmp.unlink()
 
 
-def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, steps: int = 150,
-                   seed: int = 0, batch_size: int = 2, frames: int = 5, crop: int | None = 32, lr: float = 2e-3,
-                   kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True, latent_init_scale: float | None = None, cell_weight: float = 0.0, preset: str = "tiny", threads: int | None = None,
-                   log_every: int = 50, force: bool = False, verbose: bool = True) -> Path:
+def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, force: bool = False,
+                   verbose: bool = True, **recipe) -> Path:
     """Train the `preset` VAE on the videos under `data_dir` and save it to `out_path` (+ config.json).
 
-    Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `frames` (4k+1) is
+    Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
+    arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
+    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, preset, threads,
+    log_every), with its defaults. `frames` (4k+1) is
     the length of the random training windows; the latent statistics use whole clips (up to the
     longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
@@ -236,9 +237,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
         if verbose:
             print(f"[train-vae] {out_path} exists, skipping")
         return out_path
-    return train_tiny_vae_result(data_dir, out_path, steps=steps, seed=seed, batch_size=batch_size,
-                                 frames=frames, crop=crop, lr=lr, kl_weight=kl_weight, fg_weight=fg_weight, init_logvar=init_logvar, sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight, preset=preset, threads=threads,
-                                 log_every=log_every, verbose=verbose).path
+    return train_tiny_vae_result(data_dir, out_path, verbose=verbose, **recipe).path
 
 
 def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0, batch_size: int = 2,
