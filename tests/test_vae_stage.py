@@ -209,7 +209,52 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
         (celled.losses[0], base.losses[0], expected)
 
 
-@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5)])
+def test_colour_path_init_starts_as_a_mean_colour_codec():
+    """`init_colour_path`: before the encoder head, channels 0-2 are each latent cell's mean RGB (the
+    first frame alone, then each group of 4: avg_pool3d here); z[:, :3] is that after the head's
+    norm and SiLU; before the decoder head, channels 0-2 are z[:, :3] copied over the cell's pixels
+    and the group's frames (repeat_interleave here), and the output's R, G, B are that after the
+    head's norm and SiLU. The attention blocks' constant bias is zeroed so the paths compare bare;
+    the other channels stay random (the test would pass for a no-op on them, not on 0-2)."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.models.vae_layers import AttentionBlock
+    from video_dit.train.vae_stage import init_colour_path
+
+    torch.manual_seed(0)
+    vae = CausalVideoVAE(VAE_PRESETS["tiny"])
+    init_colour_path(vae)
+    with torch.no_grad():
+        for m in vae.modules():
+            if isinstance(m, AttentionBlock):
+                m.proj.bias.zero_()
+    seen = {}
+    for name, coder in (("enc", vae.encoder), ("dec", vae.decoder)):
+        coder.head[2].register_forward_pre_hook(lambda m, args, name=name: seen.__setitem__(name, args[0].detach()))
+    x = torch.rand(2, 3, 9, 32, 32) * 2 - 1
+    z = vae.encode(x, chunked=False).mode()                                 # autograd path: one call each
+    out = vae.decode(z, chunked=False, clamp=False).detach()
+    z = z.detach()
+
+    groups = torch.cat([x[:, :, :1], x[:, :, 1:].unflatten(2, (-1, 4)).mean(3)], 2)   # (2, 3, 3, 32, 32)
+    torch.testing.assert_close(seen["enc"][:, :3], F.avg_pool3d(groups, (1, 8, 8)), atol=1e-5, rtol=1e-5)
+    norm_silu = lambda h: F.silu(F.normalize(h, dim=1) * h.shape[1] ** 0.5)[:, :3]    # gammas are one
+    torch.testing.assert_close(z[:, :3], norm_silu(seen["enc"]), atol=1e-5, rtol=1e-5)
+    copies = torch.cat([z[:, :3, :1], z[:, :3, 1:].repeat_interleave(4, dim=2)], 2)
+    copies = copies.repeat_interleave(8, dim=3).repeat_interleave(8, dim=4)        # (2, 3, 9, 32, 32)
+    torch.testing.assert_close(seen["dec"][:, :3], copies, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, norm_silu(seen["dec"]), atol=1e-5, rtol=1e-5)
+    assert seen["enc"][:, 3:].std() > 0.1 and seen["dec"][:, 3:].std() > 0.1      # the rest: random features
+
+    with pytest.raises(ValueError, match="Wan 2.1 layout"):
+        init_colour_path(CausalVideoVAE(dataclasses.replace(VAE_PRESETS["tiny"], is_residual=True)))
+
+
+@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0)])
 def test_prepare_refuses_a_bad_recipe_value_naming_the_key(tmp_path, key, value):
     from video_dit.train.validate import prepare
     from video_dit.typed_config import ConfigError

@@ -15,17 +15,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos, read flat as a dataset (any sizes)")
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
     # defaults: the embedded default job's recipe (configs/demo_i2v_tiny.yaml, prepare.tiny_vae)
-    parser.add_argument("--steps", type=int, default=200, help="optimizer steps (default 200)")
+    parser.add_argument("--steps", type=int, default=400, help="optimizer steps (default 400)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
     parser.add_argument("--batch-size", type=int, default=4, help="clips per step (default 4)")
     parser.add_argument("--frames", type=int, default=9, help="frames per training window, 4k+1 (default 9)")
     parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     parser.add_argument("--sample-posterior", action="store_true",
                         help="decode a posterior sample in training (default: its mean, a plain autoencoder)")
-    parser.add_argument("--latent-init-scale", type=float, default=100.0,
-                        help="scale of the initial posterior mean (default 100; see train_tiny_vae)")
+    parser.add_argument("--latent-init-scale", type=float, default=None,
+                        help="scale of the initial posterior mean (default: none; see train_tiny_vae)")
+    parser.add_argument("--colour-path", action=argparse.BooleanOptionalAction, default=True,
+                        help="start z[:, :3] as each cell's mean RGB (default on; see init_colour_path)")
     parser.add_argument("--cell-weight", type=float, default=4.0,
                         help="weight of each latent cell's mean-colour error in the loss (default 4)")
+    parser.add_argument("--fg-weight", type=float, default=8.0,
+                        help="extra weight of the shapes' pixels in the loss (default 8)")
     parser.add_argument("--preset", default="tiny", help="VAE preset to train (default tiny)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--force", action="store_true", help="retrain even if FILE exists")
@@ -42,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
         train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                        frames=args.frames, lr=args.lr, sample_posterior=args.sample_posterior,
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
+                       colour_path=args.colour_path, fg_weight=args.fg_weight,
                        preset=args.preset, threads=args.threads, force=args.force)
     except (FileNotFoundError, ValueError, KeyError, MediaError) as exc:
         print(f"video-dit train-vae: {exc}")

@@ -208,28 +208,118 @@ def _atomic_write(path: Path, write) -> None:
             tmp.unlink()
 
 
+RGB = 3  # the colour path's latent channels: z[:, :3] starts as each cell's mean R, G, B
+
+
+@torch.no_grad()
+def init_colour_path(vae) -> None:
+    """Start a Wan 2.1-layout VAE as a mean-colour codec: z[:, :3] = each latent cell's mean RGB,
+    decoded back as a flat cell of that colour; every other channel keeps its random init.
+
+    Why: the Wan 2.1 encoder's linear path (conv1, then 3x3 stride-2 and temporal convs between the
+    residual blocks) starts as a chain of random filters whose latent is a random projection of a
+    wide window, and under the residual blocks' channel norms the cell's colour is squeezed out as
+    training grows the brightness features: with a linear probe trained on the latent to predict
+    the cells' mean colours (direct supervision, 200 steps), luminance reached R^2 0.95 and chroma
+    0.0-0.3, where a plain 4-conv encoder reached 0.98. With this init, chroma R^2 0.95 in the same
+    steps, and the whole VAE learns hue (README, embedded default).
+
+    Encoder: conv1 copies R, G, B into channels 0-2; each stride-2 conv averages the 2x2 block and
+    each temporal one the frame pair, channel for channel (Resample.forward's padding and taps);
+    1x1 shortcuts are identities; the residual branches, the head conv and quant_conv leave channels
+    0-2 as they are (zero rows, one identity tap). Decoder, the mirror: post_quant_conv and conv1
+    pass z[:, :3] on, each 2x upsampling conv keeps its nearest copy, the temporal one copies each
+    frame into both halves, and the head maps channels 0-2 to R, G, B. Residual branches keep
+    their random init for channels 3+, so they learn shape and edges around the colour path.
+    Attention blocks are left as Wan's init makes them (output projection zero: identity + bias).
+    Call it on a freshly built VAE.
+    """
+    from video_dit.models.vae_layers import CausalConv3d, ResidualBlock, Resample
+
+    cfg = vae.config
+    if cfg.is_residual or cfg.patch_size != 1:
+        raise ValueError("init_colour_path: only the Wan 2.1 layout (is_residual=False, patch_size=1); "
+                         "Wan 2.2's residual blocks already carry parameter-free average shortcuts")
+
+    def identity(weight, tap, rows=None):  # weight (out, in, *k): out channel c reads channel c at `tap`
+        rows = range(min(weight.shape[:2])) if rows is None else rows
+        weight[list(rows)] = 0
+        for c in rows:
+            weight[(c, c) + tap] = 1.0
+
+    def colour_rows(conv, tap):  # channels 0-2 of conv's output: its input's channels 0-2 at `tap`
+        identity(conv.weight, tap, range(RGB))
+        conv.bias[:RGB] = 0
+
+    colour_rows(vae.encoder.conv1, (-1, 1, 1))             # (B, 16, F, H, W): channels 0-2 = RGB
+    for coder in (vae.encoder, vae.decoder):
+        for m in coder.modules():
+            if isinstance(m, ResidualBlock):
+                m.residual[6].weight[:RGB] = 0             # the branch adds nothing to channels 0-2
+                m.residual[6].bias[:RGB] = 0
+                if isinstance(m.shortcut, CausalConv3d):   # 1x1 C -> C': the first min(C, C') copied
+                    m.shortcut.weight.zero_()
+                    identity(m.shortcut.weight, (0, 0, 0))
+                    m.shortcut.bias.zero_()
+            elif isinstance(m, Resample):
+                conv = m.resample[1]
+                conv.weight.zero_()
+                conv.bias.zero_()
+                C = min(conv.weight.shape[:2])
+                if m.mode.startswith("down"):              # right/bottom zero pad, stride 2: taps 0-1
+                    for c in range(C):
+                        conv.weight[c, c, :2, :2] = 0.25   # (h, w) -> (h/2, w/2): 2x2 block mean
+                else:                                      # nearest 2x, then this 3x3: centre tap
+                    identity(conv.weight, (1, 1))
+                if m.mode == "downsample3d":               # frames [past, a, b]: taps 1-2 average a, b
+                    t = m.time_conv
+                    t.weight.zero_()
+                    t.bias.zero_()
+                    for c in range(t.weight.shape[0]):
+                        t.weight[c, c, 1:, 0, 0] = 0.5
+                elif m.mode == "upsample3d":               # (C -> 2C): both halves copy the frame
+                    t = m.time_conv
+                    t.weight.zero_()
+                    t.bias.zero_()
+                    C = t.weight.shape[1]
+                    for c in range(C):
+                        t.weight[c, c, -1, 0, 0] = t.weight[C + c, c, -1, 0, 0] = 1.0
+    colour_rows(vae.encoder.head[2], (-1, 1, 1))           # after norm + SiLU: channels 0-2 kept
+    colour_rows(vae.conv1, (0, 0, 0))                      # quant_conv: mean[:, :3] = channels 0-2
+    colour_rows(vae.conv2, (0, 0, 0))                      # post_quant_conv
+    colour_rows(vae.decoder.conv1, (-1, 1, 1))
+    head = vae.decoder.head[2]                             # (B, 3, F, H, W) from channels 0-2 only
+    head.weight.zero_()
+    head.bias.zero_()
+    identity(head.weight, (-1, 1, 1))
+
+
 def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, force: bool = False,
                    verbose: bool = True, **recipe) -> Path:
     """Train the `preset` VAE on the videos under `data_dir` and save it to `out_path` (+ config.json).
 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
-    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, preset, threads,
+    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, preset, threads,
     log_every), with its defaults. `frames` (4k+1) is
     the length of the random training windows; the latent statistics use whole clips (up to the
     longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
     posterior nearly deterministic; `latent_init_scale` multiplies the initial posterior mean (the
     decoder otherwise ignores the small initial latents through a long plateau at ~12 dB);
-    `cell_weight` adds the error of each latent cell's mean colour to the loss.
-    Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, largest shape-colour error):
-      defaults (sampled posterior, 5-frame windows, 150 steps): 9.2-9.4 dB, 107/255; the decoder never
-        learns the state it carries from chunk to chunk and later chunks drift to a flat wash;
-      the demo's recipe (configs/demo_i2v_tiny.yaml: posterior mean, 9-frame windows, batch 4,
-        latent_init_scale 100, cell_weight 4, 200 steps, ~60 s on 2 cores): 18.4-21.4 dB, 118/255,
-        even across the clip's chunks. Brightness and shape are learnt, hue is not yet: every shape
-        decodes towards the data's average grey-green (a red square as rgb ~(73, 93, 63)); 400 steps
-        gave 19.0-21.8 dB and no better colour. The goal (>= 30 dB, <= 12/255) is not reached.
+    `cell_weight` adds the error of each latent cell's mean colour to the loss; `fg_weight` weighs the
+    shapes' pixels (1 + fg_weight); `colour_path` starts the VAE as a mean-colour codec
+    (`init_colour_path`).
+    Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, shape-colour errors):
+      defaults (sampled posterior, 5-frame windows, 150 steps): 9.2-9.4 dB, 80-107/255; the decoder
+        never learns the state it carries from chunk to chunk and later chunks drift to a flat wash;
+      posterior mean, 9-frame windows, batch 4, latent_init_scale 100, cell_weight 4, 200 steps:
+        18.4-21.4 dB, 55-118/255: brightness and shape, no hue (every shape towards grey-green);
+      the demo's recipe (configs/demo_i2v_tiny.yaml: the same with colour_path instead of
+        latent_init_scale, fg_weight 8, 400 steps, ~105 s on 2 cores): 22.4-27.4 dB, 5-25/255, hue
+        right for every colour; edges still soft (squares and triangles decode rounded), and the
+        bright shapes' colour errors (yellow 25, white 20) are their blurred edges. The goal
+        (>= 30 dB, <= 12/255) is not reached yet.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
@@ -241,7 +331,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
 
 def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0, batch_size: int = 2,
-                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True, latent_init_scale: float | None = None, cell_weight: float = 0.0, preset: str = "tiny",
+                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True, latent_init_scale: float | None = None, cell_weight: float = 0.0, colour_path: bool = False, preset: str = "tiny",
                           threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
     """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too."""
     from safetensors.torch import save_file
@@ -255,8 +345,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         raise ValueError(f"frames must be 4k + 1 (1, 5, 9, ...), got {frames}")
     if latent_init_scale is not None and not latent_init_scale > 0:
         raise ValueError(f"latent_init_scale must be > 0 (or None: the default init), got {latent_init_scale}")
-    if not cell_weight >= 0:
-        raise ValueError(f"cell_weight must be >= 0, got {cell_weight}")
+    if not cell_weight >= 0 or not fg_weight >= 0:
+        raise ValueError(f"cell_weight and fg_weight must be >= 0, got {cell_weight}, {fg_weight}")
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
     data_dir, out_path = Path(data_dir), Path(out_path)
@@ -279,6 +369,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         gen = torch.Generator().manual_seed(seed)    # windows, order and posterior samples
         config = dataclasses.replace(VAE_PRESETS[preset])
         vae = CausalVideoVAE(config).train()
+        if colour_path:
+            init_colour_path(vae)  # z[:, :3] starts as the cells' mean RGB (see init_colour_path)
         if init_logvar is not None:
             # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
             # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its

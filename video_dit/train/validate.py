@@ -51,8 +51,9 @@ def prepare(raw: dict, log=print) -> None:
         if v.latent_init_scale is not None and not v.latent_init_scale > 0:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.latent_init_scale",
                               f"must be > 0 (or left out: the default init), got {v.latent_init_scale}")
-        if not v.cell_weight >= 0:
-            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.cell_weight", f"must be >= 0, got {v.cell_weight}")
+        for key in ("cell_weight", "fg_weight"):
+            if not getattr(v, key) >= 0:
+                raise ConfigError(f"{PROCESS}.prepare.tiny_vae.{key}", f"must be >= 0, got {getattr(v, key)}")
         model = parse(ModelConfig, proc.get("model"), f"{PROCESS}.model")
         if not model.vae_path:
             raise ConfigError(f"{PROCESS}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; set it")
@@ -65,7 +66,7 @@ def prepare(raw: dict, log=print) -> None:
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             train_tiny_vae(v.data, out, steps=v.steps, seed=v.seed, batch_size=v.batch_size, frames=v.frames,
                            lr=v.lr, sample_posterior=v.sample_posterior, latent_init_scale=v.latent_init_scale,
-                           cell_weight=v.cell_weight)
+                           cell_weight=v.cell_weight, colour_path=v.colour_path, fg_weight=v.fg_weight)
 
 
 def check_paths(job) -> None:
