@@ -316,10 +316,10 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
       posterior mean, 9-frame windows, batch 4, latent_init_scale 100, cell_weight 4, 200 steps:
         18.4-21.4 dB, 55-118/255: brightness and shape, no hue (every shape towards grey-green);
       the demo's recipe (configs/demo_i2v_tiny.yaml: the same with colour_path instead of
-        latent_init_scale, fg_weight 8, 400 steps, ~105 s on 2 cores): 22.4-27.4 dB, 5-25/255, hue
-        right for every colour; edges still soft (squares and triangles decode rounded), and the
-        bright shapes' colour errors (yellow 25, white 20) are their blurred edges. The goal
-        (>= 30 dB, <= 12/255) is not reached yet.
+        latent_init_scale, fg_weight 8, 400 steps, ~95 s on 2 cores): 22.6-28.1 dB, 4-31/255, every
+        colour back; edges still soft (squares and triangles decode rounded), and the bright
+        shapes' colour errors (yellow 31, white 26) are mostly their blurred edges; 1,600 steps:
+        25.1-32.1 dB, 1.6-6.8/255. The goal (>= 30 dB, <= 12/255) is not reached in the budget.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
