@@ -195,7 +195,7 @@ class RMS_norm(nn.Module):
         gain = (self.gamma * self.scale).view(-1, *(1,) * (x.ndim - 2))  # (C, 1, ...)
         if not _inplace():
             # sum of squares, not vector_norm: with its backward 3.5x faster on CPU over the channel
-            # dim (a (4, 16, 9, 32, 32) activation: 3.9 vs 13.8 ms), a quarter of a VAE training step
+            # dim (a (4, 16, 9, 32, 32) activation: 3.9 vs 13.8 ms); a VAE training step 0.357 -> 0.299 s
             norm = xf.square().sum(dim=1, keepdim=True).sqrt().clamp_min(1e-12)  # (B, 1, ...)
             y = xf / norm * gain
             return (F.silu(y) if silu else y).to(x.dtype)

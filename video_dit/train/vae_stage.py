@@ -241,15 +241,18 @@ def init_colour_path(vae) -> None:
         raise ValueError("init_colour_path: only the Wan 2.1 layout (is_residual=False, patch_size=1); "
                          "Wan 2.2's residual blocks already carry parameter-free average shortcuts")
 
-    def identity(weight, tap, rows=None):  # weight (out, in, *k): out channel c reads channel c at `tap`
-        rows = range(min(weight.shape[:2])) if rows is None else rows
-        weight[list(rows)] = 0
-        for c in rows:
-            weight[(c, c) + tap] = 1.0
+    def diagonal(weight, tap, value=1.0, rows=None):  # weight (out, in, *k): out c reads in c at `tap`
+        for c in range(min(weight.shape[:2])) if rows is None else rows:
+            weight[(c, c) + tap] = value
+
+    def identity(weight, tap):  # the whole conv: each channel copies itself (the first min(out, in))
+        weight.zero_()
+        diagonal(weight, tap)
 
     def colour_rows(conv, tap):  # channels 0-2 of conv's output: its input's channels 0-2 at `tap`
-        identity(conv.weight, tap, range(RGB))
+        conv.weight[:RGB] = 0
         conv.bias[:RGB] = 0
+        diagonal(conv.weight, tap, rows=range(RGB))
 
     colour_rows(vae.encoder.conv1, (-1, 1, 1))             # (B, 16, F, H, W): channels 0-2 = RGB
     for coder in (vae.encoder, vae.decoder):
@@ -258,32 +261,23 @@ def init_colour_path(vae) -> None:
                 m.residual[6].weight[:RGB] = 0             # the branch adds nothing to channels 0-2
                 m.residual[6].bias[:RGB] = 0
                 if isinstance(m.shortcut, CausalConv3d):   # 1x1 C -> C': the first min(C, C') copied
-                    m.shortcut.weight.zero_()
                     identity(m.shortcut.weight, (0, 0, 0))
                     m.shortcut.bias.zero_()
             elif isinstance(m, Resample):
-                conv = m.resample[1]
-                conv.weight.zero_()
-                conv.bias.zero_()
-                C = min(conv.weight.shape[:2])
+                conv, t = m.resample[1], getattr(m, "time_conv", None)
+                for c in (conv, t) if t is not None else (conv,):
+                    c.weight.zero_()
+                    c.bias.zero_()
                 if m.mode.startswith("down"):              # right/bottom zero pad, stride 2: taps 0-1
-                    for c in range(C):
-                        conv.weight[c, c, :2, :2] = 0.25   # (h, w) -> (h/2, w/2): 2x2 block mean
+                    diagonal(conv.weight, (slice(0, 2), slice(0, 2)), 0.25)   # 2x2 block mean
                 else:                                      # nearest 2x, then this 3x3: centre tap
-                    identity(conv.weight, (1, 1))
+                    diagonal(conv.weight, (1, 1))
                 if m.mode == "downsample3d":               # frames [past, a, b]: taps 1-2 average a, b
-                    t = m.time_conv
-                    t.weight.zero_()
-                    t.bias.zero_()
-                    for c in range(t.weight.shape[0]):
-                        t.weight[c, c, 1:, 0, 0] = 0.5
+                    diagonal(t.weight, (slice(1, None), 0, 0), 0.5)
                 elif m.mode == "upsample3d":               # (C -> 2C): both halves copy the frame
-                    t = m.time_conv
-                    t.weight.zero_()
-                    t.bias.zero_()
                     C = t.weight.shape[1]
-                    for c in range(C):
-                        t.weight[c, c, -1, 0, 0] = t.weight[C + c, c, -1, 0, 0] = 1.0
+                    diagonal(t.weight[:C], (-1, 0, 0))
+                    diagonal(t.weight[C:], (-1, 0, 0))
     colour_rows(vae.encoder.head[2], (-1, 1, 1))           # after norm + SiLU: channels 0-2 kept
     colour_rows(vae.conv1, (0, 0, 0))                      # quant_conv: mean[:, :3] = channels 0-2
     colour_rows(vae.conv2, (0, 0, 0))                      # post_quant_conv

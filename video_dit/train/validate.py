@@ -16,6 +16,7 @@ ranks about to start and applies `deepspeed.memory_check` (`memory_check`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -64,9 +65,8 @@ def prepare(raw: dict, log=print) -> None:
             from video_dit.train.vae_stage import train_tiny_vae
 
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
-            train_tiny_vae(v.data, out, steps=v.steps, seed=v.seed, batch_size=v.batch_size, frames=v.frames,
-                           lr=v.lr, sample_posterior=v.sample_posterior, latent_init_scale=v.latent_init_scale,
-                           cell_weight=v.cell_weight, colour_path=v.colour_path, fg_weight=v.fg_weight)
+            recipe = dataclasses.asdict(v)  # every other field is a train_tiny_vae keyword of that name
+            train_tiny_vae(recipe.pop("data"), out, **recipe)
 
 
 def check_paths(job) -> None:
