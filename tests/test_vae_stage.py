@@ -209,6 +209,68 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
         (celled.losses[0], base.losses[0], expected)
 
 
+def test_clamped_error_frees_only_overshoot_that_the_clamp_corrects():
+    """decode clamps to [-1, 1]: past -1 on a black truth pixel (or past 1 on a white one) the pixel
+    comes out right, so its error is 0; everywhere else it is recon - x (here by hand, pixel by pixel)."""
+    from video_dit.train.vae_stage import clamped_error
+
+    x = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 0.2, 0.2, -0.5])
+    r = torch.tensor([-1.7, -0.6, -1.0, 1.4, 0.7, -1.3, 1.3, -0.5])
+    expected = torch.tensor([0.0, 0.4, 0.0, 0.0, -0.3, -1.5, 1.1, 0.0])
+    torch.testing.assert_close(clamped_error(r, x), expected)
+
+
+def _static_clip(folder, frames=9, size=32):
+    """One clip whose frames are all the same (a red square): every frame of it is the same shot."""
+    from video_dit.media import write_video
+
+    folder.mkdir()
+    clip = torch.zeros(frames, size, size, 3, dtype=torch.uint8)
+    clip[:, 8:24, 8:24] = torch.tensor([230, 40, 40], dtype=torch.uint8)
+    write_video(clip.numpy(), folder / "0000.mp4", fps=16)
+    (folder / "0000.txt").write_text("a red square moving right on a black background\n")
+    return folder
+
+
+def test_recipe_images_add_the_first_frame_path_loss(tmp_path):
+    """`images=k` adds, to each step's window loss, the same weighted loss of k single frames through
+    the first-frame path (recomputed here from the init: one static clip, so every shot is its frame)."""
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.train.vae_stage import _foreground, clamped_error
+
+    d = _static_clip(tmp_path / "one")
+    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
+              fg_weight=8.0, verbose=False)  # lr 1e-12: the weights after the step are the init
+    base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
+    shots = train_tiny_vae_result(d, tmp_path / "b.safetensors", images=2, **kw)
+
+    torch.manual_seed(0)
+    vae = CausalVideoVAE(VAE_PRESETS["tiny"]).train()
+    x = torch.stack(_clips(d, 9, 8, verbose=False))[:, :, :1].repeat(2, 1, 1, 1, 1)     # (2, 3, 1, 32, 32)
+    with torch.no_grad():
+        err = clamped_error(vae.decode(vae.encode(x, chunked=False).mode(), chunked=False, clamp=False), x)
+    w = 1.0 + 8.0 * _foreground(x).unsqueeze(1)
+    expected = float((w * (err.abs() + err.pow(2))).mean() / w.mean())
+    # to 1e-4: the shots are the clip's frames, which its MP4 decodes equal to within 2 grey levels
+    assert abs((shots.losses[0] - base.losses[0]) - expected) < 1e-4 * max(1.0, expected), \
+        (shots.losses[0], base.losses[0], expected)
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
+def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
+    """`bf16` runs the VAE under bfloat16 autocast: the first step's loss differs from float32's (it did
+    run in bf16) by bf16 rounding only (< 2%), and the weights stay float32."""
+    d = _static_clip(tmp_path / "one")
+    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
+              verbose=False)
+    fp32 = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
+    bf16 = train_tiny_vae_result(d, tmp_path / "b.safetensors", bf16=True, **kw)
+    assert fp32.losses[0] != bf16.losses[0]
+    assert abs(bf16.losses[0] - fp32.losses[0]) < 0.02 * fp32.losses[0], (fp32.losses[0], bf16.losses[0])
+    assert all(p.dtype == torch.float32 for p in bf16.vae.parameters())
+
+
 def test_colour_path_init_starts_as_a_mean_colour_codec():
     """`init_colour_path`: before the encoder head, channels 0-2 are each latent cell's mean RGB (the
     first frame alone, then each group of 4: avg_pool3d here); z[:, :3] is that after the head's
@@ -254,7 +316,7 @@ def test_colour_path_init_starts_as_a_mean_colour_codec():
         init_colour_path(CausalVideoVAE(dataclasses.replace(VAE_PRESETS["tiny"], is_residual=True)))
 
 
-@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0)])
+@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0), ("images", -1)])
 def test_prepare_refuses_a_bad_recipe_value_naming_the_key(tmp_path, key, value):
     from video_dit.train.validate import prepare
     from video_dit.typed_config import ConfigError

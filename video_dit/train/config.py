@@ -516,6 +516,8 @@ class TinyVAEStage:
     cell_weight: float = 0.0  # weight of the latent cells' mean-colour error (see train_tiny_vae)
     colour_path: bool = False  # start z[:, :3] as the cells' mean RGB (see vae_stage.init_colour_path)
     fg_weight: float = 4.0  # extra weight of the shapes' pixels in the loss (1 + fg_weight on a shape)
+    images: int = 0  # single frames (first-frame path) added to each step's windows (see train_tiny_vae)
+    bf16: bool = False  # train under bfloat16 autocast on a CPU with native bf16 (float32 weights)
 
 
 @dataclass

@@ -173,6 +173,15 @@ def format_figures(fig: dict) -> str:
             + ", ".join(f"{p:.1f} dB {c:.0f}/255" for p, c in zip(fig["psnr"], fig["colour_err"])))
 
 
+def clamped_error(recon: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`recon - x`, but 0 where `decode`'s clamp to [-1, 1] makes the pixel right anyway: past -1 on a
+    black truth pixel (or past 1 on a white one). The decoder may then overshoot on the background,
+    which sharpens the shapes' edges; everywhere else the error is the plain difference."""
+    err = recon - x
+    free = ((recon < -1) & (x <= -1 + 1e-2)) | ((recon > 1) & (x >= 1 - 1e-2))
+    return err.masked_fill(free, 0.0)
+
+
 def _kl(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     """KL(N(mean, exp(logvar)) || N(0, 1)), averaged over elements."""
     return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
@@ -294,26 +303,31 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
-    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, preset, threads,
-    log_every), with its defaults. `frames` (4k+1) is
-    the length of the random training windows; the latent statistics use whole clips (up to the
+    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images, bf16,
+    preset, threads, log_every), with its defaults. `frames` (4k+1) is the length of the random training
+    windows; the latent statistics use whole clips (up to the
     longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
     posterior nearly deterministic; `latent_init_scale` multiplies the initial posterior mean (the
     decoder otherwise ignores the small initial latents through a long plateau at ~12 dB);
     `cell_weight` adds the error of each latent cell's mean colour to the loss; `fg_weight` weighs the
     shapes' pixels (1 + fg_weight); `colour_path` starts the VAE as a mean-colour codec
-    (`init_colour_path`).
+    (`init_colour_path`); `images` adds that many single frames of random clips to each step, through
+    the first-frame path (the frame an i2v job conditions on); `bf16` runs the VAE under bfloat16
+    autocast where the CPU has native bf16 (float32 weights; elsewhere float32, said in the log). The
+    error is `clamped_error` (no cost for overshoot that decode's clamp corrects).
     Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, shape-colour errors):
       defaults (sampled posterior, 5-frame windows, 150 steps): 9.2-9.4 dB, 80-107/255; the decoder
         never learns the state it carries from chunk to chunk and later chunks drift to a flat wash;
       posterior mean, 9-frame windows, batch 4, latent_init_scale 100, cell_weight 4, 200 steps:
         18.4-21.4 dB, 55-118/255: brightness and shape, no hue (every shape towards grey-green);
-      the demo's recipe (configs/demo_i2v_tiny.yaml: the same with colour_path instead of
-        latent_init_scale, fg_weight 8, 400 steps, ~95 s on 2 cores): 22.6-28.1 dB, 4-31/255, every
-        colour back; edges still soft (squares and triangles decode rounded), and the bright
-        shapes' colour errors (yellow 31, white 26) are mostly their blurred edges; 1,600 steps:
-        25.1-32.1 dB, 1.6-6.8/255. The goal (>= 30 dB, <= 12/255) is not reached in the budget.
+      the same with colour_path instead of latent_init_scale, fg_weight 8, 400 steps, on the 64-clip
+        data: 22.6-28.1 dB, 4-31/255, every colour back; edges still soft (squares and triangles
+        decode rounded); 1,600 steps: 25.1-32.1 dB, 1.6-6.8/255;
+      the demo's recipe (configs/demo_i2v_tiny.yaml: 2 windows + 18 single frames per step, bf16,
+        360 steps, ~105 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255. Trained on single
+        frames alone, the first frame reaches 32 dB in 400 steps: the moving frames are what is slow.
+        The goal (>= 30 dB, <= 12/255) is not reached in the budget.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
@@ -325,7 +339,10 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
 
 def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0, batch_size: int = 2,
-                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4, fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True, latent_init_scale: float | None = None, cell_weight: float = 0.0, colour_path: bool = False, preset: str = "tiny",
+                          frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4,
+                          fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True,
+                          latent_init_scale: float | None = None, cell_weight: float = 0.0,
+                          colour_path: bool = False, images: int = 0, bf16: bool = False, preset: str = "tiny",
                           threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
     """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too."""
     from safetensors.torch import save_file
@@ -341,6 +358,12 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         raise ValueError(f"latent_init_scale must be > 0 (or None: the default init), got {latent_init_scale}")
     if not cell_weight >= 0 or not fg_weight >= 0:
         raise ValueError(f"cell_weight and fg_weight must be >= 0, got {cell_weight}, {fg_weight}")
+    if images < 0:
+        raise ValueError(f"images must be >= 0 (single frames added to each step), got {images}")
+    if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if verbose:
+            print("[train-vae] bf16: this CPU has no native bfloat16 (oneDNN), so training in float32", flush=True)
+        bf16 = False
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
     data_dir, out_path = Path(data_dir), Path(out_path)
@@ -386,6 +409,24 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
         losses: list[float] = []
+
+        def batch_loss(x):  # (B, 3, T, ch, cw) -> (reconstruction loss, KL)
+            # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
+            # no clamp, so pixels pushed past [-1, 1] still get a gradient.
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                posterior = vae.encode(x, chunked=False)
+                z = posterior.sample(gen) if sample_posterior else posterior.mode()
+                recon = vae.decode(z, chunked=False, clamp=False).float()
+            # Shapes cover a few % of the demo frames: weigh their pixels up, or black wins.
+            weight = 1.0 + fg_weight * _foreground(x).unsqueeze(1)                  # (B, 1, T, ch, cw)
+            err = clamped_error(recon, x)
+            rec = (weight * (err.abs() + err.pow(2))).mean() / weight.mean()
+            if cell_weight:
+                # the error of each latent cell's mean colour (one cell x cell block per frame): a
+                # cell's colour gets a gradient that the per-pixel terms spread over its edges
+                rec = rec + cell_weight * torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs().mean()
+            return rec, _kl(posterior.mean.float(), posterior.logvar.float())
+
         for step in range(steps):
             idx = torch.randint(len(clips), (batch_size,), generator=gen).tolist()
             windows = []
@@ -393,21 +434,18 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                 o = int(torch.randint(clips[i].shape[1] - frames + 1, (1,), generator=gen))
                 y0, x0 = _crop_origin(fg[i][o:o + frames], ch, cw, gen)
                 windows.append(clips[i][:, o:o + frames, y0:y0 + ch, x0:x0 + cw])
-            x = torch.stack(windows)                                                 # (B, 3, F, ch, cw)
-            # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
-            # no clamp, so pixels pushed past [-1, 1] still get a gradient.
-            posterior = vae.encode(x, chunked=False)
-            z = posterior.sample(gen) if sample_posterior else posterior.mode()
-            recon = vae.decode(z, chunked=False, clamp=False)
-            # Shapes cover a few % of the demo frames: weigh their pixels up, or black wins.
-            weight = 1.0 + fg_weight * _foreground(x).unsqueeze(1)                  # (B, 1, F, ch, cw)
-            err = recon - x
-            rec = (weight * (err.abs() + err.pow(2))).mean() / weight.mean()
-            if cell_weight:
-                # the error of each latent cell's mean colour (one cell x cell block per frame): a
-                # cell's colour gets a gradient that the per-pixel terms spread over its edges
-                rec = rec + cell_weight * torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs().mean()
-            loss = rec + kl_weight * _kl(posterior.mean, posterior.logvar)
+            rec, kl = batch_loss(torch.stack(windows))                               # (B, 3, F, ch, cw)
+            if images:
+                # single frames of other clips, through the first-frame path alone (the frame an i2v
+                # job conditions on): many independent crops for little compute
+                shots = []
+                for i in torch.randint(len(clips), (images,), generator=gen).tolist():
+                    o = int(torch.randint(clips[i].shape[1], (1,), generator=gen))
+                    y0, x0 = _crop_origin(fg[i][o:o + 1], ch, cw, gen)
+                    shots.append(clips[i][:, o:o + 1, y0:y0 + ch, x0:x0 + cw])
+                rec_i, kl_i = batch_loss(torch.stack(shots))                         # (images, 3, 1, ch, cw)
+                rec, kl = rec + rec_i, (kl + kl_i) / 2
+            loss = rec + kl_weight * kl
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
