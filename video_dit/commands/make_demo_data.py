@@ -11,12 +11,12 @@ from video_dit.data.demo import make_demo_data
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", help="output folder (created if missing)")
-    parser.add_argument("--count", type=int, default=64, help="training clips (default 64)")
+    parser.add_argument("--count", type=int, default=256, help="training clips (default 256, the embedded default's)")
     parser.add_argument("--frames", type=int, default=17, help="frames per clip, 4k+1 (default 17)")
     parser.add_argument("--size", type=int, default=64, help="frame side in pixels (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--holdout", type=int, default=4, help="held-out clips (+ first frame, caption) for validation and i2v previews; "
-                        "5 cover every colour, direction and shape (default 4)")
+    parser.add_argument("--holdout", type=int, default=5, help="held-out clips (+ first frame, caption) for validation and i2v previews; "
+                        "5 cover every colour, direction and shape (default 5, as the embedded default)")
     parser.add_argument("--fps", type=float, default=16, help="frame rate written to the MP4s (default 16)")
 
 
