@@ -325,7 +325,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
         data: 22.6-28.1 dB, 4-31/255, every colour back; edges still soft (squares and triangles
         decode rounded); 1,600 steps: 25.1-32.1 dB, 1.6-6.8/255;
       the demo's recipe (configs/demo_i2v_tiny.yaml: 2 windows + 18 single frames per step, bf16,
-        360 steps, ~105 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255. Trained on single
+        360 steps, 87-108 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255. Trained on single
         frames alone, the first frame reaches 32 dB in 400 steps: the moving frames are what is slow.
         The goal (>= 30 dB, <= 12/255) is not reached in the budget.
     See the README's embedded-default section.
@@ -427,23 +427,20 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                 rec = rec + cell_weight * torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs().mean()
             return rec, _kl(posterior.mean.float(), posterior.logvar.float())
 
+        def draw(n, length):  # n random windows of `length` frames, each cropped around a random shape pixel
+            out = []
+            for i in torch.randint(len(clips), (n,), generator=gen).tolist():
+                o = int(torch.randint(clips[i].shape[1] - length + 1, (1,), generator=gen))
+                y0, x0 = _crop_origin(fg[i][o:o + length], ch, cw, gen)
+                out.append(clips[i][:, o:o + length, y0:y0 + ch, x0:x0 + cw])
+            return torch.stack(out)                                                  # (n, 3, length, ch, cw)
+
         for step in range(steps):
-            idx = torch.randint(len(clips), (batch_size,), generator=gen).tolist()
-            windows = []
-            for i in idx:  # a random window of `frames` frames, cropped around a random shape pixel
-                o = int(torch.randint(clips[i].shape[1] - frames + 1, (1,), generator=gen))
-                y0, x0 = _crop_origin(fg[i][o:o + frames], ch, cw, gen)
-                windows.append(clips[i][:, o:o + frames, y0:y0 + ch, x0:x0 + cw])
-            rec, kl = batch_loss(torch.stack(windows))                               # (B, 3, F, ch, cw)
+            rec, kl = batch_loss(draw(batch_size, frames))
             if images:
                 # single frames of other clips, through the first-frame path alone (the frame an i2v
-                # job conditions on): many independent crops for little compute
-                shots = []
-                for i in torch.randint(len(clips), (images,), generator=gen).tolist():
-                    o = int(torch.randint(clips[i].shape[1], (1,), generator=gen))
-                    y0, x0 = _crop_origin(fg[i][o:o + 1], ch, cw, gen)
-                    shots.append(clips[i][:, o:o + 1, y0:y0 + ch, x0:x0 + cw])
-                rec_i, kl_i = batch_loss(torch.stack(shots))                         # (images, 3, 1, ch, cw)
+                # job conditions on): more independent crops per step than the windows give
+                rec_i, kl_i = batch_loss(draw(images, 1))
                 rec, kl = rec + rec_i, (kl + kl_i) / 2
             loss = rec + kl_weight * kl
             opt.zero_grad(set_to_none=True)
