@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos, read flat as a dataset (any sizes)")
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
