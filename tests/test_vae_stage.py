@@ -178,6 +178,11 @@ def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(t
     assert decoded == []
 
 
+# one step at lr 1e-12 on one 9-frame window, whole frames: the first loss is the init's, on a fixed window
+AT_INIT = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
+               verbose=False)
+
+
 def test_recipe_latent_init_scale_and_cell_term(tmp_path):
     """`latent_init_scale` multiplies the initial posterior mean (quant_conv's mean half, not its
     logvar half); `cell_weight` adds w x the mean |error of each 8x8 cell's mean colour| to the loss,
@@ -189,8 +194,7 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
 
     d = tmp_path / "one"
     make_demo_data(d, count=1, frames=9, size=32, seed=0, holdout=0)
-    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
-              verbose=False)  # lr 1e-12: the weights after the step are the init
+    kw = AT_INIT
     base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
     scaled = train_tiny_vae_result(d, tmp_path / "b.safetensors", latent_init_scale=100.0, **kw)
     celled = train_tiny_vae_result(d, tmp_path / "c.safetensors", cell_weight=4.0, **kw)
@@ -240,8 +244,7 @@ def test_recipe_images_add_the_first_frame_path_loss(tmp_path):
     from video_dit.train.vae_stage import _foreground, clamped_error
 
     d = _static_clip(tmp_path / "one")
-    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
-              fg_weight=8.0, verbose=False)  # lr 1e-12: the weights after the step are the init
+    kw = dict(AT_INIT, fg_weight=8.0)
     base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
     shots = train_tiny_vae_result(d, tmp_path / "b.safetensors", images=2, **kw)
 
@@ -262,8 +265,7 @@ def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
     """`bf16` runs the VAE under bfloat16 autocast: the first step's loss differs from float32's (it did
     run in bf16) by bf16 rounding only (< 2%), and the weights stay float32."""
     d = _static_clip(tmp_path / "one")
-    kw = dict(steps=1, seed=0, batch_size=1, frames=9, crop=None, lr=1e-12, sample_posterior=False, threads=1,
-              verbose=False)
+    kw = AT_INIT
     fp32 = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
     bf16 = train_tiny_vae_result(d, tmp_path / "b.safetensors", bf16=True, **kw)
     assert fp32.losses[0] != bf16.losses[0]
