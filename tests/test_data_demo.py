@@ -176,3 +176,32 @@ def test_check_demo_command_reads_a_jobs_previews(tmp_path, capsys):
     assert "step 0: 0/2 previews pass" in out and "step 40: 2/2 previews pass" in out
     assert out.count("[failed: motion]") == 2
     assert cli_main(["check-demo", str(config), "--steps", "40,0"]) == 1  # the last step asked fails
+
+
+def test_shapes_are_drawn_anti_aliased_at_sub_pixel_positions():
+    """`coverage` against areas and edge fractions worked out by hand, and `render_clip`'s motion: a
+    steady `span / (frames - 1)` px per frame, not integer steps."""
+    from video_dit.data.demo import SUPERSAMPLE, coverage, render_clip
+
+    square = coverage("square", 16, top=10.3, left=20.6, size=64)
+    assert square.sum() == 256                                  # 16 x 16 px, wherever it lies
+    assert square[18, 21:36].min() == 1 and square[18, 37:].max() == 0 and square[18, :20].max() == 0
+    # the left edge at x = 20.6 covers 0.4 of pixel 20 and the right edge at 36.6 covers 0.6 of pixel 36,
+    # to within one sample column
+    assert abs(square[18, 20] - 0.4) <= 1 / SUPERSAMPLE and abs(square[18, 36] - 0.6) <= 1 / SUPERSAMPLE
+    assert 0 < square[10, 25] < 1 and 0 < square[26, 25] < 1   # the top (10.3) and bottom (26.3) rows too
+    circle = coverage("circle", 16, top=5.5, left=5.25, size=64)
+    assert abs(circle.sum() - np.pi * 8 ** 2) < 0.02 * np.pi * 8 ** 2
+    triangle = coverage("triangle", 16, top=0, left=0, size=64)
+    assert abs(triangle.sum() - 128) < 0.02 * 128               # half its bounding square
+    assert triangle[0, 7:9].max() < triangle[15, 7:9].min() == 1   # apex up: thin at the top, full at the base
+    assert coverage("square", 16, top=-4, left=56, size=64).sum() == 12 * 8  # clipped by the frame
+
+    frames, size = 17, 64
+    for direction, axis, sign in [("right", 1, 1), ("left", 1, -1), ("down", 0, 1), ("up", 0, -1)]:
+        clip = render_clip("square", "white", direction, frames, size, np.random.default_rng(3)).astype(float)
+        weight = clip[..., 0]                                               # (F, H, W)
+        grid = np.arange(size, dtype=float)
+        centre = [(w.sum(1 - axis) * grid).sum() / w.sum() for w in weight]  # along the motion axis
+        speed = (size - size // 4 - 2 * (size // 32)) / (frames - 1)        # 44 px of travel / 16 frames
+        assert np.allclose(np.diff(centre) * sign, speed, atol=0.05), (direction, np.diff(centre))

@@ -8,6 +8,10 @@ clips (`train.validation_config`); `holdout_combo` makes them cover every colour
 every shape.
 The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 px per frame at
 64x64x17) so a tiny model trained for minutes visibly learns colour, shape and direction.
+Shapes are drawn as a camera would see them: at sub-pixel positions (a steady 2.75 px per frame,
+not 2 and 3 px steps) and anti-aliased (an edge pixel takes the covered fraction of the colour,
+`SUPERSAMPLE`^2 samples per pixel). With hard-edged, integer-placed shapes the same tiny-VAE recipe
+reached 22.4-29.6 dB on the held-out clips; with these, 24.5-31.2 dB (README, "The embedded default").
 Output depends only on the arguments: same seed -> byte-identical files (PNG through PIL; MP4
 through `media.write_video`, whose libx264 settings are single-threaded and fixed).
 """
@@ -27,19 +31,35 @@ COLORS = {"red": (230, 40, 40), "green": (40, 210, 60), "blue": (50, 100, 255), 
           "white": (240, 240, 240)}
 DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "up": (0, -1), "down": (0, 1)}  # (dx, dy), y grows down
 MAX_SPEED = 3.0  # px per frame
+SUPERSAMPLE = 4  # samples per pixel side when drawing a shape (anti-aliasing)
 
 
-def shape_mask(shape: str, side: int) -> np.ndarray:
-    """`(side, side)` bool mask of the shape, pixel centres sampled."""
-    c = (np.arange(side) + 0.5) / side * 2 - 1  # [-1, 1]
-    y, x = np.meshgrid(c, c, indexing="ij")
+def inside(shape: str, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Bool array: are the points (x, y) inside the shape? Shape-local coordinates: the shape's
+    bounding square is [-1, 1] x [-1, 1], y grows down."""
     if shape == "square":
-        return np.ones((side, side), bool)
+        return (np.abs(x) <= 1.0) & (np.abs(y) <= 1.0)
     if shape == "circle":
         return x * x + y * y <= 1.0
-    if shape == "triangle":  # apex up
-        return (y <= 1.0) & (np.abs(x) <= (y + 1) / 2)
+    if shape == "triangle":  # apex up, base along the bottom edge
+        return (np.abs(y) <= 1.0) & (np.abs(x) <= (y + 1) / 2)
     raise ValueError(f"unknown shape {shape!r}; accepted: {', '.join(SHAPES)}")
+
+
+def coverage(shape: str, side: int, top: float, left: float, size: int) -> np.ndarray:
+    """`(size, size)` float in [0, 1]: the fraction of each pixel the shape covers when its bounding
+    square (`side` px) has its top-left corner at (`top`, `left`) px, fractions allowed;
+    `SUPERSAMPLE`^2 samples per pixel, computed over the pixels the shape can touch."""
+    out = np.zeros((size, size))
+    y0, x0 = max(0, int(np.floor(top))), max(0, int(np.floor(left)))
+    y1, x1 = min(size, int(np.ceil(top + side))), min(size, int(np.ceil(left + side)))
+    sub = (np.arange(SUPERSAMPLE) + 0.5) / SUPERSAMPLE
+    ys = ((np.arange(y0, y1)[:, None] + sub).ravel() - top) / side * 2 - 1  # shape-local, [-1, 1] inside
+    xs = ((np.arange(x0, x1)[:, None] + sub).ravel() - left) / side * 2 - 1
+    y, x = np.meshgrid(ys, xs, indexing="ij")                              # (rows * S, cols * S)
+    hits = inside(shape, x, y).reshape(y1 - y0, SUPERSAMPLE, x1 - x0, SUPERSAMPLE)
+    out[y0:y1, x0:x1] = hits.mean((1, 3))
+    return out
 
 
 def caption_for(shape: str, color: str, direction: str) -> str:
@@ -57,14 +77,13 @@ def render_clip(shape: str, color: str, direction: str, frames: int, size: int,
     dx, dy = DIRECTIONS[direction]
     along0 = margin + float(rng.uniform(0, slack)) if slack > 0 else float(margin)
     across = int(rng.integers(margin, size - side - margin + 1))
-    mask = shape_mask(shape, side)
+    rgb = np.asarray(COLORS[color], float)
     out = np.zeros((frames, size, size, 3), np.uint8)
     for t in range(frames):
         a = along0 + speed * t
         a = a if (dx + dy) > 0 else size - side - a            # left/up: mirror the start edge
-        a = int(np.floor(a + 0.5))
         top, left = (across, a) if dx else (a, across)
-        out[t, top:top + side, left:left + side][mask] = COLORS[color]
+        out[t] = np.rint(coverage(shape, side, top, left, size)[..., None] * rgb).astype(np.uint8)
     return out
 
 
