@@ -205,3 +205,37 @@ def test_shapes_are_drawn_anti_aliased_at_sub_pixel_positions():
         centre = [(w.sum(1 - axis) * grid).sum() / w.sum() for w in weight]  # along the motion axis
         speed = (size - size // 4 - 2 * (size // 32)) / (frames - 1)        # 44 px of travel / 16 frames
         assert np.allclose(np.diff(centre) * sign, speed, atol=0.05), (direction, np.diff(centre))
+
+
+def test_the_checker_tells_the_shapes_apart_sharp_or_blurred():
+    """Each demo shape, drawn and then blurred by a Gaussian of sigma 0-2 px (written here), is seen as
+    itself in every frame; an upside-down triangle is no demo triangle. By fill alone a triangle
+    blurred by sigma 1 px reads 0.66, inside the circle's band: the centroid's height tells it."""
+    from video_dit.data.demo import FILL_BOUNDS, check_clip, coverage
+
+    def blur(img, sigma):
+        if sigma == 0:
+            return img
+        r = int(3 * sigma) + 1
+        k = np.exp(-np.arange(-r, r + 1) ** 2 / (2 * sigma ** 2))
+        k /= k.sum()
+        img = np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 0, img)
+        return np.apply_along_axis(lambda v: np.convolve(v, k, mode="same"), 1, img)
+
+    def clip(shape, sigma, flip=False, side=16):
+        frames = []
+        for t in range(9):  # moving right 3 px a frame
+            cov = blur(coverage(shape, side, top=20.0, left=4.0 + 3 * t, size=64), sigma)
+            frames.append(np.rint((cov[::-1] if flip else cov)[..., None] * np.array(COLORS["blue"])))
+        return np.clip(np.stack(frames), 0, 255).astype(np.uint8)
+
+    for shape in ("square", "circle", "triangle"):
+        for sigma in (0, 0.75, 1.0, 1.5, 2.0):
+            result = check_clip(clip(shape, sigma), f"a blue {shape} moving right on a black background")
+            assert result["shape_share"] == 1.0, (shape, sigma, result)
+    fg = clip("triangle", 1.0)[0].max(-1) > 96
+    ys, xs = np.nonzero(fg)
+    fill = len(ys) / ((np.ptp(ys) + 1) * (np.ptp(xs) + 1))
+    assert FILL_BOUNDS[0] <= fill < FILL_BOUNDS[1]  # what fill alone would call a circle
+    flipped = check_clip(clip("triangle", 0, flip=True), "a blue triangle moving right on a black background")
+    assert flipped["failed"] == ["shape"] and flipped["seen_shape"] == "other"

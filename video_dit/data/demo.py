@@ -126,6 +126,11 @@ def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, s
 
 FOREGROUND = 96      # a pixel is the shape when its brightest channel exceeds this (shapes >= 230, black ~0)
 FILL_BOUNDS = (0.64, 0.89)  # area / bounding-box area: triangle 0.5 < circle 0.79 < square 1.0
+# Where the foreground's centroid sits in its bounding box, 0 = top row, 1 = bottom row: 1/2 for the
+# circle and the square, 2/3 for the apex-up triangle. Blur moves a triangle's fill towards the
+# circle's (a 16-px triangle under a Gaussian blur of sigma 1 px reads 0.66: a "circle" by fill),
+# while its centroid stays low (0.63 at sigma 1, 0.56 at sigma 3): the triangle is told by this.
+TRIANGLE_LOW = 0.56
 
 
 def parse_caption(caption: str) -> tuple[str, str, str]:
@@ -142,9 +147,15 @@ def parse_caption(caption: str) -> tuple[str, str, str]:
     return found[0], found[1], found[2]
 
 
-def classify_fill(fill: float) -> str:
-    """The demo shape whose area / bounding-box ratio `fill` is (square 1.0, circle ~0.79, triangle ~0.5)."""
-    return "triangle" if fill < FILL_BOUNDS[0] else "circle" if fill < FILL_BOUNDS[1] else "square"
+def classify_shape(fill: float, low: float) -> str:
+    """The demo shape a foreground looks like, from its fill of its bounding box (`fill`: square 1.0,
+    circle ~0.79, triangle ~0.5) and its centroid's height in that box (`low`: 0 top .. 1 bottom;
+    the apex-up triangle 2/3, the others 1/2): "triangle" when the mass sits low (`TRIANGLE_LOW`)
+    and the box is not full, else "square" or "circle" by fill, and "other" for a foreground too
+    sparse for a circle that does not sit low either (an upside-down triangle, scattered specks)."""
+    if low >= TRIANGLE_LOW and fill < FILL_BOUNDS[1]:
+        return "triangle"
+    return "square" if fill >= FILL_BOUNDS[1] else "circle" if fill >= FILL_BOUNDS[0] else "other"
 
 
 def nearest_colour(rgb) -> str:
@@ -157,7 +168,8 @@ def check_clip(frames: np.ndarray, caption: str) -> dict:
     direction by at least a quarter of the frame width?
 
     Measured per frame on the foreground (brightest channel > FOREGROUND): its area, its centroid, and
-    its fill of its bounding box (which tells the three shapes apart); the colour is the mean RGB of the
+    its shape (`classify_shape`: its fill of its bounding box and where in the box its centroid
+    sits, which tell the three shapes apart, blurred or sharp); the colour is the mean RGB of the
     foreground over all frames, named by the nearest demo colour. Passes when every frame holds a
     foreground of at least half the first frame's area, at least 3/4 of the frames classify as the
     caption's shape, the colour is the caption's, and the centroid moved from the first frame to the
@@ -182,7 +194,8 @@ def check_clip(frames: np.ndarray, caption: str) -> dict:
             continue
         centroids.append((float(xs.mean()), float(ys.mean())))
         box = (ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1)
-        shapes.append(classify_fill(len(ys) / box))
+        low = (ys.mean() - ys.min()) / max(1, ys.max() - ys.min())
+        shapes.append(classify_shape(len(ys) / box, float(low)))
     pixels = frames[fg]
     mean_rgb = pixels.astype(float).mean(0) if len(pixels) else np.zeros(3)
     dx, dy = DIRECTIONS[direction]
