@@ -325,9 +325,10 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
         data: 22.6-28.1 dB, 4-31/255, every colour back; edges still soft (squares and triangles
         decode rounded); 1,600 steps: 25.1-32.1 dB, 1.6-6.8/255;
       the demo's recipe (configs/demo_i2v_tiny.yaml: 2 windows + 18 single frames per step, bf16,
-        360 steps, 87-108 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255. Trained on single
-        frames alone, the first frame reaches 32 dB in 400 steps: the moving frames are what is slow.
-        The goal (>= 30 dB, <= 12/255) is not reached in the budget.
+        360 steps, 87-129 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255 with hard-edged
+        shapes; 24.1-31.5 dB, 2-28/255 with the anti-aliased ones the demo draws now. Trained on
+        single frames alone, the first frame reaches 32 dB in 400 steps: the moving frames are what
+        is slow. The goal (>= 30 dB, <= 12/255) is not reached in the budget.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
