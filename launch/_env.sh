@@ -40,5 +40,16 @@ vd_python() {  # $1 = "dev" to also require the test extra; prints the python to
   [ "${1:-}" = "dev" ] && extra="[dev]"
   echo "[video_dit] installing video_dit$extra into .venv" >&2
   "$py" -m pip install -q -e "$ROOT$extra" >&2
+  # DeepSpeed compiles its shared-memory collective op when the ranks start (15-45 s on 2 cores):
+  # build it now, once per .venv (video_dit/parallel/ops.py)
+  echo "[video_dit] building DeepSpeed's communication op into .venv/torch_extensions" >&2
+  if ! (cd / && TORCH_EXTENSIONS_DIR="$(vd_extensions_dir "$py")" "$py" -m video_dit.parallel.ops) >&2; then
+    echo "[video_dit] warning: that build failed; the ranks will build it when they start" >&2
+  fi
   echo "$py"
+}
+
+vd_extensions_dir() {  # $1 = python; where its compiled DeepSpeed ops live (.venv's own, or torch's default)
+  if [ "$1" = "$ROOT/.venv/bin/python" ]; then echo "${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
+  else echo "${TORCH_EXTENSIONS_DIR:-}"; fi
 }
