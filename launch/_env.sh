@@ -53,3 +53,9 @@ vd_extensions_dir() {  # $1 = python; where its compiled DeepSpeed ops live (.ve
   if [ "$1" = "$ROOT/.venv/bin/python" ]; then echo "${TORCH_EXTENSIONS_DIR:-$ROOT/.venv/torch_extensions}"
   else echo "${TORCH_EXTENSIONS_DIR:-}"; fi
 }
+
+vd_export_extensions() {  # $1 = python; exports TORCH_EXTENSIONS_DIR for it when it has its own
+  local dir
+  dir="$(vd_extensions_dir "$1")"
+  if [ -n "$dir" ]; then export TORCH_EXTENSIONS_DIR="$dir"; fi
+}

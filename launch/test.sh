@@ -3,8 +3,7 @@
 # e.g. ./launch/test.sh -m slow   or   ./launch/test.sh tests/test_dit.py -x
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 PY="$(vd_python dev)"
-TORCH_EXTENSIONS_DIR="$(vd_extensions_dir "$PY")"
-[ -n "$TORCH_EXTENSIONS_DIR" ] && export TORCH_EXTENSIONS_DIR
+vd_export_extensions "$PY"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" PYTHONUNBUFFERED=1
 exec "$PY" -m pytest "$@"

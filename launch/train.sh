@@ -46,8 +46,7 @@ USAGE
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 PY="$(vd_python)"
-TORCH_EXTENSIONS_DIR="$(vd_extensions_dir "$PY")"
-[ -n "$TORCH_EXTENSIONS_DIR" ] && export TORCH_EXTENSIONS_DIR
+vd_export_extensions "$PY"
 cd "$ROOT"
 export PYTHONUNBUFFERED=1
 exec "$PY" -m video_dit.train.launcher "$@"

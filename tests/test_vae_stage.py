@@ -194,10 +194,9 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
 
     d = tmp_path / "one"
     make_demo_data(d, count=1, frames=9, size=32, seed=0, holdout=0)
-    kw = AT_INIT
-    base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
-    scaled = train_tiny_vae_result(d, tmp_path / "b.safetensors", latent_init_scale=100.0, **kw)
-    celled = train_tiny_vae_result(d, tmp_path / "c.safetensors", cell_weight=4.0, **kw)
+    base = train_tiny_vae_result(d, tmp_path / "a.safetensors", **AT_INIT)
+    scaled = train_tiny_vae_result(d, tmp_path / "b.safetensors", latent_init_scale=100.0, **AT_INIT)
+    celled = train_tiny_vae_result(d, tmp_path / "c.safetensors", cell_weight=4.0, **AT_INIT)
     z = base.vae.config.z_dim
     a, b = base.vae.conv1.weight.detach(), scaled.vae.conv1.weight.detach()
     torch.testing.assert_close(b[:z], 100 * a[:z], rtol=1e-5, atol=1e-9)
@@ -265,9 +264,8 @@ def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
     """`bf16` runs the VAE under bfloat16 autocast: the first step's loss differs from float32's (it did
     run in bf16) by bf16 rounding only (< 2%), and the weights stay float32."""
     d = _static_clip(tmp_path / "one")
-    kw = AT_INIT
-    fp32 = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
-    bf16 = train_tiny_vae_result(d, tmp_path / "b.safetensors", bf16=True, **kw)
+    fp32 = train_tiny_vae_result(d, tmp_path / "a.safetensors", **AT_INIT)
+    bf16 = train_tiny_vae_result(d, tmp_path / "b.safetensors", bf16=True, **AT_INIT)
     assert fp32.losses[0] != bf16.losses[0]
     assert abs(bf16.losses[0] - fp32.losses[0]) < 0.02 * fp32.losses[0], (fp32.losses[0], bf16.losses[0])
     assert all(p.dtype == torch.float32 for p in bf16.vae.parameters())
