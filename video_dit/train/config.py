@@ -516,8 +516,12 @@ class TinyVAEStage:
     cell_weight: float = 0.0  # weight of the latent cells' mean-colour error (see train_tiny_vae)
     colour_path: bool = False  # start z[:, :3] as the cells' mean RGB (see vae_stage.init_colour_path)
     fg_weight: float = 4.0  # extra weight of the shapes' pixels in the loss (1 + fg_weight on a shape)
+    fg_ring: int = 0  # fg_weight also on the pixels within this many px of a shape (both sides of an edge)
     images: int = 0  # single frames (first-frame path) added to each step's windows (see train_tiny_vae)
+    image_steps: int = 0  # the first steps train on single frames alone (see train_tiny_vae)
     bf16: bool = False  # train under bfloat16 autocast on a CPU with native bf16 (float32 weights)
+    preset: str = "tiny"  # the VAE preset trained (video_dit.models.presets.VAE_PRESETS)
+    ranks: int = 1  # data-parallel processes on this machine (each a share of the step's windows)
 
 
 @dataclass

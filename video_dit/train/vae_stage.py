@@ -22,6 +22,7 @@ leaves either nothing or a complete pair.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -182,11 +183,6 @@ def clamped_error(recon: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return err.masked_fill(free, 0.0)
 
 
-def _kl(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
-    """KL(N(mean, exp(logvar)) || N(0, 1)), averaged over elements."""
-    return 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
-
-
 @torch.no_grad()
 def latent_stats(vae, clips: list[torch.Tensor], frames: int, batch: int = 8):
     """Per-channel (mean, std) of the posterior means of the first `frames` frames of each clip.
@@ -217,12 +213,14 @@ def _atomic_write(path: Path, write) -> None:
             tmp.unlink()
 
 
+RANK_TIMEOUT = datetime.timedelta(minutes=2)  # data-parallel ranks: the longest wait for another rank
+
 RGB = 3  # the colour path's latent channels: z[:, :3] starts as each cell's mean R, G, B
 
 
 @torch.no_grad()
 def init_colour_path(vae) -> None:
-    """Start a Wan 2.1-layout VAE as a mean-colour codec: z[:, :3] = each latent cell's mean RGB,
+    """Start a Wan 2.1-layout VAE (any patchify) as a mean-colour codec: z[:, :3] = each latent cell's mean RGB,
     decoded back as a flat cell of that colour; every other channel keeps its random init.
 
     Why: the Wan 2.1 encoder's linear path (conv1, then 3x3 stride-2 and temporal convs between the
@@ -233,12 +231,14 @@ def init_colour_path(vae) -> None:
     0.0-0.3, where a plain 4-conv encoder reached 0.98. With this init, chroma R^2 0.95 in the same
     steps, and the whole VAE learns hue (README, embedded default).
 
-    Encoder: conv1 copies R, G, B into channels 0-2; each stride-2 conv averages the 2x2 block and
+    Encoder: conv1 copies R, G, B into channels 0-2 (with a p x p patchify, `VAEConfig.patch_size`,
+    each is the mean of its colour's p^2 pixel channels); each stride-2 conv averages the 2x2 block and
     each temporal one the frame pair, channel for channel (Resample.forward's padding and taps);
     1x1 shortcuts are identities; the residual branches, the head conv and quant_conv leave channels
     0-2 as they are (zero rows, one identity tap). Decoder, the mirror: post_quant_conv and conv1
     pass z[:, :3] on, each 2x upsampling conv keeps its nearest copy, the temporal one copies each
-    frame into both halves, and the head maps channels 0-2 to R, G, B. Residual branches keep
+    frame into both halves, and the head maps channels 0-2 to R, G, B (patchified: to each of
+    the colour's p^2 pixel channels, a flat p x p block). Residual branches keep
     their random init for channels 3+, so they learn shape and edges around the colour path.
     Attention blocks are left as Wan's init makes them (output projection zero: identity + bias).
     Call it on a freshly built VAE.
@@ -246,9 +246,10 @@ def init_colour_path(vae) -> None:
     from video_dit.models.vae_layers import CausalConv3d, ResidualBlock, Resample
 
     cfg = vae.config
-    if cfg.is_residual or cfg.patch_size != 1:
-        raise ValueError("init_colour_path: only the Wan 2.1 layout (is_residual=False, patch_size=1); "
-                         "Wan 2.2's residual blocks already carry parameter-free average shortcuts")
+    if cfg.is_residual:
+        raise ValueError("init_colour_path: only the Wan 2.1 block layout (is_residual=False); Wan 2.2's "
+                         "residual blocks already carry parameter-free average shortcuts")
+    pp = cfg.patch_size ** 2  # a p x p patchify (`_patchify`): colour c is input channels c pp .. c pp + pp - 1
 
     def diagonal(weight, tap, value=1.0, rows=None):  # weight (out, in, *k): out c reads in c at `tap`
         for c in range(min(weight.shape[:2])) if rows is None else rows:
@@ -263,7 +264,11 @@ def init_colour_path(vae) -> None:
         conv.bias[:RGB] = 0
         diagonal(conv.weight, tap, rows=range(RGB))
 
-    colour_rows(vae.encoder.conv1, (-1, 1, 1))             # (B, 16, F, H, W): channels 0-2 = RGB
+    conv1 = vae.encoder.conv1                              # (B, dim, F, H/p, W/p): channels 0-2 = RGB,
+    conv1.weight[:RGB] = 0                                 # each the mean of its colour's p x p pixels
+    conv1.bias[:RGB] = 0
+    for c in range(RGB):
+        conv1.weight[c, c * pp:(c + 1) * pp, -1, 1, 1] = 1.0 / pp
     for coder in (vae.encoder, vae.decoder):
         for m in coder.modules():
             if isinstance(m, ResidualBlock):
@@ -291,10 +296,11 @@ def init_colour_path(vae) -> None:
     colour_rows(vae.conv1, (0, 0, 0))                      # quant_conv: mean[:, :3] = channels 0-2
     colour_rows(vae.conv2, (0, 0, 0))                      # post_quant_conv
     colour_rows(vae.decoder.conv1, (-1, 1, 1))
-    head = vae.decoder.head[2]                             # (B, 3, F, H, W) from channels 0-2 only
-    head.weight.zero_()
+    head = vae.decoder.head[2]                             # (B, 3 pp, F, H/p, W/p) from channels 0-2 only:
+    head.weight.zero_()                                    # each of a colour's p x p pixels copies it
     head.bias.zero_()
-    identity(head.weight, (-1, 1, 1))
+    for c in range(RGB):
+        head.weight[c * pp:(c + 1) * pp, c, -1, 1, 1] = 1.0
 
 
 def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, force: bool = False,
@@ -341,15 +347,18 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
 def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0, batch_size: int = 2,
                           frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4,
-                          fg_weight: float = 4.0, init_logvar: float | None = None, sample_posterior: bool = True,
-                          latent_init_scale: float | None = None, cell_weight: float = 0.0,
-                          colour_path: bool = False, images: int = 0, bf16: bool = False, preset: str = "tiny",
+                          fg_weight: float = 4.0, fg_ring: int = 0, init_logvar: float | None = None,
+                          sample_posterior: bool = True, latent_init_scale: float | None = None,
+                          cell_weight: float = 0.0, colour_path: bool = False, images: int = 0,
+                          image_steps: int = 0, bf16: bool = False, preset: str = "tiny", ranks: int = 1,
                           threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
-    """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too."""
-    from safetensors.torch import save_file
+    """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too.
 
+    `ranks` > 1 trains data-parallel in that many processes on this machine (gloo): every rank draws
+    the same step and takes its share of the windows and frames, and the gradients are summed, so the
+    step is the one-process step (up to float summation order); each rank runs `threads` torch
+    threads (default: the cores shared out). Rank 0 measures, saves and returns."""
     from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
 
     if preset not in VAE_PRESETS:
         raise KeyError(f"unknown VAE preset {preset!r}; valid: {', '.join(VAE_PRESETS)}")
@@ -359,18 +368,67 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         raise ValueError(f"latent_init_scale must be > 0 (or None: the default init), got {latent_init_scale}")
     if not cell_weight >= 0 or not fg_weight >= 0:
         raise ValueError(f"cell_weight and fg_weight must be >= 0, got {cell_weight}, {fg_weight}")
-    if images < 0:
-        raise ValueError(f"images must be >= 0 (single frames added to each step), got {images}")
+    if images < 0 or fg_ring < 0 or not 0 <= image_steps <= steps:
+        raise ValueError(f"need images >= 0, fg_ring >= 0 and 0 <= image_steps <= steps; got images={images}, "
+                         f"fg_ring={fg_ring}, image_steps={image_steps}, steps={steps}")
+    if steps < 1 or batch_size < 1 or not 1 <= ranks <= batch_size:
+        raise ValueError(f"need steps >= 1 and 1 <= ranks <= batch_size (each rank takes a share of the windows); "
+                         f"got steps={steps}, batch_size={batch_size}, ranks={ranks}")
     if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         if verbose:
             print("[train-vae] bf16: this CPU has no native bfloat16 (oneDNN), so training in float32", flush=True)
         bf16 = False
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
-    data_dir, out_path = Path(data_dir), Path(out_path)
-    if threads is not None:
+    recipe = dict(steps=steps, seed=seed, batch_size=batch_size, frames=frames, crop=crop, lr=lr,
+                  kl_weight=kl_weight, fg_weight=fg_weight, fg_ring=fg_ring, init_logvar=init_logvar,
+                  sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight,
+                  colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset,
+                  threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
+                  log_every=log_every, verbose=verbose)
+    if ranks == 1:
+        return _train_rank(0, 1, None, Path(data_dir), Path(out_path), recipe)
+    import multiprocessing
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="vd_vae_ranks_") as tmp:
+        init = f"file://{tmp}/rendezvous"
+        ctx = multiprocessing.get_context("spawn")
+        workers = [ctx.Process(target=_train_rank, args=(r, ranks, init, Path(data_dir), Path(out_path),
+                                                          dict(recipe, verbose=False)), daemon=True)
+                   for r in range(1, ranks)]
+        for w in workers:
+            w.start()
+        try:
+            result = _train_rank(0, ranks, init, Path(data_dir), Path(out_path), recipe)
+        finally:
+            for w in workers:
+                w.join(timeout=60)
+                if w.is_alive():
+                    w.terminate()
+        failed = [f"rank {r}: exit code {w.exitcode}" for r, w in enumerate(workers, 1) if w.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"the VAE stage's other ranks failed ({'; '.join(failed)})")
+    return result
+
+
+def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_path: Path,
+                recipe: dict) -> VAETrainResult | None:
+    """One rank of `train_tiny_vae_result` (the whole stage when `world` is 1): trains; rank 0 then
+    measures and saves. `init`: the process group's rendezvous (None: one rank)."""
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+
+    r = recipe
+    verbose, preset, frames, steps, cell_weight = r["verbose"], r["preset"], r["frames"], r["steps"], r["cell_weight"]
+    bf16, fg_weight, fg_ring, gen_seed = r["bf16"], r["fg_weight"], r["fg_ring"], r["seed"]
+    if r["threads"] is not None:
         previous_threads = torch.get_num_threads()
-        torch.set_num_threads(threads)
+        torch.set_num_threads(r["threads"])
+    if init is not None:
+        # a rank that dies (or never starts) fails the others within the timeout instead of hanging them
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=RANK_TIMEOUT)
     start = time.perf_counter()
     try:
         clips = _clips(data_dir, frames, VAE_PRESETS[preset].spatial_compression, verbose=verbose)
@@ -379,54 +437,76 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         H, W = clips[0].shape[2:]
         fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
         cell = VAE_PRESETS[preset].spatial_compression
+        crop = r["crop"]
         ch, cw = (H, W) if crop is None else (min(crop, H), min(crop, W))
         if ch % cell or cw % cell:
             raise ValueError(f"crop {ch}x{cw} (frames {H}x{W}) must be a multiple of the VAE's {cell}x cell")
 
-        torch.manual_seed(seed)                      # the model's init
-        gen = torch.Generator().manual_seed(seed)    # windows, order and posterior samples
+        torch.manual_seed(gen_seed)                      # the model's init (the same on every rank)
+        gen = torch.Generator().manual_seed(gen_seed)    # windows, order and posterior samples (likewise)
         config = dataclasses.replace(VAE_PRESETS[preset])
         vae = CausalVideoVAE(config).train()
-        if colour_path:
+        if r["colour_path"]:
             init_colour_path(vae)  # z[:, :3] starts as the cells' mean RGB (see init_colour_path)
-        if init_logvar is not None:
+        if r["init_logvar"] is not None:
             # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
             # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its
             # steps learning to shrink it. conv1's output channels are [mean | logvar].
             with torch.no_grad():
                 vae.conv1.weight[config.z_dim:].zero_()
-                vae.conv1.bias[config.z_dim:].fill_(init_logvar)
-        if latent_init_scale is not None:
+                vae.conv1.bias[config.z_dim:].fill_(r["init_logvar"])
+        if r["latent_init_scale"] is not None:
             # Start with latents that outweigh the decoder's biases: at the default init the posterior
             # mean has a std of ~0.2, the decoder first learns to ignore it (outputs the average clip,
             # ~12 dB) and only starts to use it after a long plateau (~125 steps overfitting one
             # batch; ~40 with the mean half of quant_conv scaled by 30). conv1 = quant_conv.
             with torch.no_grad():
-                vae.conv1.weight[:config.z_dim].mul_(latent_init_scale)
-                vae.conv1.bias[:config.z_dim].mul_(latent_init_scale)
-        opt = torch.optim.AdamW(vae.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+                vae.conv1.weight[:config.z_dim].mul_(r["latent_init_scale"])
+                vae.conv1.bias[:config.z_dim].mul_(r["latent_init_scale"])
+        params = list(vae.parameters())
+        opt = torch.optim.AdamW(params, lr=r["lr"], betas=(0.9, 0.99), weight_decay=0.0)
         warmup = max(1, steps // 20)
         # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
         losses: list[float] = []
 
-        def batch_loss(x):  # (B, 3, T, ch, cw) -> (reconstruction loss, KL)
+        def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
+            # weigh their pixels (and those within fg_ring px of them) up, or black wins
+            mask = _foreground(x)
+            if fg_ring:
+                mask = torch.nn.functional.max_pool3d(mask[:, None], (1, 2 * fg_ring + 1, 2 * fg_ring + 1), 1,
+                                                      (0, fg_ring, fg_ring))[:, 0]
+            return 1.0 + fg_weight * mask.unsqueeze(1)
+
+        def batch_loss(x):  # the whole step's (B, 3, T, ch, cw) -> this rank's (reconstruction, KL) terms
+            # Every term is this rank's share of a sum, divided by the whole batch's count (or weight),
+            # so the ranks' terms add up to the one-process loss. The rank takes items rank::world.
+            weight = weight_of(x)
+            denom = weight.sum() * x.shape[1]                                       # sum of weights over (B, 3, T, h, w)
+            part, weight = x[rank::world], weight[rank::world]
+            if len(part) == 0:
+                return x.new_zeros(()), x.new_zeros(())
             # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
             # no clamp, so pixels pushed past [-1, 1] still get a gradient.
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                posterior = vae.encode(x, chunked=False)
-                z = posterior.sample(gen) if sample_posterior else posterior.mode()
+                posterior = vae.encode(part, chunked=False)
+                if r["sample_posterior"]:  # the whole batch's noise, so every rank draws the same
+                    noise = torch.randn((len(x),) + posterior.mean.shape[1:], generator=gen)[rank::world]
+                    z = posterior.mean + posterior.std * noise.to(posterior.mean.dtype)
+                else:
+                    z = posterior.mode()
                 recon = vae.decode(z, chunked=False, clamp=False).float()
-            # Shapes cover a few % of the demo frames: weigh their pixels up, or black wins.
-            weight = 1.0 + fg_weight * _foreground(x).unsqueeze(1)                  # (B, 1, T, ch, cw)
-            err = clamped_error(recon, x)
-            rec = (weight * (err.abs() + err.pow(2))).mean() / weight.mean()
+            err = clamped_error(recon, part)
+            rec = (weight * (err.abs() + err.pow(2))).sum() / denom
             if cell_weight:
                 # the error of each latent cell's mean colour (one cell x cell block per frame): a
                 # cell's colour gets a gradient that the per-pixel terms spread over its edges
-                rec = rec + cell_weight * torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs().mean()
-            return rec, _kl(posterior.mean.float(), posterior.logvar.float())
+                pooled = torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs()
+                rec = rec + cell_weight * pooled.sum() / (pooled.numel() * len(x) / len(part))
+            mean, logvar = posterior.mean.float(), posterior.logvar.float()
+            kl = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum() / (mean.numel() * len(x) / len(part))  # KL to N(0, 1)
+            return rec, kl
 
         def draw(n, length):  # n random windows of `length` frames, each cropped around a random shape pixel
             out = []
@@ -436,24 +516,40 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                 out.append(clips[i][:, o:o + length, y0:y0 + ch, x0:x0 + cw])
             return torch.stack(out)                                                  # (n, 3, length, ch, cw)
 
+        batch_size, images = r["batch_size"], r["images"]
         for step in range(steps):
-            rec, kl = batch_loss(draw(batch_size, frames))
-            if images:
-                # single frames of other clips, through the first-frame path alone (the frame an i2v
-                # job conditions on): more independent crops per step than the windows give
-                rec_i, kl_i = batch_loss(draw(images, 1))
-                rec, kl = rec + rec_i, (kl + kl_i) / 2
-            loss = rec + kl_weight * kl
+            if step < r["image_steps"]:
+                # single frames alone (as many frames as a whole step holds): the first-frame path
+                # learns the shapes' edges and colours before the windows add motion
+                rec, kl = batch_loss(draw(images + batch_size * frames, 1))
+            else:
+                rec, kl = batch_loss(draw(batch_size, frames))
+                if images:
+                    # single frames of other clips, through the first-frame path alone (the frame an i2v
+                    # job conditions on): more independent crops per step than the windows give
+                    rec_i, kl_i = batch_loss(draw(images, 1))
+                    rec, kl = rec + rec_i, (kl + kl_i) / 2
+            loss = rec + r["kl_weight"] * kl
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+            terms = torch.stack([rec.detach(), kl.detach()])
+            if world > 1:  # the gradients of the ranks' shares add up to the whole step's gradient
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                flat = torch.cat([g.reshape(-1) for g in grads] + [terms])
+                dist.all_reduce(flat)
+                for p, g in zip(params, torch.split(flat[:-2], [q.numel() for q in params])):
+                    p.grad = g.view_as(p)
+                terms = flat[-2:]
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            losses.append(float(rec.detach()))
-            if verbose and (step + 1) % log_every == 0 or (verbose and step + 1 == steps):
-                recent = losses[-log_every:]
+            losses.append(float(terms[0]))
+            if verbose and (step + 1) % r["log_every"] == 0 or (verbose and step + 1 == steps):
+                recent = losses[-r["log_every"]:]
                 print(f"[train-vae] step {step + 1}/{steps} recon {sum(recent) / len(recent):.4f} "
                       f"({time.perf_counter() - start:.0f}s)", flush=True)
+        if rank != 0:
+            return None
 
         vae.eval()
         heldout = _heldout_figures(vae, data_dir, (H, W))
@@ -469,7 +565,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         config_json = json.dumps(dataclasses.asdict(config), indent=2)
         _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
         state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
-        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(seed),
+        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(gen_seed),
                 "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
         if heldout is not None:
             meta["heldout_figures"] = json.dumps(heldout)
@@ -479,5 +575,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
             print(f"[train-vae] saved {out_path} ({seconds:.0f}s)", flush=True)
         return VAETrainResult(out_path, losses, mean, std, seconds, vae, heldout)
     finally:
-        if threads is not None:
+        if init is not None:
+            dist.destroy_process_group()
+        if r["threads"] is not None:
             torch.set_num_threads(previous_threads)

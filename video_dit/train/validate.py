@@ -52,9 +52,20 @@ def prepare(raw: dict, log=print) -> None:
         if v.latent_init_scale is not None and not v.latent_init_scale > 0:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.latent_init_scale",
                               f"must be > 0 (or left out: the default init), got {v.latent_init_scale}")
-        for key in ("cell_weight", "fg_weight", "images"):
+        for key in ("cell_weight", "fg_weight", "fg_ring", "images", "image_steps"):
             if not getattr(v, key) >= 0:
                 raise ConfigError(f"{PROCESS}.prepare.tiny_vae.{key}", f"must be >= 0, got {getattr(v, key)}")
+        if v.image_steps > v.steps:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.image_steps",
+                              f"must be <= steps ({v.steps}), got {v.image_steps}")
+        if not 1 <= v.ranks <= v.batch_size:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.ranks", f"must be 1 .. batch_size ({v.batch_size}: each "
+                              f"rank takes a share of the windows), got {v.ranks}")
+        from video_dit.models.presets import VAE_PRESETS
+
+        if v.preset not in VAE_PRESETS:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.preset",
+                              f"unknown VAE preset {v.preset!r}; accepted: {', '.join(VAE_PRESETS)}")
         model = parse(ModelConfig, proc.get("model"), f"{PROCESS}.model")
         if not model.vae_path:
             raise ConfigError(f"{PROCESS}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; set it")
