@@ -259,6 +259,77 @@ def test_recipe_images_add_the_first_frame_path_loss(tmp_path):
         (shots.losses[0], base.losses[0], expected)
 
 
+def _weighted_loss_at_init(d, frames, ring=0):
+    """The first step's weighted loss (fg_weight 8) of the static clip's first `frames` frames through
+    the same-seed `tiny` init, the weight dilated by hand: 9 on every pixel within `ring` px (a
+    (2 ring + 1)^2 square) of a shape pixel, shifted mask by shifted mask, else 1."""
+    from video_dit.models.presets import VAE_PRESETS
+    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.train.vae_stage import _foreground, clamped_error
+
+    torch.manual_seed(0)
+    vae = CausalVideoVAE(VAE_PRESETS["tiny"]).train()
+    x = torch.stack(_clips(d, 9, 8, verbose=False))[:, :, :frames]                   # (1, 3, frames, 32, 32)
+    with torch.no_grad():
+        err = clamped_error(vae.decode(vae.encode(x, chunked=False).mode(), chunked=False, clamp=False), x)
+    fg = _foreground(x)                                                              # (1, frames, 32, 32)
+    near = torch.zeros_like(fg)
+    padded = torch.nn.functional.pad(fg, (ring, ring, ring, ring))
+    for dy in range(2 * ring + 1):
+        for dx in range(2 * ring + 1):
+            near = torch.maximum(near, padded[..., dy:dy + fg.shape[-2], dx:dx + fg.shape[-1]])
+    w = 1.0 + 8.0 * near.unsqueeze(1)
+    return float((w * (err.abs() + err.pow(2))).mean() / w.mean())
+
+
+def test_recipe_fg_ring_weighs_both_sides_of_an_edge(tmp_path):
+    """`fg_ring=r` puts fg_weight on every pixel within r px of a shape, outside it too (the blur of an
+    edge costs on both sides): the first step's loss is the loss recomputed with that weight, and
+    differs from the plain one."""
+    d = _static_clip(tmp_path / "one")
+    kw = dict(AT_INIT, fg_weight=8.0)
+    plain = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
+    ring = train_tiny_vae_result(d, tmp_path / "b.safetensors", fg_ring=2, **kw)
+    expected_plain, expected_ring = _weighted_loss_at_init(d, 9), _weighted_loss_at_init(d, 9, ring=2)
+    assert abs(expected_ring - expected_plain) > 1e-3 * expected_plain
+    assert abs(plain.losses[0] - expected_plain) < 1e-4 * expected_plain, (plain.losses[0], expected_plain)
+    assert abs(ring.losses[0] - expected_ring) < 1e-4 * expected_ring, (ring.losses[0], expected_ring)
+
+
+def test_recipe_image_steps_train_single_frames_first(tmp_path):
+    """During the first `image_steps` steps a step is single frames alone (images + batch x frames of
+    them, through the first-frame path): on the static clip, step 0's loss is one frame's loss
+    (recomputed from the init), not the window's plus the frames'."""
+    d = _static_clip(tmp_path / "one")
+    kw = dict(AT_INIT, fg_weight=8.0, images=2)
+    first = train_tiny_vae_result(d, tmp_path / "a.safetensors", image_steps=1, **kw)
+    mixed = train_tiny_vae_result(d, tmp_path / "b.safetensors", **kw)     # the window's loss + the frames'
+    expected = _weighted_loss_at_init(d, 1)
+    # to 2e-3: the shots are random frames of the clip, which its MP4 decodes equal to frame 0 within
+    # 2 grey levels; the window-and-frames step is ~2x that
+    assert abs(first.losses[0] - expected) < 2e-3 * expected, (first.losses[0], expected)
+    assert mixed.losses[0] > 1.5 * expected, (mixed.losses[0], expected)
+
+
+def test_two_ranks_take_the_one_rank_step(tmp_path):
+    """`ranks=2`: two processes (gloo), each a share of every step's windows and frames, gradients
+    summed. Against the same recipe in one process: every loss term's share is normalized by the
+    whole step, so step 1's logged loss is the same sum; step 2's loss follows step 1's update, so it
+    matches only if the summed gradient is the whole step's (a rank's half alone moves other weights).
+    Later steps agree to float-summation noise, which Adam's sign-like first updates amplify."""
+    d = tmp_path / "data"
+    make_demo_data(d, count=6, frames=9, size=32, seed=0, holdout=0)
+    kw = dict(steps=4, frames=5, batch_size=2, crop=None, images=3, image_steps=1, fg_ring=1, cell_weight=4.0,
+              sample_posterior=True, colour_path=True, preset="tiny-p2", threads=1, verbose=False)
+    one = train_tiny_vae_result(d, tmp_path / "a" / "v.safetensors", ranks=1, **kw)
+    two = train_tiny_vae_result(d, tmp_path / "b" / "v.safetensors", ranks=2, **kw)
+    assert len(two.losses) == 4 and (tmp_path / "b" / "v.safetensors").is_file()
+    for step in (0, 1):
+        assert abs(two.losses[step] - one.losses[step]) < 1e-5 * one.losses[step], (one.losses, two.losses)
+    for step in (2, 3):
+        assert abs(two.losses[step] - one.losses[step]) < 2e-3 * one.losses[step], (one.losses, two.losses)
+
+
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
 def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
     """`bf16` runs the VAE under bfloat16 autocast: the first step's loss differs from float32's (it did
@@ -271,13 +342,15 @@ def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
     assert all(p.dtype == torch.float32 for p in bf16.vae.parameters())
 
 
-def test_colour_path_init_starts_as_a_mean_colour_codec():
+@pytest.mark.parametrize("preset", ["tiny", "tiny-p2"])
+def test_colour_path_init_starts_as_a_mean_colour_codec(preset):
     """`init_colour_path`: before the encoder head, channels 0-2 are each latent cell's mean RGB (the
     first frame alone, then each group of 4: avg_pool3d here); z[:, :3] is that after the head's
     norm and SiLU; before the decoder head, channels 0-2 are z[:, :3] copied over the cell's pixels
     and the group's frames (repeat_interleave here), and the output's R, G, B are that after the
     head's norm and SiLU. The attention blocks' constant bias is zeroed so the paths compare bare;
-    the other channels stay random (the test would pass for a no-op on them, not on 0-2)."""
+    the other channels stay random (the test would pass for a no-op on them, not on 0-2). With the
+    2x2 patchify (`tiny-p2`) the decoder head runs on 2x2 blocks, each pixel of a block its colour."""
     import dataclasses
 
     import torch.nn.functional as F
@@ -288,7 +361,8 @@ def test_colour_path_init_starts_as_a_mean_colour_codec():
     from video_dit.train.vae_stage import init_colour_path
 
     torch.manual_seed(0)
-    vae = CausalVideoVAE(VAE_PRESETS["tiny"])
+    vae = CausalVideoVAE(VAE_PRESETS[preset])
+    p = vae.config.patch_size
     init_colour_path(vae)
     with torch.no_grad():
         for m in vae.modules():
@@ -307,16 +381,19 @@ def test_colour_path_init_starts_as_a_mean_colour_codec():
     norm_silu = lambda h: F.silu(F.normalize(h, dim=1) * h.shape[1] ** 0.5)[:, :3]    # gammas are one
     torch.testing.assert_close(z[:, :3], norm_silu(seen["enc"]), atol=1e-5, rtol=1e-5)
     copies = torch.cat([z[:, :3, :1], z[:, :3, 1:].repeat_interleave(4, dim=2)], 2)
-    copies = copies.repeat_interleave(8, dim=3).repeat_interleave(8, dim=4)        # (2, 3, 9, 32, 32)
+    copies = copies.repeat_interleave(8 // p, dim=3).repeat_interleave(8 // p, dim=4)  # (2, 3, 9, 32/p, 32/p)
     torch.testing.assert_close(seen["dec"][:, :3], copies, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out, norm_silu(seen["dec"]), atol=1e-5, rtol=1e-5)
+    pixels = norm_silu(seen["dec"]).repeat_interleave(p, dim=3).repeat_interleave(p, dim=4)
+    torch.testing.assert_close(out, pixels, atol=1e-5, rtol=1e-5)
     assert seen["enc"][:, 3:].std() > 0.1 and seen["dec"][:, 3:].std() > 0.1      # the rest: random features
 
-    with pytest.raises(ValueError, match="Wan 2.1 layout"):
+    with pytest.raises(ValueError, match="Wan 2.1 block layout"):
         init_colour_path(CausalVideoVAE(dataclasses.replace(VAE_PRESETS["tiny"], is_residual=True)))
 
 
-@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0), ("images", -1)])
+@pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0),
+                                       ("images", -1), ("fg_ring", -1), ("image_steps", -1), ("image_steps", 151),
+                                       ("ranks", 0), ("ranks", 3), ("preset", "tiny-nope")])
 def test_prepare_refuses_a_bad_recipe_value_naming_the_key(tmp_path, key, value):
     from video_dit.train.validate import prepare
     from video_dit.typed_config import ConfigError

@@ -14,8 +14,9 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos, read flat as a dataset (any sizes)")
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
-    # defaults: the embedded default job's recipe (configs/demo_i2v_tiny.yaml, prepare.tiny_vae)
-    parser.add_argument("--steps", type=int, default=360, help="optimizer steps (default 360)")
+    # defaults: the embedded default job's recipe (configs/demo_i2v_tiny.yaml, prepare.tiny_vae), in one
+    # process unless --ranks
+    parser.add_argument("--steps", type=int, default=720, help="optimizer steps (default 720)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
     parser.add_argument("--batch-size", type=int, default=2, help="windows per step (default 2)")
     parser.add_argument("--frames", type=int, default=9, help="frames per training window, 4k+1 (default 9)")
@@ -30,11 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weight of each latent cell's mean-colour error in the loss (default 4)")
     parser.add_argument("--fg-weight", type=float, default=8.0,
                         help="extra weight of the shapes' pixels in the loss (default 8)")
+    parser.add_argument("--fg-ring", type=int, default=2,
+                        help="the shapes' weight also on pixels within this many px of them (default 2)")
     parser.add_argument("--images", type=int, default=18,
                         help="single frames added to each step, through the first-frame path (default 18)")
+    parser.add_argument("--image-steps", type=int, default=None,
+                        help="the first steps train on single frames alone (default: a third of --steps, 240 of 720)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast where the CPU has native bf16 (default on; float32 weights)")
-    parser.add_argument("--preset", default="tiny", help="VAE preset to train (default tiny)")
+    parser.add_argument("--preset", default="tiny-p2", help="VAE preset to train (default tiny-p2)")
+    parser.add_argument("--ranks", type=int, default=1,
+                        help="data-parallel processes on this machine (default 1; the demo runs 2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--force", action="store_true", help="retrain even if FILE exists")
 
@@ -50,8 +57,10 @@ def main(args: argparse.Namespace) -> int:
         train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                        frames=args.frames, lr=args.lr, sample_posterior=args.sample_posterior,
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
-                       colour_path=args.colour_path, fg_weight=args.fg_weight, images=args.images, bf16=args.bf16,
-                       preset=args.preset, threads=args.threads, force=args.force)
+                       colour_path=args.colour_path, fg_weight=args.fg_weight, fg_ring=args.fg_ring,
+                       images=args.images,
+                       image_steps=args.steps // 3 if args.image_steps is None else args.image_steps, bf16=args.bf16, preset=args.preset,
+                       ranks=args.ranks, threads=args.threads, force=args.force)
     except (FileNotFoundError, ValueError, KeyError, MediaError) as exc:
         print(f"video-dit train-vae: {exc}")
         return 2

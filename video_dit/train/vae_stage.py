@@ -309,17 +309,20 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
-    fg_weight, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images, bf16,
-    preset, threads, log_every), with its defaults. `frames` (4k+1) is the length of the random training
+    fg_weight, fg_ring, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images,
+    image_steps, bf16, preset, ranks, threads, log_every), with its defaults. `frames` (4k+1) is the length of the random training
     windows; the latent statistics use whole clips (up to the
     longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
     posterior nearly deterministic; `latent_init_scale` multiplies the initial posterior mean (the
     decoder otherwise ignores the small initial latents through a long plateau at ~12 dB);
     `cell_weight` adds the error of each latent cell's mean colour to the loss; `fg_weight` weighs the
-    shapes' pixels (1 + fg_weight); `colour_path` starts the VAE as a mean-colour codec
+    shapes' pixels (1 + fg_weight), and with `fg_ring` every pixel within that many px of a shape
+    (an edge's blur then costs on both its sides); `colour_path` starts the VAE as a mean-colour codec
     (`init_colour_path`); `images` adds that many single frames of random clips to each step, through
-    the first-frame path (the frame an i2v job conditions on); `bf16` runs the VAE under bfloat16
+    the first-frame path (the frame an i2v job conditions on); the first `image_steps` steps train
+    on single frames alone (as many as a step's windows and frames hold); `ranks` trains
+    data-parallel in that many processes (`train_tiny_vae_result`); `bf16` runs the VAE under bfloat16
     autocast where the CPU has native bf16 (float32 weights; elsewhere float32, said in the log). The
     error is `clamped_error` (no cost for overshoot that decode's clamp corrects).
     Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, shape-colour errors):
@@ -330,11 +333,14 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
       the same with colour_path instead of latent_init_scale, fg_weight 8, 400 steps, on the 64-clip
         data: 22.6-28.1 dB, 4-31/255, every colour back; edges still soft (squares and triangles
         decode rounded); 1,600 steps: 25.1-32.1 dB, 1.6-6.8/255;
-      the demo's recipe (configs/demo_i2v_tiny.yaml: 2 windows + 18 single frames per step, bf16,
-        360 steps, 87-129 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255 with hard-edged
-        shapes; 24.1-31.5 dB, 2-28/255 with the anti-aliased ones the demo draws now. Trained on
-        single frames alone, the first frame reaches 32 dB in 400 steps: the moving frames are what
-        is slow. The goal (>= 30 dB, <= 12/255) is not reached in the budget.
+      the last recipe (2 windows + 18 single frames per step, bf16, the `tiny` preset, 360 steps,
+        87-129 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255 with hard-edged shapes;
+        24.1-31.5 dB, 2-28/255 with the anti-aliased ones the demo draws now;
+      the demo's recipe (configs/demo_i2v_tiny.yaml: the same on the `tiny-p2` preset, fg_ring 2,
+        240 of 720 steps on single frames alone, ranks 2; 111 s): 25.7-31.4 dB, 4-9/255. Three
+        times as many steps reach 29.9-35.6 dB: the PSNR goal (>= 30 dB on every clip; the white
+        circle and the yellow square fall short) is not reached in the budget, the colour goal
+        (<= 12/255) is.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
