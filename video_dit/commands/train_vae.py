@@ -53,13 +53,13 @@ def main(args: argparse.Namespace) -> int:
     if not str(args.out).endswith(".safetensors"):
         print(f"video-dit train-vae: --out {args.out!r} must end in .safetensors")
         return 2
+    image_steps = args.steps // 3 if args.image_steps is None else args.image_steps
     try:
         train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                        frames=args.frames, lr=args.lr, sample_posterior=args.sample_posterior,
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
                        colour_path=args.colour_path, fg_weight=args.fg_weight, fg_ring=args.fg_ring,
-                       images=args.images,
-                       image_steps=args.steps // 3 if args.image_steps is None else args.image_steps, bf16=args.bf16, preset=args.preset,
+                       images=args.images, image_steps=image_steps, bf16=args.bf16, preset=args.preset,
                        ranks=args.ranks, threads=args.threads, force=args.force)
     except (FileNotFoundError, ValueError, KeyError, MediaError) as exc:
         print(f"video-dit train-vae: {exc}")

@@ -24,9 +24,8 @@ VAE_PRESETS: dict[str, VAEConfig] = {
     "tiny": VAEConfig(dim=16, z_dim=16, dim_mult=(1, 2, 2, 2), num_res_blocks=1,
                       mean=(0.0,) * 16, std=(1.0,) * 16),
     # The embedded default's VAE: the same 8x spatial, 4x temporal, 16 channels, with Wan 2.2's 2x2
-    # pixel patchify in front of two 2x levels (instead of three) and the Wan 2.1 blocks: its
-    # full-resolution level runs on 32x32 cells of 4 pixels at 64x64, so a training step takes about
-    # half the time, and the head writes each pixel of a 2x2 block itself, which sharpens edges
+    # pixel patchify in front of two 2x levels (instead of three) and the Wan 2.1 blocks: its top
+    # level runs at half the resolution, so a training step takes about half the time of `tiny`'s
     # (README, embedded default).
     "tiny-p2": VAEConfig(dim=16, z_dim=16, dim_mult=(1, 2, 2), temperal_downsample=(True, True),
                          num_res_blocks=1, patch_size=2, mean=(0.0,) * 16, std=(1.0,) * 16),

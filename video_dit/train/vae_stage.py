@@ -220,8 +220,8 @@ RGB = 3  # the colour path's latent channels: z[:, :3] starts as each cell's mea
 
 @torch.no_grad()
 def init_colour_path(vae) -> None:
-    """Start a Wan 2.1-layout VAE (any patchify) as a mean-colour codec: z[:, :3] = each latent cell's mean RGB,
-    decoded back as a flat cell of that colour; every other channel keeps its random init.
+    """Start a Wan 2.1-layout VAE (any patchify) as a mean-colour codec: z[:, :3] = each latent cell's
+    mean RGB, decoded back as a flat cell of that colour; every other channel keeps its random init.
 
     Why: the Wan 2.1 encoder's linear path (conv1, then 3x3 stride-2 and temporal convs between the
     residual blocks) starts as a chain of random filters whose latent is a random projection of a
@@ -232,8 +232,8 @@ def init_colour_path(vae) -> None:
     steps, and the whole VAE learns hue (README, embedded default).
 
     Encoder: conv1 copies R, G, B into channels 0-2 (with a p x p patchify, `VAEConfig.patch_size`,
-    each is the mean of its colour's p^2 pixel channels); each stride-2 conv averages the 2x2 block and
-    each temporal one the frame pair, channel for channel (Resample.forward's padding and taps);
+    each is the mean of its colour's p^2 pixel channels); each stride-2 conv averages the 2x2 block
+    and each temporal one the frame pair, channel for channel (Resample.forward's padding and taps);
     1x1 shortcuts are identities; the residual branches, the head conv and quant_conv leave channels
     0-2 as they are (zero rows, one identity tap). Decoder, the mirror: post_quant_conv and conv1
     pass z[:, :3] on, each 2x upsampling conv keeps its nearest copy, the temporal one copies each
@@ -310,9 +310,9 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
     fg_weight, fg_ring, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images,
-    image_steps, bf16, preset, ranks, threads, log_every), with its defaults. `frames` (4k+1) is the length of the random training
-    windows; the latent statistics use whole clips (up to the
-    longest 4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
+    image_steps, bf16, preset, ranks, threads, log_every), with its defaults. `frames` (4k+1) is the
+    length of the random training windows; the latent statistics use whole clips (up to the longest
+    4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
     posterior nearly deterministic; `latent_init_scale` multiplies the initial posterior mean (the
     decoder otherwise ignores the small initial latents through a long plateau at ~12 dB);
