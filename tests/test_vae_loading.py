@@ -29,7 +29,7 @@ def test_preset_is_seeded_and_uses_the_preset_config():
     assert _same_weights(a, b.state_dict())
     assert not _same_weights(load_vae("preset:tiny", seed=1), a.state_dict())
     assert load_vae("preset:tiny", dtype=torch.bfloat16).dtype == torch.bfloat16
-    with pytest.raises(WeightsError, match="unknown VAE preset 'wan2.3'.*tiny, wan2.1, wan2.2"):
+    with pytest.raises(WeightsError, match="unknown VAE preset 'wan2.3'.*tiny, tiny-p2, wan2.1, wan2.2"):
         load_vae("preset:wan2.3")
 
 
