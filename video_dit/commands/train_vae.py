@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
     # defaults: the embedded default job's recipe (configs/demo_i2v_tiny.yaml, prepare.tiny_vae), in one
     # process unless --ranks
-    parser.add_argument("--steps", type=int, default=720, help="optimizer steps (default 720)")
+    parser.add_argument("--steps", type=int, default=960, help="optimizer steps (default 960)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
     parser.add_argument("--batch-size", type=int, default=2, help="windows per step (default 2)")
     parser.add_argument("--frames", type=int, default=9, help="frames per training window, 4k+1 (default 9)")
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, default=18,
                         help="single frames added to each step, through the first-frame path (default 18)")
     parser.add_argument("--image-steps", type=int, default=None,
-                        help="the first steps train on single frames alone (default: a third of --steps, 240 of 720)")
+                        help="the first steps train on single frames alone (default: a third of --steps, 320 of 960)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast where the CPU has native bf16 (default on; float32 weights)")
     parser.add_argument("--preset", default="tiny-p2", help="VAE preset to train (default tiny-p2)")
