@@ -337,10 +337,10 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
         87-129 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255 with hard-edged shapes;
         24.1-31.5 dB, 2-28/255 with the anti-aliased ones the demo draws now;
       the demo's recipe (configs/demo_i2v_tiny.yaml: the same on the `tiny-p2` preset, fg_ring 2,
-        240 of 720 steps on single frames alone, ranks 2; 111 s): 25.7-31.4 dB, 4-9/255. Three
-        times as many steps reach 29.9-35.6 dB: the PSNR goal (>= 30 dB on every clip; the white
-        circle and the yellow square fall short) is not reached in the budget, the colour goal
-        (<= 12/255) is.
+        320 of 960 steps on single frames alone, ranks 2; 121 s): 27.0-32.5 dB, 4-7/255 (720
+        steps, 111 s: 25.7-31.4 dB, 4-9/255). 2,160 steps reach 29.9-35.6 dB: the PSNR goal
+        (>= 30 dB on every clip; the white circle and the yellow square fall short) is not reached
+        in the budget, the colour goal (<= 12/255) is.
     See the README's embedded-default section.
     """
     out_path = Path(out_path)
