@@ -28,6 +28,7 @@ import math
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -426,12 +427,11 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
     from video_dit.models.presets import VAE_PRESETS
     from video_dit.models.vae import CausalVideoVAE
 
-    r = recipe
-    verbose, preset, frames, steps, cell_weight = r["verbose"], r["preset"], r["frames"], r["steps"], r["cell_weight"]
-    bf16, fg_weight, fg_ring, gen_seed = r["bf16"], r["fg_weight"], r["fg_ring"], r["seed"]
-    if r["threads"] is not None:
+    r = SimpleNamespace(**recipe)
+    verbose, preset, frames, steps, cell_weight = r.verbose, r.preset, r.frames, r.steps, r.cell_weight
+    if r.threads is not None:
         previous_threads = torch.get_num_threads()
-        torch.set_num_threads(r["threads"])
+        torch.set_num_threads(r.threads)
     if init is not None:
         # a rank that dies (or never starts) fails the others within the timeout instead of hanging them
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=RANK_TIMEOUT)
@@ -443,34 +443,33 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         H, W = clips[0].shape[2:]
         fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
         cell = VAE_PRESETS[preset].spatial_compression
-        crop = r["crop"]
-        ch, cw = (H, W) if crop is None else (min(crop, H), min(crop, W))
+        ch, cw = (H, W) if r.crop is None else (min(r.crop, H), min(r.crop, W))
         if ch % cell or cw % cell:
             raise ValueError(f"crop {ch}x{cw} (frames {H}x{W}) must be a multiple of the VAE's {cell}x cell")
 
-        torch.manual_seed(gen_seed)                      # the model's init (the same on every rank)
-        gen = torch.Generator().manual_seed(gen_seed)    # windows, order and posterior samples (likewise)
+        torch.manual_seed(r.seed)                    # the model's init (the same on every rank)
+        gen = torch.Generator().manual_seed(r.seed)  # windows, order and posterior samples (likewise)
         config = dataclasses.replace(VAE_PRESETS[preset])
         vae = CausalVideoVAE(config).train()
-        if r["colour_path"]:
+        if r.colour_path:
             init_colour_path(vae)  # z[:, :3] starts as the cells' mean RGB (see init_colour_path)
-        if r["init_logvar"] is not None:
+        if r.init_logvar is not None:
             # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
             # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its
             # steps learning to shrink it. conv1's output channels are [mean | logvar].
             with torch.no_grad():
                 vae.conv1.weight[config.z_dim:].zero_()
-                vae.conv1.bias[config.z_dim:].fill_(r["init_logvar"])
-        if r["latent_init_scale"] is not None:
+                vae.conv1.bias[config.z_dim:].fill_(r.init_logvar)
+        if r.latent_init_scale is not None:
             # Start with latents that outweigh the decoder's biases: at the default init the posterior
             # mean has a std of ~0.2, the decoder first learns to ignore it (outputs the average clip,
             # ~12 dB) and only starts to use it after a long plateau (~125 steps overfitting one
             # batch; ~40 with the mean half of quant_conv scaled by 30). conv1 = quant_conv.
             with torch.no_grad():
-                vae.conv1.weight[:config.z_dim].mul_(r["latent_init_scale"])
-                vae.conv1.bias[:config.z_dim].mul_(r["latent_init_scale"])
+                vae.conv1.weight[:config.z_dim].mul_(r.latent_init_scale)
+                vae.conv1.bias[:config.z_dim].mul_(r.latent_init_scale)
         params = list(vae.parameters())
-        opt = torch.optim.AdamW(params, lr=r["lr"], betas=(0.9, 0.99), weight_decay=0.0)
+        opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.99), weight_decay=0.0)
         warmup = max(1, steps // 20)
         # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
@@ -480,24 +479,24 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
             # weigh their pixels (and those within fg_ring px of them) up, or black wins
             mask = _foreground(x)
-            if fg_ring:
-                mask = torch.nn.functional.max_pool3d(mask[:, None], (1, 2 * fg_ring + 1, 2 * fg_ring + 1), 1,
-                                                      (0, fg_ring, fg_ring))[:, 0]
-            return 1.0 + fg_weight * mask.unsqueeze(1)
+            if r.fg_ring:
+                k = 2 * r.fg_ring + 1
+                mask = torch.nn.functional.max_pool3d(mask[:, None], (1, k, k), 1, (0, r.fg_ring, r.fg_ring))[:, 0]
+            return 1.0 + r.fg_weight * mask.unsqueeze(1)
 
         def batch_loss(x):  # the whole step's (B, 3, T, ch, cw) -> this rank's (reconstruction, KL) terms
             # Every term is this rank's share of a sum, divided by the whole batch's count (or weight),
             # so the ranks' terms add up to the one-process loss. The rank takes items rank::world.
             weight = weight_of(x)
-            denom = weight.sum() * x.shape[1]                                       # sum of weights over (B, 3, T, h, w)
+            denom = weight.sum() * x.shape[1]                       # the weights' sum over (B, 3, T, h, w)
             part, weight = x[rank::world], weight[rank::world]
             if len(part) == 0:
                 return x.new_zeros(()), x.new_zeros(())
             # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
             # no clamp, so pixels pushed past [-1, 1] still get a gradient.
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.bf16):
                 posterior = vae.encode(part, chunked=False)
-                if r["sample_posterior"]:  # the whole batch's noise, so every rank draws the same
+                if r.sample_posterior:  # the whole batch's noise, so every rank draws the same
                     noise = torch.randn((len(x),) + posterior.mean.shape[1:], generator=gen)[rank::world]
                     z = posterior.mean + posterior.std * noise.to(posterior.mean.dtype)
                 else:
@@ -511,7 +510,8 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 pooled = torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs()
                 rec = rec + cell_weight * pooled.sum() / (pooled.numel() * len(x) / len(part))
             mean, logvar = posterior.mean.float(), posterior.logvar.float()
-            kl = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum() / (mean.numel() * len(x) / len(part))  # KL to N(0, 1)
+            kl_sum = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum()               # KL to N(0, 1)
+            kl = kl_sum / (mean.numel() * len(x) / len(part))
             return rec, kl
 
         def draw(n, length):  # n random windows of `length` frames, each cropped around a random shape pixel
@@ -522,9 +522,9 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 out.append(clips[i][:, o:o + length, y0:y0 + ch, x0:x0 + cw])
             return torch.stack(out)                                                  # (n, 3, length, ch, cw)
 
-        batch_size, images = r["batch_size"], r["images"]
+        batch_size, images = r.batch_size, r.images
         for step in range(steps):
-            if step < r["image_steps"]:
+            if step < r.image_steps:
                 # single frames alone (as many frames as a whole step holds): the first-frame path
                 # learns the shapes' edges and colours before the windows add motion
                 rec, kl = batch_loss(draw(images + batch_size * frames, 1))
@@ -535,7 +535,7 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                     # job conditions on): more independent crops per step than the windows give
                     rec_i, kl_i = batch_loss(draw(images, 1))
                     rec, kl = rec + rec_i, (kl + kl_i) / 2
-            loss = rec + r["kl_weight"] * kl
+            loss = rec + r.kl_weight * kl
             opt.zero_grad(set_to_none=True)
             loss.backward()
             terms = torch.stack([rec.detach(), kl.detach()])
@@ -550,8 +550,8 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
             opt.step()
             sched.step()
             losses.append(float(terms[0]))
-            if verbose and (step + 1) % r["log_every"] == 0 or (verbose and step + 1 == steps):
-                recent = losses[-r["log_every"]:]
+            if verbose and (step + 1) % r.log_every == 0 or (verbose and step + 1 == steps):
+                recent = losses[-r.log_every:]
                 print(f"[train-vae] step {step + 1}/{steps} recon {sum(recent) / len(recent):.4f} "
                       f"({time.perf_counter() - start:.0f}s)", flush=True)
         if rank != 0:
@@ -571,7 +571,7 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         config_json = json.dumps(dataclasses.asdict(config), indent=2)
         _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
         state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
-        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(gen_seed),
+        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(r.seed),
                 "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
         if heldout is not None:
             meta["heldout_figures"] = json.dumps(heldout)
@@ -583,5 +583,5 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
     finally:
         if init is not None:
             dist.destroy_process_group()
-        if r["threads"] is not None:
+        if r.threads is not None:
             torch.set_num_threads(previous_threads)
