@@ -163,6 +163,45 @@ def test_posterior_and_latent_normalization():
         CausalVideoVAE(CONFIGS["wan2.2-style"]).normalize(torch.zeros(1, 6, 1, 1, 1))
 
 
+@pytest.mark.parametrize("frames,chunked", [(1, True), (1, False), (5, True), (5, False)])
+def test_autograd_path_parity_with_diffusers(pair, frames, chunked):
+    """The training (autograd) path, where a clip's first frame skips its zero-padded past taps
+    (CausalConv3d), computes what diffusers does, chunked or whole."""
+    cfg, ref, ours = pair
+    s = cfg.spatial_compression
+    video = _video(frames, 2 * s, 2 * s, seed=4).requires_grad_()
+    with torch.no_grad():
+        post_ref = ref.encode(video.detach()).latent_dist
+        out_ref = ref.decode(post_ref.mean).sample
+    post = ours.encode(video, chunked=chunked)
+    out = ours.decode(post.mean, chunked=chunked)
+    assert post.mean.requires_grad and out.requires_grad
+    assert (post.mean - post_ref.mean).abs().max() <= 1e-4
+    assert (out - out_ref).abs().max() <= 1e-4
+
+
+def test_first_frame_conv_gradients_equal_the_zero_padded_conv():
+    """A lone frame through a causal conv with autograd on uses only the last temporal tap: output,
+    input gradient and weight gradient (zero on the other taps) equal the zero-padded conv3d's."""
+    import torch.nn.functional as F
+
+    from video_dit.models.vae_layers import CausalCache, CausalConv3d
+
+    torch.manual_seed(0)
+    conv = CausalConv3d(4, 6, 3, padding=1)
+    x = torch.randn(2, 4, 1, 5, 5, requires_grad=True)
+    g = torch.randn(2, 6, 1, 5, 5)
+    padded = F.conv3d(F.pad(x, (0, 0, 0, 0, 2, 0)), conv.weight, conv.bias, padding=(0, 1, 1))
+    gx, gw = torch.autograd.grad((padded * g).sum(), (x, conv.weight))
+    for cache in (None, CausalCache()):
+        y = conv(x, cache)
+        hx, hw = torch.autograd.grad((y * g).sum(), (x, conv.weight))
+        torch.testing.assert_close(y, padded, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(hx, gx, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(hw, gw, atol=1e-6, rtol=1e-5)
+        assert hw[:, :, :2].abs().max() == 0
+
+
 def test_gradients_flow_for_vae_training():
     vae = CausalVideoVAE(CONFIGS["wan2.2-style"])
     video = _video(5, 16, 32)

@@ -89,6 +89,10 @@ class CausalCache:
             past[:, :, i].copy_(past[:, :, i + m])
         past[:, :, n - m:].copy_(frames[:, :, -m:])
 
+    def fresh(self, layer: nn.Module) -> bool:
+        """Autograd path: has `layer` seen no frame yet (its past is the zeros before the clip)?"""
+        return id(layer) not in self._past
+
     def with_past(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
         """Autograd path: `[n past frames | x]` (B, C, n + T, H, W) by concatenation."""
         key, (B, C, T, H, W) = id(layer), x.shape
@@ -157,6 +161,12 @@ class CausalConv3d(nn.Conv3d):
         n = self.past
         if n == 0 or cache is None or not _inplace():
             x = norm(x, silu=True) if norm is not None else x
+            if n and x.shape[2] == 1 and self.stride[0] == 1 and (cache is None or cache.fresh(self)):
+                # The clip's first frame (an image, an i2v conditioning frame): its past is all zeros,
+                # so only the last temporal tap counts (the zero-padded conv costs n + 1 times as much)
+                if cache is not None:
+                    cache.with_past(self, x, n)  # the zeros and this frame: the next chunk's past
+                return _conv(x, self.weight[:, :, -1:], self.bias, self.stride, self.padding)
             if n:
                 x = cache.with_past(self, x, n) if cache is not None else F.pad(x, (0, 0, 0, 0, n, 0))
             return _conv(x, self.weight, self.bias, self.stride, self.padding)
