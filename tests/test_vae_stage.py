@@ -330,6 +330,28 @@ def test_two_ranks_take_the_one_rank_step(tmp_path):
         assert abs(two.losses[step] - one.losses[step]) < 2e-3 * one.losses[step], (one.losses, two.losses)
 
 
+def test_recipe_ema_saves_the_moving_average_of_the_weights(tmp_path):
+    """`ema=d` saves and returns the exponential moving average of the weights in place of the last
+    step's (torch's AveragedModel: the first step's weights, then ema = d ema + (1 - d) w). Two steps
+    at d = 0.5 must give the mean of the weights after step 1 (a 1-step run: the first step's
+    learning rate is the same whatever the step count) and after step 2 (a 2-step run without EMA)."""
+    from safetensors.torch import load_file
+
+    d = _static_clip(tmp_path / "one")
+    kw = dict(AT_INIT, lr=1e-2, fg_weight=8.0)
+    w1 = train_tiny_vae_result(d, tmp_path / "a" / "v.safetensors", **kw).vae.state_dict()
+    w2 = train_tiny_vae_result(d, tmp_path / "b" / "v.safetensors", **dict(kw, steps=2)).vae.state_dict()
+    avg = train_tiny_vae_result(d, tmp_path / "c" / "v.safetensors", **dict(kw, steps=2, ema=0.5))
+    saved = load_file(tmp_path / "c" / "v.safetensors")
+    names = [n for n, _ in avg.vae.named_parameters()]
+    assert max(float((w2[n] - w1[n]).abs().max()) for n in names) > 1e-4      # step 2 moved the weights
+    for n in names:
+        torch.testing.assert_close(avg.vae.state_dict()[n], (w1[n] + w2[n]) / 2, atol=1e-6, rtol=0)
+        torch.testing.assert_close(saved[n], (w1[n] + w2[n]) / 2, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="ema"):
+        train_tiny_vae_result(d, tmp_path / "d" / "v.safetensors", **dict(kw, ema=1.0))
+
+
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no native bf16")
 def test_recipe_bf16_is_the_same_loss_in_bfloat16(tmp_path):
     """`bf16` runs the VAE under bfloat16 autocast: the first step's loss differs from float32's (it did
@@ -393,7 +415,8 @@ def test_colour_path_init_starts_as_a_mean_colour_codec(preset):
 
 @pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0),
                                        ("images", -1), ("fg_ring", -1), ("image_steps", -1), ("image_steps", 151),
-                                       ("ranks", 0), ("ranks", 3), ("preset", "tiny-nope")])
+                                       ("ranks", 0), ("ranks", 3), ("preset", "tiny-nope"), ("ema", 1.0),
+                                       ("ema", -0.1)])
 def test_prepare_refuses_a_bad_recipe_value_naming_the_key(tmp_path, key, value):
     from video_dit.train.validate import prepare
     from video_dit.typed_config import ConfigError

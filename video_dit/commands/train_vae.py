@@ -16,11 +16,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, metavar="FILE", help="weights file to write (.safetensors)")
     # defaults: the embedded default job's recipe (configs/demo_i2v_tiny.yaml, prepare.tiny_vae), in one
     # process unless --ranks
-    parser.add_argument("--steps", type=int, default=960, help="optimizer steps (default 960)")
+    parser.add_argument("--steps", type=int, default=1800, help="optimizer steps (default 1800)")
     parser.add_argument("--seed", type=int, default=0, help="seed of init, windows and sampling (default 0)")
     parser.add_argument("--batch-size", type=int, default=2, help="windows per step (default 2)")
-    parser.add_argument("--frames", type=int, default=9, help="frames per training window, 4k+1 (default 9)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    parser.add_argument("--frames", type=int, default=17, help="frames per training window, 4k+1 (default 17)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     parser.add_argument("--sample-posterior", action="store_true",
                         help="decode a posterior sample in training (default: its mean, a plain autoencoder)")
     parser.add_argument("--latent-init-scale", type=float, default=None,
@@ -36,12 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--images", type=int, default=18,
                         help="single frames added to each step, through the first-frame path (default 18)")
     parser.add_argument("--image-steps", type=int, default=None,
-                        help="the first steps train on single frames alone (default: a third of --steps, 320 of 960)")
+                        help="the first steps train on single frames alone (default: a third of --steps, 600 of 1800)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast where the CPU has native bf16 (default on; float32 weights)")
     parser.add_argument("--preset", default="tiny-p2", help="VAE preset to train (default tiny-p2)")
     parser.add_argument("--ranks", type=int, default=1,
                         help="data-parallel processes on this machine (default 1; the demo runs 2)")
+    parser.add_argument("--ema", type=float, default=0.99,
+                        help="decay of the weights' moving average, which is saved (default 0.99; 0: the last weights)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--force", action="store_true", help="retrain even if FILE exists")
 
@@ -60,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
                        colour_path=args.colour_path, fg_weight=args.fg_weight, fg_ring=args.fg_ring,
                        images=args.images, image_steps=image_steps, bf16=args.bf16, preset=args.preset,
-                       ranks=args.ranks, threads=args.threads, force=args.force)
+                       ranks=args.ranks, ema=args.ema, threads=args.threads, force=args.force)
     except (FileNotFoundError, ValueError, KeyError, MediaError) as exc:
         print(f"video-dit train-vae: {exc}")
         return 2

@@ -522,6 +522,7 @@ class TinyVAEStage:
     bf16: bool = False  # train under bfloat16 autocast on a CPU with native bf16 (float32 weights)
     preset: str = "tiny"  # the VAE preset trained (video_dit.models.presets.VAE_PRESETS)
     ranks: int = 1  # data-parallel processes on this machine (each a share of the step's windows)
+    ema: float = 0.0  # decay of the weights' moving average that is saved (0: the last step's weights)
 
 
 @dataclass

@@ -311,7 +311,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
     fg_weight, fg_ring, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images,
-    image_steps, bf16, preset, ranks, threads, log_every), with its defaults. `frames` (4k+1) is the
+    image_steps, bf16, preset, ranks, ema, threads, log_every), with its defaults. `frames` (4k+1) is the
     length of the random training windows; the latent statistics use whole clips (up to the longest
     4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
@@ -324,7 +324,9 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
     the first-frame path (the frame an i2v job conditions on); the first `image_steps` steps train
     on single frames alone (as many as a step's windows and frames hold); `ranks` trains
     data-parallel in that many processes (`train_tiny_vae_result`); `bf16` runs the VAE under bfloat16
-    autocast where the CPU has native bf16 (float32 weights; elsewhere float32, said in the log). The
+    autocast where the CPU has native bf16 (float32 weights; elsewhere float32, said in the log); `ema`
+    (a decay in (0, 1); 0: none) keeps an exponential moving average of the weights
+    (`torch.optim.swa_utils.AveragedModel`), which is measured, saved and returned in their place. The
     error is `clamped_error` (no cost for overshoot that decode's clamp corrects).
     Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, shape-colour errors):
       defaults (sampled posterior, 5-frame windows, 150 steps): 9.2-9.4 dB, 80-107/255; the decoder
@@ -358,7 +360,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                           sample_posterior: bool = True, latent_init_scale: float | None = None,
                           cell_weight: float = 0.0, colour_path: bool = False, images: int = 0,
                           image_steps: int = 0, bf16: bool = False, preset: str = "tiny", ranks: int = 1,
-                          threads: int | None = None, log_every: int = 50, verbose: bool = True) -> VAETrainResult:
+                          ema: float = 0.0, threads: int | None = None, log_every: int = 50,
+                          verbose: bool = True) -> VAETrainResult:
     """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too.
 
     `ranks` > 1 trains data-parallel in that many processes on this machine (gloo): every rank draws
@@ -378,6 +381,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     if images < 0 or fg_ring < 0 or not 0 <= image_steps <= steps:
         raise ValueError(f"need images >= 0, fg_ring >= 0 and 0 <= image_steps <= steps; got images={images}, "
                          f"fg_ring={fg_ring}, image_steps={image_steps}, steps={steps}")
+    if not 0.0 <= ema < 1.0:
+        raise ValueError(f"ema (the average's decay) must be in [0, 1) (0: none), got {ema}")
     if steps < 1 or batch_size < 1 or not 1 <= ranks <= batch_size:
         raise ValueError(f"need steps >= 1 and 1 <= ranks <= batch_size (each rank takes a share of the windows); "
                          f"got steps={steps}, batch_size={batch_size}, ranks={ranks}")
@@ -388,7 +393,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     recipe = dict(steps=steps, seed=seed, batch_size=batch_size, frames=frames, crop=crop, lr=lr,
                   kl_weight=kl_weight, fg_weight=fg_weight, fg_ring=fg_ring, init_logvar=init_logvar,
                   sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight,
-                  colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset,
+                  colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset, ema=ema,
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
                   log_every=log_every, verbose=verbose)
     if ranks == 1:
@@ -469,12 +474,17 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 vae.conv1.weight[:config.z_dim].mul_(r.latent_init_scale)
                 vae.conv1.bias[:config.z_dim].mul_(r.latent_init_scale)
         params = list(vae.parameters())
-        opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        # fused: one kernel over all parameters (the per-parameter loop is ~8% of a step on CPU)
+        opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
         warmup = max(1, steps // 20)
         # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
         losses: list[float] = []
+        # An exponential moving average of the weights (decay r.ema, from the first step's), which the
+        # stage saves: the steps' noise averages out of the edges (README: +0.4-1.5 dB on the held-out clips)
+        swa = torch.optim.swa_utils
+        averaged = swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema)) if r.ema else None
 
         def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
             # weigh their pixels (and those within fg_ring px of them) up, or black wins
@@ -546,9 +556,11 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 for p, g in zip(params, torch.split(flat[:-2], [q.numel() for q in params])):
                     p.grad = g.view_as(p)
                 terms = flat[-2:]
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
             opt.step()
             sched.step()
+            if averaged is not None:
+                averaged.update_parameters(vae)
             losses.append(float(terms[0]))
             if verbose and (step + 1) % r.log_every == 0 or (verbose and step + 1 == steps):
                 recent = losses[-r.log_every:]
@@ -558,9 +570,16 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
             return None
 
         vae.eval()
+        if averaged is not None:
+            if verbose and (raw := _heldout_figures(vae, data_dir, (H, W))) is not None:
+                print(f"[train-vae] held-out clips, the last step's weights: {format_figures(raw)}", flush=True)
+            with torch.no_grad():  # the average is what is measured, saved and returned
+                for p, a in zip(params, averaged.module.parameters()):
+                    p.copy_(a)
         heldout = _heldout_figures(vae, data_dir, (H, W))
         if verbose and heldout is not None:
-            print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}): {format_figures(heldout)}", flush=True)
+            what = f" (EMA {r.ema} of the weights: saved)" if averaged is not None else ""
+            print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}){what}: {format_figures(heldout)}", flush=True)
         mean, std = latent_stats(vae, clips, stats_frames)
         config = dataclasses.replace(config, mean=mean, std=std)
         vae.config = config  # the returned model normalizes as a loaded one does

@@ -58,6 +58,9 @@ def prepare(raw: dict, log=print) -> None:
         if v.image_steps > v.steps:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.image_steps",
                               f"must be <= steps ({v.steps}), got {v.image_steps}")
+        if not 0.0 <= v.ema < 1.0:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.ema",
+                              f"must be in [0, 1) (a decay such as 0.99; 0: no average), got {v.ema}")
         if not 1 <= v.ranks <= v.batch_size:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.ranks", f"must be 1 .. batch_size ({v.batch_size}: each "
                               f"rank takes a share of the windows), got {v.ranks}")
