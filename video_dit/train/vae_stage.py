@@ -483,10 +483,11 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
         losses: list[float] = []
-        # An exponential moving average of the weights (decay r.ema, from the first step's), which the
-        # stage saves: the steps' noise averages out of the edges (README: +0.4-1.5 dB on the held-out clips)
+        # An exponential moving average of the weights (decay r.ema, from the first step's), which rank 0
+        # saves: the steps' noise averages out of the edges (README: +0.4-1.5 dB on the held-out clips)
         swa = torch.optim.swa_utils
-        averaged = swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema)) if r.ema else None
+        averaged = (swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema))
+                    if r.ema and rank == 0 else None)
 
         def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
             # weigh their pixels (and those within fg_ring px of them) up, or black wins
