@@ -259,10 +259,11 @@ def test_recipe_images_add_the_first_frame_path_loss(tmp_path):
         (shots.losses[0], base.losses[0], expected)
 
 
-def _weighted_loss_at_init(d, frames, ring=0):
+def _weighted_loss_at_init(d, frames, ring=0, bright=0.0):
     """The first step's weighted loss (fg_weight 8) of the static clip's first `frames` frames through
     the same-seed `tiny` init, the weight dilated by hand: 9 on every pixel within `ring` px (a
-    (2 ring + 1)^2 square) of a shape pixel, shifted mask by shifted mask, else 1."""
+    (2 ring + 1)^2 square) of a shape pixel, shifted mask by shifted mask, else 1. `bright` adds that
+    times the same weighted loss of each pixel's brightest channel (max over R, G, B)."""
     from video_dit.models.presets import VAE_PRESETS
     from video_dit.models.vae import CausalVideoVAE
     from video_dit.train.vae_stage import _foreground, clamped_error
@@ -271,7 +272,9 @@ def _weighted_loss_at_init(d, frames, ring=0):
     vae = CausalVideoVAE(VAE_PRESETS["tiny"]).train()
     x = torch.stack(_clips(d, 9, 8, verbose=False))[:, :, :frames]                   # (1, 3, frames, 32, 32)
     with torch.no_grad():
-        err = clamped_error(vae.decode(vae.encode(x, chunked=False).mode(), chunked=False, clamp=False), x)
+        recon = vae.decode(vae.encode(x, chunked=False).mode(), chunked=False, clamp=False)
+    err = clamped_error(recon, x)
+    top = clamped_error(recon.amax(1, keepdim=True), x.amax(1, keepdim=True))       # (1, 1, frames, 32, 32)
     fg = _foreground(x)                                                              # (1, frames, 32, 32)
     near = torch.zeros_like(fg)
     padded = torch.nn.functional.pad(fg, (ring, ring, ring, ring))
@@ -279,7 +282,7 @@ def _weighted_loss_at_init(d, frames, ring=0):
         for dx in range(2 * ring + 1):
             near = torch.maximum(near, padded[..., dy:dy + fg.shape[-2], dx:dx + fg.shape[-1]])
     w = 1.0 + 8.0 * near.unsqueeze(1)
-    return float((w * (err.abs() + err.pow(2))).mean() / w.mean())
+    return float(((w * (err.abs() + err.pow(2))).mean() + bright * (w * (top.abs() + top.pow(2))).mean()) / w.mean())
 
 
 def test_recipe_fg_ring_weighs_both_sides_of_an_edge(tmp_path):
@@ -294,6 +297,20 @@ def test_recipe_fg_ring_weighs_both_sides_of_an_edge(tmp_path):
     assert abs(expected_ring - expected_plain) > 1e-3 * expected_plain
     assert abs(plain.losses[0] - expected_plain) < 1e-4 * expected_plain, (plain.losses[0], expected_plain)
     assert abs(ring.losses[0] - expected_ring) < 1e-4 * expected_ring, (ring.losses[0], expected_ring)
+
+
+def test_recipe_bright_weight_adds_the_brightest_channel_error(tmp_path):
+    """`bright_weight=w` adds w x the weighted loss of each pixel's brightest channel (a shape's outline
+    on black whatever its colour; the per-channel terms count a red edge's error in about one channel
+    where a white edge's counts in three): step 0's loss is the one recomputed with it."""
+    d = _static_clip(tmp_path / "one")
+    kw = dict(AT_INIT, fg_weight=8.0, fg_ring=1)
+    plain = train_tiny_vae_result(d, tmp_path / "a.safetensors", **kw)
+    bright = train_tiny_vae_result(d, tmp_path / "b.safetensors", bright_weight=3.0, **kw)
+    expected_plain, expected = _weighted_loss_at_init(d, 9, ring=1), _weighted_loss_at_init(d, 9, ring=1, bright=3.0)
+    assert expected > 1.2 * expected_plain
+    assert abs(plain.losses[0] - expected_plain) < 1e-4 * expected_plain, (plain.losses[0], expected_plain)
+    assert abs(bright.losses[0] - expected) < 1e-4 * expected, (bright.losses[0], expected)
 
 
 def test_recipe_image_steps_train_single_frames_first(tmp_path):
@@ -320,7 +337,7 @@ def test_two_ranks_take_the_one_rank_step(tmp_path):
     d = tmp_path / "data"
     make_demo_data(d, count=6, frames=9, size=32, seed=0, holdout=0)
     kw = dict(steps=4, frames=5, batch_size=2, crop=None, images=3, image_steps=1, fg_ring=1, cell_weight=4.0,
-              sample_posterior=True, colour_path=True, preset="tiny-p2", threads=1, verbose=False)
+              bright_weight=2.0, sample_posterior=True, colour_path=True, preset="tiny-p2", threads=1, verbose=False)
     one = train_tiny_vae_result(d, tmp_path / "a" / "v.safetensors", ranks=1, **kw)
     two = train_tiny_vae_result(d, tmp_path / "b" / "v.safetensors", ranks=2, **kw)
     assert len(two.losses) == 4 and (tmp_path / "b" / "v.safetensors").is_file()
@@ -414,6 +431,7 @@ def test_colour_path_init_starts_as_a_mean_colour_codec(preset):
 
 
 @pytest.mark.parametrize("key,value", [("latent_init_scale", -1.0), ("cell_weight", -0.5), ("fg_weight", -2.0),
+                                       ("bright_weight", -1.0),
                                        ("images", -1), ("fg_ring", -1), ("image_steps", -1), ("image_steps", 151),
                                        ("ranks", 0), ("ranks", 3), ("preset", "tiny-nope"), ("ema", 1.0),
                                        ("ema", -0.1)])

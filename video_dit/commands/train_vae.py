@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="start z[:, :3] as each cell's mean RGB (default on; see init_colour_path)")
     parser.add_argument("--cell-weight", type=float, default=4.0,
                         help="weight of each latent cell's mean-colour error in the loss (default 4)")
+    parser.add_argument("--bright-weight", type=float, default=5.0,
+                        help="weight of each pixel's brightest-channel error in the loss (default 5)")
     parser.add_argument("--fg-weight", type=float, default=8.0,
                         help="extra weight of the shapes' pixels in the loss (default 8)")
     parser.add_argument("--fg-ring", type=int, default=2,
@@ -60,6 +62,7 @@ def main(args: argparse.Namespace) -> int:
         train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                        frames=args.frames, lr=args.lr, sample_posterior=args.sample_posterior,
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
+                       bright_weight=args.bright_weight,
                        colour_path=args.colour_path, fg_weight=args.fg_weight, fg_ring=args.fg_ring,
                        images=args.images, image_steps=image_steps, bf16=args.bf16, preset=args.preset,
                        ranks=args.ranks, ema=args.ema, threads=args.threads, force=args.force)

@@ -514,6 +514,7 @@ class TinyVAEStage:
     sample_posterior: bool = True  # False: decode the posterior mean in training (a plain autoencoder)
     latent_init_scale: float | None = None  # scale of the initial posterior mean (see train_tiny_vae)
     cell_weight: float = 0.0  # weight of the latent cells' mean-colour error (see train_tiny_vae)
+    bright_weight: float = 0.0  # weight of each pixel's brightest-channel error (see train_tiny_vae)
     colour_path: bool = False  # start z[:, :3] as the cells' mean RGB (see vae_stage.init_colour_path)
     fg_weight: float = 4.0  # extra weight of the shapes' pixels in the loss (1 + fg_weight on a shape)
     fg_ring: int = 0  # fg_weight also on the pixels within this many px of a shape (both sides of an edge)

@@ -360,7 +360,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                           frames: int = 5, crop: int | None = 32, lr: float = 2e-3, kl_weight: float = 1e-4,
                           fg_weight: float = 4.0, fg_ring: int = 0, init_logvar: float | None = None,
                           sample_posterior: bool = True, latent_init_scale: float | None = None,
-                          cell_weight: float = 0.0, colour_path: bool = False, images: int = 0,
+                          cell_weight: float = 0.0, bright_weight: float = 0.0, colour_path: bool = False,
+                          images: int = 0,
                           image_steps: int = 0, bf16: bool = False, preset: str = "tiny", ranks: int = 1,
                           ema: float = 0.0, threads: int | None = None, log_every: int = 50,
                           verbose: bool = True) -> VAETrainResult:
@@ -378,8 +379,9 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
         raise ValueError(f"frames must be 4k + 1 (1, 5, 9, ...), got {frames}")
     if latent_init_scale is not None and not latent_init_scale > 0:
         raise ValueError(f"latent_init_scale must be > 0 (or None: the default init), got {latent_init_scale}")
-    if not cell_weight >= 0 or not fg_weight >= 0:
-        raise ValueError(f"cell_weight and fg_weight must be >= 0, got {cell_weight}, {fg_weight}")
+    if not cell_weight >= 0 or not fg_weight >= 0 or not bright_weight >= 0:
+        raise ValueError(f"cell_weight, bright_weight and fg_weight must be >= 0, got {cell_weight}, {bright_weight}, "
+                         f"{fg_weight}")
     if images < 0 or fg_ring < 0 or not 0 <= image_steps <= steps:
         raise ValueError(f"need images >= 0, fg_ring >= 0 and 0 <= image_steps <= steps; got images={images}, "
                          f"fg_ring={fg_ring}, image_steps={image_steps}, steps={steps}")
@@ -395,7 +397,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     recipe = dict(steps=steps, seed=seed, batch_size=batch_size, frames=frames, crop=crop, lr=lr,
                   kl_weight=kl_weight, fg_weight=fg_weight, fg_ring=fg_ring, init_logvar=init_logvar,
                   sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight,
-                  colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset, ema=ema,
+                  bright_weight=bright_weight, colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset, ema=ema,
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
                   log_every=log_every, verbose=verbose)
     if ranks == 1:
@@ -517,6 +519,12 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 recon = vae.decode(z, chunked=False, clamp=False).float()
             err = clamped_error(recon, part)
             rec = (weight * (err.abs() + err.pow(2))).sum() / denom
+            if r.bright_weight:
+                # the error of each pixel's brightest channel: a shape's outline on black, whatever its
+                # colour. The per-channel terms weigh an edge by its colour's channels, so a red or
+                # blue edge (one bright channel) cost half a yellow one (two) and a third of a white one
+                bright = clamped_error(recon.amax(1), part.amax(1))                     # (b, T, h, w)
+                rec = rec + r.bright_weight * (weight[:, 0] * (bright.abs() + bright.pow(2))).sum() * x.shape[1] / denom
             if cell_weight:
                 # the error of each latent cell's mean colour (one cell x cell block per frame): a
                 # cell's colour gets a gradient that the per-pixel terms spread over its edges

@@ -52,7 +52,7 @@ def prepare(raw: dict, log=print) -> None:
         if v.latent_init_scale is not None and not v.latent_init_scale > 0:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.latent_init_scale",
                               f"must be > 0 (or left out: the default init), got {v.latent_init_scale}")
-        for key in ("cell_weight", "fg_weight", "fg_ring", "images", "image_steps"):
+        for key in ("cell_weight", "bright_weight", "fg_weight", "fg_ring", "images", "image_steps"):
             if not getattr(v, key) >= 0:
                 raise ConfigError(f"{PROCESS}.prepare.tiny_vae.{key}", f"must be >= 0, got {getattr(v, key)}")
         if v.image_steps > v.steps:
