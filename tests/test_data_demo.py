@@ -176,6 +176,9 @@ def test_check_demo_command_reads_a_jobs_previews(tmp_path, capsys):
     assert "step 0: 0/2 previews pass" in out and "step 40: 2/2 previews pass" in out
     assert out.count("[failed: motion]") == 2
     assert cli_main(["check-demo", str(config), "--steps", "40,0"]) == 1  # the last step asked fails
+    capsys.readouterr()
+    assert cli_main(["check-demo", str(config), "--seeds", "1"]) == 2  # no export to render more seeds from
+    assert f"{tmp_path / 'out' / 'd' / 'd'}: not found" in capsys.readouterr().out
 
 
 def test_shapes_are_drawn_anti_aliased_at_sub_pixel_positions():

@@ -229,6 +229,16 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     assert cli_main(["sample", "--model", str(world / "out/f2/f2"), "--prompt", sample["prompt"],
                      "--image", sample["ctrl_img"], "--out", str(out)]) == 0
     assert out.read_bytes() == (world / "out/f2/samples/000000002_0.mp4").read_bytes()
+    # `check-demo --seeds` renders through the same command: round 0 at the preview's own seed is that preview
+    from types import SimpleNamespace
+
+    from video_dit.commands.check_demo import check_seeds
+    from video_dit.models.loading import read_sources
+
+    seed = read_sources(world / "out/f2/f2")["sampling"]["seed"]
+    text, results = check_seeds(world / "out/f2/f2", [SimpleNamespace(**sample)], seed, 1, world / "seeds")
+    assert (world / "seeds/000_0.mp4").read_bytes() == out.read_bytes()
+    assert results[0][0]["caption"] == sample["prompt"] and f"1 more seed(s) ({seed}..{seed})" in text
 
 
 def test_quantized_base_skips_nonfinite_losses_and_its_lora_reloads(launch_c):

@@ -7,11 +7,18 @@ right on a black background") and each step asked (default: 0 and the last step 
 MP4). Prints one line per preview and a count per step; the embedded default's trainer prints the
 same report at the end of its run. Exit 0 when every preview of the last step passes, 1 otherwise,
 2 when the config or the previews cannot be read.
+
+`--seeds N` also renders every preview prompt at N further seeds (`sample.seed` + 1000 + k, one per
+round) from the job's latest full fine-tune export, with the settings its previews used (`video-dit
+sample --model <out>/<name>`, which reads them from the export), into `<out>/samples/seeds/`, and
+checks each: how often a preview passes, not only at the previews' own seeds.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -22,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", help="the job YAML whose previews to check")
     parser.add_argument("--steps", default=None,
                         help="comma-separated steps (default: 0 and the last step with previews)")
+    parser.add_argument("--seeds", type=int, default=0, metavar="N",
+                        help="also render every preview prompt at N more seeds from the latest export and check them")
+
+
+SEED_OFFSET = 1000  # --seeds k renders at sample.seed + SEED_OFFSET + k: clear of the previews' walked seeds
 
 
 def preview_steps(samples: Path) -> list[int]:
@@ -58,6 +70,41 @@ def report(samples: Path, prompts: list[str], steps: list[int]) -> tuple[str, di
     return "\n".join(lines), out
 
 
+def check_seeds(export: Path, samples: list, base_seed: int, rounds: int, out: Path) -> tuple[str, list[list[dict]]]:
+    """Render each of `samples` (the job's `sample.samples`: prompt + ctrl_img) at seeds base_seed + k,
+    k < rounds, from the full fine-tune export folder `export` (`video-dit sample`, the previews'
+    settings), into `out/<k>_<i>.mp4`, and `check_clip` each. (printable report, [round][preview])."""
+    from video_dit.commands import sample as sample_command
+    from video_dit.media import read_video_frames
+
+    if not export.is_dir():
+        raise ValueError(f"--seeds renders from the job's latest full fine-tune export, {export}: not found "
+                         "(a LoRA job, or no export yet)")
+    parser = argparse.ArgumentParser()
+    sample_command.add_arguments(parser)
+    results = []
+    for k in range(rounds):
+        row = []
+        for i, s in enumerate(samples):
+            path = out / f"{k:03d}_{i}.mp4"
+            argv = ["--model", str(export), "--prompt", s.prompt, "--seed", str(base_seed + k), "--out", str(path)]
+            if s.ctrl_img:
+                argv += ["--image", str(s.ctrl_img)]
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                sample_command.main(parser.parse_args(argv))
+            row.append(check_clip(read_video_frames(path), s.prompt))
+        results.append(row)
+    lines = [f"{rounds} more seed(s) ({base_seed}..{base_seed + rounds - 1}) from {export}, rendered to {out}:"]
+    for i, s in enumerate(samples):
+        mine = [row[i] for row in results]
+        share = sum(r["shape_share"] for r in mine) / len(mine)
+        failed = sorted({f for r in mine for f in r["failed"]})
+        lines.append(f"  {sum(r['ok'] for r in mine)}/{rounds} pass  {s.prompt} (seen as its shape in {share:.0%} of "
+                     f"the frames on average{'; failed: ' + ', '.join(failed) if failed else ''})")
+    lines.append(f"in all: {sum(r['ok'] for row in results for r in row)}/{rounds * len(samples)} pass")
+    return "\n".join(lines), results
+
+
 def main(args: argparse.Namespace) -> int:
     from video_dit.train.config import load_job
     from video_dit.typed_config import ConfigError
@@ -85,4 +132,17 @@ def main(args: argparse.Namespace) -> int:
         print(f"video-dit check-demo: {exc}")
         return 2
     print(text)
+    if args.seeds < 0:
+        print(f"video-dit check-demo: --seeds {args.seeds}: expected a count >= 0")
+        return 2
+    if args.seeds:
+        from video_dit.media import MediaError
+
+        try:
+            seeds_text, _ = check_seeds(job.out_dir / job.name, p.sample.samples, p.sample.seed + SEED_OFFSET,
+                                        args.seeds, samples / "seeds")
+        except (ValueError, MediaError, FileNotFoundError) as exc:  # a WeightsError is a ValueError
+            print(f"video-dit check-demo: {exc}")
+            return 2
+        print(seeds_text)
     return 0 if all(r["ok"] for r in results[steps[-1]]) else 1
