@@ -3,7 +3,8 @@
 The activation model is checked against what the DiT really keeps: every tensor storage the forward
 and backward create, followed by `CPUAllocationTracker`, on a tiny DiT in this process (saved after
 the forward exactly, the step's peak within 10%), for full and LoRA training, with and without block
-checkpointing, with the CLIP image branch (I2V, FLF2V; LoRA on img_emb). Bad input (capacities that are not numbers, zero GPUs, SP degrees that do not divide
+checkpointing, without RecomputeSaved (`train.recompute_saved: false`), with the CLIP image branch (I2V,
+FLF2V; LoRA on img_emb). Bad input (capacities that are not numbers, zero GPUs, SP degrees that do not divide
 the heads) and a bucket that cannot fit anywhere are named; train.sh's check refuses, warns or stays
 off by `deepspeed.memory_check`. (Predictions against 2 DeepSpeed ranks: `video-dit bench --suite plan`.)
 """
@@ -24,13 +25,15 @@ CFG = DiTConfig(in_dim=16, out_dim=16, dim=64, ffn_dim=256, freq_dim=32, text_di
 GRID = (4, 12, 12)  # 4 x 6 x 6 = 144 tokens
 
 
-# (LoRA rank, block checkpointing, CLIP images (0: no image branch, 1: I2V, 2: FLF2V), LoRA on img_emb)
-CASES = [(None, False, 0, False), (None, True, 0, False), (4, False, 0, False), (4, True, 0, False),
-         (None, False, 2, False), (4, True, 1, True)]
+# (LoRA rank, block checkpointing, CLIP images (0: no image branch, 1: I2V, 2: FLF2V), LoRA on img_emb,
+#  RecomputeSaved without checkpointing (`train.recompute_saved`))
+CASES = [(None, False, 0, False, True), (None, True, 0, False, True), (4, False, 0, False, True),
+         (4, True, 0, False, True), (None, False, 2, False, True), (4, True, 1, True, True),
+         (None, False, 0, False, False), (4, False, 0, False, False)]
 
 
-@pytest.mark.parametrize("lora,checkpointing,images,img_emb", CASES)
-def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb):
+@pytest.mark.parametrize("lora,checkpointing,images,img_emb,recompute", CASES)
+def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb, recompute):
     from dataclasses import replace
 
     cfg = replace(CFG, image_dim=32, image_tokens=17, num_images=images) if images else CFG
@@ -43,6 +46,7 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images
         add_lora(model, lora, targets=lora_targets(img_emb))
     if checkpointing:
         model.enable_gradient_checkpointing()
+    model.set_recompute_saved(recompute)
     g = torch.Generator().manual_seed(1)
     x, t = torch.randn(1, 16, *GRID, generator=g), torch.tensor([300.0])
     context = [torch.randn(CFG.text_len, CFG.text_dim, generator=g)]
@@ -53,14 +57,42 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images
         loss = (model(x, t, context, clip_fea=clip) - target).square().mean()
         saved = tracker.live
         loss.backward()
-    predicted = activation_bytes(cfg, GRID, Setting(0, checkpointing=checkpointing), lora_rank=lora, s=4,
-                                 lora_img_emb=img_emb)
+    predicted = activation_bytes(cfg, GRID, Setting(0, checkpointing=checkpointing, recompute=recompute),
+                                 lora_rank=lora, s=4, lora_img_emb=img_emb)
     # the forward keeps what the derivation lists (the loss keeps (pred - target) where the model output was)
     if lora:  # LoRA: the tracker does not find the frozen head's saved statistics live (2 Ll 4 + T D 4 bytes)
         assert 0 <= predicted.saved - (saved - 4) <= 2 * 144 * 4 + 64 * 4
     else:
         assert saved - 4 == predicted.saved  # 4: the loss itself
     assert predicted.peak == pytest.approx(tracker.peak, rel=0.1), (predicted.parts, tracker.peak)
+
+
+def test_recompute_saved_off_is_the_same_math_kept_instead_of_recomputed():
+    """`train.recompute_saved: false` through the trainer's `make_trainable`: no block stores recipes,
+    and the loss and every gradient equal those of the default (RecomputeSaved on), the same ops run."""
+    from types import SimpleNamespace
+
+    from video_dit.train.build import make_trainable
+
+    results = []
+    for on in (True, False):
+        torch.manual_seed(0)
+        model = VideoDiT(CFG)
+        helpers.randomize_head(model)
+        process = SimpleNamespace(model=SimpleNamespace(attention_backend="native"), network=None,
+                                  train=SimpleNamespace(gradient_checkpointing=False, recompute_saved=on))
+        make_trainable(model, process, torch.float32)
+        assert all(block.recompute is on for block in model.blocks)
+        g = torch.Generator().manual_seed(1)
+        x, t = torch.randn(2, 16, *GRID, generator=g), torch.tensor([300.0, 700.0])
+        context = [torch.randn(CFG.text_len, CFG.text_dim, generator=g) for _ in range(2)]
+        loss = (model(x, t, context) - torch.randn(2, 16, *GRID, generator=g)).square().mean()
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (loss_on, grads_on), (loss_off, grads_off) = results
+    torch.testing.assert_close(loss_off, loss_on, rtol=0, atol=0)
+    for name, grad in grads_on.items():
+        torch.testing.assert_close(grads_off[name], grad, rtol=1e-6, atol=1e-9, msg=name)
 
 
 def run_plan(capsys, *argv):

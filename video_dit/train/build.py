@@ -77,6 +77,7 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
     else:
         dit.requires_grad_(True)
     cast_for_training(dit, dtype)
+    dit.set_recompute_saved(process.train.recompute_saved)
     if process.train.gradient_checkpointing:
         dit.enable_gradient_checkpointing()
     if sp_info is not None:

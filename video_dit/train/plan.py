@@ -56,6 +56,11 @@ block at a time is re-run without RecomputeSaved, so it holds the recompute-off 
   is kept (2 F); under sequence parallelism the self-attention keeps its exchanged q/k/v/output
   rather than the rotated q/k (+1 D s); the image branch adds its video and image sides as above.
 
+Without RecomputeSaved (`train.recompute_saved: false`, no checkpointing, SP 1) every block keeps R
+and its output (the next block's or the head's LayerNorm input), and with LoRA nothing keeps the
+first block's input any more (only norm1's recipe did; the patch embedding is frozen); the peak
+adds the checkpointing case's backward term (the GELU output is in R).
+
 The peak of a step is reached in the backward of the last block's FFN (traced op by op), after the
 head's saved tensors were freed:
   no checkpointing:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
@@ -145,10 +150,13 @@ class Setting:
     micro_batch: int = 1
     offload_optimizer: bool = False
     offload_param: bool = False
+    recompute: bool = True  # RecomputeSaved without checkpointing (`train.recompute_saved`)
 
     def describe(self) -> str:
         parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", "ckpt" if self.checkpointing else "no ckpt",
                  f"batch {self.micro_batch}"]
+        if not self.recompute and not self.checkpointing:
+            parts.append("no recompute")
         if self.offload_optimizer:
             parts.append("offload optimizer")
         if self.offload_param:
@@ -286,14 +294,21 @@ def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_
                + head + Ll * C * s + (L * C * s if N > 1 else 0)       # head, output (+ gathered)
                + (L * 7 * D * 4 if per_token else 0)
                + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))  # img_emb and its output
-    if not setting.checkpointing:
+    recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + image + 2 * F * s + stats + 8 * r * s)
+                 + text + modulation)  # R, what one block keeps without RecomputeSaved
+    if not setting.checkpointing and not setting.recompute:
+        # every block keeps R and its output (the next block's or the head's LayerNorm input); with LoRA
+        # nothing keeps the first block's input any more (only norm1's recipe did; patch_embedding is frozen)
+        saved = cfg.num_layers * (recompute + Ll * D * s) + outside - (0 if full else Ll * D * s)
+        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
+        peak = saved * B - head * B + backward
+        parts = {"per_block": recompute + Ll * D * s, "outside": outside, "backward": backward}
+    elif not setting.checkpointing:
         saved = cfg.num_layers * block + outside
         backward = (2 * Ll * F * s if full else 3 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
         peak = saved * B - head * B + backward
         parts = {"per_block": block, "outside": outside, "backward": backward}
     else:
-        recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + image + 2 * F * s + stats + 8 * r * s)
-                     + text + modulation)
         saved = cfg.num_layers * Ll * D * s + T * 6 * D * 4 + outside  # e0: one tensor, every block's input
         backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
         peak = saved * B - head * B + recompute * B + backward
@@ -574,7 +589,8 @@ def planned_dtype(job, device: str) -> torch.dtype:
 def setting_of(job, **changes) -> Setting:
     d, t = job.process.deepspeed, job.process.train
     base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=t.gradient_checkpointing,
-                   micro_batch=t.batch_size, offload_optimizer=d.offload_optimizer, offload_param=d.offload_param)
+                   micro_batch=t.batch_size, offload_optimizer=d.offload_optimizer, offload_param=d.offload_param,
+                   recompute=t.recompute_saved)
     return replace(base, **changes)
 
 
@@ -699,7 +715,7 @@ def candidate_settings(job, heads: int, world: int):
                 if (off_opt and stage == 0) or (off_par and stage != 3):
                     continue
                 yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
-                              offload_param=off_par)
+                              offload_param=off_par, recompute=base.recompute or sp > 1)  # see train.recompute_saved
 
 
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
