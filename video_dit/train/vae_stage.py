@@ -318,8 +318,8 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
     posterior nearly deterministic; `latent_init_scale` multiplies the initial posterior mean (the
     decoder otherwise ignores the small initial latents through a long plateau at ~12 dB);
     `cell_weight` adds the error of each latent cell's mean colour to the loss; `bright_weight` adds the
-    weighted error of each pixel's brightest channel (a shape's outline, whatever its colour); `fg_weight` weighs the
-    shapes' pixels (1 + fg_weight), and with `fg_ring` every pixel within that many px of a shape
+    weighted error of each pixel's brightest channel (a shape's outline, whatever its colour); `fg_weight`
+    weighs the shapes' pixels (1 + fg_weight), and with `fg_ring` every pixel within that many px of a shape
     (an edge's blur then costs on both its sides); `colour_path` starts the VAE as a mean-colour codec
     (`init_colour_path`); `images` adds that many single frames of random clips to each step, through
     the first-frame path (the frame an i2v job conditions on); the first `image_steps` steps train
@@ -401,7 +401,8 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     recipe = dict(steps=steps, seed=seed, batch_size=batch_size, frames=frames, crop=crop, lr=lr,
                   kl_weight=kl_weight, fg_weight=fg_weight, fg_ring=fg_ring, init_logvar=init_logvar,
                   sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight,
-                  bright_weight=bright_weight, colour_path=colour_path, images=images, image_steps=image_steps, bf16=bf16, preset=preset, ema=ema,
+                  bright_weight=bright_weight, colour_path=colour_path, images=images, image_steps=image_steps,
+                  bf16=bf16, preset=preset, ema=ema,
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
                   log_every=log_every, verbose=verbose)
     if ranks == 1:
