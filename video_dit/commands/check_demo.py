@@ -109,6 +109,9 @@ def main(args: argparse.Namespace) -> int:
     from video_dit.train.config import load_job
     from video_dit.typed_config import ConfigError
 
+    if args.seeds < 0:
+        print(f"video-dit check-demo: --seeds {args.seeds}: expected a count >= 0")
+        return 2
     try:
         job = load_job(args.config)
     except ConfigError as exc:
@@ -132,9 +135,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"video-dit check-demo: {exc}")
         return 2
     print(text)
-    if args.seeds < 0:
-        print(f"video-dit check-demo: --seeds {args.seeds}: expected a count >= 0")
-        return 2
     if args.seeds:
         from video_dit.media import MediaError
 

@@ -310,8 +310,8 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
 
     Returns `out_path`. Skips everything when `out_path` exists (unless `force`). `recipe`: the keyword
     arguments of `train_tiny_vae_result` (steps, seed, batch_size, frames, crop, lr, kl_weight,
-    fg_weight, fg_ring, init_logvar, sample_posterior, latent_init_scale, cell_weight, colour_path, images,
-    image_steps, bf16, preset, ranks, ema, threads, log_every), with its defaults. `frames` (4k+1) is the
+    fg_weight, fg_ring, init_logvar, sample_posterior, latent_init_scale, cell_weight, bright_weight,
+    colour_path, images, image_steps, bf16, preset, ranks, ema, threads, log_every), with its defaults. `frames` (4k+1) is the
     length of the random training windows; the latent statistics use whole clips (up to the longest
     4k+1 prefix). `threads` sets torch's intra-op threads for the stage (None: unchanged).
     `sample_posterior=False` decodes the posterior mean (a plain autoencoder); `init_logvar` starts the
@@ -522,14 +522,17 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 else:
                     z = posterior.mode()
                 recon = vae.decode(z, chunked=False, clamp=False).float()
+            def weighted(e, w):  # the weighted L1 + L2 sum of the errors e
+                return (w * (e.abs() + e.pow(2))).sum()
+
             err = clamped_error(recon, part)
-            rec = (weight * (err.abs() + err.pow(2))).sum() / denom
+            rec = weighted(err, weight) / denom
             if r.bright_weight:
                 # the error of each pixel's brightest channel: a shape's outline on black, whatever its
                 # colour. The per-channel terms weigh an edge by its colour's channels, so a red or
                 # blue edge (one bright channel) cost half a yellow one (two) and a third of a white one
-                bright = clamped_error(recon.amax(1), part.amax(1))                     # (b, T, h, w)
-                rec = rec + r.bright_weight * (weight[:, 0] * (bright.abs() + bright.pow(2))).sum() * x.shape[1] / denom
+                bright = clamped_error(recon.amax(1, keepdim=True), part.amax(1, keepdim=True))  # (b, 1, T, h, w)
+                rec = rec + r.bright_weight * weighted(bright, weight) * x.shape[1] / denom
             if cell_weight:
                 # the error of each latent cell's mean colour (one cell x cell block per frame): a
                 # cell's colour gets a gradient that the per-pixel terms spread over its edges
