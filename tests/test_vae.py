@@ -202,6 +202,36 @@ def test_first_frame_conv_gradients_equal_the_zero_padded_conv():
         assert hw[:, :, :2].abs().max() == 0
 
 
+@pytest.mark.parametrize("frames,kernel,stride,padding", [
+    (19, (3, 3, 3), (1, 1, 1), (0, 1, 1)),   # a 17-frame clip's causal conv (odd output count)
+    (10, (3, 3, 3), (1, 1, 1), (0, 1, 1)),   # even output count: the halves do not overlap
+    (17, (3, 1, 1), (2, 1, 1), (0, 0, 0)),   # the temporal downsampling conv (stride 2)
+    (5, (1, 3, 3), (1, 2, 2), (0, 0, 0)),    # a per-frame conv (no temporal reach)
+])
+def test_one_clip_conv_as_two_halves_equals_conv3d(frames, kernel, stride, padding, monkeypatch):
+    """With autograd, one clip's conv runs as its two halves in time (`_conv_as_pair`, PyTorch's fast
+    backend): output, input, weight and bias gradients equal conv3d's on the whole clip."""
+    import torch.nn.functional as F
+
+    from video_dit.models import vae_layers
+    from video_dit.models.vae_layers import _conv
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, frames, 9, 9, requires_grad=True)
+    w = torch.randn(6, 4, *kernel, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    ref = F.conv3d(x, w, b, stride, padding)
+    g = torch.randn_like(ref)
+    expected = torch.autograd.grad((ref * g).sum(), (x, w, b))
+    batches, conv3d = [], F.conv3d  # (vae_layers.F is torch.nn.functional: patched for this test only)
+    monkeypatch.setattr(vae_layers.F, "conv3d", lambda x, *a: batches.append(len(x)) or conv3d(x, *a))
+    y = _conv(x, w, b, stride, padding)
+    assert batches == [2]  # the halves, as one batch
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    for got, want in zip(torch.autograd.grad((y * g).sum(), (x, w, b)), expected):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
 def test_gradients_flow_for_vae_training():
     vae = CausalVideoVAE(CONFIGS["wan2.2-style"])
     video = _video(5, 16, 32)

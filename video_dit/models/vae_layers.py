@@ -93,11 +93,22 @@ class CausalCache:
         """Autograd path: has `layer` seen no frame yet (its past is the zeros before the clip)?"""
         return id(layer) not in self._past
 
+    def remember(self, layer: nn.Module, frames: torch.Tensor) -> None:
+        """Autograd path: `frames` (B, C, T, H, W) are the last frames `layer` has seen, zeros before
+        them. Kept as they are: the next chunk's past is built from them only if a next chunk comes
+        (`with_past`), and a batch of single images has none."""
+        self._past[id(layer)] = frames
+
     def with_past(self, layer: nn.Module, x: torch.Tensor, n: int) -> torch.Tensor:
         """Autograd path: `[n past frames | x]` (B, C, n + T, H, W) by concatenation."""
         key, (B, C, T, H, W) = id(layer), x.shape
         past = self._past.get(key)
-        out = torch.cat([x.new_zeros(B, C, n, H, W) if past is None else past, x], 2)
+        if past is None:
+            past = x.new_zeros(B, C, n, H, W)
+        elif past.shape[2] != n:  # `remember`ed: its last n frames, zeros before it
+            past = past[:, :, -n:]
+            past = torch.cat([past.new_zeros(B, C, n - past.shape[2], H, W), past], 2) if past.shape[2] < n else past
+        out = torch.cat([past, x], 2)
         self._past[key] = out[:, :, -n:]
         return out
 
@@ -123,6 +134,7 @@ def _is_cl(x: torch.Tensor) -> bool:
 def _conv(x: torch.Tensor, weight: torch.Tensor, bias, stride=(1, 1, 1), padding=(0, 0, 0)) -> torch.Tensor:
     """conv3d. On CPU without autograd, oneDNN directly: PyTorch's backend choice sends small
     (B C T H < 20480) and (k, 1, 1) convs to its im2col `slow_conv3d`, several times slower here.
+    With autograd, a float32 batch of one clip runs as its two halves in time (`_conv_as_pair`).
     A 1x1x1 conv is one matrix product."""
     if weight.shape[2:] == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0):
         B, C, T, H, W = x.shape
@@ -137,7 +149,29 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, bias, stride=(1, 1, 1), padding
         return torch.ops.aten.mkldnn_convolution(x.contiguous(memory_format=fmt), weight.contiguous(memory_format=fmt),
                                                  bias, list(padding),
                                                  list(stride), [1, 1, 1], 1)
+    if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype == torch.float32 and padding[0] == 0 \
+            and not torch.is_autocast_enabled("cpu"):
+        return _conv_as_pair(x, weight, bias, stride, padding)
     return F.conv3d(x, weight, bias, stride, padding)
+
+
+def _conv_as_pair(x: torch.Tensor, weight: torch.Tensor, bias, stride, padding) -> torch.Tensor:
+    """conv3d of ONE float32 clip (1, C, T, H, W) on CPU with autograd, as a batch of its two halves
+    in time. Why: for a batch of one, PyTorch's backend choice sends these small convs, forward and
+    backward, to its im2col `slow_conv3d` (a training step of the tiny VAE on one 17-frame clip: 1.25 s
+    where the two halves as a batch of two take 0.35 s). The halves are the input frames of the
+    first ceil(T'/2) output frames and of the last ceil(T'/2) (they overlap by the kernel's reach,
+    and by one output frame when T' is odd, which is taken once); no time padding (the causal convs
+    pad before). (1, C, T, H, W) -> (1, C', T', H', W')."""
+    kt, st = weight.shape[2], stride[0]
+    frames = (x.shape[2] - kt) // st + 1                      # T', the output frames
+    if frames < 2:
+        return F.conv3d(x, weight, bias, stride, padding)
+    half = (frames + 1) // 2
+    pair = torch.cat([x[:, :, :(half - 1) * st + kt],        # outputs 0 .. half - 1
+                      x[:, :, (frames - half) * st:(frames - 1) * st + kt]])  # outputs T' - half .. T' - 1
+    y = F.conv3d(pair, weight, bias, stride, padding)         # (2, C', half, H', W')
+    return torch.cat([y[:1], y[1:, :, 2 * half - frames:]], 2)
 
 
 # ---------------------------------------------------------------- layers
@@ -165,7 +199,7 @@ class CausalConv3d(nn.Conv3d):
                 # The clip's first frame (an image, an i2v conditioning frame): its past is all zeros,
                 # so only the last temporal tap counts (the zero-padded conv costs n + 1 times as much)
                 if cache is not None:
-                    cache.with_past(self, x, n)  # the zeros and this frame: the next chunk's past
+                    cache.remember(self, x)  # the next chunk's past, if one comes
                 return _conv(x, self.weight[:, :, -1:], self.bias, self.stride, self.padding)
             if n:
                 x = cache.with_past(self, x, n) if cache is not None else F.pad(x, (0, 0, 0, 0, n, 0))
@@ -351,7 +385,7 @@ class Resample(nn.Module):
             if _inplace():
                 cache.keep(self, x, 1)
             else:
-                cache.with_past(self, x, 1)
+                cache.remember(self, x[:, :, -1:])
             return y  # (B, C, 1 + (T - 1) / 2, h, w)
         if not _inplace():
             return _conv(cache.with_past(self, x, 1), conv.weight, conv.bias, conv.stride)
