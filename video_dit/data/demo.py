@@ -11,7 +11,7 @@ The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 
 Shapes are drawn as a camera would see them: at sub-pixel positions (a steady 2.75 px per frame,
 not 2 and 3 px steps) and anti-aliased (an edge pixel takes the covered fraction of the colour,
 `SUPERSAMPLE`^2 samples per pixel). With hard-edged, integer-placed shapes the same tiny-VAE recipe
-reached 22.4-29.6 dB on the held-out clips; with these, 24.1-31.5 dB (README, "The embedded default").
+reached 22.4-29.6 dB on the held-out clips; with these, 24.1-31.5 dB (docs/demo_recipe.md).
 Output depends only on the arguments: same seed -> byte-identical files (PNG through PIL; MP4
 through `media.write_video`, whose libx264 settings are single-threaded and fixed).
 """

@@ -26,7 +26,7 @@ VAE_PRESETS: dict[str, VAEConfig] = {
     # The embedded default's VAE: the same 8x spatial, 4x temporal, 16 channels, with Wan 2.2's 2x2
     # pixel patchify in front of two 2x levels (instead of three) and the Wan 2.1 blocks: its top
     # level runs at half the resolution, so a training step takes about half the time of `tiny`'s
-    # (README, embedded default).
+    # (docs/demo_recipe.md).
     "tiny-p2": VAEConfig(dim=16, z_dim=16, dim_mult=(1, 2, 2), temperal_downsample=(True, True),
                          num_res_blocks=1, patch_size=2, mean=(0.0,) * 16, std=(1.0,) * 16),
     "wan2.1": VAEConfig(dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2,

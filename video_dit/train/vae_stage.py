@@ -53,8 +53,8 @@ class VAETrainResult:
 MAX_SIDE = 256     # clips are resized to at most this square side (the stage trains on small crops)
 MAX_FRAMES = 33    # frames decoded per clip: windows and latent statistics need no more
 # Clips the latent statistics are measured on: the first 64 of the folder (the demo data's first 60
-# hold each shape, colour and direction once). All 256 demo clips took 3.5x the time (11.0 s where
-# 3.1 s, one thread) for means within 1% and stds within 3% of a standard deviation of these.
+# hold each shape, colour and direction once). All 256 demo clips took 3.8x the time (6.5 s where
+# 1.7 s, one thread) for means within 1% and stds within 3% of a standard deviation of these.
 STATS_CLIPS = 64
 
 
@@ -234,7 +234,7 @@ def init_colour_path(vae) -> None:
     training grows the brightness features: with a linear probe trained on the latent to predict
     the cells' mean colours (direct supervision, 200 steps), luminance reached R^2 0.95 and chroma
     0.0-0.3, where a plain 4-conv encoder reached 0.98. With this init, chroma R^2 0.95 in the same
-    steps, and the whole VAE learns hue (README, embedded default).
+    steps, and the whole VAE learns hue (docs/demo_recipe.md, "What moved the VAE").
 
     Encoder: conv1 copies R, G, B into channels 0-2 (with a p x p patchify, `VAEConfig.patch_size`,
     each is the mean of its colour's p^2 pixel channels); each stride-2 conv averages the 2x2 block
@@ -354,7 +354,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
       with bright_weight 5 (the demo now; measured on another machine, an AMD EPYC, where the recipe
         without it gave 31.3-36.3 dB, 7.1/255, the red square seen as a square in 71% of the
         reconstructed frames): 32.1-36.5 dB, 2-8/255, the red square in 82%.
-    See the README's embedded-default section.
+    The measurements behind the recipe: docs/demo_recipe.md.
     """
     out_path = Path(out_path)
     if out_path.exists() and not force:
@@ -495,7 +495,7 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
         losses: list[float] = []
         # An exponential moving average of the weights (decay r.ema, from the first step's), which rank 0
-        # saves: the steps' noise averages out of the edges (README: +0.4-1.5 dB on the held-out clips)
+        # saves: the steps' noise averages out of the edges (docs/demo_recipe.md: +0.4-1.5 dB held out)
         swa = torch.optim.swa_utils
         averaged = (swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema))
                     if r.ema and rank == 0 else None)
