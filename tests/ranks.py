@@ -48,7 +48,7 @@ def rank_env(**extra) -> dict:
 
 def start(argv: list[str], cwd: Path, log_prefix: Path, world: int = 2, env: dict | None = None) -> list:
     """Start `python *argv` on `world` ranks (1 thread each, CPU only, `env` added); returns [(process, log)]."""
-    from video_dit.train.engine import free_port
+    from video_dit.devices import free_port
 
     port = free_port()
     procs = []
@@ -212,7 +212,7 @@ def _watch_linears(block) -> set:
 def _save_init(trainer, out: Path) -> None:
     from safetensors.torch import save_file
 
-    from video_dit.train.engine import gathered
+    from video_dit.parallel.zero import gathered
 
     trainable = [(n, p) for n, p in trainer.module.named_parameters() if p.requires_grad]
     with gathered([p for _, p in trainable], trainer.zero_stage):  # whole under ZeRO-3 too
@@ -226,7 +226,7 @@ def _predict(trainer, out: Path) -> None:
     from safetensors.torch import save_file
 
     from helpers import probe_inputs, probe_kwargs
-    from video_dit.train.engine import gathered
+    from video_dit.parallel.zero import gathered
 
     module = trainer.module
     x, t, ctx = probe_inputs(module.config.in_dim, module.config.text_dim)
@@ -311,7 +311,7 @@ def worker(spec_path: str) -> int:
 
 
 def _worker_main(spec: str) -> int:
-    from video_dit.train.engine import leave_distributed
+    from video_dit.parallel.process import leave_distributed
 
     try:
         return worker(spec)

@@ -16,7 +16,7 @@ import aitk_standin
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise
 from video_dit.lora import add_lora, lora_state_dict, save_lora
-from video_dit.models.loading import WeightsError, read_state_dict
+from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.typed_config import ConfigError
 
 B, T, H, W = 2, 5, 16, 16  # pixels (B, T, 3, H, W) -> latents (B, 16, 2, 2, 2) with the tiny preset
@@ -482,7 +482,7 @@ def test_wan21_flf2v_clip_model_through_ai_toolkit(aitk, tmp_path):
 
 
 def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp_path):
-    """A do_i2v folder of a clip and a still (issue 21), each item through our trainer's `loss_at` and
+    """A do_i2v folder of a clip and a still, each item through our trainer's `loss_at` and
     through the ai-toolkit arch, from the latents and first-frame latents `build_cache` stores (ai-toolkit's
     cached-latent batches carry the same: `first_frame_latents` for clips only), same DiT, t and noise:
     equal losses. The still is plain t2v (no mask, no first frame) in both; the clip is conditioned."""

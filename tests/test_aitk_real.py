@@ -174,7 +174,8 @@ def test_lora_at_linear_alpha_not_linear_samples_at_ai_toolkits_scale(aitk_run):
 
     from video_dit.lora import add_lora, save_lora
     from video_dit.media import read_video
-    from video_dit.models.loading import load_dit, read_state_dict
+    from video_dit.models.loading import load_dit
+    from video_dit.models.weights import read_state_dict
 
     tmp, _, _ = aitk_run
     out = tmp / "out" / "aitk_lora"

@@ -152,9 +152,10 @@ def _tiny_dit(**changes):
 def test_weights_of_another_model_name_the_file_and_keys(tmp_path):
     from safetensors.torch import save_file
 
-    from video_dit.models.loading import WeightsError, load_dit
+    from video_dit.models.loading import load_dit
+    from video_dit.models.weights import WeightsError
     from video_dit.models.presets import get_preset
-    from video_dit.train.build import check_matches_preset
+    from video_dit.models.loading import check_matches_preset
 
     other = tmp_path / "other_model.safetensors"
     save_file({k: v.contiguous() for k, v in _tiny_dit(num_layers=5, ffn_dim=256).state_dict().items()}, str(other))
@@ -171,7 +172,8 @@ def test_weights_of_another_model_name_the_file_and_keys(tmp_path):
 def test_truncated_safetensors_names_the_file(tmp_path):
     from safetensors.torch import save_file
 
-    from video_dit.models.loading import WeightsError, load_dit, load_vae
+    from video_dit.models.loading import load_dit, load_vae
+    from video_dit.models.weights import WeightsError
 
     good = tmp_path / "good.safetensors"
     save_file({k: v.contiguous() for k, v in _tiny_dit().state_dict().items()}, str(good))
@@ -193,7 +195,8 @@ class _Payload:
 
 
 def test_pth_with_pickled_objects_is_refused_unexecuted(tmp_path):
-    from video_dit.models.loading import WeightsError, load_dit, load_vae, read_state_dict
+    from video_dit.models.loading import load_dit, load_vae
+    from video_dit.models.weights import WeightsError, read_state_dict
 
     marker = tmp_path / "code_ran"
     evil = tmp_path / "evil.pth"
@@ -206,7 +209,7 @@ def test_pth_with_pickled_objects_is_refused_unexecuted(tmp_path):
 
 def test_lora_for_another_model_names_the_file_and_keys(tmp_path):
     from video_dit.lora import add_lora, load_lora, save_lora
-    from video_dit.models.loading import WeightsError
+    from video_dit.models.weights import WeightsError
 
     path = save_lora(tmp_path / "other_lora.safetensors", add_lora(_tiny_dit(ffn_dim=256), 4, 4), 4)
     with pytest.raises(WeightsError) as err:

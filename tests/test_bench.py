@@ -17,6 +17,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from video_dit import devices
 from video_dit.bench import common
 from video_dit.bench import train as train_bench
 from video_dit.models.dit import dit_flops
@@ -69,15 +70,15 @@ def test_train_bench_step_flops_and_throughput():
 @pytest.fixture
 def small_matmul(monkeypatch):
     """The measured peak at n = 256 (the default 2048 costs seconds on a shared CPU)."""
-    monkeypatch.setattr(common, "matmul_flops", functools.partial(common.matmul_flops, n=256, repeats=3))
+    monkeypatch.setattr(devices, "matmul_flops", functools.partial(devices.matmul_flops, n=256, repeats=3))
 
 
 def test_device_peak_table_and_measured(small_matmul):
-    assert common.table_peak("NVIDIA H200", torch.bfloat16) == (989e12, "H200")
-    assert common.table_peak("NVIDIA H100 80GB HBM3", torch.float32) == (989e12 / 2, "H100")
-    assert common.table_peak("NVIDIA A100-SXM4-80GB", torch.bfloat16) == (312e12, "A100")
-    assert common.table_peak("Some CPU", torch.bfloat16) is None
-    peak = common.device_peak("cpu", torch.float32)
+    assert devices.table_peak("NVIDIA H200", torch.bfloat16) == (989e12, "H200")
+    assert devices.table_peak("NVIDIA H100 80GB HBM3", torch.float32) == (989e12 / 2, "H100")
+    assert devices.table_peak("NVIDIA A100-SXM4-80GB", torch.bfloat16) == (312e12, "A100")
+    assert devices.table_peak("Some CPU", torch.bfloat16) is None
+    peak = devices.device_peak("cpu", torch.float32)
     assert peak.source == "measured matmul" and peak.table is None and peak.flops == peak.measured > 0
 
 
@@ -147,7 +148,7 @@ def test_engine_memory_split_on_real_zero_engines_matches_the_parameter_count(tm
     its fp32 partitions are the master weights (`alias_fp32_partitions`): the moments alone (8P/W)."""
     import math
 
-    from video_dit.train import engine as eng
+    from video_dit.parallel import zero as eng
 
     shape = dict(train_bench.SMALL)
     model = train_bench.build_model(shape)

@@ -13,7 +13,7 @@ import ranks
 WORKER = r"""
 import json, os, sys
 import torch, torch.distributed as dist
-from video_dit.train import engine
+from video_dit.parallel import process as engine
 
 port = os.environ["MASTER_PORT"]
 ours = lambda: sorted(n for n in os.listdir("/dev/shm") if f"_{port}_" in n)

@@ -243,7 +243,7 @@ def _rank_main(rank, world_size, port, root, out_q):
 def test_two_ranks_build_disjoint_halves_then_share_the_cache(tmp_path):
     import torch.multiprocessing as mp
 
-    from video_dit.train.engine import free_port
+    from video_dit.devices import free_port
 
     root = _good_folder(tmp_path / "data", n=6)
     port = free_port()

@@ -1,4 +1,4 @@
-"""A new user's real footage, checked before any rank starts (issue 21): sources smaller than their
+"""A new user's real footage, checked before any rank starts: sources smaller than their
 resolution are not upscaled by default (the factor is reported), `num_frames` longer than every clip
 is refused naming the longest one, stills in a do_i2v dataset train unconditioned (and are refused
 in a concat i2v job), partial cache files of a killed run are removed, data warnings are one line."""

@@ -91,7 +91,8 @@ config:
     # ... and with the job's own versions (what the trainer computes): 2 cached, 1 not
     from video_dit.models.presets import get_preset
     from video_dit.train.config import load_job
-    from video_dit.train.trainer import cache_spaces, model_sources
+    from video_dit.spec import model_sources
+    from video_dit.train.caches import cache_spaces
 
     p = load_job(job).process  # what the trainer keys its caches by on a CPU machine: float32 encoders
     space, text_space = cache_spaces(p, get_preset("tiny"), *model_sources(p), torch.float32, torch.float32)

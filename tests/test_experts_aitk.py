@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 import aitk_standin
 from video_dit.diffusion.experts import HIGH, LOW
 from video_dit.lora import add_lora, save_lora
-from video_dit.models.loading import WeightsError, read_state_dict
+from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.typed_config import ConfigError
 
 

@@ -62,7 +62,8 @@ def test_a14b_presets_carry_the_release_numbers():
 
 
 def test_two_expert_folders_in_both_layouts(world):
-    from video_dit.models.loading import WeightsError, expert_sources
+    from video_dit.models.layouts import expert_sources
+    from video_dit.models.weights import WeightsError
 
     assert expert_sources(world / "a14b") == {HIGH: str(world / "a14b/high_noise_model"),
                                               LOW: str(world / "a14b/low_noise_model")}
@@ -218,7 +219,7 @@ def test_plan_holds_an_engine_per_trained_expert_and_one_experts_activations(wor
     from video_dit.lora import add_lora
     from video_dit.models.dit import VideoDiT
     from video_dit.train.config import parse_job
-    from video_dit.train.engine import ds_config
+    from video_dit.parallel.zero import ds_config
     from video_dit.train.plan import job_experts, predict, setting_of
 
     def plan(kwargs: dict, samples: bool = False):

@@ -13,7 +13,8 @@ from PIL import Image
 from video_dit.diffusion.experts import HIGH, LOW, TwoExperts, expert_at
 from video_dit.diffusion.flow import sampling_schedule
 from video_dit.models.convert import vae_config_to_diffusers
-from video_dit.models.loading import expert_sources, folder_boundary, load_dit, load_vae
+from video_dit.models.layouts import expert_sources, folder_boundary
+from video_dit.models.loading import load_dit, load_vae
 from video_dit.models.presets import get_preset
 from video_dit.models.vae import VAEConfig
 from video_dit.pipeline import VideoPipeline

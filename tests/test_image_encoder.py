@@ -13,7 +13,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from video_dit.models.image_encoder import CLIP_MEAN, CLIP_STD, build_clip_vision
-from video_dit.models.loading import WeightsError, load_image_encoder
+from video_dit.models.loading import load_image_encoder
+from video_dit.models.weights import WeightsError
 from video_dit.models.presets import TINY_CLIP
 
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from video_dit import lora
-from video_dit.models.loading import WeightsError
+from video_dit.models.weights import WeightsError
 
 
 class _Block(nn.Module):

@@ -70,7 +70,8 @@ def worker(spec_path: str) -> int:
     import torch.distributed as dist
 
     from video_dit.lora import add_lora
-    from video_dit.models.loading import load_dit, module_groups
+    from video_dit.models.loading import load_dit
+    from video_dit.models.weights import module_groups
     from video_dit.models.presets import get_preset
     from video_dit.parallel.memory import CPUAllocationTracker
     from video_dit.train.build import build_dit
@@ -157,7 +158,7 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
 def test_weights_are_opened_renamed_and_checked_before_any_tensor_is_read(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
-    from video_dit.models import loading
+    from video_dit.models import loading, weights as weights_io
     from video_dit.models.convert import dit_to_diffusers
 
     sd = {k: v.contiguous() for k, v in reference_model().state_dict().items()}
@@ -165,16 +166,16 @@ def test_weights_are_opened_renamed_and_checked_before_any_tensor_is_read(tmp_pa
     torch.save(sd, tmp_path / "zip.pth")
     torch.save(sd, tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
     reads = []
-    real = loading._read_safetensors
-    monkeypatch.setattr(loading, "_read_safetensors", lambda path, keys: reads.append(len(keys)) or real(path, keys))
+    real = weights_io._read_safetensors
+    monkeypatch.setattr(weights_io, "_read_safetensors", lambda path, keys: reads.append(len(keys)) or real(path, keys))
     weights, config, description = loading.open_dit(tmp_path / "d.safetensors")
     assert reads == [] and "diffusers layout" in description
     assert set(weights.keys()) == set(sd) and config.num_layers == 4  # native names and shapes, no data read
     got = weights.read(["blocks.1.ffn.0.weight"])
     assert reads == [1] and torch.equal(got["blocks.1.ffn.0.weight"], sd["blocks.1.ffn.0.weight"])
     # a zip .pth is mapped, not held; a legacy .pth cannot be mapped and is held whole (said in held_bytes)
-    assert loading.open_weights(tmp_path / "zip.pth").held_bytes == 0
-    legacy = loading.open_weights(tmp_path / "legacy.pth")
+    assert weights_io.open_weights(tmp_path / "zip.pth").held_bytes == 0
+    legacy = weights_io.open_weights(tmp_path / "legacy.pth")
     assert legacy.held_bytes == sum(v.numel() * v.element_size() for v in sd.values())
     assert torch.equal(legacy.read(["head.head.weight"])["head.head.weight"], sd["head.head.weight"])
 

@@ -43,7 +43,7 @@ def test_load_dit_bf16_keeps_the_islands_float32_and_bit_equal(tmp_path):
 
 def test_training_storage_lora_and_full():
     from video_dit.lora import add_lora
-    from video_dit.train.engine import cast_for_training
+    from video_dit.train.precision import cast_for_training
 
     lora = add_lora(VideoDiT(CFG), 4)
     cast_for_training(lora, torch.bfloat16)
@@ -70,7 +70,7 @@ def test_train_dtype_cpu_flag_and_notice(tmp_path):
     from PIL import Image
 
     from video_dit.train.config import parse_job
-    from video_dit.train.engine import cpu_fp32_notice, train_dtype
+    from video_dit.train.precision import cpu_fp32_notice, train_dtype
 
     Image.new("RGB", (16, 16)).save(tmp_path / "a.png")  # a job must name a dataset folder with media
 
@@ -137,7 +137,8 @@ def test_whole_model_to_bf16_keeps_the_islands_as_ai_toolkit_calls_it():
 def test_full_export_keeps_the_islands_float32_and_loads_as_stored(tmp_path):
     """A bf16 full export holds the islands in float32 (a trained time MLP is not rounded), and
     `load_dit` with no dtype reads such a file as stored; other mixed files still need dtype=."""
-    from video_dit.models.loading import WeightsError, load_dit
+    from video_dit.models.loading import load_dit
+    from video_dit.models.weights import WeightsError
     from video_dit.train.export import _gathered_state
 
     torch.manual_seed(2)

@@ -1,4 +1,4 @@
-"""Resuming with a changed job, and what a run leaves behind (issue 21): the LR schedule when
+"""Resuming with a changed job, and what a run leaves behind: the LR schedule when
 train.steps changes (the rule of `engine.LRSchedule.extended`, checked against the formula written
 out here), schedule changes that are refused before any rank starts, metrics.jsonl kept as the
 run's history, log lines never glued to the progress bar, plots written when a job finishes.

@@ -1,4 +1,4 @@
-"""`video-dit sample --model <full fine-tune export>` (issue 21): the export records its preset and where
+"""`video-dit sample --model <full fine-tune export>`: the export records its preset and where
 its VAE and text encoder came from, so no other flag is needed; errors are one line, no traceback."""
 
 from __future__ import annotations

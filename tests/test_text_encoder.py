@@ -5,7 +5,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import ByT5Tokenizer, UMT5EncoderModel
 
-from video_dit.models.loading import WeightsError, load_text_encoder
+from video_dit.models.loading import load_text_encoder
+from video_dit.models.weights import WeightsError
 from video_dit.models.presets import get_preset
 from video_dit.models.text_encoder import TextEncoder, build_umt5, clean_prompt
 

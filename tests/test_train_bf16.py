@@ -112,7 +112,7 @@ def _exports_load_and_render(root: Path, configs: dict) -> None:
     from video_dit.media import load_image
     from video_dit.models.loading import load_dit, load_text_encoder, load_vae
     from video_dit.pipeline import VideoPipeline
-    from video_dit.train.engine import quantize_frozen
+    from video_dit.train.precision import quantize_frozen
 
     x, t, ctx = helpers.probe_inputs()
     vae = load_vae("preset:tiny").eval()

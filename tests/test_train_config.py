@@ -79,7 +79,7 @@ def test_parses_ai_toolkit_keys_and_ours(folder, tmp_path):
     assert p.deepspeed.zero_stage == 3 and p.network.alpha == 4.0 and parsed.meta["version"] == "1.0"
     assert "device" in IGNORED["process"] and "noise_scheduler" in IGNORED["train"]
 
-    from video_dit.train.engine import ds_config
+    from video_dit.parallel.zero import ds_config
 
     cfg = ds_config(parsed, world_size=4)
     assert cfg["train_batch_size"] == 1 * 2 * 2  # micro batch x accumulation x data-parallel ranks (4 / SP 2)

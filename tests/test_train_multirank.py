@@ -221,7 +221,7 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     # ZeRO-3 and ZeRO-2 full fine-tunes of the same job agree too
     a, b = (load_dit(str(world / f"out/{n}/{n}")).state_dict() for n in ("f3", "f2"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    # the export renders what its previews showed with no other flag (issue 21): video_dit_sources.json
+    # the export renders what its previews showed with no other flag: video_dit_sources.json
     # holds its preset, VAE, text encoder and the preview's sampling settings; same MP4, byte for byte
     from video_dit.cli import main as cli_main
 
@@ -233,7 +233,7 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     from types import SimpleNamespace
 
     from video_dit.commands.check_demo import check_seeds
-    from video_dit.models.loading import read_sources
+    from video_dit.models.layouts import read_sources
 
     seed = read_sources(world / "out/f2/f2")["sampling"]["seed"]
     text, results = check_seeds(world / "out/f2/f2", [SimpleNamespace(**sample)], seed, 1, world / "seeds")
@@ -246,7 +246,7 @@ def test_quantized_base_skips_nonfinite_losses_and_its_lora_reloads(launch_c):
 
     from video_dit.lora import load_lora
     from video_dit.models.loading import load_dit
-    from video_dit.train.engine import quantize_frozen
+    from video_dit.train.precision import quantize_frozen
 
     world = launch_c
     result = ranks.result(world / "out/qn")

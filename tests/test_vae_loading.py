@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers, vae_key_layout, vae_to_diffusers
-from video_dit.models.loading import WeightsError, load_vae
+from video_dit.models.loading import load_vae
+from video_dit.models.weights import WeightsError
 from video_dit.models.presets import VAE_PRESETS
 from video_dit.models.vae import CausalVideoVAE, VAEConfig
 

@@ -13,13 +13,14 @@ names are the original Wan names, a native module path maps 1:1 to ComfyUI's `di
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from video_dit.models.loading import WeightsError
+from video_dit.models.weights import WeightsError, read_state_dict
 
 # The blocks' attention and FFN Linears (native Wan names), with the image branch's k_img / v_img of
 # Wan 2.1 I2V / FLF2V (absent, so never matched, in other models).
@@ -118,8 +119,6 @@ def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[
 
 def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None) -> Path:
     """Write the adapters of `model_or_sd` as a ComfyUI-keyed safetensors file (atomic rename)."""
-    import os
-
     from safetensors.torch import save_file
 
     native = lora_state_dict(model_or_sd)
@@ -140,8 +139,6 @@ def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None) -> 
 def read_lora(path) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]]:
     """(native adapter keys, alpha, rank, metadata) of a LoRA file."""
     from safetensors import safe_open
-
-    from video_dit.models.loading import read_state_dict
 
     sd = read_state_dict(path)
     metadata = {}

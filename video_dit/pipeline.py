@@ -24,10 +24,16 @@ from PIL import Image
 from torch import nn
 
 from video_dit.data.frames import snap_num_frames
-from video_dit.diffusion.conditioning import (FirstFrameConditioning, I2V_MODES, MASK_CHANNELS, clip_features,
-                                              encode_conditioning)
+from video_dit.diffusion.conditioning import (
+    I2V_MODES,
+    MASK_CHANNELS,
+    FirstFrameConditioning,
+    clip_features,
+    encode_conditioning,
+)
 from video_dit.diffusion.flow import SCHEDULE_GRIDS, sampling_schedule
 from video_dit.diffusion.sampler import flow_sample, module_dtype_device
+from video_dit.media import pil_to_tensor, tensor_to_pil
 
 
 def vae_factors(vae_config) -> tuple[int, int]:
@@ -178,8 +184,6 @@ class VideoPipeline:
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
         """Normalized latents (B, C, F', h, w) -> B lists of F PIL frames (VAE decode, one video at a time)."""
-        from video_dit.media import tensor_to_pil
-
         dtype, device = module_dtype_device(self.vae)
         videos = []
         for z in latents:
@@ -250,8 +254,6 @@ def _pixels(images, batch: int, name: str, size: tuple[int, int] | None = None) 
     With size = (height, width) each image is resized to cover it and centre-cropped (`fit_frame`: the
     frames the VAE encodes); without, the images are left as given (the CLIP encoder resizes them to
     its own input, as Wan feeds it the original image), so a list must share one size."""
-    from video_dit.media import pil_to_tensor
-
     if isinstance(images, Image.Image):
         images = [images]
     if isinstance(images, (list, tuple)):

@@ -24,7 +24,7 @@ import ranks  # noqa: E402
 from helpers import losses  # noqa: E402,F401  (step -> loss of an output folder)
 from ranks import rank_env  # noqa: E402,F401
 
-from video_dit.train.engine import free_port  # noqa: E402
+from video_dit.devices import free_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIPS = 6

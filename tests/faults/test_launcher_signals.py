@@ -1,4 +1,4 @@
-"""Signals to `./launch/train.sh`'s process (issue 21), with real DeepSpeed ranks on a mixed i2v folder.
+"""Signals to `./launch/train.sh`'s process, with real DeepSpeed ranks on a mixed i2v folder.
 
 Two launches of one job, as a user (or `timeout`, a scheduler, a closed terminal) would:
   A  train.steps 200; once a checkpoint at step >= 4 exists, SIGKILL to the launcher's PID (not its

@@ -2,10 +2,10 @@
 memory measurement on CPU and CUDA.
 
     time_side_by_side({"ours": f, "ref": g}, repeats, device)   -> {"ours": [s, ...], "ref": [...]}
-    device_peak(device, dtype)                                   -> Peak(flops, source, measured, table)
+    device_peak(device, dtype)                                   -> Peak (video_dit.devices, re-used here)
     mfu(flops_per_step, step_s, peak_flops)                      -> fraction of the peak
     profiled_peak(fn) / profiled_live_after(fn)                  -> CPU bytes (profiler allocation timeline)
-    cuda_peak(fn)                                                -> CUDA bytes above the start
+    cuda_peak(fn)                                                -> CUDA bytes above the start (parallel/memory.py)
     tensor_memory_split(groups)                                  -> bytes per category, each storage once
     diffusers_as_loaded(model, dtype)                            -> a diffusers model as from_pretrained casts it
     dit_pair(shape, seed)                                        -> (ours, diffusers' Wan transformer), same weights
@@ -16,33 +16,20 @@ Every figure is a measurement in this process; nothing here knows a target numbe
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
-# Dense bf16 tensor-core peak per GPU (no sparsity), FLOP/s. fp32 runs as TF32 at half of it.
-GPU_PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "H800": 989e12, "A100": 312e12, "A800": 312e12,
-                 "L40S": 362e12, "L40": 181e12, "A10G": 70e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
-
-
-def sync(device) -> None:
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], device="cpu") -> float:
-    """Wall seconds of one `fn()` call, the device synchronized on both sides."""
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
+from video_dit.devices import free_port, timed
+from video_dit.models.convert import dit_from_diffusers
+from video_dit.models.dit import DiTConfig, VideoDiT
 
 
 def time_side_by_side(fns: dict[str, Callable[[], object]], repeats: int, device="cpu",
@@ -69,53 +56,6 @@ def median(values: Iterable[float]) -> float:
     return float(statistics.median(values))
 
 
-# ---------------------------------------------------------------- peak FLOP/s and MFU
-
-
-def matmul_flops(dtype: torch.dtype = torch.float32, device="cpu", n: int | None = None, repeats: int = 5) -> float:
-    """Dense `n x n @ n x n` FLOP/s measured now (median of `repeats` after a warm-up), at the
-    current thread count: the CPU "peak" that MFU is measured against. n defaults to 2048 on CPU
-    and 8192 on CUDA (big enough to sit on the flat part of the roofline)."""
-    if n is None:
-        n = 8192 if str(device).startswith("cuda") else 2048
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    times = time_side_by_side({"mm": lambda: a @ b}, repeats, device)["mm"]
-    return 2.0 * n ** 3 / median(times)
-
-
-@dataclass
-class Peak:
-    flops: float  # what MFU divides by
-    source: str  # "table:H200" or "measured matmul"
-    measured: float  # the matmul measured in this run (always)
-    table: float | None  # the known device's datasheet figure, when the device is in the table
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def table_peak(device_name: str, dtype: torch.dtype) -> tuple[float, str] | None:
-    """(dense peak FLOP/s, table key) of a known GPU name, or None."""
-    for key, bf16 in GPU_PEAK_BF16.items():
-        if key in device_name:
-            return (bf16 if dtype in (torch.bfloat16, torch.float16) else bf16 / 2), key
-    return None
-
-
-def device_peak(device="cpu", dtype: torch.dtype = torch.float32, n: int | None = None) -> Peak:
-    """The peak MFU is measured against: on a known GPU the datasheet figure (dense bf16; fp32 as
-    TF32 at half), else the dense matmul measured now at this dtype and thread count. The measured
-    matmul is always returned too, so a GPU run shows both."""
-    measured = matmul_flops(dtype, device, n=n)
-    if str(device).startswith("cuda"):
-        found = table_peak(torch.cuda.get_device_name(torch.device(device)), dtype)
-        if found is not None:
-            return Peak(found[0], f"table:{found[1]}", measured, found[0])
-    return Peak(measured, "measured matmul", measured, None)
-
-
 def mfu(flops_per_step: float, step_s: float, peak_flops: float) -> float:
     """Model FLOPs utilization: analytic model FLOPs per second over the peak FLOP/s."""
     if step_s <= 0 or peak_flops <= 0:
@@ -131,8 +71,6 @@ def profiled_peak(fn: Callable[[], object]) -> int:
 
     torch keeps no CPU allocator statistics; the profiler's per-op memory records give the
     allocation timeline (scratch space inside a single kernel is not seen)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage)
@@ -146,21 +84,9 @@ def profiled_peak(fn: Callable[[], object]) -> int:
 def profiled_live_after(fn: Callable[[], object]) -> tuple[object, int]:
     """(fn(), bytes allocated by `fn()` and still alive when it returns), CPU profiler timeline.
     For a forward pass this is the activation memory autograd keeps for backward (plus the output)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
     return out, int(sum(e.self_cpu_memory_usage for e in prof.events()))
-
-
-def cuda_peak(fn: Callable[[], object], device="cuda") -> tuple[object, int]:
-    """(fn(), CUDA allocator peak bytes during `fn()` above the bytes allocated at its start)."""
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    out = fn()
-    torch.cuda.synchronize(device)
-    return out, torch.cuda.max_memory_allocated(device) - base
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
@@ -216,9 +142,6 @@ def dit_pair(shape: dict, seed: int = 0, ref_dtype: torch.dtype = torch.float32)
     as `from_pretrained(torch_dtype=)` leaves it (`diffusers_as_loaded`), ours given those same values."""
     from diffusers import WanTransformer3DModel
 
-    from video_dit.models.convert import dit_from_diffusers
-    from video_dit.models.dit import DiTConfig, VideoDiT
-
     torch.manual_seed(seed)
     ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=shape["heads"],
                                 attention_head_dim=shape["dim"] // shape["heads"], in_channels=shape["latents"][0],
@@ -259,10 +182,6 @@ def launch_ranks(module: str, spec: dict, world: int, workdir: Path, threads: in
     unless `hide_cuda` is False, for a rank that runs on its LOCAL_RANK's GPU) and return each rank's
     JSON, which the rank writes to `<spec["out"]>.rank<r>.json`. A failed rank raises with the tail of
     its log."""
-    import os
-
-    from video_dit.train.engine import free_port
-
     workdir = Path(workdir)
     spec_path = workdir / f"spec_{int(time.time() * 1e6)}.json"
     spec_path.write_text(json.dumps(spec))

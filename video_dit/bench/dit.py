@@ -27,9 +27,21 @@ import json
 import sys
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from video_dit.bench.common import (cuda_peak, device_peak, dit_pair, median, mfu, profiled_live_after, profiled_peak,
-                                    run_json_subprocess, time_side_by_side, write_json)
+from video_dit.bench.common import (
+    dit_pair,
+    median,
+    mfu,
+    profiled_live_after,
+    profiled_peak,
+    run_json_subprocess,
+    time_side_by_side,
+    write_json,
+)
+from video_dit.devices import device_peak
+from video_dit.models.dit import DiTConfig, cast_dit, dit_flops
+from video_dit.parallel.memory import cuda_peak
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)
 SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
@@ -52,16 +64,12 @@ def _dtype(device: str) -> torch.dtype:
 def _kernel(device: str):
     """CUDA: SDPA's flash kernel only, for both models; CPU: torch's own choice."""
     if device.startswith("cuda"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
     return contextlib.nullcontext()
 
 
 def build(shape: dict, device: str, seed: int = 0, dtype: torch.dtype = torch.float32):
     """(ours, reference, inputs) with identical weights, in `dtype`."""
-    from video_dit.models.dit import cast_dit
-
     # the reference as from_pretrained(torch_dtype=...) leaves it (_keep_in_fp32_modules stay float32), ours
     # given its values and stored as load_dit(dtype=...) stores it: bf16 bulk, float32 islands
     ours, ref = dit_pair(shape, seed, ref_dtype=dtype)
@@ -130,8 +138,6 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
                 "--threads", str(torch.get_num_threads())] + (["--small"] if small else [])
         args += (["--shape", shape_name] if shape_name else []) + (["--layers", str(layers)] if layers else [])
         memory[name] = run_json_subprocess(args, what=f"DiT memory ({name})")
-
-    from video_dit.models.dit import DiTConfig, dit_flops
 
     tokens = shape["latents"][1] * shape["latents"][2] * shape["latents"][3] // 4
     cfg = DiTConfig(dim=shape["dim"], ffn_dim=shape["ffn_dim"], num_heads=shape["heads"], num_layers=shape["layers"],

@@ -25,7 +25,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from video_dit.bench.common import cuda_peak, median, profiled_peak, time_side_by_side, write_json
+from video_dit.bench.common import median, profiled_peak, time_side_by_side, write_json
+from video_dit.models import dit
+from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit
+from video_dit.parallel.memory import cuda_peak
 
 LEVER = dict(dim=1536, heads=12, ffn_dim=8960, layers=1, latents=(16, 4, 32, 32), text_len=512, text_dim=4096)
 SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
@@ -35,8 +38,6 @@ LEVERS = ("recompute", "rms_norm", "rope_cache", "compile")
 
 def build(shape: dict, device: str, dtype: torch.dtype):
     """Our DiT with Wan's init (head given small weights, so every block gets gradient) and inputs."""
-    from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit
-
     torch.manual_seed(0)
     cfg = DiTConfig(in_dim=shape["latents"][0], out_dim=16, dim=shape["dim"], ffn_dim=shape["ffn_dim"],
                     freq_dim=256, text_dim=shape["text_dim"], num_heads=shape["heads"],
@@ -59,8 +60,6 @@ class Switch:
     """`set(on)` puts the model in the lever's on / off state; `restore()` leaves it as shipped."""
 
     def __init__(self, name: str, model):
-        from video_dit.models import dit
-
         self.name, self.model, self.dit = name, model, dit
         self.shipped_forward = dit.RMSNorm.forward
         self.eager_blocks = list(model.blocks)

@@ -26,6 +26,19 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from video_dit.bench.common import launch_ranks, write_json
+from video_dit.data.demo import make_demo_data
+from video_dit.models.dit import VideoDiT, init_parameter, parameter_generator
+from video_dit.models.loading import check_matches_preset, load_dit
+from video_dit.models.presets import get_preset
+from video_dit.models.weights import module_groups
+from video_dit.parallel.zero import ds_config
+from video_dit.train.build import build_dit, make_trainable
+from video_dit.train.config import parse_job
+from video_dit.train.engine import build_optimizer
+from video_dit.train.plan import Setting, model_sizes, state_memory
 
 GiB = 2 ** 30
 PRESET = "wan2.1-t2v-1.3b"
@@ -48,9 +61,6 @@ def write_wan_file(folder: Path, preset: str = PRESET, seed: int = 0) -> Path:
     `diffusion_pytorch_model.safetensors` + Wan's `config.json`), written one module group at a time
     into one file; returns the file. Reused when it exists."""
     from safetensors.torch import save_file
-
-    from video_dit.models.dit import VideoDiT, init_parameter, parameter_generator
-    from video_dit.models.presets import get_preset
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "diffusion_pytorch_model.safetensors"
@@ -77,8 +87,6 @@ def write_wan_file(folder: Path, preset: str = PRESET, seed: int = 0) -> Path:
 
 
 def job_of(weights: str, data_dir: str, out_dir: str, dtype: str):
-    from video_dit.train.config import parse_job
-
     return parse_job({"job": "extension", "config": {"name": "bench_load", "process": [{
         "type": "sd_trainer", "training_folder": out_dir, "network": {"type": "lora", "linear": 32},
         "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],
@@ -89,12 +97,6 @@ def job_of(weights: str, data_dir: str, out_dir: str, dtype: str):
 
 def _rank_main(spec: dict) -> int:
     import deepspeed
-    import torch.distributed as dist
-
-    from video_dit.models.loading import load_dit
-    from video_dit.models.presets import get_preset
-    from video_dit.train import engine as eng
-    from video_dit.train.build import build_dit, check_matches_preset, make_trainable
 
     deepspeed.init_distributed("gloo")
     dist.barrier()
@@ -102,7 +104,7 @@ def _rank_main(spec: dict) -> int:
     before = rss()
     dtype = DTYPES[spec["dtype"]]
     job = job_of(spec["weights"], spec["data_dir"], spec["out_dir"], spec["dtype"])
-    ds = eng.ds_config(job, world)
+    ds = ds_config(job, world)
     preset = get_preset(PRESET)
     t0 = time.perf_counter()
     if spec["path"] == "full":  # what every rank did before build_dit: the whole model, then partitioned
@@ -113,7 +115,7 @@ def _rank_main(spec: dict) -> int:
     built = rss()
     make_trainable(dit, job.process, dtype)
     params = [p for p in dit.parameters() if p.requires_grad]
-    optimizer, scheduler = eng.build_optimizer(params, job.process.train)
+    optimizer, scheduler = build_optimizer(params, job.process.train)
     engine, *_ = deepspeed.initialize(model=dit, model_parameters=params, optimizer=optimizer,
                                       lr_scheduler=scheduler, config=ds)
     dist.barrier()
@@ -130,13 +132,6 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
         dtypes=("fp32", "bf16"), keep: str | None = None) -> dict:
     if device != "cpu":
         raise ValueError("the load suite measures host RSS on CPU ranks")
-    from video_dit.bench.common import launch_ranks
-    from video_dit.data.demo import make_demo_data
-    from video_dit.models.dit import VideoDiT
-    from video_dit.models.loading import module_groups
-    from video_dit.models.presets import get_preset
-    from video_dit.train.engine import ds_config
-    from video_dit.train.plan import Setting, model_sizes, state_memory
 
     cfg = get_preset(PRESET).dit
     world = 2
@@ -202,7 +197,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args._rank:
         return _rank_main(json.loads(Path(args._rank).read_text()))
-    from video_dit.bench.common import write_json
 
     res = run(dtypes=("fp32", "bf16") if args.dtype == "both" else (args.dtype,), keep=args.keep)
     print_table(res)

@@ -27,6 +27,19 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+
+from video_dit.bench.common import launch_ranks, write_json
+from video_dit.data.demo import make_demo_data
+from video_dit.models.dit import DiTConfig
+from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.parallel.sequence import init_sequence_parallel
+from video_dit.parallel.zero import ds_config
+from video_dit.train.build import build_dit, make_trainable
+from video_dit.train.config import parse_job
+from video_dit.train.engine import initialize
+from video_dit.train.plan import Experts, Setting, predict
+from video_dit.train.precision import build_dtype
 
 GiB = 2 ** 30
 TOLERANCE = 0.15
@@ -55,8 +68,6 @@ EXPERT_CONFIGS = [dict(zero=2, lora=8, sp=1, ckpt=False, dim=512, tokens=1024, e
 
 
 def dit_config(c: dict):
-    from video_dit.models.dit import DiTConfig
-
     heads, layers = WIDTHS[c["dim"]]
     return DiTConfig(in_dim=16, out_dim=16, dim=c["dim"], ffn_dim=4 * c["dim"], freq_dim=256, text_dim=256,
                      num_heads=heads, num_layers=layers, text_len=128)
@@ -64,8 +75,6 @@ def dit_config(c: dict):
 
 def job_of(c: dict, data_dir: str, out_dir: str):
     """The trainer job of a configuration (the DiT's shape comes from `dit_config`)."""
-    from video_dit.train.config import parse_job
-
     process = {"type": "sd_trainer", "training_folder": out_dir,
                "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],
                "train": {"batch_size": 1, "steps": 100, "lr": 1e-4, "dtype": "fp32",
@@ -89,13 +98,6 @@ def name_of(c: dict) -> str:
 
 def _rank_main(spec: dict) -> int:
     import deepspeed
-    import torch.distributed as dist
-
-    from video_dit.parallel.memory import CPUAllocationTracker
-    from video_dit.parallel.sequence import init_sequence_parallel
-    from video_dit.train import engine as eng
-    from video_dit.train.build import build_dit, make_trainable
-    from video_dit.train.plan import Experts, Setting, predict
 
     torch.set_num_threads(1)
     deepspeed.init_distributed("gloo")
@@ -104,7 +106,7 @@ def _rank_main(spec: dict) -> int:
     n_experts = c.get("experts", 1)
     job = job_of(c, spec["data_dir"], spec["out_dir"])
     cfg, grid, dtype = dit_config(c), TOKENS[c["tokens"]], torch.float32
-    ds = eng.ds_config(job, world)
+    ds = ds_config(job, world)
     experts = Experts(("high_noise", "low_noise")[:n_experts]) if n_experts > 1 else None
     pred = predict(cfg, grid, Setting(c["zero"], sp=c["sp"], checkpointing=c["ckpt"]), world=world,
                    lora_rank=c["lora"], dtype=dtype, ds=ds, cuda=False, experts=experts)
@@ -114,10 +116,10 @@ def _rank_main(spec: dict) -> int:
     sp_info = init_sequence_parallel(c["sp"])
     engines = []
     for i in range(n_experts):  # one engine per expert, built one after the other (as the trainer does)
-        dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=eng.build_dtype(dtype, lora=bool(c["lora"])),
+        dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=build_dtype(dtype, lora=bool(c["lora"])),
                         config=cfg, seed=i, ds_config=ds if c["zero"] == 3 else None)
         make_trainable(dit, job.process, dtype, sp_info).train()
-        engines.append(eng.initialize(dit, job, world)[0])
+        engines.append(initialize(dit, job, world)[0])
     g = torch.Generator().manual_seed(sp_info.dp_rank)  # a sequence group shares its batch
     x = torch.randn(1, cfg.in_dim, *grid, generator=g)
     target = torch.randn(1, cfg.out_dim, *grid, generator=g)
@@ -153,8 +155,6 @@ def _rank_main(spec: dict) -> int:
 
 
 def run_config(c: dict, repeats: int, workdir: Path) -> dict:
-    from video_dit.bench.common import launch_ranks
-
     spec = {"config": c, "repeats": repeats, "data_dir": str(workdir / "data"), "out_dir": str(workdir / "out"),
             "out": str(workdir / "rank")}
     ranks = launch_ranks("video_dit.bench.plan", spec, world=2, workdir=workdir, threads=1)
@@ -175,7 +175,6 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
     if device != "cpu":
         raise ValueError("the plan suite measures CPU ranks (a CUDA comparison with max_memory_allocated "
                          "is not implemented: no GPU was lent to this project)")
-    from video_dit.data.demo import make_demo_data
 
     configs = EXPERT_CONFIGS if experts else SMALL if small else CONFIGS
     picked = [configs[i] for i in only] if only else configs
@@ -217,7 +216,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args._rank:
         return _rank_main(json.loads(Path(args._rank).read_text()))
-    from video_dit.bench.common import write_json
 
     res = run(repeats=args.repeats, small=args.small, only=[int(i) for i in args.only.split(",")] if args.only else None,
               experts=args.experts)

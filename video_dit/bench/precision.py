@@ -41,6 +41,12 @@ import time
 import torch
 
 from video_dit.bench.common import diffusers_as_loaded, dit_pair, median, profiled_peak, time_side_by_side, write_json
+from video_dit.diffusion.flow import add_noise, velocity_target
+from video_dit.lora import add_lora
+from video_dit.models import dit_layers
+from video_dit.models.convert import dit_from_diffusers
+from video_dit.models.dit import cast_dit
+from video_dit.parallel.memory import cuda_peak
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 3, 32, 32), text_len=512, text_dim=4096,
             rank=16)
@@ -55,8 +61,6 @@ RUNS = ("float64", "ours", "pure", "before", "diffusers")
 def bf16_residual():
     """The "before" run: our gated residual update returning its input's dtype (bf16 from the patch
     embedding on), instead of Wan's float32 stream. Swaps `dit_layers.gated_add`, which `Block` looks up."""
-    from video_dit.models import dit_layers
-
     shipped = dit_layers.gated_add
 
     def gated_add(x, y, gate):
@@ -72,9 +76,6 @@ def bf16_residual():
 def build(shape: dict, seed: int = 0):
     """(ours float32 with LoRA, diffusers float32 with the same LoRA); diffusers' random init."""
     from peft import LoraConfig, inject_adapter_in_model
-
-    from video_dit.lora import add_lora
-    from video_dit.models.convert import dit_from_diffusers
 
     ours, ref = dit_pair(shape, seed)
     rank = shape["rank"]
@@ -100,8 +101,6 @@ def build(shape: dict, seed: int = 0):
 
 
 def _native(diffusers_key: str) -> str:
-    from video_dit.models.convert import dit_from_diffusers
-
     return next(iter(dit_from_diffusers({diffusers_key: None})))
 
 
@@ -111,8 +110,6 @@ def _lora_of(model) -> dict[str, torch.Tensor]:
 
 def make_inputs(shape: dict, seed: int = 1) -> dict:
     """Training-like inputs (see the module docstring), float32 on CPU."""
-    from video_dit.diffusion.flow import add_noise, velocity_target
-
     g = torch.Generator().manual_seed(seed)
     B = len(T_VALUES)
     C, Fl, h, w = shape["latents"]
@@ -153,8 +150,6 @@ def _run(model, inputs: dict, is_ref: bool, dtype: torch.dtype) -> tuple[torch.T
 
 def variant(name: str, ours, ref, device="cpu"):
     """(model, is_diffusers, input dtype) of a run, built from the float32 originals."""
-    from video_dit.models.dit import cast_dit
-
     if name == "float64":
         return copy.deepcopy(ours).to(device).double(), False, torch.float64
     if name == "ours":
@@ -201,9 +196,6 @@ def errors(shape: dict, seed: int = 0, runs=RUNS, device="cpu") -> dict:
 def cost(shape: dict, repeats: int, seed: int = 0, device="cpu") -> dict:
     """Ours bf16 against the pure-bf16 cast and "before", one sample: fwd+bwd time (side by side),
     parameter and gradient bytes, the fwd+bwd activation peak; for the LoRA job and a full fine-tune."""
-    from video_dit.bench.common import cuda_peak
-    from video_dit.models.dit import cast_dit
-
     ours, _ = build(shape, seed)
     ours.to(device)
     inputs = {k: v[:1] for k, v in make_inputs(shape, seed + 1).items()}  # the first sample

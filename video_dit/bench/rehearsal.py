@@ -31,6 +31,16 @@ from pathlib import Path
 
 import yaml
 
+from video_dit.bench.common import write_json
+from video_dit.bench.load import write_wan_file
+from video_dit.data.demo import make_demo_data
+from video_dit.devices import local_machine
+from video_dit.models.loading import load_vae
+from video_dit.models.text_encoder import TextEncoderConfig, build_umt5
+from video_dit.train.config import load_job
+from video_dit.train.metrics import read_metrics
+from video_dit.train.plan import plan_job
+
 GiB = 2 ** 30
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = "wan2.1-t2v-1.3b"
@@ -42,8 +52,6 @@ def write_text_encoder(folder: Path) -> Path:
     `text_encoder/` (transformers, safetensors) and `tokenizer/` (what `load_text_encoder` reads)."""
     from transformers import ByT5Tokenizer
 
-    from video_dit.models.text_encoder import TextEncoderConfig, build_umt5
-
     if not (folder / "text_encoder" / "config.json").is_file():
         config = TextEncoderConfig(vocab_size=384, d_model=4096, d_ff=256, num_layers=1, num_heads=2, d_kv=64,
                                    text_len=512, tokenizer="byt5")
@@ -54,8 +62,6 @@ def write_text_encoder(folder: Path) -> Path:
 
 def write_vae(path: Path) -> Path:
     from safetensors.torch import save_file
-
-    from video_dit.models.loading import load_vae
 
     if not path.is_file():
         vae = load_vae("preset:wan2.1", seed=0)
@@ -98,16 +104,11 @@ def launch(job: Path, log: Path, fault: str | None = None) -> tuple[int, float]:
 
 
 def rows(path: Path) -> list[dict]:
-    from video_dit.train.metrics import read_metrics
-
     return read_metrics(path) if path.is_file() else []
 
 
 def prediction(job_path: Path) -> dict:
     """The planner's figures for this job on the 2 CPU ranks train.sh starts here."""
-    from video_dit.train.config import load_job
-    from video_dit.train.plan import local_machine, plan_job
-
     job = load_job(job_path)
     plan = plan_job(job, local_machine(ranks=2))
     b = max(plan.buckets, key=lambda b: b.as_configured.device_bytes)
@@ -121,9 +122,6 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
     if device != "cpu":
         raise ValueError("the rehearsal runs on 2 CPU ranks")
     from safetensors import safe_open
-
-    from video_dit.bench.load import write_wan_file
-    from video_dit.data.demo import make_demo_data
 
     base = Path(keep) if keep else None
     with tempfile.TemporaryDirectory(prefix="bench_rehearsal_") as tmp:
@@ -197,7 +195,6 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", default=None, help="folder for the generated weights (kept and reused)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from video_dit.bench.common import write_json
 
     res = run(keep=args.keep)
     print_table(res)

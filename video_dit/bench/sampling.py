@@ -18,7 +18,12 @@ import sys
 
 import torch
 
-from video_dit.bench.common import median, timed, write_json
+from video_dit.bench.common import median, write_json
+from video_dit.devices import timed
+from video_dit.models.dit import VideoDiT, cast_dit
+from video_dit.models.presets import get_preset
+from video_dit.models.vae import CausalVideoVAE
+from video_dit.pipeline import VideoPipeline
 
 # tiny preset (the demo's DiT and VAE), at the demo size and at a larger frame
 FULL = dict(preset="tiny", frames=17, height=256, width=256, steps=4, guidance=5.0, text_len=32)
@@ -28,11 +33,6 @@ REFERENCE_STEPS = 30
 
 def build(shape: dict, device: str, dtype: torch.dtype):
     """(pipeline, prompt embeds, negative embeds, fps) with seeded random weights."""
-    from video_dit.models.dit import VideoDiT, cast_dit
-    from video_dit.models.presets import get_preset
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.pipeline import VideoPipeline
-
     preset = get_preset(shape["preset"])
     torch.manual_seed(0)
     dit = cast_dit(VideoDiT(preset.dit).to(device), dtype).eval()  # as load_dit(dtype=...) stores it

@@ -21,6 +21,12 @@ import time
 from pathlib import Path
 
 import torch
+import torch.multiprocessing as mp
+
+from video_dit.devices import free_port
+from video_dit.models.dit import DiTConfig, VideoDiT
+from video_dit.parallel.memory import activation_peak
+from video_dit.parallel.sequence import attach, init_sequence_parallel, launch_env
 
 # latents (C, F', h, w); tokens = F' * h/2 * w/2
 SHAPES = {
@@ -32,9 +38,6 @@ SHAPES = {
 
 def _worker(rank: int, world: int, port: int, shape: dict, checkpointing: bool, repeats: int, out_dir: str,
             threads: int) -> None:
-    from video_dit.models.dit import DiTConfig, VideoDiT
-    from video_dit.parallel.memory import activation_peak
-
     torch.set_num_threads(threads)
     device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
@@ -56,8 +59,6 @@ def _worker(rank: int, world: int, port: int, shape: dict, checkpointing: bool, 
     info = None
     if world > 1:
         import deepspeed
-
-        from video_dit.parallel.sequence import attach, init_sequence_parallel, launch_env
 
         launch_env(rank, world, port)
         deepspeed.init_distributed("nccl" if device.type == "cuda" else "gloo")
@@ -89,10 +90,6 @@ def _worker(rank: int, world: int, port: int, shape: dict, checkpointing: bool, 
 
 def run(sp: int = 2, shape: str | dict = "small", checkpointing: bool = False, repeats: int = 2) -> dict:
     """Measure SP=1 then SP=`sp`; returns the figures (bytes and GB, seconds, ratio per rank)."""
-    import torch.multiprocessing as mp
-
-    from video_dit.train.engine import free_port
-
     shape = SHAPES[shape] if isinstance(shape, str) else dict(shape)
     if shape["heads"] % sp:
         raise ValueError(f"sp={sp} does not divide heads={shape['heads']}")

@@ -37,10 +37,31 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
-from video_dit.bench.common import (device_peak, launch_ranks, median, mfu, profiled_live_after, profiled_peak,
-                                    run_json_subprocess, tensor_memory_split, time_side_by_side,
-                                    write_json)
+from video_dit.bench.common import (
+    launch_ranks,
+    median,
+    mfu,
+    profiled_live_after,
+    profiled_peak,
+    run_json_subprocess,
+    tensor_memory_split,
+    time_side_by_side,
+    write_json,
+)
+from video_dit.data import BucketBatchSampler, CachedDataset, DatasetConfig, build_cache, collate, scan_datasets
+from video_dit.data.demo import make_demo_data
+from video_dit.devices import device_peak
+from video_dit.diffusion.conditioning import masked_mse
+from video_dit.diffusion.flow import add_noise, velocity_target
+from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
+from video_dit.models.loading import load_text_encoder
+from video_dit.models.presets import get_preset
+from video_dit.models.vae import CausalVideoVAE
+from video_dit.train.config import parse_job
+from video_dit.train.engine import initialize
+from video_dit.train.precision import cast_for_training
 
 # 8 blocks (the checkpointing target is stated at 8), small widths so 2 CPU ranks finish in minutes
 FULL = dict(dim=384, heads=6, ffn_dim=1536, layers=8, latents=(16, 5, 24, 24), text_len=64, text_dim=256, batch=1)
@@ -56,8 +77,6 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def dit_config(shape: dict):
-    from video_dit.models.dit import DiTConfig
-
     return DiTConfig(in_dim=shape["latents"][0], out_dim=shape["latents"][0], dim=shape["dim"],
                      ffn_dim=shape["ffn_dim"], freq_dim=256, text_dim=shape["text_dim"], num_heads=shape["heads"],
                      num_layers=shape["layers"], text_len=shape["text_len"])
@@ -66,8 +85,6 @@ def dit_config(shape: dict):
 def build_model(shape: dict, seed: int = 0):
     """The DiT with Wan's init, its zeroed output layer given small weights so every parameter gets
     a gradient from step one (a zero head would make the blocks' gradients exactly zero)."""
-    from video_dit.models.dit import VideoDiT
-
     torch.manual_seed(seed)
     model = VideoDiT(dit_config(shape))
     with torch.no_grad():
@@ -77,8 +94,6 @@ def build_model(shape: dict, seed: int = 0):
 
 def make_batch(shape: dict, seed: int, device, dtype=torch.float32) -> dict:
     """One flow-matching micro-batch: x_t, t on 0..1000, text context and the velocity target."""
-    from video_dit.diffusion.flow import add_noise, velocity_target
-
     g = torch.Generator().manual_seed(seed)
     B = shape["batch"]
     x0 = torch.randn(B, *shape["latents"], generator=g)
@@ -92,15 +107,11 @@ def make_batch(shape: dict, seed: int, device, dtype=torch.float32) -> dict:
 
 def loss_of(model, batch: dict) -> torch.Tensor:
     """The trainer's loss: MSE of the predicted velocity, in float32."""
-    from video_dit.diffusion.conditioning import masked_mse
-
     return masked_mse(model(batch["x_t"], batch["t"], batch["context"]), batch["target"])
 
 
 def step_flops(shape: dict) -> tuple[float, int]:
     """(analytic model FLOPs of one forward + backward micro-batch = 3 x forward, tokens in it)."""
-    from video_dit.models.dit import dit_flops
-
     cfg = dit_config(shape)
     _, Fl, h, w = shape["latents"]
     pt, ph, pw = cfg.patch_size
@@ -119,8 +130,6 @@ def trainer_job(stage: int, data_dir: str, out_dir: str, checkpointing: bool = F
     """A minimal job of the real trainer (`video_dit.train.config`): full fine-tune, batch 1, AdamW,
     clipping at 1.0, ZeRO `stage`. Only its DeepSpeed and optimizer settings are used here; the
     dataset entry (a folder with one demo clip) is there because a job must name one."""
-    from video_dit.train.config import parse_job
-
     return parse_job({"job": "extension", "config": {"name": "bench_train", "process": [{
         "type": "sd_trainer", "training_folder": out_dir,
         "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],
@@ -200,15 +209,11 @@ def engine_memory_split(engine) -> dict:
 
 def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: int, checkpointing: bool,
                    data_dir: str, out_dir: str) -> dict:
-    import torch.distributed as dist
-
-    from video_dit.train import engine as eng
-
     # the trainer's set-up: its cast (a full fine-tune: float32 master weights computing in `dtype`),
     # optimizer (torch AdamW, fused on CUDA), LR schedule and DeepSpeed JSON
-    model = eng.cast_for_training(build_model(shape).to(device=device).train(), dtype)
+    model = cast_for_training(build_model(shape).to(device=device).train(), dtype)
     job = trainer_job(stage, data_dir, out_dir)
-    engine, optimizer, _ = eng.initialize(model, job, dist.get_world_size())
+    engine, optimizer, _ = initialize(model, job, dist.get_world_size())
     batch = make_batch(shape, seed=1 + rank, device=device, dtype=dtype)
 
     def step():
@@ -246,7 +251,6 @@ def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: i
 
 def _rank_main(spec: dict) -> int:
     import deepspeed
-    import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(spec["threads"])
@@ -272,8 +276,6 @@ def _rank_main(spec: dict) -> int:
 def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, threads: int, workdir: Path,
               dtype: str) -> list:
     """Start `world_size` rank processes of `_rank_main` and return their results (rank order)."""
-    from video_dit.data.demo import make_demo_data
-
     make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # the job must name a dataset
     spec = {"shape": shape, "stages": list(stages), "repeats": repeats, "device": device, "dtype": dtype,
             "threads": max(1, threads // world_size) if device == "cpu" else threads, "out": str(workdir / "ranks"),
@@ -286,8 +288,6 @@ def run_ranks(shape: dict, stages, repeats: int, world_size: int, device: str, t
 
 def _activation_main(shape: dict, checkpointing: bool, device: str) -> dict:
     """In this (fresh) process: the forward's saved activations and the forward + backward peak."""
-    from video_dit.train.engine import cast_for_training
-
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     model = cast_for_training(build_model(shape).to(device=device).train(), dtype)  # as the trainer stores it
@@ -328,12 +328,6 @@ def activation_figures(shape: dict, device: str, threads: int, small: bool) -> d
 def cache_figures(small: bool, repeats: int, workdir: Path) -> dict:
     """Epoch 1 builds the caches; epoch 2 re-runs the cache build (every VAE and text-encoder call
     counted) and trains one epoch of the tiny DiT over the cached batches, timing the loading."""
-    from video_dit.data import BucketBatchSampler, CachedDataset, DatasetConfig, build_cache, collate, scan_datasets
-    from video_dit.data.demo import make_demo_data
-    from video_dit.models.loading import load_text_encoder
-    from video_dit.models.presets import get_preset
-    from video_dit.models.vae import CausalVideoVAE
-
     c = CACHE_SMALL if small else CACHE_FULL
     preset = get_preset("tiny")
     make_demo_data(workdir / "demo", count=c["count"], frames=c["frames"], size=c["size"], holdout=0)
@@ -369,12 +363,9 @@ def cache_figures(small: bool, repeats: int, workdir: Path) -> dict:
     sampler = BucketBatchSampler(dataset, c["batch"], seed=0)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
     torch.manual_seed(0)
-    from video_dit.models.dit import VideoDiT
 
     dit = VideoDiT(preset.dit).train()
     optimizer = torch.optim.AdamW(dit.parameters(), lr=1e-4)
-    from video_dit.diffusion.conditioning import masked_mse
-    from video_dit.diffusion.flow import add_noise, velocity_target
 
     def train_step(batch):
         x0 = batch["latents"]

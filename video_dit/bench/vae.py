@@ -14,6 +14,7 @@ after, minus the resident set just before; see `peak_rss_delta`.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -23,6 +24,10 @@ import threading
 import time
 
 import torch
+
+from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers
+from video_dit.models.presets import VAE_PRESETS
+from video_dit.models.vae import CausalVideoVAE, VAEConfig
 
 FULL = dict(dim=96, frames=17, size=256)
 SMALL = dict(dim=32, frames=9, size=64)
@@ -53,8 +58,6 @@ def peak_rss_delta(fn, interval_s: float = 0.002):
     process memory, so this sees every allocation torch makes; run it in a fresh process with
     `MALLOC_ENV` set for numbers that do not depend on what ran before.
     """
-    import gc
-
     gc.collect()
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -85,10 +88,6 @@ def peak_rss_delta(fn, interval_s: float = 0.002):
 def build_pair(dim: int, seed: int = 0):
     """(ours, diffusers') with identical random weights at a Wan 2.1-shaped config of base `dim`."""
     from diffusers import AutoencoderKLWan
-
-    from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE, VAEConfig
 
     cfg = VAEConfig(**{**VAE_PRESETS["wan2.1"].__dict__, "dim": dim})
     torch.manual_seed(seed)

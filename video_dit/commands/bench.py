@@ -21,6 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
+from video_dit.devices import device_peak
+
 # suites that hold the full-size 1.3B model (5.7 GB, run under `flock /tmp/bigmem.lock`): never in "all"
 EXPLICIT_ONLY = ("load", "rehearsal")
 # suite name -> module; "all" runs them in this order (less EXPLICIT_ONLY)
@@ -105,9 +109,6 @@ def _add_mfu(suite: str, res: dict, device: str) -> None:
     already measured one itself."""
     if suite != "dit" or "mfu" in res or "tflops" not in res:
         return
-    import torch
-
-    from video_dit.bench.common import device_peak
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     peak = device_peak("cuda" if device == "cuda" else "cpu", dtype)
@@ -175,8 +176,6 @@ def main(args) -> int:
         print(f"error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
     if args.device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             print("error: --device cuda, but torch sees no CUDA device (torch "
                   f"{torch.__version__}); use --device cpu", file=sys.stderr)
@@ -200,8 +199,6 @@ def main(args) -> int:
     rows = summarize(results, args.device)
     print_summary(rows)
     if args.json:
-        import torch
-
         meta = {"command": " ".join(["video-dit", *sys.argv[1:]]), "device": args.device, "small": args.small,
                 "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),

@@ -19,10 +19,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import re
 from pathlib import Path
 
-from video_dit.data.demo import check_clip, format_check
+from video_dit.commands import sample as sample_command
+from video_dit.data.demo import check_clip, preview_steps, report
+from video_dit.media import MediaError, read_video_frames
+from video_dit.train.config import load_job
+from video_dit.typed_config import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,47 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 SEED_OFFSET = 1000  # --seeds k renders at sample.seed + SEED_OFFSET + k: clear of the previews' walked seeds
 
 
-def preview_steps(samples: Path) -> list[int]:
-    """Steps that have a rendered preview 0 under `samples/`."""
-    return sorted(int(m.group(1)) for p in samples.glob("*_0.mp4") if (m := re.fullmatch(r"(\d{9})_0\.mp4", p.name)))
-
-
-def check_step(samples: Path, prompts: list[str], step: int) -> list[dict]:
-    """`check_clip` of every preview of `step` (a missing or unreadable MP4 fails as `unreadable`)."""
-    from video_dit.media import MediaError, read_video_frames
-
-    results = []
-    for i, prompt in enumerate(prompts):
-        path = samples / f"{step:09d}_{i}.mp4"
-        try:
-            frames = read_video_frames(path)
-        except MediaError as exc:
-            results.append({"caption": prompt, "ok": False, "failed": ["unreadable"], "error": str(exc)})
-            continue
-        results.append(check_clip(frames, prompt))
-    return results
-
-
-def report(samples: Path, prompts: list[str], steps: list[int]) -> tuple[str, dict[int, list[dict]]]:
-    """(printable report, {step: results})."""
-    lines = [f"demo check ({samples}): shape, colour and >= 1/4 frame width of motion in the caption's "
-             "direction, from the decoded MP4s (video_dit/data/demo.py check_clip)"]
-    out = {}
-    for step in steps:
-        results = check_step(samples, prompts, step)
-        out[step] = results
-        lines.append(f"step {step}: {sum(r['ok'] for r in results)}/{len(results)} previews pass")
-        lines += [f"  {format_check(r)}" if "error" not in r else f"  FAIL {r['error']}" for r in results]
-    return "\n".join(lines), out
-
-
 def check_seeds(export: Path, samples: list, base_seed: int, rounds: int, out: Path) -> tuple[str, list[list[dict]]]:
     """Render each of `samples` (the job's `sample.samples`: prompt + ctrl_img) at seeds base_seed + k,
     k < rounds, from the full fine-tune export folder `export` (`video-dit sample`, the previews'
     settings), into `out/<k>_<i>.mp4`, and `check_clip` each. (printable report, [round][preview])."""
-    from video_dit.commands import sample as sample_command
-    from video_dit.media import read_video_frames
-
     if not export.is_dir():
         raise ValueError(f"--seeds renders from the job's latest full fine-tune export, {export}: not found "
                          "(a LoRA job, or no export yet)")
@@ -106,9 +72,6 @@ def check_seeds(export: Path, samples: list, base_seed: int, rounds: int, out: P
 
 
 def main(args: argparse.Namespace) -> int:
-    from video_dit.train.config import load_job
-    from video_dit.typed_config import ConfigError
-
     if args.seeds < 0:
         print(f"video-dit check-demo: --seeds {args.seeds}: expected a count >= 0")
         return 2
@@ -136,8 +99,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(text)
     if args.seeds:
-        from video_dit.media import MediaError
-
         try:
             seeds_text, _ = check_seeds(job.out_dir / job.name, p.sample.samples, p.sample.seed + SEED_OFFSET,
                                         args.seeds, samples / "seeds")

@@ -19,7 +19,10 @@ import yaml
 
 from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
+from video_dit.models.layouts import preset_name as layout_preset_name
 from video_dit.models.presets import get_preset
+from video_dit.train.caches import job_cache_spaces
+from video_dit.train.config import parse_job
 from video_dit.typed_config import ConfigError, parse
 
 PROCESS = "config.process[0]"
@@ -48,8 +51,8 @@ def preset_name(process: dict) -> str:
     if model.get("preset"):
         return str(model["preset"])
     nop = str(model.get("name_or_path") or "")
-    if nop.startswith("preset:"):
-        return nop[len("preset:"):]
+    if layout_preset_name(nop) is not None:
+        return layout_preset_name(nop)
     raise ConfigError(f"{PROCESS}.model", "names no preset: set model.preset or name_or_path: 'preset:NAME' "
                                           "(or pass --preset)")
 
@@ -70,9 +73,6 @@ def inspect(config_path: str, preset: str | None = None) -> int:
     print(f"model preset {name}: frame sides must be multiples of {divisibility}")
     space = text_space = None
     try:  # the job's own cache versions, when the whole job parses (the datasets alone may)
-        from video_dit.train.config import parse_job
-        from video_dit.train.trainer import job_cache_spaces
-
         space, text_space = job_cache_spaces(parse_job(doc, config_path).process)
     except ConfigError as exc:
         print(f"note: the job does not parse ({exc}); cache counts are for any VAE / text encoder")

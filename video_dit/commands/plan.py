@@ -18,6 +18,10 @@ import argparse
 import json
 import sys
 
+from video_dit.devices import Machine, local_machine
+from video_dit.train.plan import PlanError, format_plan, load_job_for_plan, parse_bucket, plan_job, plan_summary
+from video_dit.typed_config import ConfigError
+
 GiB = 2 ** 30
 
 
@@ -47,8 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def machine_from(args):
     """The `Machine` the options describe, else the one train.sh would start here."""
-    from video_dit.train.plan import Machine, PlanError, local_machine
-
     if args.gpus is not None and args.cpu_ranks is not None:
         raise PlanError("give --gpus or --cpu-ranks, not both")
     if args.gpus is not None and args.gpus < 1:
@@ -69,9 +71,6 @@ def machine_from(args):
 
 
 def main(args) -> int:
-    from video_dit.train.plan import PlanError, format_plan, load_job_for_plan, parse_bucket, plan_job, plan_summary
-    from video_dit.typed_config import ConfigError
-
     try:
         job, missing = load_job_for_plan(args.config)
         buckets = [parse_bucket(b) for b in args.bucket] if args.bucket else None

@@ -12,10 +12,11 @@ last record. matplotlib is installed with the package; a finished training job c
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import warnings
 from pathlib import Path
+
+from video_dit.train.metrics import read_metrics
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -26,28 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="folder for the PNGs (default: next to the metrics)")
     parser.add_argument("--smooth", type=float, default=0.9,
                         help="EMA weight of the smoothed loss line, in [0, 1) (default 0.9)")
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """Records of a metrics.jsonl, sorted by step, one per step (the last one logged wins)."""
-    path = Path(path)
-    by_step: dict[int, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                warnings.warn(f"{path}:{lineno}: skipped, not valid JSON ({exc.msg})", stacklevel=2)
-                continue
-            if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)) \
-                    or isinstance(record.get("step"), bool):
-                warnings.warn(f"{path}:{lineno}: skipped, expected a JSON object with a numeric 'step'",
-                              stacklevel=2)
-                continue
-            by_step[int(record["step"])] = record
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def ema(values: list[float], weight: float) -> list[float]:

@@ -28,12 +28,23 @@ which were used. Errors are one line (`video-dit`'s top level), never a tracebac
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
+
+import torch
+
+from video_dit.devices import resolve_device
+from video_dit.diffusion.experts import EXPERTS, HIGH, LOW, TwoExperts
+from video_dit.diffusion.sampling_settings import SchedulerConfig, read_scheduler_config, resolve_sampling
+from video_dit.lora import load_lora, read_lora
+from video_dit.media import load_image, write_video
+from video_dit.models.dit import cast_dit
+from video_dit.models.layouts import SOURCES_FILE
+from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
+from video_dit.pipeline import VideoPipeline, image_features
+from video_dit.spec import CLI_KEYS, ModelSpec, Request, check_sources, resolve
 
 OUT_EXTS = (".mp4", ".mov", ".mkv", ".webp", ".gif")
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_EXTS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
 
 def _positive_int(text: str) -> int:
@@ -130,87 +141,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=_out_path, required=True, help=f"output file ({' '.join(OUT_EXTS)})")
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in WEIGHT_EXTS)
-
-
-def _is_vae_file(path: Path) -> bool:
-    return re.search(r"vae", path.name, re.IGNORECASE) is not None
-
-
-def resolve_sources(model: str, vae: str | None, text_encoder: str | None) -> tuple[str, str, str]:
-    """(dit source, vae source, text encoder source) for `load_dit` / `load_vae` / `load_text_encoder`
-    (a two-expert folder's dit source is the folder: `load_experts` reads its experts); a folder's
-    `video_dit_sources.json` names the VAE and text encoder an export was trained with."""
-    from video_dit.models.loading import SOURCES_FILE, expert_sources, read_sources
-    from video_dit.models.presets import get_preset
-
-    if model.startswith("preset:"):
-        preset = get_preset(model[len("preset:"):])
-        return model, vae or f"preset:{preset.vae_name}", text_encoder or model
-    path = Path(model)
-    if not path.exists():
-        raise FileNotFoundError(f"--model {model}: no such file or folder (or use preset:NAME)")
-    if path.is_file():
-        if vae is None or text_encoder is None:
-            raise ValueError(f"--model {model} is a single DiT file: pass --vae and --text-encoder too")
-        return str(path), vae, text_encoder
-    dit = str(path)
-    if not (path / "transformer").is_dir() and expert_sources(path) is None:
-        files = [f for f in _weight_files(path) if not _is_vae_file(f)]
-        if len(files) == 1:
-            dit = str(files[0])
-        elif not files:
-            raise ValueError(f"--model {model}: no transformer/ folder and no DiT weight files "
-                             f"({', '.join(WEIGHT_EXTS)}) in it")
-        # several files: sharded DiT weights, read as a folder by load_dit
-    saved = read_sources(path)
-    for key, given in (("vae", vae), ("text_encoder", text_encoder)):
-        recorded = saved.get(key)
-        if given is None and recorded is not None and not recorded.startswith("preset:") \
-                and not Path(recorded).exists():
-            raise FileNotFoundError(f"--model {model}: its {SOURCES_FILE} names the {key.replace('_', ' ')} "
-                                    f"{recorded}, which does not exist here; pass --{key.replace('_', '-')}")
-    vae = vae or saved.get("vae")
-    text_encoder = text_encoder or saved.get("text_encoder")
-    if vae is None:
-        candidates = [path / "vae"] if (path / "vae").is_dir() else [f for f in _weight_files(path) if _is_vae_file(f)]
-        if len(candidates) != 1:
-            raise ValueError(f"--model {model}: cannot tell which VAE to use (found "
-                             f"{[c.name for c in candidates] or 'no vae/ folder and no *vae* file'}); pass --vae")
-        vae = str(candidates[0])
-    if text_encoder is None:
-        if not (path / "text_encoder").is_dir():
-            raise ValueError(f"--model {model}: no text_encoder/ folder in it; pass --text-encoder")
-        text_encoder = str(path)
-    return dit, vae, text_encoder
-
-
-def image_encoder_for(model: str, dit_config, given: str | None) -> str | None:
-    """The CLIP image encoder source of a DiT with the image branch (None without one): --image-encoder,
-    else the model folder's image_encoder/, else a preset's own (the tiny presets' random one)."""
-    if dit_config.image_dim is None:
-        if given is not None:
-            raise ValueError(f"--image-encoder {given}: --model {model} has no CLIP image branch")
-        return None
-    if given is not None:
-        return given
-    if model.startswith("preset:"):
-        return model
-    if Path(model).is_dir() and (Path(model) / "image_encoder").is_dir():
-        return model
-    raise ValueError(f"--model {model} has the CLIP image branch (Wan 2.1 I2V / FLF2V) and no image_encoder/ "
-                     "folder: pass --image-encoder (clip_vision_h.safetensors, Wan's models_clip_*.pth, or a "
-                     "folder with image_encoder/ + image_processor/)")
-
-
-
 def check_lora_slot(path: str, expert: str, flag: str) -> None:
     """A LoRA given for `expert` that says (metadata `expert`, else the `_high_noise` / `_low_noise` name
     ai-toolkit and our trainer write) it belongs to the other expert: ValueError naming the file."""
-    from video_dit.diffusion.experts import EXPERTS
-    from video_dit.lora import read_lora
-
     _, _, _, meta = read_lora(path)
     said = meta.get("expert") or next((e for e in EXPERTS if Path(path).name.endswith(f"_{e}.safetensors")), None)
     if said is not None and said != expert:
@@ -221,78 +154,44 @@ def check_lora_slot(path: str, expert: str, flag: str) -> None:
                          "files swapped?)")
 
 
-def load_experts(model: str, preset, boundary: float | None, dtype, device, offload: bool):
-    """`TwoExperts` of a two-expert model (a folder holding both, or `preset:NAME` of a two-expert preset),
-    or None for one model. Offloaded experts are loaded onto the CPU (moved in for their steps)."""
-    from video_dit.diffusion.experts import EXPERTS, TwoExperts, check_boundary
-    from video_dit.models.loading import expert_seed, expert_sources, folder_boundary, load_dit
-
-    if model.startswith("preset:"):
-        if preset is None or not preset.two_experts:
-            return None
-        sources = {e: (model, expert_seed(0, e)) for e in EXPERTS}
-    else:
-        found = expert_sources(model)
-        if found is None:
-            return None
-        sources = {e: (found[e], 0) for e in EXPERTS}
-    if boundary is None:
-        boundary = folder_boundary(model) or (preset.boundary_ratio if preset is not None and preset.two_experts
-                                               else None)
-    if boundary is None:
-        raise ValueError(f"--model {model} holds two experts but no boundary is known (no model_index.json "
-                         "boundary_ratio, no two-expert --preset): pass --boundary-ratio or --preset")
-    check_boundary(boundary, "--boundary-ratio")
-    where = "cpu" if offload else device
-    experts = [load_dit(src, dtype=dtype, device=where, seed=seed).eval() for src, seed in sources.values()]
-    return TwoExperts(*experts, boundary, offload=EXPERTS if offload else (), device=device if offload else None)
+def spec_of_args(args: argparse.Namespace) -> ModelSpec:
+    """The model the command line names (`video_dit.spec`): the preset is optional here (the DiT's
+    config comes from its weights; the preset only brings sampling defaults)."""
+    return check_sources(resolve(Request(args.model, preset=args.preset, vae=args.vae, text_encoder=args.text_encoder,
+                                         tokenizer=args.tokenizer, image_encoder=args.image_encoder,
+                                         boundary=args.boundary_ratio, preset_required=False), CLI_KEYS))
 
 
-def main(args: argparse.Namespace) -> int:
-    import torch
+def load_models(spec: ModelSpec, args, dtype, device):
+    """The DiT (+ LoRA), or both experts (`TwoExperts`, + each one's LoRA; offloaded experts on the
+    CPU, moved in for their steps)."""
+    if spec.experts is None:
+        dit = load_dit(spec.dit, dtype=dtype, device=device).eval()
+        if args.lora:
+            load_lora(args.lora, dit)
+            cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
+        return dit
+    where = "cpu" if args.offload_inactive_expert else device
+    high, low = (load_dit(src, dtype=dtype, device=where, seed=seed).eval()
+                 for src, seed in (spec.experts.sources[e] for e in EXPERTS))
+    for path, expert in ((args.lora, high), (args.lora_2, low)):
+        if path:
+            load_lora(path, expert)
+            cast_dit(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
+    offload = args.offload_inactive_expert
+    return TwoExperts(high, low, spec.experts.boundary, offload=EXPERTS if offload else (),
+                      device=device if offload else None)
 
-    from video_dit.diffusion.experts import HIGH, LOW
-    from video_dit.diffusion.sampling_settings import SchedulerConfig, read_scheduler_config, resolve_sampling
-    from video_dit.lora import load_lora
-    from video_dit.media import load_image, write_video
-    from video_dit.models.dit import cast_dit
-    from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, open_dit
-    from video_dit.models.presets import get_preset
-    from video_dit.pipeline import VideoPipeline, image_features
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from video_dit.models.loading import SOURCES_FILE, read_sources
-
-    saved = {} if args.model.startswith("preset:") else read_sources(args.model) if Path(args.model).is_dir() else {}
-    preset_name = args.preset or (args.model[len("preset:"):] if args.model.startswith("preset:")
-                                  else saved.get("preset"))
-    preset = get_preset(preset_name) if preset_name else None
-    dit_src, vae_src, te_src = resolve_sources(args.model, args.vae, args.text_encoder)
-    # a full fine-tune export: what its first preview used, for every flag the command leaves out
-    shown = saved.get("sampling") or {}
-    size = {k: getattr(args, k) if getattr(args, k) is not None else shown.get(k, default)
-            for k, default in (("frames", 17), ("height", 480), ("width", 832), ("seed", 0))}
-    fps = args.fps if args.fps is not None else shown.get("fps", preset.fps if preset else 16)
-    dtype = getattr(torch, args.dtype or shown.get("dtype", "float32"))          # the previews' DiT / text encoder
-    vae_dtype = getattr(torch, args.vae_dtype or shown.get("vae_dtype", "float32"))
-    image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
-    from video_dit.models.loading import expert_sources
-
-    two = (preset is not None and preset.two_experts and args.model.startswith("preset:")) or \
-        expert_sources(args.model) is not None
-    if not two:
-        for flag, value in (("--lora-2", args.lora_2), ("--cfg-2", args.cfg_2), ("--boundary-ratio", args.boundary_ratio)):
-            if value is not None:
-                raise ValueError(f"{flag} is for a two-expert model (Wan 2.2 A14B: a folder with transformer/ + "
-                                 f"transformer_2/ or high_noise_model/ + low_noise_model/); --model {args.model} is one")
-    for path, expert, flag in ((args.lora, HIGH, "--lora"), (args.lora_2, LOW, "--lora-2")):
-        if path is not None and two:
-            check_lora_slot(path, expert, flag)  # before any model loads
-    # the command's values, else the folder's scheduler config (solver, shift), else the preset's
+def sampling_of(spec: ModelSpec, args, two: bool):
+    """The settings of this render: the command's values, else what an export's previews used (its
+    `video_dit_sources.json`), else the model folder's scheduler config (solver, shift), else the
+    preset's defaults."""
     given = {name: (value, flag) for name, value, flag in [
         ("solver", args.solver, "--solver"), ("steps", args.steps, "--steps"), ("shift", args.shift, "--shift"),
         ("guidance", args.cfg, "--cfg"), ("guidance_2", args.cfg_2, "--cfg-2"),
         ("negative", args.negative, "--negative")] if value is not None}
+    shown = spec.recorded.get("sampling") or {}
     if shown:  # ranks after the command, before the folder's scheduler config and the preset
         where = f"{SOURCES_FILE} (the previews')"
         given = {**{k: (shown[k], where) for k in ("steps", "guidance", "guidance_2", "negative")
@@ -300,46 +199,62 @@ def main(args: argparse.Namespace) -> int:
         scheduler = SchedulerConfig(shown["solver"], shown["shift"], shown.get("grid", "wan"), Path(where))
     else:
         scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
-    settings = resolve_sampling(preset, scheduler, given, two_experts=two)
-    print(settings.describe(), flush=True)
-    last = load_image(args.last_image) if args.last_image else None
+    return resolve_sampling(spec.preset, scheduler, given, two_experts=two)
+
+
+def check_args(spec: ModelSpec, args, image, last) -> None:
+    """What the command asks that this model cannot do, before any model loads."""
+    two = spec.experts is not None
+    if not two:
+        for flag, value in (("--lora-2", args.lora_2), ("--cfg-2", args.cfg_2), ("--boundary-ratio", args.boundary_ratio)):
+            if value is not None:
+                raise ValueError(f"{flag} is for a two-expert model (Wan 2.2 A14B: a folder with transformer/ + "
+                                 f"transformer_2/ or high_noise_model/ + low_noise_model/); --model {args.model} is one")
+    for path, expert, flag in ((args.lora, HIGH, "--lora"), (args.lora_2, LOW, "--lora-2")):
+        if path is not None and two:
+            check_lora_slot(path, expert, flag)
     if last is not None and image is None:
         raise ValueError("--last-image needs --image (the first frame)")
-    dit_config = get_preset(dit_src[len("preset:"):]).dit if dit_src.startswith("preset:") else open_dit(dit_src)[1]
-    # checked before any model loads; an export names the CLIP image encoder it was trained with
-    clip_src = image_encoder_for(args.model, dit_config, args.image_encoder or saved.get("image_encoder"))
-    if dit_config.image_dim is not None and dit_config.num_images == 2 and last is None:
+    if spec.last_frame and last is None:
         raise ValueError(f"--model {args.model} is first-last-frame (Wan 2.1 FLF2V): pass --last-image LAST_FRAME")
+    if spec.i2v_mode == "concat" and image is None:
+        raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {spec.dit_config.in_dim}): "
+                         "pass --image FIRST_FRAME")
+
+
+def main(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    spec = spec_of_args(args)
+    # an export's previews: what they used, for every flag the command leaves out
+    shown = spec.recorded.get("sampling") or {}
+    size = {k: getattr(args, k) if getattr(args, k) is not None else shown.get(k, default)
+            for k, default in (("frames", 17), ("height", 480), ("width", 832), ("seed", 0))}
+    fps = args.fps if args.fps is not None else shown.get("fps", spec.preset.fps if spec.preset else 16)
+    dtype = getattr(torch, args.dtype or shown.get("dtype", "float32"))          # the previews' DiT / text encoder
+    vae_dtype = getattr(torch, args.vae_dtype or shown.get("vae_dtype", "float32"))
+    image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
+    last = load_image(args.last_image) if args.last_image else None
+    check_args(spec, args, image, last)
+    two = spec.experts is not None
+    settings = sampling_of(spec, args, two)
+    print(settings.describe(), flush=True)
 
     # 1. prompts -> embeds, then the text encoder is freed
-    te = load_text_encoder(te_src, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
-                           tokenizer=args.tokenizer)
+    te = load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
+                           tokenizer=spec.tokenizer)
     guided = settings.guided
     embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
     # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
     image_embeds = None
-    if clip_src is not None and image is not None:
-        clip = load_image_encoder(clip_src, dtype=dtype, device=device, quantize=args.quantize_image_encoder)
+    if spec.image_encoder is not None and image is not None:
+        clip = load_image_encoder(spec.image_encoder, dtype=dtype, device=device, quantize=args.quantize_image_encoder)
         image_embeds = image_features(clip, image, last)
         del clip
     # 2. the DiT (+ LoRA) or both experts (+ each one's LoRA), and the VAE
-    dit = load_experts(args.model, preset, args.boundary_ratio, dtype, device, args.offload_inactive_expert)
-    if dit is None:
-        dit = load_dit(dit_src, dtype=dtype, device=device).eval()
-        if args.lora:
-            load_lora(args.lora, dit)
-            cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
-    else:
-        for path, expert in ((args.lora, dit.high), (args.lora_2, dit.low)):
-            if path:
-                load_lora(path, expert)
-                cast_dit(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
-    vae = load_vae(vae_src, dtype=vae_dtype, device=device).eval()
+    dit = load_models(spec, args, dtype, device)
+    vae = load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
-    if pipe.i2v_mode == "concat" and image is None:
-        raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {pipe.dit_config.in_dim}): "
-                         "pass --image FIRST_FRAME")
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(size["seed"])
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=size["frames"],

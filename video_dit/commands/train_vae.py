@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from video_dit.media import MediaError
+from video_dit.train.vae_stage import train_tiny_vae
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, metavar="DIR", help="folder of training videos, read flat as a dataset (any sizes)")
@@ -51,9 +54,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from video_dit.media import MediaError
-    from video_dit.train.vae_stage import train_tiny_vae
-
     if not str(args.out).endswith(".safetensors"):
         print(f"video-dit train-vae: --out {args.out!r} must end in .safetensors")
         return 2

@@ -10,8 +10,15 @@ sizes, `sampler.py` the resumable distributed sampler, `cache.py` the caches, `d
 
 from video_dit.data.buckets import bucket_size
 from video_dit.data.cache import CachedDataset, CacheReport, build_cache, collate
-from video_dit.data.dataset import (DataError, DataItem, DatasetConfig, DataWarning, ScanResult, scan_dataset,
-                                    scan_datasets)
+from video_dit.data.dataset import (
+                                    DataError,
+                                    DataItem,
+                                    DatasetConfig,
+                                    DataWarning,
+                                    ScanResult,
+                                    scan_dataset,
+                                    scan_datasets,
+)
 from video_dit.data.frames import select_frames, snap_num_frames
 from video_dit.data.sampler import BucketBatchSampler
 

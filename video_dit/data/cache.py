@@ -40,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from video_dit import media
 from video_dit.data.dataset import DataError, DataItem, DataWarning, ScanResult
 from video_dit.data.frames import load_item_pixels
+from video_dit.models.layouts import preset_name
 
 LATENT_DIR = "_latent_cache"
 TEXT_DIR = "_text_cache"
@@ -63,7 +64,7 @@ def source_identity(source: str | os.PathLike, subfolder: str | None = None) -> 
     file under it (relative path, size, mtime). A path that does not exist is named as given."""
     src = str(source)
     path = Path(src)
-    if src.startswith("preset:") or not path.exists():
+    if preset_name(src) is not None or not path.exists():
         return src
     if path.is_dir():
         if subfolder is not None and (path / subfolder).is_dir():

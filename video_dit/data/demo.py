@@ -19,12 +19,14 @@ through `media.write_video`, whose libx264 settings are single-threaded and fixe
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from video_dit import media
+from video_dit.media import MediaError, read_video_frames
 
 SHAPES = ("square", "circle", "triangle")
 COLORS = {"red": (230, 40, 40), "green": (40, 210, 60), "blue": (50, 100, 255), "yellow": (240, 220, 40),
@@ -232,3 +234,38 @@ def format_check(result: dict) -> str:
             f"rgb {tuple(round(v) for v in result['mean_rgb'])}, {moved} (need >= {result['needed_px']:g}), "
             f"area {result['area_min']}-{result['area_max']} px (first frame {result['area_first']})"
             + (f"  [failed: {', '.join(result['failed'])}]" if result["failed"] else ""))
+
+
+# ---------------------------------------------------------------- the previews of a demo run
+
+
+def preview_steps(samples: Path) -> list[int]:
+    """Steps that have a rendered preview 0 under `samples/`."""
+    return sorted(int(m.group(1)) for p in samples.glob("*_0.mp4") if (m := re.fullmatch(r"(\d{9})_0\.mp4", p.name)))
+
+
+def check_step(samples: Path, prompts: list[str], step: int) -> list[dict]:
+    """`check_clip` of every preview of `step` (a missing or unreadable MP4 fails as `unreadable`)."""
+    results = []
+    for i, prompt in enumerate(prompts):
+        path = samples / f"{step:09d}_{i}.mp4"
+        try:
+            frames = read_video_frames(path)
+        except MediaError as exc:
+            results.append({"caption": prompt, "ok": False, "failed": ["unreadable"], "error": str(exc)})
+            continue
+        results.append(check_clip(frames, prompt))
+    return results
+
+
+def report(samples: Path, prompts: list[str], steps: list[int]) -> tuple[str, dict[int, list[dict]]]:
+    """(printable report, {step: results})."""
+    lines = [f"demo check ({samples}): shape, colour and >= 1/4 frame width of motion in the caption's "
+             "direction, from the decoded MP4s (video_dit/data/demo.py check_clip)"]
+    out = {}
+    for step in steps:
+        results = check_step(samples, prompts, step)
+        out[step] = results
+        lines.append(f"step {step}: {sum(r['ok'] for r in results)}/{len(results)} previews pass")
+        lines += [f"  {format_check(r)}" if "error" not in r else f"  FAIL {r['error']}" for r in results]
+    return "\n".join(lines), out

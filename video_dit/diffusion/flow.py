@@ -22,6 +22,8 @@ from typing import Literal
 import numpy as np
 import torch
 
+from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
+
 NUM_TRAIN_TIMESTEPS = 1000.0
 
 TimestepKind = Literal["uniform", "logit_normal", "shift", "sigmoid", "weighted", "bell", "linear"]
@@ -158,8 +160,6 @@ def aitk_weight(t: torch.Tensor) -> torch.Tensor:
     measured table at the timestep's index i (t = 1000 - i) as is; see `aitk_weights.py` for the source.
     A timestep off the grid takes its nearest grid point's weight (t < 1 takes t = 1's).
     """
-    from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
-
     table = torch.tensor(AITK_WEIGHTS, dtype=torch.float32, device=t.device)
     index = (NUM_TRAIN_TIMESTEPS - t.double()).round().clamp(0, len(AITK_WEIGHTS) - 1).long()
     return table[index]

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from video_dit.diffusion.conditioning import FirstFrameConditioning
 from video_dit.diffusion.experts import HIGH, LOW, TwoExperts
@@ -152,8 +153,6 @@ def flow_sample(dit: nn.Module, noise: torch.Tensor, context: Sequence[torch.Ten
     unipc = UniPC(sigmas.tolist()) if schedule.solver == "unipc" else None
     steps = range(schedule.steps)
     if progress:
-        from tqdm.auto import tqdm
-
         steps = tqdm(steps, desc="sampling", unit="step")
 
     for i in steps:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from video_dit.diffusion.flow import SOLVERS
+from video_dit.models.layouts import preset_name
 from video_dit.models.presets import WAN21_FLF2V_NEGATIVE_PROMPT, WAN21_I2V_NEGATIVE_PROMPT, WAN_NEGATIVE_PROMPT
 
 FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "guidance_2", "negative")
@@ -76,7 +77,7 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
     """`<model>/scheduler/scheduler_config.json` as a `SchedulerConfig`; None when `model` is not a
     folder holding one. A scheduler we cannot sample exactly is a `ValueError` naming the file, the key,
     its value and what is accepted (pass the solver and shift explicitly to sample without it)."""
-    if model is None or str(model).startswith("preset:"):
+    if model is None or preset_name(model) is not None:
         return None
     path = Path(model) / SCHEDULER_CONFIG
     if not path.is_file():

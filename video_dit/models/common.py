@@ -7,6 +7,8 @@ integer / float8 weights) reports the dtype of its non-quantized parameters, the
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -27,10 +29,20 @@ def build_transformers_model(cls, hf_config, seed: int | None = 0, device=None) 
     if device is not None and torch.device(device).type == "meta":
         with torch.device("meta"):
             return cls(hf_config).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0 if seed is None else seed)
+    with seeded_cpu_rng(0 if seed is None else seed):
         model = cls(hf_config)
     return model.to(device).eval() if device is not None else model.eval()
+
+
+@contextmanager
+def seeded_cpu_rng(seed: int):
+    """Inside the block, modules are built on the CPU with torch's CPU generator seeded with `seed`
+    (an enclosing device context does not apply); afterwards the generator's state is as before.
+    No CUDA generator is read or reseeded: the same seed gives the same weights whatever the device
+    the result is moved to, and the caller's random streams are untouched."""
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.default_generator.manual_seed(seed)
+        yield
 
 
 class EncoderWrapper(nn.Module):

@@ -7,7 +7,9 @@ import re
 
 import torch
 
-# ---------------------------------------------------------------- DiT (issue 2)
+from video_dit.models.vae import VAEConfig
+
+# ---------------------------------------------------------------- DiT
 
 # (native, diffusers) module or parameter names; `#` is a block index. Native names are the
 # original Wan checkpoint names; a key's tail (`.weight`, `.bias`) is carried over unchanged.
@@ -90,7 +92,7 @@ def dit_key_layout(sd: dict[str, torch.Tensor]) -> str:
     raise ValueError(f"not a Wan DiT state dict (neither original Wan nor diffusers key names); first keys: {sample}")
 
 
-# ---------------------------------------------------------------- VAE (issue 3)
+# ---------------------------------------------------------------- VAE
 
 # Names inside one residual block, (native, diffusers).
 _VAE_RES = (("residual.0.", "norm1."), ("residual.2.", "conv1."), ("residual.3.", "norm2."),
@@ -220,8 +222,6 @@ def vae_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def vae_config_from_diffusers(cfg: dict):
     """A diffusers `AutoencoderKLWan` config.json dict -> `VAEConfig`; unknown keys are errors."""
-    from video_dit.models.vae import VAEConfig
-
     known = {"base_dim", "decoder_base_dim", "z_dim", "dim_mult", "num_res_blocks", "attn_scales",
              "temperal_downsample", "dropout", "latents_mean", "latents_std", "is_residual", "in_channels",
              "out_channels", "patch_size", "scale_factor_temporal", "scale_factor_spatial"}
@@ -254,7 +254,7 @@ def vae_config_to_diffusers(config) -> dict:
                 scale_factor_temporal=config.temporal_compression, scale_factor_spatial=config.spatial_compression)
 
 
-# ---------------------------------------------------------------- CLIP image encoder (issue 14)
+# ---------------------------------------------------------------- CLIP image encoder
 
 # Wan's ViT (wan/modules/clip.py `VisionTransformer`, keys under `visual.` in
 # models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth) -> transformers' flat `CLIPVisionModel`.

@@ -126,7 +126,7 @@ def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: tor
     """Wan's initial value of the parameter called `name` (native names), written into `t` in place.
     Drawn in float32 on the CPU from `generator` and then copied, so every dtype and device gets the
     same numbers. A name no rule covers is an error: a new parameter needs its rule here."""
-    values = torch.empty(t.shape, dtype=torch.float32)
+    values = torch.empty(t.shape, dtype=torch.float32, device="cpu")  # the CPU whatever device context encloses it
     if name == "head.head.weight":  # output layer zeroed: a fresh model predicts 0
         values.zero_()
     elif name.endswith("modulation"):  # adaLN tables: random unit-scale per channel (added to the time projection)

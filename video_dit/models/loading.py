@@ -1,8 +1,7 @@
-"""Weights in: `load_dit`, `load_vae`, `load_text_encoder` from presets, diffusers folders,
-original Wan files or single safetensors files. Kept apart from the network math.
-
-Only safetensors and `torch.load(weights_only=True)` pickles are ever read: a `.pth` holding
-anything but tensors is refused, never unpickled.
+"""The model components in, one loader each: `load_dit`, `load_vae`, `load_text_encoder`,
+`load_image_encoder`, from a preset's seeded random init, diffusers folders, original Wan files or
+single safetensors files (ComfyUI's among them). Kept apart from the network math; the tensor files
+are read through `weights.py`, the folder conventions are `layouts.py`'s.
 """
 
 from __future__ import annotations
@@ -10,304 +9,41 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from video_dit.models.common import seeded_cpu_rng
+from video_dit.models.convert import (
+    clip_vision_from_transformers,
+    clip_vision_from_wan,
+    clip_vision_key_layout,
+    dit_from_diffusers,
+    dit_key_layout,
+    strip_dit_prefix,
+    vae_config_from_diffusers,
+    vae_from_diffusers,
+    vae_key_layout,
+)
+from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit, param_dtypes
+from video_dit.models.image_encoder import (
+    CLIP_MEAN,
+    CLIP_STD,
+    ImageEncoder,
+    ImageEncoderConfig,
+    build_clip_vision,
+    clip_vision_config,
+)
+from video_dit.models.layouts import component_dir, preset_name
+from video_dit.models.presets import PRESETS, VAE_PRESETS, VIT_H_14, Preset, get_preset
+from video_dit.models.text_encoder import TextEncoder, TextEncoderConfig, build_umt5, byte_tokenizer
+from video_dit.models.vae import CausalVideoVAE, VAEConfig
+from video_dit.models.weights import WeightsError, check_state_dict, materialize, open_weights, read_state_dict
 
-class WeightsError(ValueError):
-    """A weights file or folder that does not fit the model; the message names the file and keys."""
-
-
-# Written beside full fine-tune weights (our trainer's exports, the ai-toolkit arch's save_model):
-# {"preset", "vae", "text_encoder"[, "i2v_mode", "sampling"]}, so that the folder loads and samples alone.
-SOURCES_FILE = "video_dit_sources.json"
-
-
-def read_sources(folder: str | os.PathLike) -> dict:
-    """What `SOURCES_FILE` in `folder` records, or {} (no such file, or `folder` is not a folder)."""
-    path = Path(folder) / SOURCES_FILE
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise WeightsError(f"{path}: not a readable sources file ({exc})") from exc
-    if not isinstance(data, dict):
-        raise WeightsError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def write_sources(folder: str | os.PathLike, sources: dict) -> Path:
-    path = Path(folder) / SOURCES_FILE
-    path.write_text(json.dumps(sources, indent=2) + "\n", encoding="utf-8")
-    return path
-
-
-# safetensors header dtype names -> torch dtypes
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn,
-                       "F8_E5M2": torch.float8_e5m2}
-_PTH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
-_PTH_WRAPPERS = ("state_dict", "model", "module")  # common wrappers around a .pth's tensors
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    """Where one tensor of a weights source lives, and what it is, known without reading it."""
-
-    file: Path
-    key: str  # the name stored in the file
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-class LazyWeights:
-    """The tensors of a weights file or folder by name, read only when asked for.
-
-    Names, shapes and dtypes come from the safetensors headers, or for a `.pth` from its pickle
-    through `torch.load(weights_only=True, mmap=True)` (zip-format files, the default of
-    `torch.save` since torch 1.6: the tensors stay in the file until touched). So names can be
-    converted (`renamed`) and checked (`meta`) before any tensor is read. `read(names)` opens each
-    file involved once, copies the named tensors out and closes the file again: what this process
-    holds afterwards is the tensors it asked for (file pages the OS mapped are released on close).
-    A legacy (non-zip) `.pth` cannot be mapped: it is read whole, once, and held by this object
-    until it is dropped (`held_bytes` says how much).
-    """
-
-    def __init__(self, entries: dict[str, TensorEntry], source: str):
-        self.entries = entries
-        self.source = source
-        self._held: dict[Path, dict[str, torch.Tensor]] = {}  # legacy .pth files, read whole
-
-    def keys(self):
-        return self.entries.keys()
-
-    def __contains__(self, name) -> bool:
-        return name in self.entries
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def meta(self) -> dict[str, torch.Tensor]:
-        """Each tensor as a meta tensor (shape and dtype, no data), for checks and config inference."""
-        return {k: torch.empty(e.shape, dtype=e.dtype, device="meta") for k, e in self.entries.items()}
-
-    def nbytes(self, names=None) -> int:
-        names = self.entries if names is None else names
-        return sum(math.prod(self.entries[k].shape) * self.entries[k].dtype.itemsize for k in names)
-
-    @property
-    def held_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in self._held.values() for t in d.values())
-
-    def renamed(self, names: dict[str, str]) -> "LazyWeights":
-        """The same tensors under new names: `names` maps each new name to an existing one."""
-        out = LazyWeights({new: self.entries[old] for new, old in names.items()}, self.source)
-        out._held = self._held
-        return out
-
-    def read(self, names) -> dict[str, torch.Tensor]:
-        """The named tensors, each a tensor of its own (nothing left mapped to a file)."""
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.entries[name].file, []).append(name)
-        out = {}
-        for file, group in by_file.items():
-            if file.suffix.lower() == ".safetensors":
-                out.update(_read_safetensors(file, {n: self.entries[n].key for n in group}))
-            else:
-                tensors = self._held.get(file)
-                if tensors is None:
-                    tensors, mapped = _load_pth(file)
-                    if not mapped:
-                        self._held[file] = tensors
-                for n in group:
-                    t = tensors[self.entries[n].key]
-                    out[n] = t.clone() if file not in self._held else t
-                del tensors  # drops the mapping of a zip-format file
-        return out
-
-    def read_all(self) -> dict[str, torch.Tensor]:
-        return self.read(list(self.entries))
-
-
-def _safetensors_error(path: Path, exc: Exception) -> WeightsError:
-    return WeightsError(f"{path}: not a readable safetensors file ({exc})")
-
-
-def _read_safetensors(path: Path, keys: dict[str, str]) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {name: f.get_tensor(key) for name, key in keys.items()}
-    except (SafetensorError, OSError) as exc:
-        raise _safetensors_error(path, exc) from exc
-
-
-def _load_pth(path: Path) -> tuple[dict[str, torch.Tensor], bool]:
-    """(the tensors of a tensors-only `.pth`, whether they are mapped from the file rather than read)."""
-    import pickle
-
-    def load(mmap: bool):
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
-
-    mapped = True
-    try:
-        try:
-            obj = load(mmap=True)
-        except RuntimeError as exc:
-            if "mmap can only be used" not in str(exc):
-                raise
-            obj, mapped = load(mmap=False), False  # a legacy (non-zip) file: read whole
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise WeightsError(
-            f"{path}: refused: not a tensors-only checkpoint (loaded with weights_only=True; "
-            f"pickled objects other than tensors are never unpickled): {exc}"
-        ) from exc
-    for key in _PTH_WRAPPERS:
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise WeightsError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
-    return obj, mapped
-
-
-def _weight_files(path: Path) -> list[Path]:
-    index = sorted(path.glob("*.safetensors.index.json"))
-    if index:
-        weight_map = json.loads(index[0].read_text())["weight_map"]
-        files = sorted({path / f for f in weight_map.values()})
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightsError(f"{path}: no .safetensors files in this folder")
-    return files
-
-
-def open_weights(path: str | os.PathLike) -> LazyWeights:
-    """The tensors of one `.safetensors` / `.pth` / `.pt` / `.bin` / `.ckpt` file, or of a folder of
-    sharded safetensors with or without a `*.safetensors.index.json`, as a `LazyWeights` (headers
-    read, tensors not)."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if path.is_dir():
-        files = _weight_files(path)
-    elif not path.exists():
-        raise WeightsError(f"{path}: no such file")
-    elif path.suffix.lower() in _PTH_SUFFIXES:
-        tensors, mapped = _load_pth(path)
-        out = LazyWeights({k: TensorEntry(path, k, tuple(v.shape), v.dtype) for k, v in tensors.items()}, str(path))
-        if not mapped:
-            out._held[path] = tensors
-        return out
-    elif path.suffix.lower() == ".safetensors":
-        files = [path]
-    else:
-        raise WeightsError(f"{path}: unsupported weights file type {path.suffix.lower()!r}; "
-                           "accepted: .safetensors, .pth, .pt, .bin, .ckpt or a folder of safetensors")
-    entries: dict[str, TensorEntry] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():
-                    sl = f.get_slice(key)
-                    entries[key] = TensorEntry(file, key, tuple(sl.get_shape()), _SAFETENSORS_DTYPES[sl.get_dtype()])
-        except (SafetensorError, OSError) as exc:
-            raise _safetensors_error(file, exc) from exc
-    return LazyWeights(entries, str(path))
-
-
-def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of one `.safetensors` / `.pth` / `.pt` / `.bin` file, or of a folder of sharded
-    safetensors with or without a `*.safetensors.index.json` (all read; see `open_weights`)."""
-    return open_weights(path).read_all()
-
-
-def check_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str, limit: int = 8) -> None:
-    """Raise `WeightsError` naming `source` and the first missing / unexpected / wrong-shape keys."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
-    wrong = [f"{k}: file {tuple(sd[k].shape)} vs model {expected[k]}"
-             for k in expected if k in sd and tuple(sd[k].shape) != expected[k]]
-    if missing or unexpected or wrong:
-        parts = [f"{source}: weights do not fit {type(model).__name__}"]
-        for name, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
-            if keys:
-                more = f" (+{len(keys) - limit} more)" if len(keys) > limit else ""
-                parts.append(f"  {len(keys)} {name}: " + ", ".join(keys[:limit]) + more)
-        raise WeightsError("\n".join(parts))
-
-
-def module_groups(names) -> list[list[str]]:
-    """Tensor names grouped by top-level module (`blocks.N` counts as one), in first-seen order:
-    the unit in which weights are read, so at most one group's tensors are held beyond the model."""
-    groups: dict[str, list[str]] = {}
-    for name in names:
-        parts = name.split(".")
-        key = ".".join(parts[:2]) if parts[0] == "blocks" and len(parts) > 2 else parts[0]
-        groups.setdefault(key, []).append(name)
-    return list(groups.values())
-
-
-def stored_dtype(shapes: dict, source: str, float32_kept: bool = False) -> torch.dtype:
-    """The one dtype of a weights file's tensors (`shapes`: name -> tensor or header); a file of
-    mixed dtypes is refused, naming them (the caller then needs an explicit dtype). `float32_kept`:
-    float32 beside one lower dtype is that dtype (a bf16 / fp16 DiT with its float32 islands, as our
-    full export writes it; the caller checks each tensor against its `param_dtypes`)."""
-    dtypes = {v.dtype for v in shapes.values()}
-    low = dtypes - {torch.float32}
-    if len(dtypes) > 1 and not (float32_kept and len(low) == 1):
-        raise WeightsError(f"{source}: tensors of several dtypes {sorted(map(str, dtypes))}; pass dtype=")
-    return low.pop() if len(dtypes) > 1 else dtypes.pop()
-
-
-def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None) -> nn.Module:
-    """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
-    copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes,
-    except one stored as `storage` would store it (a bf16 / fp16 DiT with its float32 islands, as
-    our full export writes it).
-    `sd` is a dict of tensors or a `LazyWeights`, read one module group at a time.
-    `storage(model, dtype) -> {name: dtype}`: per-parameter dtypes instead (the DiT's `param_dtypes`,
-    which keeps its float32 islands float32: each tensor goes from the file to its dtype directly)."""
-    lazy = sd if isinstance(sd, LazyWeights) else None
-    shapes = lazy.meta() if lazy is not None else sd
-    mixed = False
-    if dtype is None:
-        mixed = len({v.dtype for v in shapes.values()}) > 1
-        dtype = stored_dtype(shapes, source, float32_kept=storage is not None)
-        storage = storage if mixed else None
-    with torch.device("meta"):
-        model = cls(config)
-    check_state_dict(model, shapes, source)
-    per_name = storage(model, dtype) if storage is not None else {}
-    if mixed and any(v.dtype != per_name.get(k, dtype) for k, v in shapes.items()):
-        found = sorted({str(v.dtype) for v in shapes.values()})
-        raise WeightsError(f"{source}: tensors of several dtypes {found}; pass dtype= (a {dtype} file may keep "
-                           "only a DiT's float32 islands in float32)")
-    groups = module_groups(shapes) if lazy is not None else [list(sd)]
-    for group in groups:
-        tensors = lazy.read(group) if lazy is not None else {k: sd[k] for k in group}
-        model.load_state_dict({k: v.to(device=device, dtype=per_name.get(k, dtype)) for k, v in tensors.items()},
-                              strict=False, assign=True)
-    return model
-
-
-def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model.", "diffusion_model.")):
-    """Drop a ComfyUI-style prefix when every key carries it."""
-    for prefix in prefixes:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
-
-
-# ---------------------------------------------------------------- DiT (issue 2)
+# ---------------------------------------------------------------- DiT
 
 WAN_HEAD_DIM = 128  # every released Wan 2.x DiT uses 128-channel heads
 CLIP_TOKENS = 257  # Wan 2.1 I2V / FLF2V: ViT-H/14 tokens per image (not stored in the weights)
@@ -333,11 +69,6 @@ def infer_dit_config(sd: dict[str, torch.Tensor]):
     """A `DiTConfig` from native-keyed DiT weights' shapes. Shapes do not carry num_heads, text_len
     and an I2V model's image token count: they come from the preset of the same widths when one
     matches, else Wan's convention (head dim 128, text_len 512, 257 image tokens)."""
-    from video_dit.models.dit import DiTConfig
-    from video_dit.models.presets import PRESETS
-
-    import math
-    import re
 
     try:
         patch = sd["patch_embedding.weight"]
@@ -371,9 +102,6 @@ def infer_dit_config(sd: dict[str, torch.Tensor]):
 def _dit_config_from_json(path: Path, shapes: dict[str, tuple]):
     """DiTConfig from a diffusers config.json, our native one (`DiTConfig` fields), or an original Wan
     one (WanModel names), whose image-branch fields come from the weights' `shapes` (`image_branch_of`)."""
-    from dataclasses import replace
-
-    from video_dit.models.dit import DiTConfig
 
     d = json.loads(path.read_text())
     if d.get("_class_name") == "WanTransformer3DModel" or "num_attention_heads" in d:
@@ -406,60 +134,11 @@ def _dit_config_from_json(path: Path, shapes: dict[str, tuple]):
     return config
 
 
-# Where a two-expert model folder (Wan 2.2 A14B) keeps each expert's weights: diffusers' layout
-# (Wan-AI/Wan2.2-*-A14B-Diffusers: `transformer` runs t >= boundary, `transformer_2` the rest) and Wan's own
-# (wan/configs/wan_*_A14B.py `high_noise_checkpoint` / `low_noise_checkpoint`).
-EXPERT_FOLDERS: dict[str, dict[str, str]] = {
-    "diffusers": {"high_noise": "transformer", "low_noise": "transformer_2"},
-    "wan": {"high_noise": "high_noise_model", "low_noise": "low_noise_model"},
-}
-
-
-def expert_sources(source: str | os.PathLike) -> dict[str, str] | None:
-    """{"high_noise": folder, "low_noise": folder} of a two-expert model folder (either layout of
-    `EXPERT_FOLDERS`), None for anything else (a one-DiT folder or file, `preset:NAME`). A folder with
-    one expert's subfolder of a pair but not the other (`transformer_2/` alone, `high_noise_model/`
-    alone) is a `WeightsError` naming the missing one; `transformer/` alone is a one-DiT folder."""
-    path = Path(source)
-    if str(source).startswith("preset:") or not path.is_dir():
-        return None
-    for layout, names in EXPERT_FOLDERS.items():
-        present = {e: (path / sub).is_dir() for e, sub in names.items()}
-        if all(present.values()):
-            return {e: str(path / sub) for e, sub in names.items()}
-        if any(present.values()) and not (layout == "diffusers" and present == {"high_noise": True, "low_noise": False}):
-            missing = next(sub for e, sub in names.items() if not present[e])
-            have = next(sub for e, sub in names.items() if present[e])
-            raise WeightsError(f"{path}: has {have}/ but no {missing}/; a two-expert folder holds both "
-                               f"({' + '.join(names.values())}/), a one-DiT folder transformer/ alone")
-    return None
-
-
-def expert_seed(seed: int, expert: str) -> int:
-    """The random-init seed of one expert of a two-expert `preset:NAME` (so the two differ): `seed` for
-    the high-noise expert, `seed + 1` for the low-noise one."""
-    return seed + ("high_noise", "low_noise").index(expert)
-
-
-def folder_boundary(source: str | os.PathLike) -> float | None:
-    """The `boundary_ratio` a diffusers two-expert folder's model_index.json records (as diffusers'
-    `WanPipeline` reads it), else None."""
-    index = Path(source) / "model_index.json"
-    if str(source).startswith("preset:") or not index.is_file():
-        return None
-    try:
-        value = json.loads(index.read_text()).get("boundary_ratio")
-    except (OSError, json.JSONDecodeError) as exc:
-        raise WeightsError(f"{index}: not a readable JSON file ({exc})") from exc
-    return None if value is None else float(value)
-
-
 def open_dit(source: str | os.PathLike, config=None):
     """(weights, config, description) of a DiT checkpoint without reading a tensor: `weights` is a
     `LazyWeights` under native (original Wan) names, the key layout (original, diffusers, ComfyUI
     prefixes) converted on the names alone; `config` from `config`, else the config.json next to the
     weights, else the weights' shapes; `description` = "PATH (LAYOUT layout)" for messages."""
-    from video_dit.models.convert import dit_from_diffusers, dit_key_layout, strip_dit_prefix
 
     path = Path(source)
     if path.is_dir() and (path / "transformer").is_dir():
@@ -495,12 +174,11 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     Tensors are read one module at a time (`open_dit`, `materialize`). Under ZeRO-3 use
     `video_dit.train.build.build_dit`, which never holds the whole model on a rank.
     """
-    from video_dit.models.dit import VideoDiT, cast_dit, param_dtypes
-    from video_dit.models.presets import get_preset
 
     src = str(source)
-    if src.startswith("preset:"):
-        config = config or get_preset(src[len("preset:"):]).dit
+    name = preset_name(src)
+    if name is not None:  # built on `device`; every parameter is drawn on the CPU (`init_parameter`)
+        config = config or get_preset(name).dit
         with torch.random.fork_rng(devices=[]):
             with torch.device(device or "cpu"):
                 model = VideoDiT(config, init_seed=seed)
@@ -510,7 +188,8 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     model = materialize(VideoDiT, config, weights, description, dtype, device, storage=param_dtypes)
     return cast_dit(model, dtype) if dtype is not None else model
 
-# ---------------------------------------------------------------- VAE (issue 3)
+
+# ---------------------------------------------------------------- VAE
 
 def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
     """A `CausalVideoVAE` from
@@ -524,20 +203,15 @@ def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     the stored dtype (which must then be uniform). A mismatch raises `WeightsError` listing the
     first missing / unexpected / wrong-shape keys.
     """
-    from video_dit.models.convert import vae_config_from_diffusers, vae_from_diffusers, vae_key_layout
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE, VAEConfig
 
     src = str(source)
-    if src.startswith("preset:"):
-        name = src[len("preset:"):]
+    name = preset_name(src)
+    if name is not None:
         if config is None and name not in VAE_PRESETS:
             raise WeightsError(f"{src}: unknown VAE preset {name!r}; valid: {', '.join(VAE_PRESETS)}")
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            with torch.device(device or "cpu"):
-                model = CausalVideoVAE(config or VAE_PRESETS[name])
-        return model.to(dtype=dtype) if dtype is not None else model
+        with seeded_cpu_rng(seed):  # torch's default init, drawn on the CPU: the same VAE on every device
+            model = CausalVideoVAE(config or VAE_PRESETS[name])
+        return model.to(device=device, dtype=dtype)
 
     path = Path(src)
     if path.is_dir() and (path / "vae").is_dir():
@@ -576,7 +250,7 @@ def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device
     return model
 
 
-# ---------------------------------------------------------------- text encoder (issue 4)
+# ---------------------------------------------------------------- text encoder
 
 TEXT_ENCODER_DOWNLOAD = (
     "download the umT5 text encoder and its tokenizer (no network is used here), e.g.\n"
@@ -602,16 +276,6 @@ def _quantize_frozen(model: nn.Module, quantize: str | None) -> None:
     quanto.freeze(model)
 
 
-def component_dir(path: Path, name: str, download: str, holds: str = "") -> Path:
-    """The folder of one component in a diffusers model folder (`path/name`, e.g. text_encoder/), or
-    `path` itself when it is that component's folder; it must hold config.json, else a `WeightsError`
-    naming `path`, what it should hold (`name`/config.json and `holds`) and how to get it (`download`)."""
-    folder = path / name if (path / name).is_dir() else path
-    if not (folder / "config.json").is_file():
-        raise WeightsError(f"{path}: expected a folder holding {name}/config.json{holds}; {download}")
-    return folder
-
-
 def te_quantization(model_config) -> str | None:
     """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
     `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
@@ -634,15 +298,12 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
     """
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    from video_dit.models.text_encoder import TextEncoder, build_umt5, byte_tokenizer
-
     _check_quantize(quantize)
     text_len = 512
     src = str(source)
-    if src.startswith("preset:"):
-        from video_dit.models.presets import get_preset
-
-        config = get_preset(src[len("preset:"):]).text_encoder
+    name = preset_name(src)
+    if name is not None:
+        config = get_preset(name).text_encoder
         if tokenizer is not None:
             raise ValueError(f"{src}: a preset brings its own tokenizer; tokenizer={tokenizer} applies to files only")
         if config.tokenizer != "byt5":
@@ -675,9 +336,6 @@ def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = Non
 
 def _umt5_from_file(path: Path):
     """A `UMT5EncoderModel` from one HF-named safetensors file, its config inferred from the shapes."""
-    import re
-
-    from video_dit.models.text_encoder import TextEncoderConfig, build_umt5
 
     sd = {k: v for k, v in read_state_dict(path).items() if not k.startswith(("decoder.", "lm_head."))}
     if "shared.weight" not in sd and "encoder.embed_tokens.weight" in sd:
@@ -706,7 +364,7 @@ def _umt5_from_file(path: Path):
     return model.eval()
 
 
-# ---------------------------------------------------------------- CLIP image encoder (issue 14)
+# ---------------------------------------------------------------- CLIP image encoder
 
 IMAGE_ENCODER_DOWNLOAD = (
     "download Wan 2.1's CLIP ViT-H/14 (no network is used here), one of:\n"
@@ -719,11 +377,6 @@ IMAGE_ENCODER_DOWNLOAD = (
 def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
     """An `ImageEncoderConfig` from flat transformers CLIP vision weights. The head count is not in
     the shapes: it comes from the image-encoder preset of the same widths (ViT-H/14: 16 heads)."""
-    import math
-    import re
-
-    from video_dit.models.image_encoder import ImageEncoderConfig
-    from video_dit.models.presets import PRESETS
 
     try:
         hidden, _, patch, _ = sd["embeddings.patch_embedding.weight"].shape
@@ -760,16 +413,13 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
     A single file's config comes from its shapes. dtype None keeps the stored dtype; quantize None,
     "qfloat8" or "qint8" (optimum-quanto weights). A mismatch raises `WeightsError` naming the file.
     """
-    from video_dit.models.convert import clip_vision_from_transformers, clip_vision_from_wan, clip_vision_key_layout
-    from video_dit.models.image_encoder import CLIP_MEAN, CLIP_STD, ImageEncoder, build_clip_vision, clip_vision_config
 
     _check_quantize(quantize)
     src = str(source)
     mean, std = CLIP_MEAN, CLIP_STD
-    if src.startswith("preset:"):
-        from video_dit.models.presets import VIT_H_14, get_preset
-
-        config = get_preset(src[len("preset:"):]).image_encoder
+    name = preset_name(src)
+    if name is not None:
+        config = get_preset(name).image_encoder
         if config is None:
             raise WeightsError(f"{src}: this preset has no CLIP image encoder (its DiT has no image branch)")
         if config == VIT_H_14:
@@ -817,15 +467,11 @@ def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = No
 def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
     """(feature width, tokens per image) of an image-encoder source, read from its config.json or the
     tensor headers only (no weights are loaded): for checks before any rank starts."""
-    import math
-
-    from video_dit.models.convert import clip_vision_from_transformers, clip_vision_from_wan, clip_vision_key_layout
 
     src = str(source)
-    if src.startswith("preset:"):
-        from video_dit.models.presets import get_preset
-
-        config = get_preset(src[len("preset:"):]).image_encoder
+    name = preset_name(src)
+    if name is not None:
+        config = get_preset(name).image_encoder
         if config is None:
             raise WeightsError(f"{src}: this preset has no CLIP image encoder")
         return config.hidden_size, config.tokens
@@ -850,3 +496,20 @@ def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
         raise WeightsError(f"{path}: not a CLIP vision model: key {exc} missing") from exc
     side = math.isqrt(positions - 1)
     return int(width), side * side + 1
+
+
+def check_matches_preset(dit, preset: Preset, source: str) -> None:
+    """`WeightsError` naming `source` and the first mismatching keys when `dit` (a model or a
+    {name: tensor} mapping, meta tensors and ZeRO-3 parameters included) is not shaped like
+    `preset`'s DiT (weights of another preset would otherwise meet the wrong VAE / text encoder)."""
+    shapes = dit if isinstance(dit, dict) else {n: _FullShape(p) for n, p in dit.state_dict(keep_vars=True).items()}
+    with torch.device("meta"):
+        expected = VideoDiT(preset.dit)
+    check_state_dict(expected, shapes, f"{source} (model.preset: {preset.name})")
+
+
+class _FullShape:
+    """A parameter's whole shape, also of a ZeRO-3 parameter (whose `.shape` is empty; `ds_shape` holds it)."""
+
+    def __init__(self, p: torch.Tensor):
+        self.shape = tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from video_dit.models.common import EncoderWrapper, build_transformers_model
+from video_dit.typed_config import ConfigError
 
 
 @dataclass
@@ -43,8 +44,6 @@ class TextEncoderConfig:
 
     def validate(self, path: str = "text_encoder") -> None:
         """Raise `ConfigError` naming the first bad field (called by `typed_config.parse`)."""
-        from video_dit.typed_config import ConfigError
-
         for name in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "d_kv",
                      "relative_attention_num_buckets", "text_len"):
             if getattr(self, name) < 1:

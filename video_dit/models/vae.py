@@ -35,8 +35,16 @@ import torch
 from torch import nn
 
 from video_dit.models.vae_layers import (
-    AttentionBlock, CausalCache, CausalConv3d, Down_ResidualBlock, Resample, ResidualBlock, RMS_norm,
-    Up_ResidualBlock, _inplace)
+    AttentionBlock,
+    CausalCache,
+    CausalConv3d,
+    Down_ResidualBlock,
+    Resample,
+    ResidualBlock,
+    RMS_norm,
+    Up_ResidualBlock,
+    _inplace,
+)
 
 # ---------------------------------------------------------------- configuration
 

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # ---------------------------------------------------------------- the chunk cache
 
 

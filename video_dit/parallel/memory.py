@@ -9,6 +9,8 @@ CUDA: the caching allocator's peak counter. CPU: torch keeps no allocator statis
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import weakref
 
 import torch
@@ -54,12 +56,20 @@ class CPUAllocationTracker(TorchDispatchMode):
         return out
 
 
+def cuda_peak(fn, device="cuda") -> tuple[object, int]:
+    """(fn(), CUDA allocator peak bytes during `fn()` above the bytes allocated at its start)."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = fn()
+    torch.cuda.synchronize(device)
+    return out, torch.cuda.max_memory_allocated(device) - base
+
+
 def activation_peak(fn, device: torch.device | str | None = None):
     """(fn()'s result, peak extra bytes allocated while it ran on `device` (CPU by default))."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
-        from video_dit.bench.common import cuda_peak
-
         return cuda_peak(fn, device)
     if device.type != "cpu":
         raise ValueError(f"activation_peak measures cuda or cpu devices, got {device}")
@@ -153,9 +163,6 @@ def release_freed_memory() -> None:
     The same holds for ZeRO-3's per-block gathers on CPU ranks (`release_heap_per_block`)."""
     global _malloc_trim
     if _malloc_trim is None:
-        import ctypes
-        import ctypes.util
-
         try:
             _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
         except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim this way

@@ -23,12 +23,14 @@ conversion command, and a converted folder (it holds `zero/`) is loaded with `lo
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from video_dit.diffusion.experts import EXPERTS
+from video_dit.parallel.zero import sharded_checkpoint
 
 TAG_RE = re.compile(r"^step_(\d{9})$")
 LATEST = "latest"
@@ -147,8 +152,6 @@ def _parts(engine) -> list[tuple[str | None, object]]:
 
 def expert_parts(path: Path) -> list[str]:
     """The expert subfolders of a checkpoint folder (empty for a one-model checkpoint)."""
-    from video_dit.diffusion.experts import EXPERTS
-
     return [e for e in EXPERTS if (path / e).is_dir()]
 
 
@@ -197,7 +200,8 @@ def plan_resume(resume: str, ckpt_dir: Path, world_size: int, zero_stage: int,
     if not universal:
         if not meta:
             raise ResumeError(f"{path}: no {META}; not a complete video_dit checkpoint")
-        if meta["zero_stage"] > 0 and (meta["world_size"] != world_size or meta["zero_stage"] != zero_stage):
+        if sharded_checkpoint(meta["zero_stage"]) and (meta["world_size"] != world_size
+                                                        or meta["zero_stage"] != zero_stage):
             out = f"{path}_universal"
             if convert is not None:
                 converted = convert(path, Path(out))
@@ -218,9 +222,6 @@ def to_universal(path: Path, out: Path) -> Path:
     for a finished one (the `.tmp` folder is removed on the next start); `meta.json` is copied beside
     the result. Reused when `out` exists. Offline equivalent (same result):
         python -m deepspeed.checkpoint.ds_to_universal --input_folder PATH --output_folder PATH_universal"""
-    import argparse
-    import sys
-
     if dist.get_rank() == 0 and not (out / "zero").is_dir():
         from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 

@@ -26,9 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 
 from video_dit.data import DatasetConfig
+from video_dit.models.layouts import preset_name
+from video_dit.models.presets import PRESETS, get_preset
+from video_dit.parallel.zero import partitioned, shards_optimizer
+from video_dit.spec import boundary_of, check_lora, i2v_mode_of, job_keys, requested
+from video_dit.train.experts import check_ranges
 from video_dit.typed_config import ConfigError, did_you_mean, parse
 
 # ai-toolkit keys accepted for compatibility that have no effect here (documented, by block).
@@ -45,8 +51,6 @@ IGNORED = {
 
 def torch_dtype(name: str):
     """The torch dtype of a dtype name a job file accepts (float16 / fp16, bf16 / bfloat16, float32 / fp32)."""
-    import torch
-
     return {"float16": torch.float16, "fp16": torch.float16, "bf16": torch.bfloat16,
             "bfloat16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}[name]
 
@@ -302,8 +306,6 @@ class ModelConfig:
     model_kwargs: dict | None = None  # ai-toolkit key; the MODEL_KWARGS keys may sit here (the arch reads them)
 
     def validate(self, path: str) -> None:
-        from video_dit.models.presets import PRESETS
-
         kwargs = dict(self.model_kwargs or {})
         for key in MODEL_KWARGS:
             if key in kwargs:
@@ -328,8 +330,8 @@ class ModelConfig:
             raise ConfigError(f"{path}.i2v_mode", f"{self.i2v_mode!r}; accepted: replace, concat")
         if self.attention_backend not in ("native", "flash"):
             raise ConfigError(f"{path}.attention_backend", f"{self.attention_backend!r}; accepted: native, flash")
-        if self.name_or_path.startswith("preset:"):
-            name = self.name_or_path[len("preset:"):]
+        name = preset_name(self.name_or_path)
+        if name is not None:
             if name not in PRESETS:
                 raise ConfigError(f"{path}.name_or_path", f"unknown preset {name!r}; accepted: "
                                   + ", ".join(f"preset:{p}" for p in PRESETS) + " or a weights path")
@@ -470,9 +472,9 @@ class DeepSpeedConfig:
     def validate(self, path: str) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"{path}.zero_stage", f"{self.zero_stage}; accepted: 0, 1, 2, 3")
-        if self.offload_param and self.zero_stage != 3:
+        if self.offload_param and not partitioned(self.zero_stage):
             raise ConfigError(f"{path}.offload_param", "parameter offload needs zero_stage: 3")
-        if self.offload_optimizer and self.zero_stage == 0:
+        if self.offload_optimizer and not shards_optimizer(self.zero_stage):
             raise ConfigError(f"{path}.offload_optimizer", "optimizer offload needs zero_stage 1, 2 or 3")
         if self.sequence_parallel_size < 1:
             raise ConfigError(f"{path}.sequence_parallel_size", f"must be >= 1, got {self.sequence_parallel_size}")
@@ -561,7 +563,17 @@ class ProcessConfig:
         if self.trigger_word:
             raise ConfigError(f"{path}.trigger_word", "not supported by video_dit's trainer; put the word in "
                                                      "the captions instead")
-        if self.model.quantize and self.deepspeed.zero_stage == 3:
+        preset = get_preset(self.model.preset)
+        self._check_quantize(path)
+        self._check_experts(path, preset)
+        self._check_sequence_parallel(path, preset)
+        self._check_i2v(path, preset)
+        self._check_image_branch(path, preset)
+        self._check_validation_and_training(path)
+
+    def _check_quantize(self, path: str) -> None:
+        """optimum-quanto's frozen weights: LoRA only, never under ZeRO-3."""
+        if self.model.quantize and partitioned(self.deepspeed.zero_stage):
             raise ConfigError(f"{path}.model.quantize",
                               "quantize: true cannot be combined with deepspeed.zero_stage: 3 (optimum-quanto "
                               "replaces the frozen weights by packed tensors, which ZeRO-3 cannot partition "
@@ -570,10 +582,9 @@ class ProcessConfig:
         if self.model.quantize and self.network is None:
             raise ConfigError(f"{path}.model.quantize", "a quantized base is frozen: quantize needs a "
                                                         "`network` (LoRA) block; remove quantize for a full fine-tune")
-        from video_dit.models.presets import get_preset
-        from video_dit.train.experts import boundary_of, check_ranges, requested
 
-        preset = get_preset(self.model.preset)
+    def _check_experts(self, path: str, preset) -> None:
+        """A two-expert preset's experts and their timestep ranges; the keys refused on one model."""
         trained = requested(self.model, preset)  # two-expert presets: which experts (the folder: validate.py)
         if preset.two_experts:
             check_ranges(self.train, trained, boundary_of(self.model, preset))
@@ -586,6 +597,9 @@ class ProcessConfig:
                     raise ConfigError(f"{path}.{key}.guidance_scale_2",
                                       f"the low-noise expert's guidance scale, but preset {preset.name!r} is one "
                                       "model, not two experts; give guidance_scale alone")
+
+    def _check_sequence_parallel(self, path: str, preset) -> None:
+        """Ulysses: whole heads per rank; what the plan does not model is refused."""
         heads = preset.dit.num_heads
         sp = self.deepspeed.sequence_parallel_size
         if not self.train.recompute_saved and sp > 1 and not self.train.gradient_checkpointing:
@@ -596,13 +610,10 @@ class ProcessConfig:
             raise ConfigError(f"{path}.deepspeed.sequence_parallel_size",
                               f"{sp} does not divide the model's {heads} attention heads; accepted: "
                               f"{', '.join(map(str, valid))}")
-        i2v = self.model.i2v_mode or preset.i2v_mode
-        if i2v == "concat" and preset.dit.in_dim == preset.dit.out_dim:
-            raise ConfigError(f"{path}.model.i2v_mode", f"'concat' needs an in_dim 36 model; preset "
-                                                        f"{preset.name!r} takes 'replace'")
-        if i2v == "replace" and preset.dit.in_dim != preset.dit.out_dim:
-            raise ConfigError(f"{path}.model.i2v_mode", f"preset {preset.name!r} (in_dim {preset.dit.in_dim}) "
-                                                        "takes 'concat'")
+
+    def _check_i2v(self, path: str, preset) -> None:
+        """The first-frame conditioning: the mode the DiT takes, its datasets, first-last frame."""
+        i2v = i2v_mode_of(preset, self.model.i2v_mode, f"{path}.model.i2v_mode")
         if i2v != "concat" and self.model.mask_first_frame_loss is False:
             raise ConfigError(f"{path}.model.mask_first_frame_loss",
                               "false needs i2v_mode 'concat': in replace mode latent frame 0 is overwritten by the "
@@ -632,12 +643,18 @@ class ProcessConfig:
             raise ConfigError(f"{path}.datasets[0].do_flf2v", f"preset {preset.name!r} is first-last-frame (its "
                                                               "image branch reads the first and the last frame): "
                                                               "its datasets need do_flf2v: true")
+
+    def _check_image_branch(self, path: str, preset) -> None:
+        """Keys of a CLIP image branch on a preset without one."""
         if self.network is not None and self.network.include_img_emb and preset.dit.image_dim is None:
             raise ConfigError(f"{path}.network.include_img_emb", f"preset {preset.name!r} has no CLIP image branch "
                                                                  "(img_emb); accepted: false")
         if self.model.quantize_image_encoder and preset.image_encoder is None:
             raise ConfigError(f"{path}.model.quantize_image_encoder", f"preset {preset.name!r} has no CLIP image "
                                                                       "encoder; accepted: false (or leave it unset)")
+
+    def _check_validation_and_training(self, path: str) -> None:
+        """Held-out items need a validation; something must be trained on; LoRA needs trained weights."""
         split = [i for i, d in enumerate(self.datasets) if d.validation_split > 0]
         if split and self.train.validation_config is None:
             raise ConfigError(f"{path}.datasets[{split[0]}].validation_split", "holds items out for "
@@ -649,18 +666,12 @@ class ProcessConfig:
         if self.prepare and self.prepare.tiny_vae and not self.model.vae_path:
             raise ConfigError(f"{path}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; "
                                                         "set it")
-        if self.network is not None and self.model.name_or_path.startswith("preset:"):
-            raise ConfigError(f"{path}.network", f"LoRA on {self.model.name_or_path!r} trains nothing: a preset's "
-                              "weights are a random init whose output layer is zero (as in Wan and DiT), so every "
-                              "LoRA gradient is 0 and the adapters stay 0. Accepted: a full fine-tune (remove the "
-                              "network block), or LoRA on trained weights (model.name_or_path: a weights file or "
-                              "folder, with model.preset)")
+        check_lora(self.model.name_or_path, self.network is not None, job_keys(path))
 
     @property
     def i2v_mode(self) -> str:
-        from video_dit.models.presets import get_preset
-
-        return self.model.i2v_mode or get_preset(self.model.preset).i2v_mode or "replace"
+        """The job's first-frame conditioning: the one its DiT's input width takes (`spec.i2v_mode_of`)."""
+        return i2v_mode_of(get_preset(self.model.preset), self.model.i2v_mode, "config.process[0].model.i2v_mode")
 
     @property
     def flf2v(self) -> bool:

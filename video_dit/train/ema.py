@@ -25,6 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from video_dit.parallel.zero import partitioned
 
 FOLDER = "ema"  # inside a checkpoint folder
 
@@ -39,7 +43,7 @@ class EMA:
     def __init__(self, module: torch.nn.Module, decay: float, zero_stage: int):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.decay, self.zero3 = float(decay), zero_stage == 3
+        self.decay, self.zero3 = float(decay), partitioned(zero_stage)
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("EMA: the model has no trainable parameters")
@@ -117,8 +121,6 @@ class EMA:
     # ---------------------------------------------------------------- checkpoints
     def save(self, folder: Path) -> None:
         """Write the average into `<folder>/ema/` (every rank calls; ZeRO-3: one file per rank)."""
-        from safetensors.torch import save_file
-
         rank = dist.get_rank()
         out = Path(folder) / FOLDER
         if rank == 0 or self.zero3:
@@ -138,8 +140,6 @@ class EMA:
         """Read `<folder>/ema/` written by `save` with any world size or ZeRO stage; False (and the
         average left as it is) when the folder has none. Raises ValueError when it does not hold
         this model's trainable parameters."""
-        from safetensors import safe_open
-
         src = Path(folder) / FOLDER
         files = sorted(src.glob("rank_*.safetensors")) if src.is_dir() else []
         if not files:

@@ -1,179 +1,24 @@
-"""DeepSpeed set-up, applied to the model from the outside, in a fixed order:
+"""The optimizer and its learning-rate schedule, and `initialize`: the trainer's one call that gives a
+DiT (its trainable parameters chosen and its dtypes set, `train/build.py`, `train/precision.py`) its
+optimizer and LR scheduler and hands all three to DeepSpeed under the job's ZeRO layout
+(`parallel/zero.py`).
 
-  1. process group: gloo on CPU, NCCL on CUDA, with the job's collective timeout;
-  2. the trainable parameters: LoRA adapters (peft) or the whole DiT;
-  3. block gradient checkpointing (a model flag; the DiT checkpoints each block);
-  4. the optimizer (torch AdamW; fused on CUDA, so no JIT-compiled DeepSpeed extension is built),
-     warmup + constant/cosine LR, and `deepspeed.initialize` with ZeRO 0-3 (optional CPU offload);
-     DeepSpeed's own bf16 mode stays off: it would cast every parameter to bf16, float32 islands
-     included. bf16 is the model's (`video_dit.models.dit.cast_dit` with master weights: trainable
-     parameters float32, updated in place by AdamW; the frozen bulk bf16; the forward under bf16
-     autocast with its float32 islands, as Wan runs its float32 weights);
-  5. only then quantization of the frozen base (optimum-quanto; ZeRO 0-2 only): quanto swaps the
-     Linears' weights for packed tensors, which `deepspeed.initialize` (it walks and casts every
-     parameter) and ZeRO-3 partitioning cannot handle, so it must come after and never with stage 3.
+    AdamW               torch's (fused on CUDA, `devices.fused_optimizer`: no JIT-compiled DeepSpeed
+                        extension is built), `train.optimizer_params`
+    LRSchedule          linear warmup, then constant or a cosine to 0; extended by a resume that
+                        changes `train.steps`; stored in checkpoints
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import os
-import socket
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-
-def on_gpu() -> bool:
-    return torch.cuda.is_available()
-
-
-def local_device() -> torch.device:
-    if on_gpu():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a process group's MASTER_PORT; the one home of this helper)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def init_distributed(timeout_s: int) -> tuple[int, int]:
-    """Join (or, when started without a launcher, create) the process group; returns (rank, world)."""
-    import deepspeed
-
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:  # plain `python launch/train.py`: a group of one
-            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(free_port()))
-        if on_gpu():
-            torch.cuda.set_device(local_device())
-        deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo",
-                                   timeout=timedelta(seconds=timeout_s))
-        if not on_gpu():
-            unlink_cpu_allreduce_buffer()
-    return dist.get_rank(), dist.get_world_size()
-
-
-def leave_distributed() -> None:
-    """End this process's group before the interpreter exits (local, no collective: safe after a
-    failed peer). Left to interpreter shutdown, gloo's threads were torn down in an order that
-    aborted a rank that had finished ('terminate called without an active exception', SIGABRT)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def cpu_allreduce_buffer_path(rank: int) -> Path:
-    """The POSIX shared-memory segment DeepSpeed's CPU accelerator creates per rank for its shm
-    allreduce (name format of deepspeed/ops/csrc/cpu/comm/shm.cpp, shm_initialize: prefix, uid,
-    MASTER_ADDR, MASTER_PORT, rank)."""
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
-
-
-def unlink_cpu_allreduce_buffer() -> None:
-    """DeepSpeed 0.19.8 never unlinks its CPU shm allreduce segments (shared_close is never
-    called): every 2-rank CPU launch left 2 x 66 MiB in /dev/shm (RAM) for good. Once every rank
-    has mapped every segment (shm_initialize returns only after it has; the barrier waits for all),
-    each rank unlinks its own name: the mappings stay valid and the memory goes with the processes.
-    Without the segment (not every rank local: DeepSpeed made none on any rank) nothing to wait for."""
-    own = cpu_allreduce_buffer_path(dist.get_rank())
-    if own.exists():
-        dist.barrier()
-        own.unlink()
-
-
-def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:
-    """The compute dtype of a job's `train.dtype`: bf16 on GPU; on CPU ranks float32 (CPU bf16
-    matmuls are slow) unless `train.cpu_bf16` forces bf16 (for testing the bf16 path on CPU)."""
-    if name in ("bf16", "bfloat16") and (on_gpu() or cpu_bf16):
-        return torch.bfloat16
-    return torch.float32
-
-
-def cpu_fp32_notice(name: str, dtype: torch.dtype) -> str | None:
-    """The one log line of a job that asks for bf16 and trains in float32 on CPU ranks (else None)."""
-    if name in ("bf16", "bfloat16") and dtype == torch.float32:
-        return ("train.dtype is bf16, but these are CPU ranks: training in float32 (CPU bf16 matmuls are slow); "
-                "set train.cpu_bf16: true to train in bf16 here")
-    return None
-
-
-def build_dtype(dtype: torch.dtype, lora: bool) -> torch.dtype:
-    """The dtype a DiT trained in `dtype` is built / loaded at (`build_dit(dtype=)`): a LoRA job's
-    frozen base in `dtype` (its float32 islands stay float32), a full fine-tune in float32 (every
-    parameter is trainable: float32 master weights)."""
-    return dtype if lora else torch.float32
-
-
-def cast_for_training(model, dtype: torch.dtype):
-    """The DiT's storage for training in `dtype`, set after its trainable parameters are chosen:
-    `cast_dit(model, dtype, masters=True)`: trainable parameters (LoRA adapters, or every weight of a
-    full fine-tune) float32, the optimizer's master weights; frozen ones in `dtype` except the
-    float32 islands; the forward computes in `dtype`. ZeRO-3 parameters, already partitioned, must
-    have their dtype from the build (`build_dtype`): a partition is never cast here."""
-    from video_dit.models.dit import cast_dit, param_dtypes
-
-    want = param_dtypes(model, dtype, masters=True)
-    wrong = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor") and p.dtype != want[n]]
-    if wrong:
-        raise RuntimeError(f"ZeRO-3 parameters {', '.join(wrong[:3])} are {dict(model.named_parameters())[wrong[0]].dtype}, "
-                           f"not their training dtype {want[wrong[0]]}: build the DiT at build_dtype()")
-    return cast_dit(model, dtype, masters=True)
-
-
-def ds_config(job, world_size: int, cuda: bool | None = None) -> dict:
-    """The DeepSpeed JSON of a job; `deepspeed.config` (the user's JSON) is merged last. `cuda`: the
-    JSON for GPU (True) or CPU (False) ranks rather than this machine's (the memory planner's).
-    The training dtype is not in it: DeepSpeed's bf16 mode stays off (module docstring, step 4)."""
-    gpu = on_gpu() if cuda is None else cuda
-    p = job.process
-    t, d = p.train, p.deepspeed
-    sp = d.sequence_parallel_size
-    dp = world_size // sp
-    zero: dict = {"stage": d.zero_stage}
-    if d.zero_stage >= 1:
-        zero.update(overlap_comm=gpu, contiguous_gradients=True, reduce_bucket_size=int(5e7))
-    if d.zero_stage == 3:
-        zero.update(stage3_gather_16bit_weights_on_model_save=False, stage3_param_persistence_threshold=int(1e4))
-    if d.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
-    if d.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
-    cfg = {
-        "train_micro_batch_size_per_gpu": t.batch_size,
-        "gradient_accumulation_steps": t.gradient_accumulation,
-        "train_batch_size": t.batch_size * t.gradient_accumulation * dp,
-        "gradient_clipping": t.max_grad_norm,
-        "zero_optimization": zero,
-        # our optimizer is torch's AdamW; DeepSpeed's CPU Adam would need a JIT-compiled extension
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 10 ** 9,
-        "wall_clock_breakdown": False,
-        # never DeepSpeed's bf16 mode, which casts every parameter (islands included): a bf16 job's
-        # model is cast by `cast_for_training` and runs its own autocast (module docstring, step 4)
-        "bf16": {"enabled": False},
-    }
-    if sp > 1:
-        cfg["sequence_parallel_size"] = sp
-    return _merge(cfg, d.extra())
-
-
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+from video_dit.devices import fused_optimizer
+from video_dit.parallel.zero import Distribution
 
 
 @dataclass(frozen=True)
@@ -275,7 +120,7 @@ def build_optimizer(params, train_cfg, schedule: LRSchedule | None = None, steps
     o = train_cfg.optimizer_params
     kwargs = dict(lr=train_cfg.lr, betas=tuple(o.betas), eps=o.eps,
                   weight_decay=o.weight_decay if train_cfg.optimizer == "adamw" else 0.0)
-    if on_gpu():
+    if fused_optimizer():
         kwargs["fused"] = True
     optimizer = torch.optim.AdamW(params, **kwargs)
     schedule = schedule or LRSchedule.of(train_cfg)
@@ -299,96 +144,15 @@ def sync_lr(scheduler) -> None:
 
 
 def initialize(model, job, world_size: int, load_universal: bool = False, schedule: LRSchedule | None = None,
-               steps: list[int] | None = None):
+               steps: list[int] | None = None, distribution: Distribution | None = None):
     """(engine, optimizer, scheduler) for `model` whose trainable parameters have requires_grad (and
-    whose dtypes `cast_for_training` set: DeepSpeed keeps them as they are); `schedule`: the LR
-    schedule (default: the job's own, `LRSchedule.of(job.process.train)`); `steps`: the global
-    optimizer steps it trains at (one expert of two; None: every step)."""
-    import deepspeed
-
+    whose dtypes `precision.cast_for_training` set: DeepSpeed keeps them as they are); `schedule`: the
+    LR schedule (default: the job's own, `LRSchedule.of(job.process.train)`); `steps`: the global
+    optimizer steps it trains at (one expert of two; None: every step); `distribution`: the job's
+    ZeRO layout (default: `Distribution.of(job, world_size)`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
     optimizer, scheduler = build_optimizer(params, job.process.train, schedule, steps)
-    config = ds_config(job, world_size)
-    if load_universal:
-        config.setdefault("checkpoint", {})["load_universal"] = True
-    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, model_parameters=params,
-                                                           optimizer=optimizer, lr_scheduler=scheduler,
-                                                           config=config)
-    alias_fp32_partitions(optimizer)
-    return engine, optimizer, scheduler
-
-
-def alias_fp32_partitions(optimizer) -> int:
-    """ZeRO-3 with float32 parameter partitions: let the optimizer update them in place instead of
-    a second float32 copy (4 bytes per parameter and rank over the world size). DeepSpeed 0.19.8
-    means to (stage3.py `_create_fp32_partitions`: "we don't need another copy of the weights" when
-    the partition is already float32 on the optimizer's device) but compares the tensor's
-    torch.device with its device *string*, which is never equal, so it always copies. Its step then
-    copies the master partition into the parameter partition: with one storage, a copy onto itself.
-    Returns how many partitions now share storage (0 for other stages, offload, or bf16 params)."""
-    flat16 = getattr(optimizer, "fp16_partitioned_groups_flat", None)
-    flat32 = getattr(optimizer, "fp32_partitioned_groups_flat", None)
-    if not flat16 or not flat32 or getattr(optimizer, "offload_optimizer", False):
-        return 0
-    aliased = 0
-    for low, master in zip(flat16, flat32):
-        if (low is not None and low.dtype == master.dtype and low.device == master.device
-                and low.numel() == master.numel() and low.data_ptr() != master.data_ptr()):
-            master.data = low.data
-            aliased += 1
-    return aliased
-
-
-def initialize_frozen(model, job, world_size: int):
-    """A DeepSpeed engine without optimizer for a frozen ZeRO-3 (partitioned) model, so its forward
-    gathers each block's parameters as a training engine's does (DeepSpeed runs ZeRO-3 inference
-    through `DeepSpeedZeRoOffload` when no optimizer is given). Under ZeRO 0-2 the model is used as is."""
-    import deepspeed
-
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config(job, world_size))
-    return engine
-
-
-def quantize_frozen(model, qtype: str) -> None:
-    """optimum-quanto weights for the frozen Linears of the blocks; the LoRA adapters and the float32
-    islands (time MLPs, head: `FLOAT32_MODULES`) stay in full precision."""
-    from optimum import quanto
-
-    from video_dit.models.dit import FLOAT32_MODULES
-
-    exclude = ["*lora_A*", "*lora_B*", *(f"{name}*" for name in FLOAT32_MODULES)]
-    quanto.quantize(model, weights=getattr(quanto, qtype), exclude=exclude)
-    quanto.freeze(model)
-
-
-@contextmanager
-def gathered(params, zero_stage: int, modifier_rank=None):
-    """Full parameters inside the block under ZeRO-3 (every rank must enter); a no-op otherwise."""
-    if zero_stage != 3:
-        with nullcontext():
-            yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(params), modifier_rank=modifier_rank):
-        yield
-
-
-# ---------------------------------------------------------------- device peak for MFU
-
-def device_peak_flops(dtype: torch.dtype) -> tuple[float, str]:
-    """(peak FLOP/s of this rank's device, how it was obtained): the datasheet table for known GPUs,
-    else a dense matmul measured now (n = 1024 keeps start-up short on CPU ranks). The same
-    definition as `video-dit bench` (`video_dit.bench.common.device_peak`). Measured once per
-    process, device, dtype and thread count (a process running several jobs reuses it)."""
-    return _device_peak(local_device(), dtype, torch.get_num_threads())
-
-
-@functools.lru_cache(maxsize=None)
-def _device_peak(device: torch.device, dtype: torch.dtype, threads: int) -> tuple[float, str]:
-    from video_dit.bench.common import device_peak
-
-    peak = device_peak(device, dtype, n=None if device.type == "cuda" else 1024)
-    return peak.flops, peak.source
+    distribution = distribution or Distribution.of(job, world_size)
+    return distribution.initialize(model, optimizer, scheduler, load_universal=load_universal)

@@ -17,15 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from video_dit.train.engine import gathered
+from video_dit.lora import lora_state_dict, save_lora
+from video_dit.models.dit import param_dtypes
+from video_dit.models.layouts import write_sources
+from video_dit.parallel.zero import gathered
 
 SHARD_BYTES = 2 * 2 ** 30
 
 
 def lora_export_state(module, zero_stage: int) -> dict[str, torch.Tensor]:
     """Native LoRA keys -> full CPU tensors (gathered under ZeRO-3; every rank must call)."""
-    from video_dit.lora import lora_state_dict
-
     params = [p for n, p in module.named_parameters() if ".lora_" in n]
     with gathered(params, zero_stage):
         return {k: v.detach().to("cpu", copy=True) for k, v in lora_state_dict(module).items()}
@@ -33,8 +34,6 @@ def lora_export_state(module, zero_stage: int) -> dict[str, torch.Tensor]:
 
 def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.dtype, metadata: dict) -> Path | None:
     """Write the LoRA of `module` to `path` (rank 0); every rank must call. Returns the path on rank 0."""
-    from video_dit.lora import save_lora
-
     sd = lora_export_state(module, zero_stage)
     if dist.get_rank() != 0:
         return None
@@ -45,8 +44,6 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
     """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a
     time, each at the dtype a DiT stored in `dtype` holds it (`param_dtypes`: a bf16 / fp16 file
     keeps the float32 islands float32, so a trained time MLP or modulation table is not rounded)."""
-    from video_dit.models.dit import param_dtypes
-
     dtypes = param_dtypes(module, dtype)
 
     def out(key, t):
@@ -108,8 +105,6 @@ def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metad
     config["patch_size"] = list(config["patch_size"])
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     if sources is not None:
-        from video_dit.models.loading import write_sources
-
         write_sources(tmp, sources)
     if folder.exists():
         shutil.rmtree(folder)

@@ -4,8 +4,10 @@ parent that owns them, so that a signal to this one process ends the whole job.
     train.sh (bash: --help, the .venv set-up) --exec--> python -m video_dit.train.launcher CONFIG [ARGS]
       1. validation and the `prepare:` stages (`video_dit.train.validate`), in this process, then the
          memory plan of the ranks about to start (`deepspeed.memory_check`): exit 2
-      2. the ranks: every visible GPU of this node, else 2 CPU ranks with the cores split between
-         them; a user's --hostfile / --num_gpus / --include is passed on as given
+      2. the ranks (`devices.placement`, which the memory plan of step 1 counts too): every visible
+         GPU of this node (named by id under CUDA_VISIBLE_DEVICES, which DeepSpeed's runner would
+         otherwise drop), else 2 CPU ranks with the cores split between them; a user's --hostfile /
+         --num_gpus / --include is passed on (a --num_gpus under CUDA_VISIBLE_DEVICES as --include)
       3. the rendezvous port: --master_port if given (refused when in use here), else 29500, or a
          free port when 29500 is taken (logged)
       4. DeepSpeed's runner (`deepspeed.launcher.runner` -> `deepspeed.launcher.launch` -> ranks) in
@@ -40,6 +42,13 @@ import sys
 import time
 from pathlib import Path
 
+from video_dit.data import DataError
+from video_dit.devices import DeviceError, free_port, launcher_option
+from video_dit.devices import placement as rank_placement
+from video_dit.train import checkpoint as ckpt
+from video_dit.train.validate import memory_check, summary_line, validate_file
+from video_dit.typed_config import ConfigError
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PORT = 29500  # DeepSpeed's (and torch.distributed's) default rendezvous port
 GRACE_S = 10.0        # multi-node: how long DeepSpeed's runner gets to stop the remote ranks
@@ -72,17 +81,6 @@ except ProcessLookupError:
 """
 
 
-def launcher_option(args: list[str], name: str) -> str | None:
-    """The value of `--name V` or `--name=V` in a DeepSpeed launcher argument list, or None (also the
-    memory planner's reading of train.sh's arguments, `plan.launcher_machine`)."""
-    for i, a in enumerate(args):
-        if a == name and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def port_in_use(port: int) -> bool:
     """Whether a socket on this machine listens on `port` (what the rank-0 TCP store would bind)."""
     for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
@@ -103,8 +101,6 @@ def choose_port(args: list[str], log=print) -> tuple[list[str], int | None]:
     """`args` with a usable `--master_port`, and the port. A given port that is in use is an error
     (`PortInUse`); without one, 29500, or a free port when 29500 is taken. Multi-node jobs
     (--hostfile) are left alone: the rendezvous runs on another machine."""
-    from video_dit.train.engine import free_port
-
     given = launcher_option(args, "--master_port")
     if launcher_option(args, "--hostfile") is not None:
         return args, int(given) if given else None
@@ -127,20 +123,11 @@ class PortInUse(RuntimeError):
 
 
 def placement(args: list[str]) -> tuple[list[str], dict]:
-    """(DeepSpeed launcher arguments choosing the ranks, environment changes) as train.sh chose them:
-    the user's choice, else every visible GPU, else 2 CPU ranks with OMP threads split between them."""
-    if any(launcher_option(args, k) is not None for k in ("--hostfile", "--num_gpus", "--include")):
-        return [], {}
-    import shutil
-
-    if shutil.which("nvidia-smi") and os.environ.get("CUDA_VISIBLE_DEVICES", "unset") != "":
-        import torch
-
-        n = torch.cuda.device_count()
-        if n > 0:
-            return ["--num_gpus", str(n)], {}
-    cores = os.cpu_count() or 2
-    return ["--num_gpus", "2"], {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, cores // 2)))}
+    """(DeepSpeed runner arguments choosing the ranks, environment changes), `devices.placement`'s:
+    the user's choice, else every visible GPU (by id under CUDA_VISIBLE_DEVICES), else 2 CPU ranks
+    with the OMP threads split between them. `DeviceError` for GPUs asked for and not found."""
+    place = rank_placement(args)
+    return list(place.runner_args), place.env
 
 
 def last_step(out_dir: Path) -> int:
@@ -160,8 +147,6 @@ def last_step(out_dir: Path) -> int:
 
 def interrupted_line(sig: int, job) -> str:
     """One line for a run stopped by `sig`: after which step, its last checkpoint, how to resume."""
-    from video_dit.train import checkpoint as ckpt
-
     name = signal.Signals(sig).name
     return (f"[video_dit] interrupted ({name}) after step {last_step(job.out_dir)} of {job.process.train.steps}; "
             f"{ckpt.resume_hint(job.out_dir / 'checkpoints')}")
@@ -239,10 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         config = argv.pop(0)
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
-    from video_dit.data import DataError
-    from video_dit.train.validate import memory_check, summary_line, validate_file
-    from video_dit.typed_config import ConfigError
-
+    try:  # 2. where the ranks go (the plan of step 1 counts these); a GPU asked for and not found exits 2
+        place = rank_placement(argv)
+    except DeviceError as exc:
+        log(f"[video_dit] error: {exc}")
+        return 2
     try:  # 1. before any rank: a bad job exits 2 naming the key
         job = validate_file(config, do_prepare=True, log=log)
         memory_check(job, argv, log=log)
@@ -253,14 +239,15 @@ def main(argv: list[str] | None = None) -> int:
         log("[video_dit] interrupted during the set-up, before any rank started")
         return 128 + signal.SIGINT
     log(summary_line(config, job))
-    try:  # 2.-3.
-        ranks, env_changes = placement(argv)
+    if place.note:
+        log(f"[video_dit] {place.note}")
+    try:  # 3.
         args, _ = choose_port(argv, log=log)
     except PortInUse as exc:
         log(f"[video_dit] error: {exc}")
         return 2
-    env = dict(os.environ, **env_changes, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *ranks, *args,
+    env = dict(os.environ, **place.env, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *place.runner(args),
            str(ROOT / "launch" / "train.py"), "--config", config]
     multi_node = launcher_option(argv, "--hostfile") is not None
     sup = Supervisor(cmd, env=env, cwd=ROOT, grace_s=GRACE_S if multi_node else 0.0)

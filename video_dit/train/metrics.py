@@ -8,15 +8,18 @@ import math
 import os
 import resource
 import sys
+import warnings
 from pathlib import Path
 
 import torch
+
+from video_dit.models.dit import dit_flops
+from video_dit.parallel.memory import run_peak_gb
 
 
 def peak_memory_gb() -> float:
     """This rank's peak memory: CUDA allocator peak on GPU, the process's max RSS on CPU."""
     if torch.cuda.is_available():  # the activation meter resets the counter; it keeps the run's peak
-        from video_dit.parallel.memory import run_peak_gb
 
         return run_peak_gb(torch.cuda.current_device())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
@@ -26,8 +29,6 @@ def peak_memory_gb() -> float:
 def step_flops(dit_config, latent_shape, text_len: int) -> tuple[float, int]:
     """(model FLOPs of one forward+backward of a micro-batch, tokens per sample): the analytic DiT
     forward count x 3 (backward ~ 2x forward). latent_shape: (B, C, F', h, w)."""
-    from video_dit.models.dit import dit_flops
-
     B, _, Fl, h, w = latent_shape
     pt, ph, pw = dit_config.patch_size
     tokens = (Fl // pt) * (h // ph) * (w // pw)
@@ -87,6 +88,23 @@ class MetricsLog:
             self.tb.close()
 
 
-def read_metrics(path) -> list[dict]:
+def read_metrics(path: str | Path) -> list[dict]:
+    """Records of a metrics.jsonl, sorted by step, one per step (the last one logged wins)."""
+    path = Path(path)
+    by_step: dict[int, dict] = {}
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                warnings.warn(f"{path}:{lineno}: skipped, not valid JSON ({exc.msg})", stacklevel=2)
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)) \
+                    or isinstance(record.get("step"), bool):
+                warnings.warn(f"{path}:{lineno}: skipped, expected a JSON object with a numeric 'step'",
+                              stacklevel=2)
+                continue
+            by_step[int(record["step"])] = record
+    return [by_step[s] for s in sorted(by_step)]

@@ -119,10 +119,31 @@ group at a time when on a GPU), then whatever is offloaded.
 
 from __future__ import annotations
 
+import copy
 import math
+import tempfile
+import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
+from PIL import Image
+
+from video_dit.data import DataError, scan_dataset
+from video_dit.data.buckets import candidate_buckets
+from video_dit.devices import DeviceError, Machine, machine_of, placement
+from video_dit.lora import add_lora, lora_targets
+from video_dit.models.dit import VideoDiT, param_dtypes
+from video_dit.models.image_encoder import build_clip_vision
+from video_dit.models.layouts import expert_sources, preset_name
+from video_dit.models.presets import get_preset
+from video_dit.models.text_encoder import build_umt5
+from video_dit.models.vae import CausalVideoVAE
+from video_dit.models.weights import WeightsError, module_groups, open_weights
+from video_dit.parallel.zero import ds_config, partitioned, shards_optimizer
+from video_dit.spec import spec_of_job
+from video_dit.train.config import parse_job, raw_process, read_yaml
+from video_dit.train.experts import requested
 
 GiB = 2 ** 30
 # One rank's process before any model: python + torch + deepspeed + video_dit imported, a gloo process
@@ -164,22 +185,6 @@ class Setting:
         return ", ".join(parts)
 
 
-@dataclass(frozen=True)
-class Machine:
-    """Where the job runs: `ranks` processes on `nodes` nodes; `device` "cuda" or "cpu" (CPU ranks:
-    the device memory is the host's)."""
-
-    ranks: int
-    nodes: int = 1
-    device: str = "cuda"
-    gpu_mem: float | None = None  # bytes per GPU
-    host_mem: float | None = None  # bytes per node
-
-    @property
-    def ranks_per_node(self) -> int:
-        return math.ceil(self.ranks / self.nodes)
-
-
 # ---------------------------------------------------------------- parameter counts (exact)
 
 
@@ -204,13 +209,9 @@ class ModelSizes:
 def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False) -> ModelSizes:
     """Counts of the DiT built on the meta device (and its LoRA adapters, on the trainer's targets:
     `lora_targets(network.include_img_emb)`): nothing allocated."""
-    from video_dit.models.dit import VideoDiT, param_dtypes
-
     with torch.device("meta"):
         model = VideoDiT(dit_config)
         if lora_rank:
-            from video_dit.lora import add_lora, lora_targets
-
             add_lora(model, lora_rank, targets=lora_targets(lora_img_emb))
     # the trainer's storage (`engine.cast_for_training`): trainable float32, frozen bulk in `dtype`,
     # the float32 islands float32
@@ -381,7 +382,7 @@ class Experts:
         out = RankMemory(parameters=one.parameters * n, gradients=one.gradients * n, optimizer=one.optimizer * n,
                          buffers=one.buffers * n, activations=one.activations, host=one.host * n)
         if self.frozen:
-            if setting.zero_stage == 3:
+            if partitioned(setting.zero_stage):
                 persist = zero_config(ds).param_persistence_threshold
                 frozen = sum(-(-k // world) * b + (k * b if k < persist else 0) for k, b in sizes.frozen_sized)
                 if setting.offload_param:
@@ -402,11 +403,6 @@ class Experts:
 def job_experts(job) -> Experts | None:
     """The `Experts` of a job (None for a one-model preset), from its keys and, when the model folder is
     on this machine, from what it holds; a folder that is not here is taken to hold both experts."""
-    from pathlib import Path
-
-    from video_dit.models.presets import get_preset
-    from video_dit.train.experts import requested
-
     p = job.process
     preset = get_preset(p.model.preset)
     if not preset.two_experts:
@@ -414,10 +410,8 @@ def job_experts(job) -> Experts | None:
     trained = requested(p.model, preset)
     frozen = 0
     if len(trained) == 1:
-        from video_dit.models.loading import expert_sources
-
         src = p.model.name_or_path
-        both = src.startswith("preset:") or not Path(src).exists() or expert_sources(src) is not None
+        both = preset_name(src) is not None or not Path(src).exists() or expert_sources(src) is not None
         uses = (p.sample is not None and bool(p.sample.samples) and not p.train.disable_sampling) or \
             p.train.validation_config is not None
         frozen = int(both and uses)
@@ -471,7 +465,7 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         res.optimizer = res.gradients = trans.optimizer = 0
         if stage in (1, 2):
             trans.gradients = 0
-    if setting.offload_param and stage == 3:
+    if setting.offload_param and partitioned(stage):
         res.host += res.parameters
         res.parameters = sum(n * b for n, b in zip(sizes.numels, sizes.itemsizes) if n < z.param_persistence_threshold)
     return res, trans
@@ -509,7 +503,7 @@ def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lo
     act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
                            lora_img_emb=lora_img_emb)
     res, trans = state_memory(sizes, setting, world, ds, dtype, cuda, experts)
-    if setting.zero_stage == 0:
+    if not shards_optimizer(setting.zero_stage):
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
         during = act.peak
         after = trans.gradients + max(trans.buffers, trans.optimizer)
@@ -520,8 +514,8 @@ def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lo
         phase = "backward" if during >= after else "end of backward / step"
         return Prediction(setting, grid, tokens_of(cfg, grid), mem, act, phase, res)
     during = replace(res, activations=act.peak, buffers=res.buffers + trans.buffers,
-                     gradients=res.gradients + (trans.gradients if setting.zero_stage < 3 else 0))
-    at_step = replace(res, gradients=res.gradients + trans.gradients if setting.zero_stage < 3 else res.gradients,
+                     gradients=res.gradients + (trans.gradients if not partitioned(setting.zero_stage) else 0))
+    at_step = replace(res, gradients=res.gradients + trans.gradients if not partitioned(setting.zero_stage) else res.gradients,
                       optimizer=res.optimizer + trans.optimizer)
     if during.device >= at_step.device:
         return Prediction(setting, grid, tokens_of(cfg, grid), during, act, "backward", res)
@@ -554,11 +548,6 @@ def job_buckets(job, preset, missing=()) -> list[tuple[tuple[int, int, int], int
     produce: the scanned folder's bucket histogram; for a dataset in `missing` (its folder is not on
     this machine) or one with no usable item, per resolution the bucket of the resolution's grid with
     the most tokens (every bucket of a resolution has about its area)."""
-    import warnings
-
-    from video_dit.data import DataError, scan_dataset
-    from video_dit.data.buckets import candidate_buckets
-
     out: dict = {}
     for i, d in enumerate(job.process.datasets):
         counts = {}
@@ -664,18 +653,12 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
     """Parameter bytes, at `dtype`, of the frozen text encoder, VAE (and CLIP) the job loads: counted from
     their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
     else from the preset's architectures built on the meta device."""
-    from pathlib import Path
-
-    from video_dit.models.loading import WeightsError, open_weights
-    from video_dit.models.text_encoder import build_umt5
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.train.trainer import image_encoder_source, model_sources
-
-    vae_src, te_src = model_sources(job.process)
+    spec = spec_of_job(job.process)
+    vae_src, te_src = spec.vae, spec.text_encoder
 
     def from_files(src: str, sub: str, skip=()):
         path = Path(src)
-        if src.startswith("preset:") or not path.exists():
+        if preset_name(src) is not None or not path.exists():
             return None
         path = path / sub if (path / sub).is_dir() else path
         try:
@@ -692,8 +675,7 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
         with torch.device("meta"):
             vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
     clip = 0
-    if image_encoder_source(job.process) is not None:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
-        from video_dit.models.image_encoder import build_clip_vision
+    if spec.image_encoder is not None:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
 
         # counted at `dtype` whole (an upper bound: the trainer drops its last block, quanto's fp8 halves it)
         clip = sum(p.numel() for p in build_clip_vision(preset.image_encoder, device="meta").parameters())
@@ -712,7 +694,7 @@ def candidate_settings(job, heads: int, world: int):
     for stage in dict.fromkeys((base.zero_stage, 3)):
         for sp in sps:
             for ckpt, off_opt, off_par in levers:
-                if (off_opt and stage == 0) or (off_par and stage != 3):
+                if (off_opt and not shards_optimizer(stage)) or (off_par and not partitioned(stage)):
                     continue
                 yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
                               offload_param=off_par, recompute=base.recompute or sp > 1)  # see train.recompute_saved
@@ -720,9 +702,6 @@ def candidate_settings(job, heads: int, world: int):
 
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
     """Per-bucket predictions of `job` on `machine`, the settings that fit, host RAM per node."""
-    from video_dit.models.presets import get_preset
-    from video_dit.train.engine import ds_config
-
     if machine.ranks < 1:
         raise PlanError(f"the machine has {machine.ranks} ranks; --gpus, --cpu-ranks or --num_gpus must be >= 1")
     if machine.nodes < 1 or machine.ranks % machine.nodes:
@@ -777,8 +756,8 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
         else:
             largest = max(n for n in range(1, heads + 1) if heads % n == 0 and machine.ranks % n == 0)
             last = pred(grid, replace(setting, sp=largest, checkpointing=True, micro_batch=1,
-                                      offload_optimizer=setting.zero_stage > 0,
-                                      offload_param=setting.zero_stage == 3))
+                                      offload_optimizer=shards_optimizer(setting.zero_stage),
+                                      offload_param=partitioned(setting.zero_stage)))
             why = (f"does not fit anywhere: even at the largest sequence-parallel degree the heads and ranks allow "
                    f"(SP {largest}) with block checkpointing and offload, {last.device_bytes / GiB:.1f} GiB per rank "
                    f"(activations {last.memory.activations / GiB:.1f} GiB, parameters {last.memory.parameters / GiB:.1f}"
@@ -794,17 +773,13 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     """Host RAM per node at start-up and during training (see the module docstring; the DiTs of a
     two-expert job are built one after the other, so under ZeRO-3 or on a GPU the set-up peak is one
     expert's, on CPU ranks under ZeRO 0-2 the experts built before stay)."""
-    from video_dit.models.loading import module_groups
-
     enc = encoder_bytes(job, preset, dtype)
     n = machine.ranks_per_node
     process = PROCESS_BYTES + (CUDA_HOST_BYTES if cuda else 0)
     with torch.device("meta"):
-        from video_dit.models.dit import VideoDiT
-
         names = dict((k, v.numel()) for k, v in VideoDiT(preset.dit).named_parameters())
     group = max(sum(names[k] for k in g) for g in module_groups(names)) * dtype.itemsize
-    if setting.zero_stage == 3:
+    if partitioned(setting.zero_stage):
         dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)
     else:
         dit_setup = group if cuda else sizes.base_bytes * (len(experts.trained) if experts else 1)  # on CPU it stays
@@ -865,66 +840,13 @@ def plan_summary(plan: JobPlan) -> dict:
                          "max_micro_batch": b.max_micro_batch, "why": b.why} for b in plan.buckets]}
 
 
-def host_ram() -> int:
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def local_machine(ranks: int | None = None, nodes: int = 1) -> Machine:
-    """What `./launch/train.sh` starts here: every visible GPU, else `ranks` (default 2) CPU ranks."""
-    if ranks is None and torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        return Machine(ranks=n * nodes, nodes=nodes, device="cuda",
-                       gpu_mem=torch.cuda.get_device_properties(0).total_memory, host_mem=host_ram())
-    return Machine(ranks=ranks or 2, nodes=nodes, device="cpu", host_mem=host_ram())
-
-
-def launcher_machine(launcher_args: list[str]) -> Machine:
-    """The machine of a `launch/train.sh` command line: `--num_gpus N`, `--hostfile FILE` (one
-    `host slots=N` line per node), else what train.sh starts here (`local_machine`)."""
-    from video_dit.train.launcher import launcher_option
-
-    args = list(launcher_args)
-    here = local_machine()
-
-    def value(flag):
-        return launcher_option(args, flag)
-
-    def count(text: str, what: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise PlanError(f"{what} takes a whole number >= 1, got {text!r}")
-        return n
-    hostfile = value("--hostfile")
-    if hostfile is not None:
-        from pathlib import Path
-
-        try:
-            text = Path(hostfile).read_text()
-        except OSError as exc:
-            raise PlanError(f"--hostfile {hostfile}: cannot be read ({exc.strerror})") from exc
-        slots = []
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line:
-                found = [t.split("=", 1)[1] for t in line.split() if t.startswith("slots=")]
-                slots.append(count(found[0], f"--hostfile {hostfile}: slots=") if found else 1)
-        if not slots:
-            raise PlanError(f"--hostfile {hostfile}: no `host slots=N` lines")
-        return replace(here, ranks=sum(slots), nodes=len(slots))
-    num = value("--num_gpus")
-    if num is not None:
-        return replace(here, ranks=count(num, "--num_gpus"))
-    return here
-
-
 def preflight(job, launcher_args: list[str]) -> tuple[str, list[str]]:
     """(the plan's table, what does not fit) for `job` started by `train.sh` with `launcher_args`."""
-    plan = plan_job(job, launcher_machine(launcher_args))
+    try:
+        machine = machine_of(placement(launcher_args))
+    except DeviceError as exc:
+        raise PlanError(str(exc)) from exc
+    plan = plan_job(job, machine)
     return format_plan(plan), plan.failures()
 
 
@@ -932,14 +854,6 @@ def load_job_for_plan(path: str):
     """(job, indices of datasets whose folder is not on this machine) of a job YAML. A plan is made
     before the data is copied to the machine it is made on: a missing dataset folder is replaced by
     an empty stand-in for the parse (its buckets then come from its resolution, `job_buckets`)."""
-    import copy
-    import tempfile
-    from pathlib import Path
-
-    from PIL import Image
-
-    from video_dit.train.config import parse_job, raw_process, read_yaml
-
     raw = read_yaml(path)
     missing = set()
     if isinstance(raw, dict):

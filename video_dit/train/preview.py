@@ -23,7 +23,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from video_dit.diffusion.experts import TwoExperts
 from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
+from video_dit.media import MediaError, contact_sheet, load_image, write_video
+from video_dit.pipeline import VideoPipeline, image_features
 
 
 @dataclass
@@ -109,9 +112,6 @@ def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
     """Each job's CLIP features (`clip_features`, on CPU) from its control images, when the model has
     a CLIP image branch (`image_encoder` not None). An image that cannot be read leaves them None: that
     preview then fails at render time with the file named, and training goes on."""
-    from video_dit.media import MediaError, load_image
-    from video_dit.pipeline import image_features
-
     if image_encoder is None:
         return
     for job in jobs:
@@ -126,18 +126,12 @@ def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
         job.clip_features = image_features(image_encoder, first, last).cpu()
 
 
-def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, zero_stage: int, i2v_mode: str,
+def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_rank: bool, i2v_mode: str,
            log) -> list[Path]:
-    """Render every preview of `step`; returns the MP4 paths written (rank 0)."""
-    from video_dit.media import contact_sheet, load_image, write_video
-    from video_dit.pipeline import VideoPipeline
-
-    from video_dit.diffusion.experts import TwoExperts
-
+    """Render every preview of `step`; returns the MP4 paths written (rank 0). `every_rank`: a forward
+    is a collective (ZeRO-3's gathers, sequence-parallel attention), so every rank runs each preview."""
     rank = dist.get_rank()
     models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
-    # ZeRO-3 (partitioned weights) and sequence parallelism (attention is a collective) need every rank
-    every_rank = zero_stage == 3 or any(getattr(m, "seq_parallel", None) is not None for m in models)
     written = []
     if rank == 0 or every_rank:
         was_training = [m.training for m in models]

@@ -30,19 +30,42 @@ import gc
 import hashlib
 import json
 import random
+import re
+import shutil
 import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
-from video_dit.diffusion.experts import expert_range
+from video_dit.data import BucketBatchSampler, CachedDataset, DataError, ScanResult, build_cache, collate, scan_datasets
+from video_dit.data.demo import preview_steps, report
+from video_dit.devices import device_peak_flops, local_device, pin_memory, to_device
+from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning
+from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
+from video_dit.diffusion.flow import TimestepSampler
+from video_dit.diffusion.objective import flow_matching_loss
+from video_dit.models.layouts import EXPERT_FOLDERS, write_sources
+from video_dit.models.loading import load_image_encoder, load_text_encoder, load_vae, te_quantization
+from video_dit.models.weights import WeightsError
+from video_dit.parallel.memory import ActivationPeak, release_heap_per_block
+from video_dit.parallel.process import init_distributed
+from video_dit.parallel.sequence import attach, init_sequence_parallel
+from video_dit.parallel.zero import Distribution
+from video_dit.spec import spec_of_job
 from video_dit.train import checkpoint as ckpt
-from video_dit.train import engine as eng
-from video_dit.train.metrics import MetricsLog, peak_memory_gb, step_flops
+from video_dit.train import export, faults, validation
+from video_dit.train.build import build_dit, make_trainable
+from video_dit.train.caches import cache_spaces, encoder_dtypes
+from video_dit.train.ema import EMA
+from video_dit.train.engine import LRSchedule, initialize, schedule_change, sync_lr
+from video_dit.train.experts import ExpertSchedule, plan_experts
+from video_dit.train.metrics import MetricsLog, peak_memory_gb, read_metrics, step_flops
+from video_dit.train.precision import build_dtype, cpu_fp32_notice, quantize_frozen, train_dtype
+from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler, render
 
 EXIT_BAD_INPUT = 2    # weights / data / checkpoint that cannot be used (as a bad config)
 EXIT_NONFINITE = 3
@@ -57,86 +80,6 @@ def _seed_of(*parts) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & (2 ** 63 - 1)
 
 
-def model_sources(process) -> tuple[str, str]:
-    """(VAE source, text encoder source) of a job: explicit paths, else the folders next to a weights
-    folder, else the preset's own random init (only sensible for `tiny`)."""
-    m = process.model
-    base = Path(m.name_or_path) if not m.name_or_path.startswith("preset:") else None
-    vae = m.vae_path
-    if vae is None:
-        from video_dit.models.presets import get_preset
-
-        vae = str(base) if base is not None and (base / "vae").is_dir() else f"preset:{get_preset(m.preset).vae_name}"
-    te = m.text_encoder_path
-    if te is None:
-        te = str(base) if base is not None and (base / "text_encoder").is_dir() else f"preset:{m.preset}"
-    return vae, te
-
-
-def image_encoder_source(process) -> str | None:
-    """The CLIP image encoder of a job whose preset has one (Wan 2.1 I2V / FLF2V), else None:
-    `model.image_encoder_path`, else the `image_encoder/` folder next to a weights folder (diffusers
-    layout), else the preset's own random init (only the tiny presets have one)."""
-    from video_dit.models.presets import get_preset
-
-    m = process.model
-    if get_preset(m.preset).image_encoder is None:
-        return None
-    if m.image_encoder_path is not None:
-        return m.image_encoder_path
-    base = Path(m.name_or_path) if not m.name_or_path.startswith("preset:") else None
-    if base is not None and (base / "image_encoder").is_dir():
-        return str(base)
-    return f"preset:{m.preset}"
-
-
-def load_vae_for(source: str, dtype, device):
-    """The frozen VAE of a job (`load_vae` reads a `config.json` beside a single weights file: the
-    tiny VAE stage writes the measured latent mean/std there)."""
-    from video_dit.models.loading import load_vae
-
-    return load_vae(source, dtype=dtype, device=device).eval().requires_grad_(False)
-
-
-def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype, clip_src: str | None = None,
-                 image_encoder=None) -> tuple[str, str]:
-    """(latent space, text space) of a job (`data.cache.latent_space` / `text_space`): everything that
-    changes what the caches hold (preset, weights, encoder dtypes, the text encoder's quantization
-    and tokenizer, the i2v tensors stored: first-last frame, and the CLIP image encoder whose
-    features sit next to the latents). Equal strings reuse a cache; any difference recomputes it."""
-    from video_dit.data.cache import latent_space, source_identity, text_space
-    from video_dit.models.loading import te_quantization
-
-    m = process.model
-    i2v = process.i2v_mode if any(d.do_i2v for d in process.datasets) else "none"
-    stores = f"i2v={i2v}"
-    if i2v != "none" and process.flf2v:
-        stores += "+last_frame"
-    if i2v != "none" and image_encoder is not None:
-        processor = Path(clip_src) / "image_processor"  # a diffusers folder's normalisation
-        stores += (f";clip={source_identity(clip_src, 'image_encoder')};clip_dtype={image_encoder.dtype};"
-                   f"clip_quant={bool(m.quantize_image_encoder)}"
-                   + (f";clip_processor={source_identity(processor)}" if processor.is_dir() else ""))
-    return (latent_space(preset.name, vae_src, vae_dtype, stores=stores),
-            text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
-
-
-def encoder_dtypes(process) -> tuple[torch.dtype, torch.dtype]:
-    """(VAE dtype, text / image encoder dtype) the trainer loads the frozen encoders in: the VAE in
-    model.vae_dtype (float32 by default, as Wan runs it), the encoders in the training dtype."""
-    return process.model.vae_torch_dtype, eng.train_dtype(process.train.dtype, process.train.cpu_bf16)
-
-
-def job_cache_spaces(process) -> tuple[str, str]:
-    """`cache_spaces` of a job as the trainer computes them on this machine (for `video-dit inspect-data`,
-    which loads no encoder; on a machine without a GPU the encoders are float32)."""
-    from video_dit.models.presets import get_preset
-
-    vae_src, te_src = model_sources(process)
-    vae_dtype, te_dtype = encoder_dtypes(process)
-    return cache_spaces(process, get_preset(process.model.preset), vae_src, te_src, vae_dtype, te_dtype)
-
-
 class Expert:
     """One trained DiT of the job: its DeepSpeed engine (module, optimizer, LR scheduler) and its
     timestep sampler. `name`: the expert ("high_noise" / "low_noise"), None for a one-model job."""
@@ -149,14 +92,32 @@ class Expert:
 class Trainer:
     def __init__(self, job, resume: str | None = None, log=print):
         self.job, self.p = job, job.process
-        p = self.p
-        self.rank, self.world = eng.init_distributed(p.deepspeed.timeout_s)
-        self.rank0 = self.rank == 0
         self._log = log
-        self.device = eng.local_device()
-        self.dtype = eng.train_dtype(p.train.dtype, p.train.cpu_bf16)
-        self.zero_stage = p.deepspeed.zero_stage
-        self.out_dir = job.out_dir
+        self._join()                       # the process group, this rank's device, dtype, ZeRO and sequence groups
+        self.spec = spec_of_job(self.p)    # which files make up the model, resolved once
+        self.preset = self.spec.preset
+        self.i2v_mode = self.spec.i2v_mode
+        self.any_i2v = any(d.do_i2v for d in self.p.datasets)
+        self._encode()                     # 1. caches and preview prompts; the encoders are freed after
+        plan = self._build_models(resume)  # 2.-3. the DiTs trained (one, or experts) under DeepSpeed
+        self._restore(plan)                # 4. a checkpoint's weights, optimizer, EMA and data position
+        # metrics.jsonl is the run's history: rows of steps after the resumed one (done again now) are dropped
+        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0, resume_step=self.step)
+        self.act_peak = ActivationPeak(self.device)  # activation peak per rank, for metrics
+        self.peak_flops, self.peak_source = device_peak_flops(self.dtype)
+        faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
+
+    def _join(self) -> None:
+        """The process group and what each rank needs to know of its place: device, training dtype,
+        the ZeRO layout, the sequence groups, the output folders and the per-rank seeds."""
+        p = self.p
+        self.rank, self.world = init_distributed(p.deepspeed.timeout_s)
+        self.rank0 = self.rank == 0
+        self.device = local_device()
+        self.dtype = train_dtype(p.train.dtype, p.train.cpu_bf16)
+        self.dist = Distribution.of(self.job, self.world)
+        self.zero_stage = self.dist.stage
+        self.out_dir = self.job.out_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
         if self.rank0:
             (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
@@ -165,37 +126,30 @@ class Trainer:
         random.seed(seed + self.rank)
         np.random.seed((seed + self.rank) % 2 ** 32)
         torch.manual_seed(seed + self.rank)
-
-        from video_dit.models.presets import get_preset
-
-        self.preset = get_preset(p.model.preset)
-        self.i2v_mode = p.i2v_mode
-        self.any_i2v = any(d.do_i2v for d in p.datasets)
         self.sp = p.deepspeed.sequence_parallel_size
         # sequence parallel (video_dit/parallel/sequence.py): the N ranks of a sequence group share one
         # batch and its noise, so data and noise follow the data-parallel rank; ZeRO still spans all ranks
-        from video_dit.parallel.sequence import init_sequence_parallel
-
         self.sp_info = init_sequence_parallel(self.sp)
         self.dp_world, self.dp_rank = self.sp_info.dp_size, self.sp_info.dp_rank
-
-        notice = eng.cpu_fp32_notice(p.train.dtype, self.dtype)
+        notice = cpu_fp32_notice(p.train.dtype, self.dtype)
         if notice:
             self.log(notice)
 
-        # 1. frozen encoders, the caches, the preview prompts (and images); then the text and image
-        #    encoders are freed: training reads cached tensors only. The VAE runs in model.vae_dtype
-        #    (float32 by default, as Wan runs it), the text and image encoders in the training dtype
-        #    (Wan's umT5 runs in bf16).
-        vae_src, te_src = model_sources(p)
+    def _encode(self) -> None:
+        """1. The frozen encoders, the caches, the preview prompts (and images); then the text and image
+        encoders are freed: training reads cached tensors only. The VAE runs in model.vae_dtype (float32
+        by default, as Wan runs it), the text and image encoders in the training dtype (Wan's umT5 runs
+        in bf16)."""
+        p, spec = self.p, self.spec
         vae_dtype, _ = encoder_dtypes(p)
-        self.vae = load_vae_for(vae_src, vae_dtype, self.device)
-        text_encoder = self._load_text_encoder(te_src, self.dtype)
-        clip_src = image_encoder_source(p)
-        image_encoder = self._load_image_encoder(clip_src, self.dtype) if clip_src is not None else None
-        self._build_data(vae_src, te_src, text_encoder, clip_src, image_encoder)
-        from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler
-
+        self.vae = load_vae(spec.vae, dtype=vae_dtype, device=self.device).eval().requires_grad_(False)
+        text_encoder = load_text_encoder(spec.text_encoder, dtype=self.dtype, device=self.device,
+                                         quantize=te_quantization(p.model), tokenizer=spec.tokenizer)
+        image_encoder = None
+        if spec.image_encoder is not None:
+            image_encoder = load_image_encoder(spec.image_encoder, dtype=self.dtype, device=self.device,
+                                               quantize="qfloat8" if p.model.quantize_image_encoder else None)
+        self._build_data(text_encoder, image_encoder)
         self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
                          if self._sampling_enabled() else [])
         encode_preview_images(self.previews, image_encoder, log=self.log)  # CLIP once per preview image
@@ -203,22 +157,22 @@ class Trainer:
             self.log(line)
         del text_encoder, image_encoder
         gc.collect()
-        if torch.cuda.is_available():
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-        # 2. which DiTs: one model, or the experts a two-expert job trains (train/experts.py), and the rule
-        #    of which expert trains which step
-        from video_dit.train.experts import ExpertSchedule, plan_experts
-
+    def _build_models(self, resume: str | None):
+        """2. Which DiTs: one model, or the experts a two-expert job trains (train/experts.py), and the
+        rule of which expert trains which step. 3. The resume plan (it decides load_universal and the LR
+        schedule), then per trained DiT: build (under ZeRO-3 partitioned: no rank holds a whole model),
+        trainable parameters, checkpointing, DeepSpeed, quantization of the frozen base; the frozen
+        experts of previews, the conditioning and the EMA. Returns the resume plan."""
+        p = self.p
         self.expert_plan = plan_experts(p, self.preset)
         trained = self.expert_plan.trained if self.expert_plan else (None,)
         self.expert_schedule = None
         if self.expert_plan is not None:
             self.expert_schedule = ExpertSchedule(self.expert_plan, p.train.seed, timestep_sampler(p, self.preset),
                                                   _seed_of)
-        # 3. resume plan (decides load_universal and the LR schedule), then per trained DiT: build (under
-        #    ZeRO-3 partitioned: no rank holds a whole model), trainable parameters, checkpointing,
-        #    DeepSpeed, quantization of the frozen base
         plan = ckpt.plan_resume(resume or p.save.resume, self.ckpt_dir, self.world, self.zero_stage,
                                 convert=ckpt.to_universal,  # another world size / ZeRO stage: universal format
                                 experts=self.expert_plan.trained if self.expert_plan else None)
@@ -227,55 +181,48 @@ class Trainer:
         for name in trained:
             dit = self._build_dit(name)
             steps = self.expert_schedule.steps_of(name, p.train.steps) if len(trained) > 1 else None
-            engine, optimizer, scheduler = eng.initialize(
-                dit, job, self.world, load_universal=plan is not None and plan.universal, schedule=self.schedule,
-                steps=steps)
+            engine, optimizer, scheduler = initialize(
+                dit, self.job, self.world, load_universal=plan is not None and plan.universal, schedule=self.schedule,
+                steps=steps, distribution=self.dist)
             if p.model.quantize:
-                eng.quantize_frozen(engine.module, p.model.qtype_name)
+                quantize_frozen(engine.module, p.model.qtype_name)
             t_range = expert_range(name, self.expert_plan.boundary, p.train.min_t, p.train.max_t) if name else None
             self.experts[name] = Expert(name, engine, optimizer, scheduler, timestep_sampler(p, self.preset, t_range))
         self.activate(trained[0])
         self.dit_config = self.module.config
         self.frozen_experts = self._build_preview_experts()
         self.conditioning = build_conditioning(p, self.dit_config)
-
         self.ema = None
         if p.train.ema_config.use_ema:
-            from video_dit.train.ema import EMA
-
             # a two-expert job: one average over both trained experts' weights, updated after every
             # optimizer step (the inactive expert's weights held still), as ai-toolkit's EMA of its one
             # network holding both experts' LoRAs; parameter names prefixed by the expert
             tracked = self.module if self.expert_plan is None else torch.nn.ModuleDict(
                 {name: e.module for name, e in self.experts.items()})
             self.ema = EMA(tracked, p.train.ema_config.ema_decay, self.zero_stage)
+        return plan
 
+    def _restore(self, plan) -> None:
+        """4. The step counters, and from a checkpoint (`plan`, None for a fresh run): the engines' state,
+        the LR, the EMA and the sampler's position."""
         self.step = 0
         self._drawn_t: list[float] = []  # this optimizer step's timesteps on this rank (two-expert metrics)
         self.nonfinite_in_row = 0
-        self.config_hash = job.config_hash()
-        if plan is not None:
-            state = ckpt.load(self.engines(), plan)
-            for e in self.experts.values():  # the restored optimizers hold the checkpoint schedule's last LR
-                eng.sync_lr(e.scheduler)
-            if self.ema is not None and not self.ema.load(plan.source):
-                self.log(f"warning: {plan.source} holds no EMA; the average restarts from the resumed weights")
-            self.step = int(state["step"])
-            self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
-            self.sampler.load_state_dict(state["sampler"])
-            if state.get("config_hash") not in (None, self.config_hash):
-                self.log(f"warning: {plan.path} was saved with a different training config "
-                         f"(hash {state.get('config_hash')} vs {self.config_hash}); resuming anyway")
-            self.log(f"resumed from {plan.path} at step {self.step}")
-        # metrics.jsonl is the run's history: rows of steps after the resumed one (done again now) are dropped
-        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0, resume_step=self.step)
-        from video_dit.parallel.memory import ActivationPeak
-
-        self.act_peak = ActivationPeak(self.device)  # activation peak per rank, for metrics
-        self.peak_flops, self.peak_source = eng.device_peak_flops(self.dtype)
-        from video_dit.train import faults
-
-        faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
+        self.config_hash = self.job.config_hash()
+        if plan is None:
+            return
+        state = ckpt.load(self.engines(), plan)
+        for e in self.experts.values():  # the restored optimizers hold the checkpoint schedule's last LR
+            sync_lr(e.scheduler)
+        if self.ema is not None and not self.ema.load(plan.source):
+            self.log(f"warning: {plan.source} holds no EMA; the average restarts from the resumed weights")
+        self.step = int(state["step"])
+        self.nonfinite_in_row = int(state.get("nonfinite_in_row", 0))
+        self.sampler.load_state_dict(state["sampler"])
+        if state.get("config_hash") not in (None, self.config_hash):
+            self.log(f"warning: {plan.path} was saved with a different training config "
+                     f"(hash {state.get('config_hash')} vs {self.config_hash}); resuming anyway")
+        self.log(f"resumed from {plan.path} at step {self.step}")
 
     # ---------------------------------------------------------------- set-up helpers
     def log(self, msg: str) -> None:
@@ -285,19 +232,14 @@ class Trainer:
     def _build_dit(self, expert: str | None, trainable: bool = True, device=None):
         """One DiT of the job (`build_dit`; an expert's from its source): trainable (`make_trainable`:
         LoRA or full weights, checkpointing, sequence parallelism), or frozen in eval mode."""
-        from video_dit.parallel.sequence import attach
-        from video_dit.train.build import build_dit, make_trainable
-
         p = self.p
-        source, seed = (p.model.name_or_path, p.model.seed) if expert is None else self.expert_plan.sources[expert]
+        source, seed = (self.spec.dit, self.spec.seed) if expert is None else self.expert_plan.sources[expert]
         # a LoRA base (or a frozen expert) is built in the training dtype, a full fine-tune in float32
         # (its master weights); bf16 keeps the float32 islands either way
-        dtype = eng.build_dtype(self.dtype, lora=p.network is not None) if trainable else self.dtype
+        dtype = build_dtype(self.dtype, lora=p.network is not None) if trainable else self.dtype
         dit = build_dit(source, self.preset, zero_stage=self.zero_stage, dtype=dtype, device=device or self.device,
-                        seed=seed, ds_config=eng.ds_config(self.job, self.world) if self.zero_stage == 3 else None)
-        if self.zero_stage == 3 and self.device.type == "cpu":  # host-memory gathers, block by block
-            from video_dit.parallel.memory import release_heap_per_block
-
+                        seed=seed, ds_config=self.dist.config)
+        if self.dist.partitioned and self.device.type == "cpu":  # host-memory gathers, block by block
             release_heap_per_block(dit)
         if trainable:
             # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
@@ -314,15 +256,12 @@ class Trainer:
         plan = self.expert_plan
         if plan is None or not (self._sampling_enabled() or self.validator is not None):
             return {}
-        if self.zero_stage != 3 and self.sp == 1 and not self.rank0 and self.validator is None:
+        if not self.dist.collective_forward and not self.rank0 and self.validator is None:
             return {}  # under ZeRO 0-2 (no sequence parallelism) rank 0 renders alone: only it holds the expert
         frozen = {}
         for name in (e for e in plan.sources if e not in plan.trained):
-            if self.zero_stage == 3:
-                frozen[name] = eng.initialize_frozen(self._build_dit(name, trainable=False), self.job,
-                                                     self.world).module
-            else:
-                frozen[name] = self._build_dit(name, trainable=False, device="cpu")
+            on = "cpu" if self.dist.frozen_on_host else None  # moved to the device when used
+            frozen[name] = self.dist.frozen(self._build_dit(name, trainable=False, device=on))
         return frozen
 
     def activate(self, name: str | None) -> None:
@@ -339,10 +278,10 @@ class Trainer:
             return self.engine
         return {name: e.engine for name, e in self.experts.items()}
 
-    def _schedule(self, plan) -> eng.LRSchedule:
+    def _schedule(self, plan) -> LRSchedule:
         """The LR schedule of this run: the job's; on resume the checkpoint's, extended when train.steps
         changed (`LRSchedule.extended`, logged). Other schedule changes are refused (`ResumeError`)."""
-        fresh = eng.LRSchedule.of(self.p.train)
+        fresh = LRSchedule.of(self.p.train)
         if plan is None:
             return fresh
         saved = plan.meta.get("lr_schedule")
@@ -350,10 +289,10 @@ class Trainer:
             self.log(f"warning: {plan.path} records no LR schedule (an older checkpoint); this job's schedule "
                      "applies as if it had been configured from the start")
             return fresh
-        change = eng.schedule_change(plan.meta, self.p.train)
+        change = schedule_change(plan.meta, self.p.train)
         if change is not None:
             raise ckpt.ResumeError(f"config.process[0].train.{change[0]}: {change[1]}")
-        old, step = eng.LRSchedule(**saved), int(plan.meta["step"])
+        old, step = LRSchedule(**saved), int(plan.meta["step"])
         if old.total == fresh.total or step >= fresh.total:
             return old
         new = old.extended(step, fresh.total)
@@ -364,33 +303,16 @@ class Trainer:
         s = self.p.sample
         return s is not None and bool(s.samples) and not self.p.train.disable_sampling
 
-    def _load_text_encoder(self, source: str, dtype):
-        from video_dit.models.loading import load_text_encoder, te_quantization
-
-        m = self.p.model
-        return load_text_encoder(source, dtype=dtype, device=self.device, quantize=te_quantization(m),
-                                 tokenizer=m.tokenizer_path)
-
-    def _load_image_encoder(self, source: str, dtype):
-        from video_dit.models.loading import load_image_encoder
-
-        quant = "qfloat8" if self.p.model.quantize_image_encoder else None
-        return load_image_encoder(source, dtype=dtype, device=self.device, quantize=quant)
-
-    def _build_data(self, vae_src: str, te_src: str, text_encoder, clip_src: str | None = None,
-                    image_encoder=None) -> None:
-        from video_dit.data import BucketBatchSampler, CachedDataset, ScanResult, build_cache, collate, scan_datasets
-        from video_dit.diffusion.conditioning import encode_conditioning
-
-        p = self.p
-        from video_dit.train import validation
-
+    def _build_data(self, text_encoder, image_encoder=None) -> None:
+        """The datasets scanned, every item's latents and text embeddings cached (split across ranks),
+        the held-out items' validator, and the loader of this rank's batches."""
+        p, spec = self.p, self.spec
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0,
                              i2v_mode=self.i2v_mode if self.any_i2v else None)
         scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
         flf2v = p.flf2v
-        space, text_space = cache_spaces(p, self.preset, vae_src, te_src, next(self.vae.parameters()).dtype,
-                                         text_encoder.dtype, clip_src, image_encoder)
+        space, text_space = cache_spaces(p, self.preset, spec.vae, spec.text_encoder, next(self.vae.parameters()).dtype,
+                                         text_encoder.dtype, spec.image_encoder, image_encoder)
         vae, mode = self.vae, self.i2v_mode
 
         def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
@@ -416,13 +338,14 @@ class Trainer:
             self.validator = validation.Validator(
                 p.train.validation_config, val_set, dp_rank=self.dp_rank, dp_size=self.dp_world,
                 sp_rank=self.sp_info.sp_rank, device=self.device,
-                collective=p.deepspeed.zero_stage == 3 or self.sp > 1)
+                collective=self.dist.collective_forward)
             self.log(f"validation: {len(val_set)} held-out items at sigmas {p.train.validation_config.validation_sigmas}")
         self.sampler = BucketBatchSampler(self.dataset, p.train.batch_size, world_size=self.dp_world,
                                           rank=self.dp_rank, seed=p.train.seed)
         workers = max(d.num_workers for d in p.datasets)
+        # pinned host batches on GPU ranks: their copies to the device are asynchronous (`loss_at`)
         self.loader = torch.utils.data.DataLoader(self.dataset, batch_sampler=self.sampler, collate_fn=collate,
-                                                  num_workers=workers)
+                                                  num_workers=workers, pin_memory=pin_memory())
         self._consumed = 0
 
     def _batches(self):
@@ -451,20 +374,19 @@ class Trainer:
         """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
         `loss_of` computes after drawing them (a validation loss calls this with fixed ones). `model`:
         the DiT to run (default: the engine being trained; a two-expert validation picks by t)."""
-        from video_dit.diffusion.objective import flow_matching_loss
-
-        x0 = batch["latents"].to(self.device, torch.float32)  # (B, C, F', h, w)
-        t, noise = t.to(self.device, torch.float32), noise.to(self.device, torch.float32)
+        dev = self.device
+        x0 = to_device(batch["latents"], dev, torch.float32)  # (B, C, F', h, w)
+        t, noise = to_device(t, dev, torch.float32), to_device(noise, dev, torch.float32)
         cond = active = None
         if self.conditioning is not None:
-            cond = {k: batch[k].to(self.device) for k in ("first_frame_latents", "cond_latents", "clip_features")
+            cond = {k: to_device(batch[k], dev) for k in ("first_frame_latents", "cond_latents", "clip_features")
                     if k in batch}
             # per sample (DataItem.conditioned): clips of do_i2v datasets; stills and t2v datasets train
             # unconditioned, as t2v (concat mode refuses unconditioned items at the scan); a validation
             # batch says it itself: its indices are the validation set's
-            active = batch["do_i2v"].to(self.device) if "do_i2v" in batch else torch.tensor(
-                [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=self.device)
-        context = [e.to(self.device) for e in batch["text_embeds"]]
+            active = to_device(batch["do_i2v"], dev) if "do_i2v" in batch else torch.tensor(
+                [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=dev)
+        context = [to_device(e, dev) for e in batch["text_embeds"]]
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,
                                   weight=self.timesteps.loss_weight(t))
@@ -521,7 +443,7 @@ class Trainer:
             self.step += 1
             if self.ema is not None:
                 self.ema.update()
-            if torch.cuda.is_available():
+            if self.device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t_step
             grad_norm = self.engine.get_global_grad_norm()
@@ -558,8 +480,6 @@ class Trainer:
         """The rank-0 progress bar (stderr). While it is open, log lines go through `tqdm.write`, which
         clears the bar, prints the line and redraws the bar below it: a plain print would be glued to the
         end of the bar's line. `file` (tests): one stream for both."""
-        from tqdm import tqdm
-
         bar = tqdm(total=total, initial=self.step, desc=self.job.name, dynamic_ncols=True, file=file or sys.stderr)
         self._plain_log = self._log
         if self._log is print:  # a caller's own log function is left alone
@@ -576,8 +496,6 @@ class Trainer:
         p = self.p
         if not (self.rank0 and self.previews and p.prepare is not None and p.prepare.demo_data is not None):
             return
-        from video_dit.commands.check_demo import preview_steps, report
-
         samples = self.out_dir / "samples"
         steps = sorted({0, self.step} & set(preview_steps(samples)))
         try:
@@ -586,8 +504,6 @@ class Trainer:
             text = f"demo check skipped: {exc}"
         self.log(text)
         if self.validator is not None:
-            from video_dit.commands.plot import read_metrics
-
             val = [(r["step"], r["val_loss"]) for r in read_metrics(self.metrics.path) if "val_loss" in r]
             if val:
                 self.log(f"held-out validation loss: {val[0][1]:.4f} at step {val[0][0]} -> {val[-1][1]:.4f} at step "
@@ -606,8 +522,6 @@ class Trainer:
     # ---------------------------------------------------------------- outputs
     def _ema_for(self, use: bool):
         """The EMA weights swapped into the model when the job asks for them here (every rank)."""
-        from contextlib import nullcontext
-
         return self.ema.swapped_in() if self.ema is not None and use else nullcontext()
 
     def validate(self) -> dict:
@@ -625,12 +539,10 @@ class Trainer:
         return out
 
     def preview(self) -> None:
-        from video_dit.train.preview import render
-
         t0 = time.perf_counter()
         with self._ema_for(self.p.train.ema_config.sample_with_ema):
             paths = render(self._preview_model(), self.vae, self.previews, self.out_dir, self.step,
-                           zero_stage=self.zero_stage, i2v_mode=self.i2v_mode, log=self.log)
+                           every_rank=self.dist.collective_forward, i2v_mode=self.i2v_mode, log=self.log)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     @contextmanager
@@ -641,10 +553,8 @@ class Trainer:
         if self.expert_plan is None:
             yield self.loss_at
             return
-        from video_dit.diffusion.experts import expert_at
-
         models = {**self.frozen_experts, **{n: e.engine for n, e in self.experts.items()}}
-        moved = [m for n, m in self.frozen_experts.items() if self.zero_stage != 3]
+        moved = [m for m in self.frozen_experts.values() if self.dist.frozen_on_host]
         for m in moved:
             m.to(self.device)
         try:
@@ -660,8 +570,6 @@ class Trainer:
         a warning: the previews then show that expert alone, not what Wan 2.2 samples."""
         if self.expert_plan is None:
             return self.module
-        from video_dit.diffusion.experts import EXPERTS, TwoExperts
-
         modules = {**{n: e.module for n, e in self.experts.items()}, **self.frozen_experts}
         if len(modules) == 1:
             if not getattr(self, "_warned_one_expert", False):
@@ -669,7 +577,7 @@ class Trainer:
                          f"{self.p.model.name_or_path} holds one expert (a two-expert folder samples both)")
                 self._warned_one_expert = True
             return next(iter(modules.values()))
-        offload = tuple(n for n in self.frozen_experts if self.zero_stage != 3)
+        offload = tuple(n for n in self.frozen_experts if self.dist.frozen_on_host)
         return TwoExperts(*(modules[e] for e in EXPERTS), self.expert_plan.boundary, offload=offload,
                           device=self.device if offload else None)
 
@@ -696,9 +604,6 @@ class Trainer:
         one per trained expert of a two-expert job: `<name>_<step>_<expert>.safetensors` (ai-toolkit's split
         LoRA names, ComfyUI keys, `expert` + `boundary_ratio` in the metadata) or, for a full fine-tune,
         `<name>_<step>/<Wan's expert folder>/` (high_noise_model/, low_noise_model/)."""
-        from video_dit.models.loading import EXPERT_FOLDERS, write_sources
-        from video_dit.train import export
-
         p = self.p
         metadata = {"base_preset": self.preset.name, "base_model": p.model.name_or_path, "step": self.step,
                     "name": self.job.name, "i2v_mode": self.i2v_mode if self.any_i2v else "none",
@@ -732,12 +637,7 @@ class Trainer:
         where the VAE, text encoder (and CLIP image encoder) came from (absolute paths), the i2v mode and
         the first preview's sampling settings and dtypes, which `video-dit sample --model EXPORT` then
         uses by default."""
-        vae, te = (v if v.startswith("preset:") else str(Path(v).absolute()) for v in model_sources(self.p))
-        out = {"preset": self.preset.name, "vae": vae, "text_encoder": te,
-               "i2v_mode": self.i2v_mode if self.any_i2v else "none"}
-        clip = image_encoder_source(self.p)  # Wan 2.1 I2V / FLF2V: the CLIP image encoder too
-        if clip is not None:
-            out["image_encoder"] = clip if clip.startswith("preset:") else str(Path(clip).absolute())
+        out = {**self.spec.sources(), "i2v_mode": self.i2v_mode if self.any_i2v else "none"}
         if self.previews:
             vae_dtype, _ = encoder_dtypes(self.p)
             out["sampling"] = {**preview_sampling(self.previews[0]),  # previews: the DiT in the training dtype
@@ -747,9 +647,6 @@ class Trainer:
     def _prune_exports(self, name: str) -> None:
         """Keep the exports of the last `max_step_saves_to_keep` saves: `<name>_<9-digit step>` files or
         folders, with every expert's `_high_noise` / `_low_noise` file of a step."""
-        import re
-        import shutil
-
         step_re = re.compile(re.escape(name) + r"_(\d{9})(_high_noise|_low_noise)?(\.safetensors)?")
         found = [(int(m.group(1)), q) for q in self.out_dir.iterdir() if (m := step_re.fullmatch(q.name))]
         keep = sorted({step for step, _ in found})[-self.p.save.max_step_saves_to_keep:]
@@ -769,8 +666,6 @@ def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None
     """The job's `TimestepSampler`: `train.timestep_type` at `train.timestep_shift` (default: the
     preset's training shift), conditioned on [train.min_t, train.max_t], or on `t_range` (an expert's
     side of the boundary within them, `diffusion.experts.expert_range`)."""
-    from video_dit.diffusion.flow import TimestepSampler
-
     t = process.train
     shift = t.timestep_shift if t.timestep_shift is not None else preset.train_shift
     lo, hi = t_range if t_range is not None else (t.min_t, t.max_t)
@@ -780,8 +675,6 @@ def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None
 def build_conditioning(process, dit_config):
     """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
     patch, `model.mask_first_frame_loss` (None: the mode's default) and the datasets' `do_flf2v`."""
-    from video_dit.diffusion.conditioning import FirstFrameConditioning
-
     if not any(d.do_i2v for d in process.datasets):
         return None
     return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
@@ -805,9 +698,6 @@ def preview_sampling(job) -> dict:
 
 def run(job, resume: str | None = None) -> int:
     """Build, train, close; the exit code (0, EXIT_BAD_INPUT, EXIT_NONFINITE or EXIT_SAVE_FAILED)."""
-    from video_dit.data import DataError
-    from video_dit.models.loading import WeightsError
-
     try:
         trainer = Trainer(job, resume=resume)
     except (WeightsError, DataError, ckpt.ResumeError) as exc:  # bad weights/data/checkpoint: one message

@@ -25,15 +25,25 @@ import dataclasses
 import datetime
 import json
 import math
+import multiprocessing
 import os
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
 
-from video_dit.data.frames import snap_num_frames
-from video_dit.media import VIDEO_EXTS
+from video_dit.data.dataset import DataWarning, list_media
+from video_dit.data.frames import crop_plan, fit_frames, snap_num_frames
+from video_dit import media
+from video_dit.media import VIDEO_EXTS, MediaError, probe_video
+from video_dit.models.presets import VAE_PRESETS
+from video_dit.models.vae import CausalVideoVAE
+from video_dit.models.vae_layers import CausalConv3d, Resample, ResidualBlock
 
 CONFIG_NAME = "config.json"
 HOLDOUT = "holdout"  # the demo data's held-out clips (video_dit.data.demo), measured, never trained on
@@ -67,12 +77,6 @@ def _clips(data_dir: Path, frames: int = 1, cell: int = 8, verbose: bool = True,
     a clip that cannot be read or has fewer than `frames` frames is skipped with a warning naming it;
     no clip left is a `ValueError`. `side`: that square side instead (the held-out clips, measured at
     the training size)."""
-    import warnings
-
-    from video_dit.data.dataset import DataWarning, list_media
-    from video_dit.data.frames import crop_plan, fit_frames
-    from video_dit.media import MediaError, probe_video, read_video_frames
-
     if not Path(data_dir).is_dir():
         raise FileNotFoundError(f"{data_dir}: not a folder, so no videos to train the VAE on")
     paths, _ = list_media(data_dir)
@@ -99,7 +103,7 @@ def _clips(data_dir: Path, frames: int = 1, cell: int = 8, verbose: bool = True,
     clips = []
     for path, info in usable:  # 2. decode what passed, at the training size
         try:
-            array = read_video_frames(path, list(range(min(info.num_frames, MAX_FRAMES))))  # (F, H, W, 3) uint8
+            array = media.read_video_frames(path, list(range(min(info.num_frames, MAX_FRAMES))))  # (F, H, W, 3) uint8
         except MediaError as exc:
             skipped.append((path, exc.reason))
             continue
@@ -248,8 +252,6 @@ def init_colour_path(vae) -> None:
     Attention blocks are left as Wan's init makes them (output projection zero: identity + bias).
     Call it on a freshly built VAE.
     """
-    from video_dit.models.vae_layers import CausalConv3d, ResidualBlock, Resample
-
     cfg = vae.config
     if cfg.is_residual:
         raise ValueError("init_colour_path: only the Wan 2.1 block layout (is_residual=False); Wan 2.2's "
@@ -333,28 +335,7 @@ def train_tiny_vae(data_dir: str | os.PathLike, out_path: str | os.PathLike, *, 
     (a decay in (0, 1); 0: none) keeps an exponential moving average of the weights
     (`torch.optim.swa_utils.AveragedModel`), which is measured, saved and returned in their place. The
     error is `clamped_error` (no cost for overshoot that decode's clamp corrects).
-    Measured on the demo's whole held-out clips (64x64x17; PSNR min-max, shape-colour errors):
-      defaults (sampled posterior, 5-frame windows, 150 steps): 9.2-9.4 dB, 80-107/255; the decoder
-        never learns the state it carries from chunk to chunk and later chunks drift to a flat wash;
-      posterior mean, 9-frame windows, batch 4, latent_init_scale 100, cell_weight 4, 200 steps:
-        18.4-21.4 dB, 55-118/255: brightness and shape, no hue (every shape towards grey-green);
-      the same with colour_path instead of latent_init_scale, fg_weight 8, 400 steps, on the 64-clip
-        data: 22.6-28.1 dB, 4-31/255, every colour back; edges still soft (squares and triangles
-        decode rounded); 1,600 steps: 25.1-32.1 dB, 1.6-6.8/255;
-      the last recipe (2 windows + 18 single frames per step, bf16, the `tiny` preset, 360 steps,
-        87-129 s on 2 cores, the 256-clip data): 22.4-29.6 dB, 8-24/255 with hard-edged shapes;
-        24.1-31.5 dB, 2-28/255 with the anti-aliased ones the demo draws now;
-      the demo's recipe (configs/demo_i2v_tiny.yaml: the same on the `tiny-p2` preset, fg_ring 2,
-        320 of 960 steps on single frames alone, ranks 2; 121 s): 27.0-32.5 dB, 4-7/255 (720
-        steps, 111 s: 25.7-31.4 dB, 4-9/255), short of the PSNR goal (>= 30 dB on every clip);
-      the demo's recipe now (1,800 steps, 600 on single frames; whole 17-frame clips, lr 3e-3, ema
-        0.99; 144 s on this stop's machine, where the 960-step one took 78 s): 31.8-35.5 dB, 1-4/255
-        (the last step's weights 31.4-36.0 dB): both goals on every clip. The same with 1,440 steps:
-        29.7-35.3 dB; 2,160 steps: 32.2-37.1 dB;
-      with bright_weight 5 (the demo now; measured on another machine, an AMD EPYC, where the recipe
-        without it gave 31.3-36.3 dB, 7.1/255, the red square seen as a square in 71% of the
-        reconstructed frames): 32.1-36.5 dB, 2-8/255, the red square in 82%.
-    The measurements behind the recipe: docs/demo_recipe.md.
+    How the demo's recipe came to be, measured on the held-out clips: docs/demo_recipe.md.
     """
     out_path = Path(out_path)
     if out_path.exists() and not force:
@@ -379,8 +360,6 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     the same step and takes its share of the windows and frames, and the gradients are summed, so the
     step is the one-process step (up to float summation order); each rank runs `threads` torch
     threads (default: the cores shared out). Rank 0 measures, saves and returns."""
-    from video_dit.models.presets import VAE_PRESETS
-
     if preset not in VAE_PRESETS:
         raise KeyError(f"unknown VAE preset {preset!r}; valid: {', '.join(VAE_PRESETS)}")
     if frames < 1 or snap_num_frames(frames) != frames:
@@ -411,8 +390,6 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                   log_every=log_every, verbose=verbose)
     if ranks == 1:
         return _train_rank(0, 1, None, Path(data_dir), Path(out_path), recipe)
-    import multiprocessing
-    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="vd_vae_ranks_") as tmp:
         init = f"file://{tmp}/rendezvous"
@@ -439,14 +416,7 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
                 recipe: dict) -> VAETrainResult | None:
     """One rank of `train_tiny_vae_result` (the whole stage when `world` is 1): trains; rank 0 then
     measures and saves. `init`: the process group's rendezvous (None: one rank)."""
-    import torch.distributed as dist
-    from safetensors.torch import save_file
-
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
-
     r = SimpleNamespace(**recipe)
-    verbose, preset, frames, steps, cell_weight = r.verbose, r.preset, r.frames, r.steps, r.cell_weight
     if r.threads is not None:
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(r.threads)
@@ -455,175 +425,207 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=RANK_TIMEOUT)
     start = time.perf_counter()
     try:
-        clips = _clips(data_dir, frames, VAE_PRESETS[preset].spatial_compression, verbose=verbose)
-        length = min(c.shape[1] for c in clips)
-        stats_frames = snap_num_frames(length)
-        H, W = clips[0].shape[2:]
-        fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
-        cell = VAE_PRESETS[preset].spatial_compression
-        ch, cw = (H, W) if r.crop is None else (min(r.crop, H), min(r.crop, W))
-        if ch % cell or cw % cell:
-            raise ValueError(f"crop {ch}x{cw} (frames {H}x{W}) must be a multiple of the VAE's {cell}x cell")
-
+        clips = _clips(data_dir, r.frames, VAE_PRESETS[r.preset].spatial_compression, verbose=r.verbose)
         torch.manual_seed(r.seed)                    # the model's init (the same on every rank)
         gen = torch.Generator().manual_seed(r.seed)  # windows, order and posterior samples (likewise)
-        config = dataclasses.replace(VAE_PRESETS[preset])
-        vae = CausalVideoVAE(config).train()
-        if r.colour_path:
-            init_colour_path(vae)  # z[:, :3] starts as the cells' mean RGB (see init_colour_path)
-        if r.init_logvar is not None:
-            # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
-            # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its
-            # steps learning to shrink it. conv1's output channels are [mean | logvar].
-            with torch.no_grad():
-                vae.conv1.weight[config.z_dim:].zero_()
-                vae.conv1.bias[config.z_dim:].fill_(r.init_logvar)
-        if r.latent_init_scale is not None:
-            # Start with latents that outweigh the decoder's biases: at the default init the posterior
-            # mean has a std of ~0.2, the decoder first learns to ignore it (outputs the average clip,
-            # ~12 dB) and only starts to use it after a long plateau (~125 steps overfitting one
-            # batch; ~40 with the mean half of quant_conv scaled by 30). conv1 = quant_conv.
-            with torch.no_grad():
-                vae.conv1.weight[:config.z_dim].mul_(r.latent_init_scale)
-                vae.conv1.bias[:config.z_dim].mul_(r.latent_init_scale)
-        params = list(vae.parameters())
-        # fused: one kernel over all parameters instead of a loop of small ops per parameter
-        opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
-        warmup = max(1, steps // 20)
-        # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
-            0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
-        losses: list[float] = []
-        # An exponential moving average of the weights (decay r.ema, from the first step's), which rank 0
-        # saves: the steps' noise averages out of the edges (docs/demo_recipe.md: +0.4-1.5 dB held out)
-        swa = torch.optim.swa_utils
-        averaged = (swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema))
-                    if r.ema and rank == 0 else None)
-
-        def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
-            # weigh their pixels (and those within fg_ring px of them) up, or black wins
-            mask = _foreground(x)
-            if r.fg_ring:
-                k = 2 * r.fg_ring + 1
-                mask = torch.nn.functional.max_pool3d(mask[:, None], (1, k, k), 1, (0, r.fg_ring, r.fg_ring))[:, 0]
-            return 1.0 + r.fg_weight * mask.unsqueeze(1)
-
-        def batch_loss(x):  # the whole step's (B, 3, T, ch, cw) -> this rank's (reconstruction, KL) terms
-            # Every term is this rank's share of a sum, divided by the whole batch's count (or weight),
-            # so the ranks' terms add up to the one-process loss. The rank takes items rank::world.
-            weight = weight_of(x)
-            denom = weight.sum() * x.shape[1]                       # the weights' sum over (B, 3, T, h, w)
-            part, weight = x[rank::world], weight[rank::world]
-            if len(part) == 0:
-                return x.new_zeros(()), x.new_zeros(())
-            # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
-            # no clamp, so pixels pushed past [-1, 1] still get a gradient.
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.bf16):
-                posterior = vae.encode(part, chunked=False)
-                if r.sample_posterior:  # the whole batch's noise, so every rank draws the same
-                    noise = torch.randn((len(x),) + posterior.mean.shape[1:], generator=gen)[rank::world]
-                    z = posterior.mean + posterior.std * noise.to(posterior.mean.dtype)
-                else:
-                    z = posterior.mode()
-                recon = vae.decode(z, chunked=False, clamp=False).float()
-            def weighted(e, w):  # the weighted L1 + L2 sum of the errors e
-                return (w * (e.abs() + e.pow(2))).sum()
-
-            err = clamped_error(recon, part)
-            rec = weighted(err, weight) / denom
-            if r.bright_weight:
-                # the error of each pixel's brightest channel: a shape's outline on black, whatever its
-                # colour. The per-channel terms weigh an edge by its colour's channels, so a red or
-                # blue edge (one bright channel) cost half a yellow one (two) and a third of a white one
-                bright = clamped_error(recon.amax(1, keepdim=True), part.amax(1, keepdim=True))  # (b, 1, T, h, w)
-                rec = rec + r.bright_weight * weighted(bright, weight) * x.shape[1] / denom
-            if cell_weight:
-                # the error of each latent cell's mean colour (one cell x cell block per frame): a
-                # cell's colour gets a gradient that the per-pixel terms spread over its edges
-                pooled = torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs()
-                rec = rec + cell_weight * pooled.sum() / (pooled.numel() * len(x) / len(part))
-            mean, logvar = posterior.mean.float(), posterior.logvar.float()
-            kl_sum = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum()               # KL to N(0, 1)
-            kl = kl_sum / (mean.numel() * len(x) / len(part))
-            return rec, kl
-
-        def draw(n, length):  # n random windows of `length` frames, each cropped around a random shape pixel
-            out = []
-            for i in torch.randint(len(clips), (n,), generator=gen).tolist():
-                o = int(torch.randint(clips[i].shape[1] - length + 1, (1,), generator=gen))
-                y0, x0 = _crop_origin(fg[i][o:o + length], ch, cw, gen)
-                out.append(clips[i][:, o:o + length, y0:y0 + ch, x0:x0 + cw])
-            return torch.stack(out)                                                  # (n, 3, length, ch, cw)
-
-        batch_size, images = r.batch_size, r.images
-        for step in range(steps):
-            if step < r.image_steps:
-                # single frames alone (as many frames as a whole step holds): the first-frame path
-                # learns the shapes' edges and colours before the windows add motion
-                rec, kl = batch_loss(draw(images + batch_size * frames, 1))
-            else:
-                rec, kl = batch_loss(draw(batch_size, frames))
-                if images:
-                    # single frames of other clips, through the first-frame path alone (the frame an i2v
-                    # job conditions on): more independent crops per step than the windows give
-                    rec_i, kl_i = batch_loss(draw(images, 1))
-                    rec, kl = rec + rec_i, (kl + kl_i) / 2
-            loss = rec + r.kl_weight * kl
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            terms = torch.stack([rec.detach(), kl.detach()])
-            if world > 1:  # the gradients of the ranks' shares add up to the whole step's gradient
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                flat = torch.cat([g.reshape(-1) for g in grads] + [terms])
-                dist.all_reduce(flat)
-                for p, g in zip(params, torch.split(flat[:-2], [q.numel() for q in params])):
-                    p.grad = g.view_as(p)
-                terms = flat[-2:]
-            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-            opt.step()
-            sched.step()
-            if averaged is not None:
-                averaged.update_parameters(vae)
-            losses.append(float(terms[0]))
-            if verbose and (step + 1) % r.log_every == 0 or (verbose and step + 1 == steps):
-                recent = losses[-r.log_every:]
-                print(f"[train-vae] step {step + 1}/{steps} recon {sum(recent) / len(recent):.4f} "
-                      f"({time.perf_counter() - start:.0f}s)", flush=True)
+        vae = _initial_vae(r)
+        averaged, losses = _train_steps(vae, clips, r, rank, world, gen, start)
         if rank != 0:
             return None
-
-        vae.eval()
-        if averaged is not None:
-            if verbose and (raw := _heldout_figures(vae, data_dir, (H, W))) is not None:
-                print(f"[train-vae] held-out clips, the last step's weights: {format_figures(raw)}", flush=True)
-            with torch.no_grad():  # the average is what is measured, saved and returned
-                for p, a in zip(params, averaged.module.parameters()):
-                    p.copy_(a)
-        heldout = _heldout_figures(vae, data_dir, (H, W))
-        if verbose and heldout is not None:
-            what = f" (EMA {r.ema} of the weights: saved)" if averaged is not None else ""
-            print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}){what}: {format_figures(heldout)}", flush=True)
-        mean, std = latent_stats(vae, clips[:STATS_CLIPS], stats_frames)
-        config = dataclasses.replace(config, mean=mean, std=std)
-        vae.config = config  # the returned model normalizes as a loaded one does
-        vae.latent_mean.copy_(torch.tensor(mean).view_as(vae.latent_mean))
-        vae.latent_std.copy_(torch.tensor(std).view_as(vae.latent_std))
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        # Only VAEConfig fields: `VAEConfig.from_dict(json.load(...))` rebuilds the config exactly.
-        config_json = json.dumps(dataclasses.asdict(config), indent=2)
-        _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
-        state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
-        meta = {"format": "pt", "preset": preset, "steps": str(steps), "seed": str(r.seed),
-                "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
-        if heldout is not None:
-            meta["heldout_figures"] = json.dumps(heldout)
-        _atomic_write(out_path, lambda p: save_file(state, str(p), metadata=meta))
-        seconds = time.perf_counter() - start
-        if verbose:
-            print(f"[train-vae] saved {out_path} ({seconds:.0f}s)", flush=True)
-        return VAETrainResult(out_path, losses, mean, std, seconds, vae, heldout)
+        return _measure_and_save(vae, averaged, clips, losses, r, data_dir, out_path, start)
     finally:
         if init is not None:
             dist.destroy_process_group()
         if r.threads is not None:
             torch.set_num_threads(previous_threads)
+
+
+def _initial_vae(r) -> CausalVideoVAE:
+    """The recipe's VAE at its first step (torch's default init from the seeded global RNG, then the
+    recipe's changes of it)."""
+    config = dataclasses.replace(VAE_PRESETS[r.preset])
+    vae = CausalVideoVAE(config).train()
+    if r.colour_path:
+        init_colour_path(vae)  # z[:, :3] starts as the cells' mean RGB (see init_colour_path)
+    if r.init_logvar is not None:
+        # Start the posterior nearly deterministic (std e^(init_logvar / 2)): with the default
+        # init, logvar ~ 0 and unit noise drowns the latents, and a short run spends most of its
+        # steps learning to shrink it. conv1's output channels are [mean | logvar].
+        with torch.no_grad():
+            vae.conv1.weight[config.z_dim:].zero_()
+            vae.conv1.bias[config.z_dim:].fill_(r.init_logvar)
+    if r.latent_init_scale is not None:
+        # Start with latents that outweigh the decoder's biases: at the default init the posterior
+        # mean has a std of ~0.2, the decoder first learns to ignore it (outputs the average clip,
+        # ~12 dB) and only starts to use it after a long plateau (~125 steps overfitting one
+        # batch; ~40 with the mean half of quant_conv scaled by 30). conv1 = quant_conv.
+        with torch.no_grad():
+            vae.conv1.weight[:config.z_dim].mul_(r.latent_init_scale)
+            vae.conv1.bias[:config.z_dim].mul_(r.latent_init_scale)
+    return vae
+
+
+def _batch_loss_fn(vae, r, rank: int, world: int, gen: torch.Generator, cell: int):
+    """The recipe's loss of one step's batch, as this rank's share: (B, 3, T, ch, cw) -> (reconstruction,
+    KL) terms. Every term is this rank's share of a sum, divided by the whole batch's count (or
+    weight), so the ranks' terms add up to the one-process loss. The rank takes items rank::world."""
+    def weight_of(x):  # (B, 3, T, h, w) -> (B, 1, T, h, w): shapes cover a few % of the demo frames:
+        # weigh their pixels (and those within fg_ring px of them) up, or black wins
+        mask = _foreground(x)
+        if r.fg_ring:
+            k = 2 * r.fg_ring + 1
+            mask = torch.nn.functional.max_pool3d(mask[:, None], (1, k, k), 1, (0, r.fg_ring, r.fg_ring))[:, 0]
+        return 1.0 + r.fg_weight * mask.unsqueeze(1)
+
+    def weighted(e, w):  # the weighted L1 + L2 sum of the errors e
+        return (w * (e.abs() + e.pow(2))).sum()
+
+    def batch_loss(x):
+        weight = weight_of(x)
+        denom = weight.sum() * x.shape[1]                       # the weights' sum over (B, 3, T, h, w)
+        part, weight = x[rank::world], weight[rank::world]
+        if len(part) == 0:
+            return x.new_zeros(()), x.new_zeros(())
+        # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
+        # no clamp, so pixels pushed past [-1, 1] still get a gradient.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.bf16):
+            posterior = vae.encode(part, chunked=False)
+            if r.sample_posterior:  # the whole batch's noise, so every rank draws the same
+                noise = torch.randn((len(x),) + posterior.mean.shape[1:], generator=gen)[rank::world]
+                z = posterior.mean + posterior.std * noise.to(posterior.mean.dtype)
+            else:
+                z = posterior.mode()
+            recon = vae.decode(z, chunked=False, clamp=False).float()
+        err = clamped_error(recon, part)
+        rec = weighted(err, weight) / denom
+        if r.bright_weight:
+            # the error of each pixel's brightest channel: a shape's outline on black, whatever its
+            # colour. The per-channel terms weigh an edge by its colour's channels, so a red or
+            # blue edge (one bright channel) cost half a yellow one (two) and a third of a white one
+            bright = clamped_error(recon.amax(1, keepdim=True), part.amax(1, keepdim=True))  # (b, 1, T, h, w)
+            rec = rec + r.bright_weight * weighted(bright, weight) * x.shape[1] / denom
+        if r.cell_weight:
+            # the error of each latent cell's mean colour (one cell x cell block per frame): a
+            # cell's colour gets a gradient that the per-pixel terms spread over its edges
+            pooled = torch.nn.functional.avg_pool3d(err, (1, cell, cell)).abs()
+            rec = rec + r.cell_weight * pooled.sum() / (pooled.numel() * len(x) / len(part))
+        mean, logvar = posterior.mean.float(), posterior.logvar.float()
+        kl_sum = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).sum()               # KL to N(0, 1)
+        kl = kl_sum / (mean.numel() * len(x) / len(part))
+        return rec, kl
+
+    return batch_loss
+
+
+def _window_fn(clips: list, r, gen: torch.Generator):
+    """draw(n, length): n random windows of `length` frames, each cropped (the recipe's `crop`) around
+    a random shape pixel: (n, 3, length, ch, cw)."""
+    H, W = clips[0].shape[2:]
+    fg = [_foreground(c[None])[0] for c in clips]                             # (F, H, W) bool each
+    cell = VAE_PRESETS[r.preset].spatial_compression
+    ch, cw = (H, W) if r.crop is None else (min(r.crop, H), min(r.crop, W))
+    if ch % cell or cw % cell:
+        raise ValueError(f"crop {ch}x{cw} (frames {H}x{W}) must be a multiple of the VAE's {cell}x cell")
+
+    def draw(n, length):
+        out = []
+        for i in torch.randint(len(clips), (n,), generator=gen).tolist():
+            o = int(torch.randint(clips[i].shape[1] - length + 1, (1,), generator=gen))
+            y0, x0 = _crop_origin(fg[i][o:o + length], ch, cw, gen)
+            out.append(clips[i][:, o:o + length, y0:y0 + ch, x0:x0 + cw])
+        return torch.stack(out)                                                  # (n, 3, length, ch, cw)
+
+    return draw
+
+
+def _train_steps(vae, clips: list, r, rank: int, world: int, gen: torch.Generator, start: float):
+    """The recipe's optimizer steps on this rank (gradients summed over the ranks); returns (the
+    weights' moving average on rank 0 or None, the reconstruction loss of every step)."""
+    draw = _window_fn(clips, r, gen)
+    batch_loss = _batch_loss_fn(vae, r, rank, world, gen, VAE_PRESETS[r.preset].spatial_compression)
+    params = list(vae.parameters())
+    # fused: one kernel over all parameters instead of a loop of small ops per parameter
+    opt = torch.optim.AdamW(params, lr=r.lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
+    steps, warmup = r.steps, max(1, r.steps // 20)
+    # Linear warmup, then cosine to 10% of lr: the last steps polish instead of bouncing.
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) * (
+        0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, i / steps)))))
+    losses: list[float] = []
+    # An exponential moving average of the weights (decay r.ema, from the first step's), which rank 0
+    # saves: the steps' noise averages out of the edges (docs/demo_recipe.md: +0.4-1.5 dB held out)
+    swa = torch.optim.swa_utils
+    averaged = (swa.AveragedModel(vae, multi_avg_fn=swa.get_ema_multi_avg_fn(r.ema))
+                if r.ema and rank == 0 else None)
+    batch_size, images, frames = r.batch_size, r.images, r.frames
+    for step in range(steps):
+        if step < r.image_steps:
+            # single frames alone (as many frames as a whole step holds): the first-frame path
+            # learns the shapes' edges and colours before the windows add motion
+            rec, kl = batch_loss(draw(images + batch_size * frames, 1))
+        else:
+            rec, kl = batch_loss(draw(batch_size, frames))
+            if images:
+                # single frames of other clips, through the first-frame path alone (the frame an i2v
+                # job conditions on): more independent crops per step than the windows give
+                rec_i, kl_i = batch_loss(draw(images, 1))
+                rec, kl = rec + rec_i, (kl + kl_i) / 2
+        loss = rec + r.kl_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        terms = torch.stack([rec.detach(), kl.detach()])
+        if world > 1:  # the gradients of the ranks' shares add up to the whole step's gradient
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads] + [terms])
+            dist.all_reduce(flat)
+            for p, g in zip(params, torch.split(flat[:-2], [q.numel() for q in params])):
+                p.grad = g.view_as(p)
+            terms = flat[-2:]
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        sched.step()
+        if averaged is not None:
+            averaged.update_parameters(vae)
+        losses.append(float(terms[0]))
+        if r.verbose and (step + 1) % r.log_every == 0 or (r.verbose and step + 1 == steps):
+            recent = losses[-r.log_every:]
+            print(f"[train-vae] step {step + 1}/{steps} recon {sum(recent) / len(recent):.4f} "
+                  f"({time.perf_counter() - start:.0f}s)", flush=True)
+    return averaged, losses
+
+
+def _measure_and_save(vae, averaged, clips: list, losses: list[float], r, data_dir: Path, out_path: Path,
+                      start: float) -> VAETrainResult:
+    """Rank 0 after the steps: the average in place of the weights, measured on the held-out clips,
+    the latent statistics, saved with its config; the stage's result."""
+    H, W = clips[0].shape[2:]
+    vae.eval()
+    if averaged is not None:
+        if r.verbose and (raw := _heldout_figures(vae, data_dir, (H, W))) is not None:
+            print(f"[train-vae] held-out clips, the last step's weights: {format_figures(raw)}", flush=True)
+        with torch.no_grad():  # the average is what is measured, saved and returned
+            for p, a in zip(vae.parameters(), averaged.module.parameters()):
+                p.copy_(a)
+    heldout = _heldout_figures(vae, data_dir, (H, W))
+    if r.verbose and heldout is not None:
+        what = f" (EMA {r.ema} of the weights: saved)" if averaged is not None else ""
+        print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}){what}: {format_figures(heldout)}", flush=True)
+    stats_frames = snap_num_frames(min(c.shape[1] for c in clips))
+    mean, std = latent_stats(vae, clips[:STATS_CLIPS], stats_frames)
+    config = dataclasses.replace(vae.config, mean=mean, std=std)
+    vae.config = config  # the returned model normalizes as a loaded one does
+    vae.latent_mean.copy_(torch.tensor(mean).view_as(vae.latent_mean))
+    vae.latent_std.copy_(torch.tensor(std).view_as(vae.latent_std))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    # Only VAEConfig fields: `VAEConfig.from_dict(json.load(...))` rebuilds the config exactly.
+    config_json = json.dumps(dataclasses.asdict(config), indent=2)
+    _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
+    state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
+    meta = {"format": "pt", "preset": r.preset, "steps": str(r.steps), "seed": str(r.seed),
+            "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
+    if heldout is not None:
+        meta["heldout_figures"] = json.dumps(heldout)
+    _atomic_write(out_path, lambda p: save_file(state, str(p), metadata=meta))
+    seconds = time.perf_counter() - start
+    if r.verbose:
+        print(f"[train-vae] saved {out_path} ({seconds:.0f}s)", flush=True)
+    return VAETrainResult(out_path, losses, mean, std, seconds, vae, heldout)

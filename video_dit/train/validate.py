@@ -17,10 +17,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
+from video_dit.data import DataError, scan_datasets
+from video_dit.data.cache import remove_partial_files
+from video_dit.data.demo import make_demo_data
+from video_dit.diffusion.experts import expert_at
+from video_dit.media import MediaError, load_image
+from video_dit.models.layouts import preset_name
+from video_dit.models.loading import image_encoder_shape
+from video_dit.models.presets import VAE_PRESETS, get_preset
+from video_dit.models.weights import WeightsError
+from video_dit.spec import check_sources, spec_of_job
+from video_dit.train import checkpoint as ckpt
+from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
+from video_dit.train.engine import schedule_change
+from video_dit.train.experts import plan_experts
+from video_dit.train.plan import PlanError, preflight
+from video_dit.train.preview import job_scheduler
+from video_dit.train.vae_stage import train_tiny_vae
 from video_dit.typed_config import ConfigError, parse
 
 PROCESS = "config.process[0]"
@@ -29,8 +48,6 @@ PROCESS = "config.process[0]"
 def prepare(raw: dict, log=print) -> None:
     """Run the `prepare:` stages of a raw job mapping (before the full parse: they create the data
     the dataset checks look for)."""
-    from video_dit.train.config import ModelConfig, PrepareConfig, raw_process
-
     proc = raw_process(raw)
     if not proc.get("prepare"):
         return
@@ -42,8 +59,6 @@ def prepare(raw: dict, log=print) -> None:
         if folder.is_dir() and any(folder.glob("*.mp4")) and all(f.is_file() for f in held):
             log(f"[video_dit] demo data: {folder} exists")
         else:
-            from video_dit.data.demo import make_demo_data
-
             log(f"[video_dit] demo data: writing {d.count} clips to {folder}")
             make_demo_data(folder, count=d.count, frames=d.frames, size=d.size, seed=d.seed, holdout=d.holdout,
                            fps=d.fps)
@@ -64,7 +79,6 @@ def prepare(raw: dict, log=print) -> None:
         if not 1 <= v.ranks <= v.batch_size:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.ranks", f"must be 1 .. batch_size ({v.batch_size}: each "
                               f"rank takes a share of the windows), got {v.ranks}")
-        from video_dit.models.presets import VAE_PRESETS
 
         if v.preset not in VAE_PRESETS:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.preset",
@@ -76,8 +90,6 @@ def prepare(raw: dict, log=print) -> None:
         if out.is_file():
             log(f"[video_dit] tiny VAE: {out} exists")
         else:
-            from video_dit.train.vae_stage import train_tiny_vae
-
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             recipe = dataclasses.asdict(v)  # every other field is a train_tiny_vae keyword of that name
             train_tiny_vae(recipe.pop("data"), out, **recipe)
@@ -85,8 +97,6 @@ def prepare(raw: dict, log=print) -> None:
 
 def check_paths(job) -> None:
     """File-system checks of a parsed job; `ConfigError` naming the key."""
-    from video_dit.models.presets import get_preset
-
     p = job.process
     preset = get_preset(p.model.preset)
     for i, d in enumerate(p.datasets):
@@ -94,38 +104,19 @@ def check_paths(job) -> None:
     m = p.model
     for key in ("vae_path", "text_encoder_path", "tokenizer_path"):
         value = getattr(m, key)
-        if value is not None and not value.startswith("preset:") and not Path(value).exists():
+        if value is not None and preset_name(value) is None and not Path(value).exists():
             raise ConfigError(f"{PROCESS}.model.{key}", f"{value!r} does not exist")
-    if not m.name_or_path.startswith("preset:") and not Path(m.name_or_path).exists():
-        raise ConfigError(f"{PROCESS}.model.name_or_path", f"{m.name_or_path!r} does not exist; accepted: "
-                                                            "preset:NAME or a weights file/folder")
-    from video_dit.train.experts import plan_experts
-
+    spec = check_sources(spec_of_job(p))  # every part found, or refused naming its key (video_dit/spec.py)
     plan = plan_experts(p, preset)  # two-expert presets: the folder holds the experts asked for (train/experts.py)
     if plan is not None and p.train.validation_config is not None:
-        from video_dit.diffusion.experts import expert_at
-
         for s in p.train.validation_config.validation_sigmas:
             if expert_at(1000.0 * s, plan.boundary) not in plan.sources:
                 raise ConfigError(f"{PROCESS}.train.validation_config.validation_sigmas",
                                   f"sigma {s:g} is the {expert_at(1000.0 * s, plan.boundary)} expert's, but "
                                   f"{m.name_or_path!r} holds one expert; accepted: sigmas on its side of "
                                   f"{plan.boundary:g}, or a two-expert folder")
-    if preset.text_encoder.tokenizer != "byt5" and m.text_encoder_path is None:
-        base = Path(m.name_or_path)
-        if m.name_or_path.startswith("preset:") or not (base / "text_encoder").is_dir():
-            raise ConfigError(f"{PROCESS}.model.text_encoder_path",
-                              f"preset {preset.name!r} needs the umT5 text encoder: set text_encoder_path to a "
-                              "folder holding text_encoder/ and tokenizer/ (or put them next to name_or_path)")
-    if preset.vae_name != "tiny" and m.vae_path is None:  # the tiny presets run on the random tiny VAE
-        base = Path(m.name_or_path)
-        if m.name_or_path.startswith("preset:") or not (base / "vae").is_dir():
-            raise ConfigError(f"{PROCESS}.model.vae_path", f"preset {preset.name!r} needs its trained VAE: set "
-                                                          "vae_path (a Wan VAE .pth/.safetensors or a vae/ folder)")
-    check_image_encoder(p, preset)
+    check_image_encoder(spec)
     if p.sample is not None and not p.train.disable_sampling:
-        from video_dit.train.preview import job_scheduler
-
         try:
             job_scheduler(p)  # a diffusers folder's scheduler config the previews would follow
         except ValueError as exc:
@@ -178,7 +169,6 @@ def _check_image(path: str | None, key: str) -> None:
     """A preview's control image must exist and decode (`ConfigError` naming the key and the file)."""
     if path is None:
         return
-    from video_dit.media import MediaError, load_image
 
     if not Path(path).is_file():
         raise ConfigError(key, f"{path!r}: no such image file")
@@ -189,44 +179,26 @@ def _check_image(path: str | None, key: str) -> None:
                                "WebP file") from exc
 
 
-def check_image_encoder(p, preset) -> None:
-    """A Wan 2.1 I2V / FLF2V job's CLIP image encoder: it exists and its features are what the DiT's
-    image branch reads (width, tokens per image), from its config / headers only."""
-    from video_dit.models.loading import WeightsError, image_encoder_shape
-    from video_dit.train.trainer import image_encoder_source
-
-    if p.model.image_encoder_path is not None and preset.image_encoder is None:
-        raise ConfigError(f"{PROCESS}.model.image_encoder_path", f"preset {preset.name!r} has no CLIP image branch; "
-                                                                "remove image_encoder_path")
-    source = image_encoder_source(p)
-    if source is None:
+def check_image_encoder(spec) -> None:
+    """A Wan 2.1 I2V / FLF2V job's CLIP image encoder (`spec.image_encoder`): its features are what the
+    DiT's image branch reads (width, tokens per image), from its config / headers only."""
+    if spec.image_encoder is None:
         return
-    key = f"{PROCESS}.model.image_encoder_path"
-    if source.startswith("preset:") and preset.image_encoder.hidden_size == 1280:
-        raise ConfigError(key, f"preset {preset.name!r} needs Wan's CLIP ViT-H/14 (never random here): set "
-                               "image_encoder_path to clip_vision_h.safetensors (ComfyUI), models_clip_open-clip-"
-                               "xlm-roberta-large-vit-huge-14.pth (Wan) or a folder with image_encoder/ + "
-                               "image_processor/ (diffusers), or put image_encoder/ next to name_or_path")
+    key, preset = spec.keys.image_encoder, spec.preset
     try:
-        width, tokens = image_encoder_shape(source)
+        width, tokens = image_encoder_shape(spec.image_encoder)
     except WeightsError as exc:
         raise ConfigError(key, str(exc)) from exc
     want = (preset.dit.image_dim, preset.dit.image_tokens)
     if (width, tokens) != want:
-        raise ConfigError(key, f"{source}: a CLIP image encoder of width {width} with {tokens} tokens per image; "
-                               f"preset {preset.name!r}'s image branch reads width {want[0]} x {want[1]} tokens "
+        raise ConfigError(key, f"{spec.image_encoder}: a CLIP image encoder of width {width} with {tokens} tokens per "
+                               f"image; preset {preset.name!r}'s image branch reads width {want[0]} x {want[1]} tokens "
                                f"(accepted: {'ViT-H/14 at 224 px' if want[0] == 1280 else 'the preset image encoder'})")
 
 
 def check_resume(job) -> None:
     """The checkpoint a relaunch would resume (`save.resume`): `ConfigError` when the job changes what a
     resumed run cannot change about its LR schedule (`engine.schedule_change`; train.steps may change)."""
-    import json
-    import warnings
-
-    from video_dit.train import checkpoint as ckpt
-    from video_dit.train.engine import schedule_change
-
     resume = job.process.save.resume
     if resume == "none":
         return
@@ -244,10 +216,6 @@ def check_resume(job) -> None:
 def check_data(job, log=print):
     """Scan the job's datasets as the trainer will (`scan_datasets`; `DataError` when unusable) and
     remove the partial cache files of an interrupted run. Returns the scan."""
-    from video_dit.data import scan_datasets
-    from video_dit.data.cache import remove_partial_files
-    from video_dit.models.presets import get_preset
-
     p = job.process
     any_i2v = any(d.do_i2v for d in p.datasets)
     # quiet: the trainer prints the summary and one warning per skipped file at start-up
@@ -262,8 +230,6 @@ def check_data(job, log=print):
 
 def validate_file(path: str, do_prepare: bool = False, log=print):
     """The parsed `TrainJob` of `path`, after the optional set-up stages and all checks."""
-    from video_dit.train.config import parse_job, read_yaml
-
     raw = read_yaml(path)
     if do_prepare:
         prepare(raw if isinstance(raw, dict) else {}, log=log)
@@ -281,7 +247,6 @@ def memory_check(job, launcher_args: list[str], log=print) -> None:
     mode = job.process.deepspeed.memory_check
     if mode == "off":
         return
-    from video_dit.train.plan import PlanError, preflight
 
     key = f"{PROCESS}.deepspeed.memory_check"
     try:
@@ -306,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
                                                             "and apply deepspeed.memory_check")
     parser.add_argument("launcher", nargs="*", help="train.sh's extra DeepSpeed launcher arguments (--plan)")
     args = parser.parse_args(argv)
-    from video_dit.data import DataError
 
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:

@@ -37,12 +37,22 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
+import yaml
 
+from video_dit.data.cache import latent_space, text_space
 from video_dit.data.frames import snap_num_frames as snap_frame_count
-from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
+from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning
+from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
-from video_dit.models.loading import SOURCES_FILE, WeightsError, read_sources, write_sources
-from video_dit.models.presets import PRESETS, Preset, get_preset
+from video_dit.lora import from_comfy, to_comfy
+from video_dit.media import load_image, write_video
+from video_dit.models.dit import FLOAT32_MODULES, param_dtypes
+from video_dit.models.layouts import EXPERT_FOLDERS, SOURCES_FILE, write_sources
+from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, te_quantization
+from video_dit.models.presets import PRESETS, Preset
+from video_dit.models.weights import WeightsError, read_state_dict
+from video_dit.pipeline import VideoPipeline
+from video_dit.spec import AITK_KEYS, Request, i2v_mode_of, resolve
 from video_dit.typed_config import ConfigError, parse
 
 ARCH = "video_dit"
@@ -100,12 +110,6 @@ class ModelKwargs:
             raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
 
 
-def saved_sources(name_or_path: str) -> dict:
-    """What `save_model` recorded next to full fine-tune weights (ai-toolkit resumes a fine-tune by
-    pointing `name_or_path` at its last save): {"preset", "vae", "text_encoder"}, or {}."""
-    return read_sources(name_or_path)
-
-
 def plain_meta(meta) -> dict:
     """ai-toolkit's save metadata as plain YAML-able data. With the default `save.save_format:
     safetensors` it hands `save_model` an OrderedDict (which `yaml.safe_dump` refuses) whose non-string
@@ -121,43 +125,6 @@ def plain_meta(meta) -> dict:
                 pass  # a plain string
         out[str(key)] = value
     return json.loads(json.dumps(out, default=str))  # nested OrderedDicts -> dicts, odd objects -> str
-
-
-def resolve_preset(name_or_path: str | None, options: ModelKwargs) -> Preset:
-    """The preset a job means: `preset:NAME` in `model.name_or_path`, `model.model_kwargs.preset`, or
-    the one recorded by `save_model` in the weights folder."""
-    if not name_or_path:
-        raise ConfigError("model.name_or_path", "required: `preset:NAME` or a path to DiT weights")
-    if name_or_path.startswith("preset:"):
-        name = name_or_path[len("preset:"):]
-        if options.preset is not None and options.preset != name:
-            raise ConfigError("model.model_kwargs.preset", f"{options.preset!r} contradicts "
-                                                           f"model.name_or_path {name_or_path!r}")
-        path = "model.name_or_path"
-    else:
-        if options.preset is None and saved_sources(name_or_path):
-            return get_preset(saved_sources(name_or_path)["preset"])
-        if options.preset is None:
-            raise ConfigError("model.model_kwargs.preset", "required when model.name_or_path is a weights path "
-                                                           f"(it names the VAE and text encoder); accepted: {', '.join(PRESETS)}")
-        name, path = options.preset, "model.model_kwargs.preset"
-    try:
-        return get_preset(name)
-    except KeyError as exc:
-        raise ConfigError(path, exc.args[0]) from exc
-
-
-def resolve_i2v_mode(preset: Preset, requested: str | None) -> str:
-    """"replace" for a DiT whose input is its output (t2v, TI2V), "concat" for in_dim = out + 4 + z."""
-    cfg = preset.dit
-    natural = {cfg.out_dim: "replace", cfg.out_dim + MASK_CHANNELS + preset.vae.z_dim: "concat"}.get(cfg.in_dim)
-    if natural is None:
-        raise ConfigError("model.model_kwargs.preset", f"{preset.name}: DiT in_dim {cfg.in_dim} fits neither "
-                                                       "i2v mode (replace: in_dim == out_dim; concat: out_dim + 4 + z_dim)")
-    if requested is not None and requested != natural:
-        raise ConfigError("model.model_kwargs.i2v_mode", f"{requested!r} does not fit preset {preset.name!r} "
-                                                         f"(DiT in_dim {cfg.in_dim}); accepted: {natural!r}")
-    return natural
 
 
 # GenerateImageConfig fields our previews do not act on, with ai-toolkit's default (accepted silently)
@@ -192,8 +159,6 @@ def _ensure_on(module, device: torch.device) -> None:
 def _save_video(gen_config, frames, count: int = 0, max_count: int = 0, **kwargs) -> None:
     """Replaces `GenerateImageConfig.save_image` for video previews (as LTX2 does): H.264 MP4, not WebP.
     `save_image_atomic` points `output_folder` at its tmp folder around this call; honour it."""
-    from video_dit.media import write_video
-
     path = gen_config.get_image_path(count, max_count)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_video(frames, path, fps=gen_config.fps)
@@ -216,14 +181,22 @@ class VideoDiTModel(BaseModel):
         self.target_lora_modules = ["VideoDiT"]  # compared with type(module).__name__
         self.use_old_lokr_format = False
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
-        self._configure(resolve_preset(model_config.name_or_path, self.options))
+        self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
+        self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
         self._configure_experts()
+
+    def _request(self, cfg) -> Request:
+        """What ai-toolkit's `model` block and our `model_kwargs` ask for (`video_dit.spec.Request`)."""
+        o = self.options
+        return Request(cfg.name_or_path or "", preset=o.preset, vae=cfg.vae_path, text_encoder=cfg.te_name_or_path,
+                       image_encoder=o.image_encoder_path, i2v_mode=o.i2v_mode, boundary=o.boundary_ratio,
+                       train_high_noise=o.train_high_noise, train_low_noise=o.train_low_noise)
 
     def _configure(self, preset: Preset) -> None:
         """Preset-derived settings; redone in load_model with the DiT config the weights carry."""
         self.preset = preset
-        self.i2v_mode = resolve_i2v_mode(preset, self.options.i2v_mode or preset.i2v_mode)
+        self.i2v_mode = i2v_mode_of(preset, self.options.i2v_mode, AITK_KEYS.i2v_mode)
         # the object our DeepSpeed trainer and pipeline use: per-token t = 0 on the clean first frame in
         # replace mode, one t per sample in concat; the loss mask by `mask_first_frame_loss`
         # a first-last-frame DiT (Wan 2.1 FLF2V: two images in its CLIP branch) is conditioned on the last
@@ -243,18 +216,11 @@ class VideoDiTModel(BaseModel):
         `train.switch_boundary_every` steps among `trainable_multistage_boundaries`. We route each
         forward to the expert of the batch's timesteps (get_noise_prediction) and split the LoRA into one
         file per expert (save_lora / load_lora, ai-toolkit's `_high_noise` / `_low_noise` names)."""
-        from video_dit.diffusion.experts import EXPERTS
-        from video_dit.train.experts import model_experts
-
         self.experts: tuple[str, ...] = ()  # the trained experts (empty for one model)
-        if not self.preset.two_experts:
-            from video_dit.train.experts import requested
-
-            requested(self.options, self.preset, where="model.model_kwargs")  # refuses the keys on one model
+        found = self.spec.experts  # (the keys of a one-model preset are refused by the spec)
+        if found is None:
             return
-        name = self.model_config.name_or_path
-        self.experts, self.boundary, self.expert_sources = model_experts(
-            name, self.options, self.preset, where="model.model_kwargs", path_key="model.name_or_path")
+        self.experts, self.boundary, self.expert_sources = found.trained, found.boundary, found.sources
         self.is_multistage = True
         self.multistage_boundaries = [self.boundary, 0.0]
         self.trainable_multistage_boundaries = [EXPERTS.index(e) for e in self.experts]
@@ -272,8 +238,6 @@ class VideoDiTModel(BaseModel):
     def get_model_to_train(self):
         """What ai-toolkit attaches its LoRA to: both experts (`TwoExperts`, LoRA keys `high.` / `low.`)
         when both train, the one trained expert alone otherwise (as ai-toolkit's wan22_14b)."""
-        from video_dit.diffusion.experts import TwoExperts
-
         if isinstance(self.model, TwoExperts) and len(self.experts) == 1:
             return self.model.expert(self.experts[0])
         return self.model
@@ -308,7 +272,6 @@ class VideoDiTModel(BaseModel):
     def get_quantization_exclude_modules(self) -> list[str]:
         # the embedders and the head feed every modulation: the float32 islands stay float32, the
         # patch and text embeddings in the training dtype
-        from video_dit.models.dit import FLOAT32_MODULES
 
         return ["patch_embedding*", "text_embedding*", *(f"{name}*" for name in FLOAT32_MODULES)]
 
@@ -320,48 +283,12 @@ class VideoDiTModel(BaseModel):
 
     # ---------------------------------------------------------------- loading
 
-    def _sources(self) -> tuple[str, str, str]:
-        """(DiT, VAE, text encoder) sources: all `preset:NAME` for a preset job; for a weights path the
-        VAE and text encoder come from `model.vae_path` / `model.te_name_or_path`, else from the
-        `vae/` and `text_encoder/` subfolders of a diffusers-style folder."""
-        cfg, name = self.model_config, self.model_config.name_or_path
-        if name.startswith("preset:"):
-            return (name, cfg.vae_path or f"preset:{self.preset.vae_name}",
-                    cfg.te_name_or_path or f"preset:{self.preset.name}")
-        out, saved = [name], saved_sources(name)
-        for key, given, sub in (("model.vae_path", cfg.vae_path, "vae"),
-                                ("model.te_name_or_path", cfg.te_name_or_path, "text_encoder")):
-            if given or sub in saved:
-                out.append(given or saved[sub])
-            elif os.path.isdir(os.path.join(name, sub)):
-                out.append(os.path.join(name, sub) if sub == "vae" else name)
-            else:
-                raise ConfigError(key, f"required: {name!r} has no {sub}/ subfolder; give the path of the "
-                                       f"{self.preset.name} {'VAE' if sub == 'vae' else 'text encoder'} weights")
-        return tuple(out)
-
-    def _image_encoder_source(self) -> str | None:
-        """The CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (None for other presets):
-        `model_kwargs.image_encoder_path`, else `image_encoder/` in the weights folder, else the tiny
-        presets' random one."""
-        if self.preset.image_encoder is None:
-            return None
-        name = self.model_config.name_or_path
-        if self.options.image_encoder_path:
-            return self.options.image_encoder_path
-        if not name.startswith("preset:") and os.path.isdir(os.path.join(name, "image_encoder")):
-            return name
-        return f"preset:{self.preset.name}"
-
     def load_model(self):
-        from video_dit.data.cache import latent_space, text_space
-        from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, te_quantization
-
         cfg = self.model_config
-        dit_src, vae_src, te_src = self._sources()
+        spec = self.spec
+        dit_src, vae_src, te_src = spec.dit, spec.vae, spec.text_encoder
         self.print_and_status_update(f"Loading video_dit DiT ({self.preset.name}) from {dit_src}")
         if self.experts:  # a two-expert model: each loadable expert (both, or one expert's own weights)
-            from video_dit.diffusion.experts import EXPERTS, TwoExperts
 
             parts = {e: load_dit(src, dtype=self.torch_dtype, device="cpu", seed=seed)
                      for e, (src, seed) in self.expert_sources.items()}
@@ -387,7 +314,7 @@ class VideoDiTModel(BaseModel):
                                quantize=te_quantization(cfg))  # qfloat8 | qint8
         te.eval().requires_grad_(False)
 
-        self.image_encoder, clip_src = None, self._image_encoder_source()
+        self.image_encoder, clip_src = None, spec.image_encoder
         if clip_src is not None:  # frozen, like the text encoder; features computed per batch from pixels
             self.print_and_status_update(f"Loading video_dit CLIP image encoder from {clip_src}")
             self.image_encoder = load_image_encoder(clip_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
@@ -396,9 +323,7 @@ class VideoDiTModel(BaseModel):
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = te.tokenizer
-        self.sources = {"preset": self.preset.name, "vae": vae_src, "text_encoder": te_src}
-        if clip_src is not None:
-            self.sources["image_encoder"] = clip_src
+        self.sources = spec.sources(absolute=False)
         # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
         # everything that changes what they hold, as our trainer's caches do (data/cache.py)
         self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}." + latent_space(
@@ -518,7 +443,6 @@ class VideoDiTModel(BaseModel):
         x = latent_model_input.to(self.device_torch, self.torch_dtype)
         t = timestep.to(self.device_torch, torch.float32).reshape(-1).expand(x.shape[0])
         model = self.model
-        from video_dit.diffusion.experts import TwoExperts, expert_at
 
         if isinstance(model, TwoExperts):  # the expert of the batch's timesteps (ai-toolkit draws one stage's)
             model = model.expert(expert_at(float(t.mean()), self.boundary))
@@ -553,8 +477,6 @@ class VideoDiTModel(BaseModel):
     # ---------------------------------------------------------------- previews
 
     def get_generation_pipeline(self):
-        from video_dit.pipeline import VideoPipeline
-
         return VideoPipeline(self.model, self.vae, i2v_mode=self.i2v_mode, dit_config=self.preset.dit,
                              image_encoder=getattr(self, "image_encoder", None))
 
@@ -577,14 +499,10 @@ class VideoDiTModel(BaseModel):
         gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
         first_frame = None
         if gen_config.ctrl_img is not None:
-            from video_dit.media import load_image
-
             first_frame = load_image(gen_config.ctrl_img)  # resized to cover W x H and centre-cropped
         last_frame = None
         if getattr(gen_config, "ctrl_img_2", None) is not None:
             if self.last_frame:
-                from video_dit.media import load_image
-
                 last_frame = load_image(gen_config.ctrl_img_2)
             else:
                 warnings.warn(f"video_dit previews ignore ctrl_img_2={gen_config.ctrl_img_2!r} (preset "
@@ -614,8 +532,6 @@ class VideoDiTModel(BaseModel):
         """ai-toolkit's peft LoRA (`transformer.<module>.lora_A/B.weight`, no alpha, update B @ A) ->
         our file format (`diffusion_model.<module>.lora_A/B.weight` + `.alpha`), the file our DeepSpeed
         trainer exports; alpha = rank states ai-toolkit's scale of 1."""
-        from video_dit.lora import from_comfy, to_comfy
-
         for key in state_dict:
             if not key.startswith(PEFT_PREFIX) or not key.endswith((".lora_A.weight", ".lora_B.weight")):
                 raise WeightsError(f"ai-toolkit LoRA key {key!r}: video_dit's LoRA file holds plain LoRA "
@@ -626,8 +542,6 @@ class VideoDiTModel(BaseModel):
     def convert_lora_weights_before_load(self, state_dict: dict) -> dict:
         """Our LoRA file (or a ComfyUI / peft one) -> ai-toolkit's peft keys. ai-toolkit applies B @ A
         with scale 1 and drops alphas, so alpha / rank is folded into lora_B: same update, any alpha."""
-        from video_dit.lora import from_comfy
-
         native, alpha, rank = from_comfy(state_dict, source="LoRA file")
         scale = alpha / rank
         out = {}
@@ -667,9 +581,6 @@ class VideoDiTModel(BaseModel):
         a `WeightsError` naming it. Any other file loads as it is."""
         from safetensors import safe_open
 
-        from video_dit.diffusion.experts import EXPERTS
-        from video_dit.models.loading import read_state_dict
-
         named = next((e for e in EXPERTS if file.endswith(f"_{e}.safetensors")), None)
         if not self.experts or named is None:
             return read_state_dict(file)
@@ -698,12 +609,7 @@ class VideoDiTModel(BaseModel):
         and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
         `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads.
         Two experts: each in its Wan-layout subfolder (`high_noise_model/`, `low_noise_model/`)."""
-        import yaml
         from safetensors.torch import save_file
-
-        from video_dit.diffusion.experts import EXPERTS, TwoExperts
-        from video_dit.models.dit import param_dtypes
-        from video_dit.models.loading import EXPERT_FOLDERS
 
         model = getattr(self.model, "module", self.model)
         parts = ([(os.path.join(output_path, EXPERT_FOLDERS["wan"][e]), model.expert(e)) for e in EXPERTS]

@@ -1,0 +1,63 @@
+"""The process group of a training job: joined (or created) once per rank, ended before exit.
+
+    init_distributed(timeout_s)   gloo on CPU ranks, NCCL on GPU ranks (each on its LOCAL_RANK's GPU),
+                                  with the job's collective timeout; a plain `python launch/train.py`
+                                  makes a group of one
+    leave_distributed()           end the group locally before the interpreter exits
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from video_dit.devices import free_port, local_device, on_gpu
+
+
+def init_distributed(timeout_s: int) -> tuple[int, int]:
+    """Join (or, when started without a launcher, create) the process group; returns (rank, world)."""
+    import deepspeed
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # plain `python launch/train.py`: a group of one
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(free_port()))
+        if on_gpu():
+            torch.cuda.set_device(local_device())
+        deepspeed.init_distributed(dist_backend="nccl" if on_gpu() else "gloo",
+                                   timeout=timedelta(seconds=timeout_s))
+        if not on_gpu():
+            unlink_cpu_allreduce_buffer()
+    return dist.get_rank(), dist.get_world_size()
+
+
+def leave_distributed() -> None:
+    """End this process's group before the interpreter exits (local, no collective: safe after a
+    failed peer). Left to interpreter shutdown, gloo's threads were torn down in an order that
+    aborted a rank that had finished ('terminate called without an active exception', SIGABRT)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def cpu_allreduce_buffer_path(rank: int) -> Path:
+    """The POSIX shared-memory segment DeepSpeed's CPU accelerator creates per rank for its shm
+    allreduce (name format of deepspeed/ops/csrc/cpu/comm/shm.cpp, shm_initialize: prefix, uid,
+    MASTER_ADDR, MASTER_PORT, rank)."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def unlink_cpu_allreduce_buffer() -> None:
+    """DeepSpeed 0.19.8 never unlinks its CPU shm allreduce segments (shared_close is never
+    called): every 2-rank CPU launch left 2 x 66 MiB in /dev/shm (RAM) for good. Once every rank
+    has mapped every segment (shm_initialize returns only after it has; the barrier waits for all),
+    each rank unlinks its own name: the mappings stay valid and the memory goes with the processes.
+    Without the segment (not every rank local: DeepSpeed made none on any rank) nothing to wait for."""
+    own = cpu_allreduce_buffer_path(dist.get_rank())
+    if own.exists():
+        dist.barrier()
+        own.unlink()

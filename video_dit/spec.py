@@ -1,0 +1,464 @@
+"""Which files make up a model, resolved once: a `ModelSpec`, asked by every front end (our trainer,
+`video-dit sample`, `plan`, `validate`, `inspect-data`, the ai-toolkit arch, benchmarks).
+
+    a job's model block / a command line / an ai-toolkit config
+        -> Request (what was given: name_or_path, preset, VAE, text encoder, tokenizer, image encoder,
+           i2v mode, seed, boundary, the experts asked for) + Keys (what that front end calls each)
+        -> resolve() -> ModelSpec: the preset; the DiT source and seed (or every loadable expert's,
+           and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the i2v
+           mode; what an export recorded (`video_dit_sources.json`: sources, sampling settings)
+
+Each part's source, in order: given explicitly; recorded by an export in its folder; the folder's
+own convention (diffusers' `vae/`, `text_encoder/` + `tokenizer/`, `image_encoder/`; a `*vae*`
+weights file beside the DiT); the preset's seeded random init where one exists for it (the tiny
+presets: a random VAE, ByT5-tokenised umT5 and CLIP); else an error naming the key to set, what it
+takes and how to get the files. The checks that need only this (a LoRA on a random preset, the i2v
+mode the DiT's input width allows) live here too, so every front end refuses the same jobs with the
+same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from video_dit.diffusion.conditioning import MASK_CHANNELS
+from video_dit.diffusion.experts import EXPERTS, check_boundary
+from video_dit.models.dit import DiTConfig
+from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
+from video_dit.models.loading import open_dit
+from video_dit.models.presets import PRESETS, Preset, get_preset
+from video_dit.models.weights import WeightsError
+from video_dit.typed_config import ConfigError
+
+WEIGHT_EXTS = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+EXPERT_KEYS = {"high_noise": "train_high_noise", "low_noise": "train_low_noise"}
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What a front end calls each setting the spec resolves (its error messages name these)."""
+
+    model: str
+    preset: str
+    vae: str
+    text_encoder: str
+    tokenizer: str
+    image_encoder: str
+    i2v_mode: str
+    boundary: str
+    experts: str  # where train_high_noise / train_low_noise sit
+    network: str = "network"
+    flags: bool = False  # a command line: errors read "--model PATH: ...", and say "pass" rather than "set"
+
+    def error(self, key: str, value, message: str) -> ConfigError:
+        """The error about `key` (given `value`): "KEY: VALUE: message", or "--flag VALUE: message"."""
+        return ConfigError(f"{key} {value}", message) if self.flags else ConfigError(key, f"{value}: {message}")
+
+    @property
+    def give(self) -> str:
+        return "pass" if self.flags else "set"
+
+
+def job_keys(process_path: str = "config.process[0]") -> Keys:
+    m = f"{process_path}.model"
+    return Keys(f"{m}.name_or_path", f"{m}.preset", f"{m}.vae_path", f"{m}.text_encoder_path", f"{m}.tokenizer_path",
+                f"{m}.image_encoder_path", f"{m}.i2v_mode", f"{m}.boundary_ratio", f"{m}.model_kwargs",
+                f"{process_path}.network")
+
+
+JOB_KEYS = job_keys()
+CLI_KEYS = Keys("--model", "--preset", "--vae", "--text-encoder", "--tokenizer", "--image-encoder", "--i2v-mode",
+                "--boundary-ratio", "--model", flags=True)
+AITK_KEYS = Keys("model.name_or_path", "model.model_kwargs.preset", "model.vae_path", "model.te_name_or_path",
+                 "model.tokenizer_path", "model.model_kwargs.image_encoder_path", "model.model_kwargs.i2v_mode",
+                 "model.model_kwargs.boundary_ratio", "model.model_kwargs", "network")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a front end was given (None: not given)."""
+
+    name_or_path: str
+    preset: str | None = None
+    vae: str | None = None
+    text_encoder: str | None = None
+    tokenizer: str | None = None
+    image_encoder: str | None = None
+    i2v_mode: str | None = None
+    seed: int = 0
+    boundary: float | None = None
+    train_high_noise: bool | None = None
+    train_low_noise: bool | None = None
+    preset_required: bool = True  # a trainer needs the preset; `video-dit sample` reads the DiT config from the weights
+
+
+@dataclass(frozen=True)
+class ExpertSources:
+    """A two-expert model (Wan 2.2 A14B): the boundary, the experts asked to train (high first), and
+    (source, seed) of every loadable expert (both for a two-expert folder or preset; the one asked for
+    when the weights are one expert's own)."""
+
+    boundary: float
+    trained: tuple[str, ...]
+    sources: dict[str, tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model. The DiT, preset, i2v mode and experts are resolved at once; the frozen
+    encoders' sources (`vae`, `text_encoder`, `image_encoder`) when first asked (a front end that
+    checks before any rank starts asks for all of them; the ai-toolkit arch when it loads them)."""
+
+    request: Request
+    preset: Preset | None            # None only for a command line's weights path with no preset known
+    dit: str                         # preset:NAME, a weights file or a folder (a two-expert folder: the folder)
+    i2v_mode: str | None             # first-frame conditioning: "replace" or "concat" (None: the DiT takes neither)
+    experts: ExpertSources | None    # a two-expert model's experts, else None
+    keys: Keys
+    recorded: dict = field(default_factory=dict)  # an export's video_dit_sources.json
+
+    @property
+    def seed(self) -> int:
+        """The seed of a preset's random init."""
+        return self.request.seed
+
+    @property
+    def tokenizer(self) -> str | None:
+        return self.request.tokenizer
+
+    @functools.cached_property
+    def vae(self) -> str:
+        return _vae(self.request, self.preset, self.recorded, self.keys)
+
+    @functools.cached_property
+    def text_encoder(self) -> str:
+        return _text_encoder(self.request, self.preset, self.recorded, self.keys)
+
+    @functools.cached_property
+    def image_encoder(self) -> str | None:
+        """The CLIP image encoder of a DiT with the image branch, else None."""
+        return _image_encoder(self.request, self, self.recorded, self.keys)
+
+    @functools.cached_property
+    def dit_config(self) -> DiTConfig:
+        """The DiT's config: the preset's for `preset:NAME`, else the weights' own (config.json or shapes)."""
+        name = preset_name(self.dit)
+        if name is not None:
+            return get_preset(name).dit
+        try:
+            return open_dit(self.dit)[1]
+        except WeightsError as exc:
+            raise self.keys.error(self.keys.model, self.dit, str(exc)) from exc
+
+    @property
+    def dit_shape(self) -> DiTConfig:
+        """The DiT config the checks use: a trainer's preset's (its weights are checked against it when
+        they load), else the weights' own (a command line's model, whose preset only brings defaults)."""
+        if self.request.preset_required and self.preset is not None:
+            return self.preset.dit
+        return self.dit_config
+
+    @property
+    def random(self) -> bool:
+        """The DiT is a preset's seeded random init (no weights file)."""
+        return preset_name(self.dit) is not None
+
+    @property
+    def last_frame(self) -> bool:
+        """A first-last-frame model (Wan 2.1 FLF2V: its image branch reads two images)."""
+        return self.dit_shape.image_dim is not None and self.dit_shape.num_images == 2
+
+    def sources(self, absolute: bool = True) -> dict:
+        """What an export records beside its weights (`video_dit_sources.json`), paths made absolute."""
+        def where(src):
+            return src if preset_name(src) is not None or not absolute else str(Path(src).absolute())
+        out = {"preset": self.preset.name if self.preset else None, "vae": where(self.vae), "text_encoder": where(self.text_encoder)}
+        if self.image_encoder is not None:
+            out["image_encoder"] = where(self.image_encoder)
+        return out
+
+
+
+def check_lora(name_or_path: str, lora: bool, keys: Keys = JOB_KEYS) -> None:
+    """A LoRA on a preset's random init trains nothing: refused, in the same words by every trainer."""
+    if lora and preset_name(name_or_path) is not None:
+        raise ConfigError(keys.network, f"LoRA on {name_or_path!r} trains nothing: a preset's weights are a random "
+                          "init whose output layer is zero (as in Wan and DiT), so every LoRA gradient is 0 and the "
+                          "adapters stay 0. Accepted: a full fine-tune (remove the network block), or LoRA on "
+                          f"trained weights ({keys.model}: a weights file or folder, with {keys.preset})")
+
+
+def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
+    """The `ModelSpec` of `req` (module docstring); `ConfigError` naming the key (`keys`) otherwise."""
+    if not req.name_or_path:
+        raise ConfigError(keys.model, "required: preset:NAME or a path to DiT weights")
+    name = preset_name(req.name_or_path)
+    recorded = _recorded(req.name_or_path, keys)
+    preset = _preset(req, name, recorded, keys)
+    if name is None and not Path(req.name_or_path).exists():
+        raise keys.error(keys.model, req.name_or_path, "no such file or folder; accepted: preset:NAME or a weights "
+                                                       "file/folder")
+    dit = req.name_or_path if name is not None else _dit_source(Path(req.name_or_path), keys)
+    i2v = i2v_mode_of(preset, req.i2v_mode, keys.i2v_mode) if preset is not None else None
+    spec = ModelSpec(req, preset, dit, i2v, experts_of(req, preset, keys), keys, recorded)
+    if preset is None:  # a command line's weights path: the mode its DiT's input width takes
+        spec = dataclasses.replace(spec, i2v_mode=_natural_i2v(spec.dit_config))
+    return spec
+
+
+def check_sources(spec: ModelSpec) -> ModelSpec:
+    """Every part's source resolved now (each refused naming its key), for the checks that run before
+    any rank starts."""
+    spec.vae, spec.text_encoder, spec.image_encoder  # noqa: B018 (resolved and cached)
+    return spec
+
+
+def i2v_mode_of(preset: Preset, requested: str | None, key: str) -> str:
+    """The first-frame conditioning a DiT takes: "replace" when its input is its output (t2v, TI2V),
+    "concat" when in_dim = out_dim + 4 mask channels + the VAE's latent channels (Wan I2V); a
+    requested mode the DiT cannot take is a `ConfigError` naming `key`."""
+    cfg = preset.dit
+    natural = _natural_i2v(cfg, preset.vae.z_dim)
+    if natural is None:
+        raise ConfigError(key, f"{preset.name}: DiT in_dim {cfg.in_dim} fits neither i2v mode (replace: in_dim == "
+                               "out_dim; concat: out_dim + 4 + z_dim)")
+    if requested is not None and requested != natural:
+        raise ConfigError(key, f"{requested!r} does not fit preset {preset.name!r} (DiT in_dim {cfg.in_dim}); "
+                               f"accepted: {natural!r}")
+    return natural
+
+
+def _natural_i2v(cfg: DiTConfig, z_dim: int | None = None) -> str | None:
+    """"replace" when a DiT's input is its output, "concat" when its input holds the output's channels,
+    the 4 mask channels and the conditioning latents (`z_dim`: the VAE's; unknown: as many as out_dim)."""
+    z = cfg.out_dim if z_dim is None else z_dim
+    return {cfg.out_dim: "replace", cfg.out_dim + MASK_CHANNELS + z: "concat"}.get(cfg.in_dim)
+
+
+def _recorded(name_or_path: str, keys: Keys) -> dict:
+    if preset_name(name_or_path) is not None or not Path(name_or_path).is_dir():
+        return {}
+    try:
+        return read_sources(name_or_path)
+    except WeightsError as exc:
+        raise keys.error(keys.model, name_or_path, str(exc)) from exc
+
+
+def _preset(req: Request, name: str | None, recorded: dict, keys: Keys) -> Preset | None:
+    """`preset:NAME`, else the preset given, else the one an export recorded."""
+    if name is not None and req.preset not in (None, name):
+        raise ConfigError(keys.preset, f"{req.preset!r} contradicts {keys.model} {req.name_or_path!r}")
+    chosen = name or req.preset or recorded.get("preset")
+    if chosen is None and not req.preset_required:
+        return None
+    if chosen is None:
+        raise ConfigError(keys.preset, f"required when {keys.model} is a weights path (it names the VAE, text "
+                                       f"encoder and schedule family); accepted: {', '.join(PRESETS)}")
+    try:
+        return get_preset(chosen)
+    except KeyError as exc:
+        raise ConfigError(keys.preset if name is None else keys.model, exc.args[0]) from exc
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in WEIGHT_EXTS)
+
+
+def _is_vae_file(path: Path) -> bool:
+    return re.search(r"vae", path.name, re.IGNORECASE) is not None
+
+
+def _dit_source(path: Path, keys: Keys) -> str:
+    """The DiT of a path: a file as is; a folder with `transformer/` (diffusers) or two experts as is;
+    else its one DiT weights file (beside a VAE file), or the folder of sharded weights."""
+    if path.is_file() or (path / "transformer").is_dir() or _experts_of(path, keys) is not None:
+        return str(path)
+    files = [f for f in _weight_files(path) if not _is_vae_file(f)]
+    if not files:
+        raise keys.error(keys.model, path, f"no transformer/ folder and no DiT weight files ({', '.join(WEIGHT_EXTS)}) "
+                                           "in it")
+    return str(files[0]) if len(files) == 1 else str(path)  # several files: sharded weights, read as a folder
+
+
+def _experts_of(path, keys: Keys):
+    try:
+        return expert_sources(path)
+    except WeightsError as exc:
+        raise keys.error(keys.model, path, str(exc)) from exc
+
+
+def _recorded_path(req: Request, recorded: dict, part: str, key: str, keys: Keys) -> str | None:
+    """An export's recorded source of `part`, which must still exist here."""
+    src = recorded.get(part)
+    if src is not None and preset_name(src) is None and not Path(src).exists():
+        raise keys.error(keys.model, req.name_or_path, f"its video_dit_sources.json names the {part.replace('_', ' ')} "
+                                                       f"{src}, which does not exist here; {keys.give} {key}")
+    return src
+
+
+def _vae(req: Request, preset: Preset | None, recorded: dict, keys: Keys) -> str:
+    given = req.vae or _recorded_path(req, recorded, "vae", keys.vae, keys)
+    if given:
+        return given
+    name = preset_name(req.name_or_path)
+    base = Path(req.name_or_path)
+    if name is None and (base / "vae").is_dir():
+        return str(base)  # the folder: `load_vae` reads its vae/ (and the cache names the folder, as ever)
+    candidates = [f for f in _weight_files(base) if _is_vae_file(f)] if name is None and base.is_dir() else []
+    if len(candidates) == 1:
+        return str(candidates[0])
+    if preset is not None and preset.vae_name == "tiny" and not candidates:  # the tiny presets' random tiny VAE
+        return f"preset:{preset.vae_name}"
+    if name is None:
+        raise keys.error(keys.model, req.name_or_path, f"cannot tell which VAE to use (found "
+                         f"{[c.name for c in candidates] or 'no vae/ folder and no *vae* file'}); {keys.give} {keys.vae} "
+                         "(a Wan VAE .pth/.safetensors or a vae/ folder)")
+    raise keys.error(keys.vae, "(not set)", f"preset {preset.name!r} needs its trained VAE (never random here); "
+                                            f"{keys.give} {keys.vae} (a Wan VAE .pth/.safetensors or a vae/ folder)")
+
+
+def _text_encoder(req: Request, preset: Preset | None, recorded: dict, keys: Keys) -> str:
+    given = req.text_encoder or _recorded_path(req, recorded, "text_encoder", keys.text_encoder, keys)
+    if given:
+        return given
+    base = Path(req.name_or_path)
+    if preset_name(req.name_or_path) is None and (base / "text_encoder").is_dir():
+        return str(base)
+    if preset is not None and preset.text_encoder.tokenizer == "byt5":  # the tiny presets' random umT5 (ByT5 bytes)
+        return f"preset:{preset.name}"
+    what = f"preset {preset.name!r} needs the umT5 text encoder" if preset else "no text_encoder/ folder in it"
+    raise keys.error(keys.text_encoder if preset else keys.model, req.name_or_path if not preset else "(not set)",
+                     f"{what}: {keys.give} {keys.text_encoder} (a folder holding text_encoder/ and tokenizer/, or put "
+                     "them next to the model)")
+
+
+def _image_encoder(req: Request, spec: ModelSpec, recorded: dict, keys: Keys) -> str | None:
+    preset = spec.preset
+    if spec.dit_shape.image_dim is None:
+        if req.image_encoder is not None:
+            raise keys.error(keys.image_encoder, req.image_encoder, f"{req.name_or_path} has no CLIP image branch; "
+                                                                    "remove it")
+        return None
+    given = req.image_encoder or _recorded_path(req, recorded, "image_encoder", keys.image_encoder, keys)
+    if given:
+        return given
+    base = Path(req.name_or_path)
+    if preset_name(req.name_or_path) is None and (base / "image_encoder").is_dir():
+        return str(base)
+    own = preset.image_encoder if preset is not None else None
+    if own is not None and own.hidden_size != 1280:  # the tiny presets' seeded random CLIP
+        return f"preset:{preset.name}"
+    raise keys.error(keys.model, req.name_or_path,
+                     "has the CLIP image branch (Wan 2.1 I2V / FLF2V), whose ViT-H/14 is never random here: "
+                     f"{keys.give} {keys.image_encoder} (clip_vision_h.safetensors from ComfyUI, Wan's "
+                     "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth, or a folder with image_encoder/ + "
+                     "image_processor/ from diffusers), or put image_encoder/ next to the model")
+
+
+def requested(model, preset: Preset, keys: Keys = JOB_KEYS) -> tuple[str, ...]:
+    """The experts `model` (anything with `train_high_noise` / `train_low_noise`: a `Request`, a job's
+    model block, the ai-toolkit arch's model_kwargs) asks to train, checked (None = true, as in
+    ai-toolkit); () for a one-model preset, which refuses the keys."""
+    asked = {"high_noise": model.train_high_noise, "low_noise": model.train_low_noise}
+    if not preset.two_experts:
+        for e, value in asked.items():
+            if value is not None:
+                raise ConfigError(f"{keys.experts}.{EXPERT_KEYS[e]}",
+                                  f"preset {preset.name!r} is one model, not two experts; this key is for the "
+                                  "Wan 2.2 A14B presets (wan2.2-t2v-a14b, wan2.2-i2v-a14b)")
+        return ()
+    for e, value in asked.items():
+        if value not in (None, True, False):
+            raise ConfigError(f"{keys.experts}.{EXPERT_KEYS[e]}", f"{value!r}; accepted: true, false")
+    trained = tuple(e for e in EXPERTS if asked[e] is not False)
+    if not trained:
+        raise ConfigError(f"{keys.experts}.train_low_noise",
+                          "train_high_noise and train_low_noise are both false: no expert to train; accepted: "
+                          "at least one of them true (both: the experts alternate)")
+    return trained
+
+
+def boundary_of(model, preset: Preset, folder: float | None = None, keys: Keys = JOB_KEYS) -> float:
+    """`model`'s boundary (a `Request`'s `boundary`, a model block's `boundary_ratio`), else the
+    folder's model_index.json value, else the preset's; checked."""
+    given = getattr(model, "boundary", getattr(model, "boundary_ratio", None))
+    if given is not None:
+        if not preset.two_experts:
+            raise ConfigError(keys.boundary, f"preset {preset.name!r} is one model, not two experts; "
+                                             "boundary_ratio is for the A14B presets")
+        try:
+            return check_boundary(given, "boundary_ratio")
+        except ValueError as exc:
+            raise ConfigError(keys.boundary, str(exc)) from exc
+    if folder is not None:
+        return check_boundary(folder, "model_index.json boundary_ratio")
+    return preset.boundary_ratio
+
+
+def experts_of(req: Request, preset: Preset | None, keys: Keys = JOB_KEYS) -> ExpertSources | None:
+    """The `ExpertSources` of a two-expert model (reads the model folder: which experts it holds, its
+    boundary): a two-expert preset's model, or a two-expert folder whatever the preset (a command
+    line samples it with both); None for one model. `ConfigError` naming the key otherwise."""
+    src = req.name_or_path
+    found = _experts_of(src, keys) if preset_name(src) is None else None
+    trained = requested(req, preset, keys) if preset is not None else EXPERTS
+    if preset is None or not preset.two_experts:
+        if preset is not None and req.boundary is not None and found is None:
+            boundary_of(req, preset, None, keys)  # refused on a one-model preset
+        if found is None:
+            return None
+        boundary = req.boundary if req.boundary is not None else _folder_boundary(src, keys)
+        if boundary is None:
+            raise keys.error(keys.model, src, "holds two experts but no boundary is known (no model_index.json "
+                                              f"boundary_ratio, no two-expert preset): {keys.give} {keys.boundary} "
+                                              f"or {keys.preset}")
+        try:
+            boundary = check_boundary(boundary, keys.boundary)
+        except ValueError as exc:
+            raise ConfigError(keys.boundary, str(exc)) from exc
+        return ExpertSources(boundary, tuple(EXPERTS), {e: (found[e], req.seed) for e in EXPERTS})
+    boundary = boundary_of(req, preset, _folder_boundary(src, keys) if found else None, keys)
+    if preset_name(src) is not None:
+        sources = {e: (src, expert_seed(req.seed, e)) for e in EXPERTS}
+    elif found is not None:
+        sources = {e: (found[e], req.seed) for e in EXPERTS}
+    else:  # one expert's weights: they are the one expert asked for
+        if len(trained) != 1:
+            raise ConfigError(keys.model,
+                              f"{src!r} holds one DiT, but both experts are asked for (train_high_noise and "
+                              "train_low_noise are true, the default for an A14B preset). Accepted: a two-expert "
+                              "folder (transformer/ + transformer_2/, or high_noise_model/ + low_noise_model/), or "
+                              f"set {keys.experts}.train_high_noise or train_low_noise to false so these weights "
+                              "are the other expert")
+        sources = {trained[0]: (src, req.seed)}
+    return ExpertSources(boundary, trained, sources)
+
+
+def _folder_boundary(src: str, keys: Keys) -> float | None:
+    try:
+        return folder_boundary(src)
+    except WeightsError as exc:
+        raise keys.error(keys.model, src, str(exc)) from exc
+
+
+def request_of_job(model) -> Request:
+    """The `Request` of a parsed job's `model` block (`train.config.ModelConfig`)."""
+    return Request(model.name_or_path, model.preset, model.vae_path, model.text_encoder_path, model.tokenizer_path,
+                   model.image_encoder_path, model.i2v_mode, model.seed, model.boundary_ratio,
+                   model.train_high_noise, model.train_low_noise)
+
+
+def spec_of_job(process) -> ModelSpec:
+    """The `ModelSpec` of a parsed job (`config.process[0]`)."""
+    return resolve(request_of_job(process.model), JOB_KEYS)
+
+
+
+def model_sources(process) -> tuple[str, str]:
+    """(VAE source, text encoder source) of a parsed job (`spec_of_job`)."""
+    spec = spec_of_job(process)
+    return spec.vae, spec.text_encoder
