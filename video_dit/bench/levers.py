@@ -77,7 +77,8 @@ class Switch:
         if name == "recompute":
             for block in m.blocks:
                 block.recompute = on
-        elif name == "rms_norm":
+        elif name == "rms_norm":  # the torch path's norm (the fused ops do not call _RMSNormFn)
+            m.set_kernels("torch")
             self.dit.RMSNorm.forward = self.shipped_forward if on else _torch_rms_norm
         elif name == "kernels":
             m.set_kernels("triton" if on else "torch")
@@ -96,7 +97,7 @@ class Switch:
             self.model._rope_cache.clear()
 
     def restore(self) -> None:
-        if self.name == "kernels":  # as shipped: "auto"
+        if self.name in ("kernels", "rms_norm"):  # as shipped: "auto"
             for module in self.model.modules():
                 if hasattr(module, "kernels"):
                     module.kernels = "auto"

@@ -194,8 +194,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFn.apply(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                num_heads: int | None = None) -> torch.Tensor:
+        """x (B, L, D) -> the norm in float32 (a float32 weight promotes it); with `num_heads`, the
+        fused op instead (`video_dit.kernels.rms_norm_rope`: the norm, then the `rope` (cos, sin) tables
+        if given) -> (B, L, H, Dh) in x's dtype. The fused op is called from here, not from the
+        attention, so hooks on this module (ZeRO-3 gathering its weight) still run."""
+        if num_heads is None:
+            return _RMSNormFn.apply(x, self.weight, self.eps)
+        return rms_norm_rope(x, self.weight, *(rope or (None, None)), self.eps, num_heads)
 
 
 class SelfAttention(nn.Module):
@@ -229,7 +236,7 @@ class SelfAttention(nn.Module):
         # float32 weights give a float32 normed, rotated q/k (Wan's, rotated in float64); attention
         # then takes them in t's (the compute) dtype, as Wan's flash attention casts them
         if isinstance(norm, RMSNorm) and use_fused(self.kernels, t):  # the same math in one op, saving t and rstd
-            return rms_norm_rope(t, norm.weight, cos, sin, norm.eps, self.num_heads)  # (B, L, H, Dh)
+            return norm(t, (cos, sin), self.num_heads)  # (B, L, H, Dh)
         return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin).to(t.dtype)  # (B, L, H, Dh)
 
 
@@ -237,7 +244,7 @@ def _norm_as(norm: nn.Module, t: torch.Tensor, fused: bool = False) -> torch.Ten
     """norm(t) in t's dtype (the norm's float32 weight would otherwise promote it); `fused`: an
     RMSNorm as one op (`rms_norm_rope` without RoPE)."""
     if fused and isinstance(norm, RMSNorm):
-        return rms_norm_rope(t, norm.weight, None, None, norm.eps, 1).flatten(2)  # (B, L, D)
+        return norm(t, num_heads=1).flatten(2)  # (B, L, D)
     return norm(t).to(t.dtype)
 
 
