@@ -10,6 +10,9 @@ recipes (`RecomputeSaved`) and the modules of one block:
     Head             adaLN, Linear(D, out_dim * pt*ph*pw)                              (B, L, D) -> (B, L, out_dim*4)
 
 Parameter names are Wan's checkpoint names. No distributed code here (the seam is `seq_parallel`).
+The q/k RMSNorm + RoPE and the LayerNorm + adaLN modulation run either as written here (the torch
+path) or as fused ops (`video_dit.kernels`), by the `kernels` flag of the modules that hold them
+("auto" | "triton" | "torch", read in forward; `VideoDiT.set_kernels`). Same math, same float32 regions.
 """
 
 from __future__ import annotations
