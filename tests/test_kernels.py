@@ -240,7 +240,8 @@ def _cuda_rms_case(L=1024, H=12, Dh=128, dtype=torch.bfloat16):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_kernels_match_reference_at_wan_width(dtype):
     case = _cuda_rms_case(dtype=getattr(torch, dtype))
-    kc.assert_near(kc.run_rms(rms_norm_rope, case), kc.run_rms(rms_norm_rope_reference, case), dtype)
+    # scale 4: the weight gradient and T = 1's scale / shift gradients sum 1024 rows in another order
+    kc.assert_near(kc.run_rms(rms_norm_rope, case), kc.run_rms(rms_norm_rope_reference, case), dtype, scale=4)
     for T in (1, 1024):
         g = torch.Generator(device="cuda").manual_seed(1)
         ln = dict(x=2 + torch.randn(1, 1024, 1536, device="cuda", generator=g), dtype=getattr(torch, dtype),
@@ -275,7 +276,6 @@ def test_cuda_fused_ops_are_faster_than_the_torch_path():
     L, D, H = 32760, 1536, 12
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, L, D, device="cuda", generator=g).bfloat16().requires_grad_()
-    w = torch.ones(D, device="cuda", requires_grad=True)
     cos, sin = (t.cuda() for t in kc.rope_tables((21, 30, 52), D // H))
     x = torch.randn(1, L, D, device="cuda", generator=g).requires_grad_()
     table = torch.randn(1, 1, 2, D, device="cuda", generator=g).requires_grad_()
