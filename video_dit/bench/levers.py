@@ -84,7 +84,7 @@ class Switch:
             m.set_kernels("triton" if on else "torch")
         elif name == "compile":
             if on and self.compiled is None:
-                m.compile_blocks()
+                m.compile_blocks(dynamic=False)
                 self.compiled = [b._compiled_call_impl for b in m.blocks]
             # compile_blocks compiles in place (nn.Module.compile): toggling the compiled call toggles it
             for block, call in zip(m.blocks, self.compiled or [None] * len(m.blocks)):

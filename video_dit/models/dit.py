@@ -285,15 +285,16 @@ class VideoDiT(nn.Module):
     def compile_blocks(self, example: tuple | None = None, **compile_kwargs) -> float | None:
         """torch.compile each Block in place (regional compilation: the blocks share one graph per
         input shape; module names and the state dict are unchanged), with `COMPILE_OPTIONS` under any
-        `options` given; `compile_kwargs` go to torch.compile (default dynamic=False). RecomputeSaved
-        is off in compiled blocks. The fused kernels stay opaque custom ops inside the graph.
+        `options` given; `compile_kwargs` go to torch.compile as they are (its default dynamic=None
+        compiles a graph with symbolic token counts once a second count appears: bucketed training
+        does not recompile per bucket). RecomputeSaved is off in compiled blocks (Inductor chooses
+        what to save; on CPU that peak was ~1.4x). The fused kernels stay opaque custom ops inside.
 
         Compilation happens on the first call. With `example` = (x, timestep, context), one step
         compiles now (forward + backward when a parameter requires grad; before DeepSpeed wraps the
         model, whose grad hooks would see it), every .grad is left as it was, and the seconds it took
         (the compile time) are logged and returned; else None."""
         options = {**COMPILE_OPTIONS, **compile_kwargs.pop("options", {})}
-        compile_kwargs.setdefault("dynamic", False)
         self.blocks_compiled = True
         self._set_block_recompute()
         for block in self.blocks:
