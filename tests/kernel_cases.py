@@ -28,8 +28,8 @@ def rms_case(dtype: str, rope: bool, seed: int = 0, B: int = 2, grid=(1, 2, 3), 
     g = torch.Generator().manual_seed(seed)
     L, dt = grid[0] * grid[1] * grid[2], getattr(torch, dtype)
     cos, sin = rope_tables(grid, Dh) if rope else (None, None)
-    return dict(x=(3 * torch.randn(B, L, H * Dh, generator=g)).to(dt), weight=1 + 0.3 * torch.randn(H * Dh, generator=g),
-                cos=cos, sin=sin, num_heads=H, grad=torch.randn(B, L, H, Dh, generator=g).to(dt))
+    return dict(x=(3 * torch.randn(B, L, H * Dh, generator=g)).to(dt), cos=cos, sin=sin, num_heads=H,
+                weight=1 + 0.3 * torch.randn(H * Dh, generator=g), grad=torch.randn(B, L, H, Dh, generator=g).to(dt))
 
 
 def run_rms(fn, case: dict) -> dict:

@@ -28,7 +28,7 @@ def long_inputs(per_token: bool, seed: int = 1, device: str = "cpu"):
     (False, True), (True, True), pytest.param(False, False, marks=pytest.mark.slow)])
 def test_compiled_blocks_train_like_eager(per_token, fused):
     """T = 1 is the reduction over tokens Inductor got wrong on CUDA (see COMPILE_OPTIONS)."""
-    torch._dynamo.reset()  # a first compile (static shapes), not the dynamic recompile another test's shapes would cause
+    torch._dynamo.reset()  # a first compile (static shapes), not the dynamic recompile of another test's shapes
     eager = kc.flag(helpers.tiny_dit(num_layers=1), "triton" if fused else "torch")
     inputs = long_inputs(per_token)
     compiled = copy.deepcopy(eager)

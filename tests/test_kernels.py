@@ -83,7 +83,8 @@ def test_opcheck_custom_ops():
     checks = [
         (ops._rms_norm_rope, (x, w, case["cos"], case["sin"], kc.EPS, 2)),
         (ops._rms_norm_rope, (x, w, None, None, kc.EPS, 2)),
-        (ops._rms_norm_rope_backward, (case["grad"], x.detach(), w.detach(), case["cos"], case["sin"], rstd.detach(), 2)),
+        (ops._rms_norm_rope_backward,
+         (case["grad"], x.detach(), w.detach(), case["cos"], case["sin"], rstd.detach(), 2)),
         (ops._ln_modulate, (ln["x"].requires_grad_(), shift, scale, kc.EPS, torch.bfloat16)),
     ]
     for op, args in checks:

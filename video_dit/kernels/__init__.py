@@ -1,7 +1,7 @@
 """Fused kernels for the DiT's elementwise / row-reduction work, forward and backward:
 
-    rms_norm_rope(x, weight, cos, sin, eps, num_heads)   q/k RMSNorm across heads + Wan's RoPE   (B, L, D) -> (B, L, H, Dh)
-    ln_modulate(x, shift, scale, eps, dtype)             LayerNorm (no affine) * (1 + scale) + shift   (B, L, D) -> (B, L, D)
+    rms_norm_rope(x, weight, cos, sin, eps, num_heads)   q/k RMSNorm across heads, Wan's RoPE   (B, L, D) -> (B, L, H, Dh)
+    ln_modulate(x, shift, scale, eps, dtype)             LayerNorm * (1 + scale) + shift        (B, L, D) -> (B, L, D)
 
 Each is a torch custom op (`ops.py`; opaque to torch.compile, fake-tensor traceable) running a Triton
 kernel (`triton_impl.py`) on CUDA, and its torch implementation elsewhere; `reference.py` holds the

@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 # 2.10+, workaround TORCHINDUCTOR_MIX_ORDER_REDUCTION=0). It only exists in Inductor's Triton backend.
 COMPILE_OPTIONS = {"triton.mix_order_reduction": False}
 
+
 @dataclass
 class DiTConfig:
     """Field names are the original Wan `WanModel` constructor names, so configs map 1:1."""
