@@ -5,6 +5,7 @@ No timings are asserted (speed lives in `video_dit/bench/`, not in tests)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 import types
@@ -256,7 +257,8 @@ def test_levers_switch_one_thing_at_a_time_and_leave_the_model_as_shipped():
     shipped = dit.RMSNorm.forward
     model, inputs = levers.build(levers.SMALL, "cpu", torch.float32)
     grads = {}
-    for name in ("recompute", "rms_norm", "rope_cache"):
+    with_triton = importlib.util.find_spec("triton") is not None  # the kernels lever sets "triton"
+    for name in ("recompute", "rms_norm", "rope_cache") + (("kernels",) if with_triton else ()):
         sw = levers.Switch(name, model)
         for on in (False, True):
             model.zero_grad(set_to_none=True)
@@ -267,6 +269,7 @@ def test_levers_switch_one_thing_at_a_time_and_leave_the_model_as_shipped():
         sw.restore()
         torch.testing.assert_close(grads[name, False], grads[name, True], rtol=1e-4, atol=1e-6)
     assert dit.RMSNorm.forward is shipped and all(b.recompute for b in model.blocks)
+    assert {m.kernels for m in model.modules() if hasattr(m, "kernels")} == {"auto"}
     assert dit.RMSNorm.forward is not levers._torch_rms_norm
 
     res = levers.run(repeats=1, small=True, levers=("recompute",))

@@ -12,8 +12,13 @@ Levers ("on" is what ships unless the table says otherwise):
               inputs, norms, rotated q/k) are stored as recipes and recomputed in backward.
   rms_norm    our RMSNorm autograd function (saves x and the row rstd) vs torch's F.rms_norm.
   rope_cache  the real RoPE tables cached per token grid vs rebuilt on every forward.
-  compile     torch.compile of each block (regional; dynamic=False), vs eager; the first (compiling)
-              step is reported apart as compile_s. Off by default in the product.
+  kernels     the fused ops (`set_kernels("triton")`: q/k RMSNorm + RoPE, LayerNorm + adaLN modulation,
+              Triton kernels on CUDA) vs the torch path (`set_kernels("torch")`). Ships as "auto" (on
+              on CUDA when triton imports); on CPU "on" runs the fused ops' torch implementation, and
+              the row says "failed" without triton.
+  compile     `VideoDiT.compile_blocks()` (each block compiled in place, dynamic=False, Inductor's
+              mix-order reduction off, RecomputeSaved off inside) vs eager, with the model's kernels
+              as shipped; the first (compiling) step is reported apart as compile_s. Off by default.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from video_dit.parallel.memory import cuda_peak
 LEVER = dict(dim=1536, heads=12, ffn_dim=8960, layers=1, latents=(16, 4, 32, 32), text_len=512, text_dim=4096)
 SMALL = dict(dim=256, heads=4, ffn_dim=1024, layers=2, latents=(16, 4, 24, 24), text_len=64, text_dim=256)
 SHAPES = {"lever": LEVER, "small": SMALL}
-LEVERS = ("recompute", "rms_norm", "rope_cache", "compile")
+LEVERS = ("recompute", "rms_norm", "rope_cache", "kernels", "compile")
 
 
 def build(shape: dict, device: str, dtype: torch.dtype):
@@ -62,8 +67,7 @@ class Switch:
     def __init__(self, name: str, model):
         self.name, self.model, self.dit = name, model, dit
         self.shipped_forward = dit.RMSNorm.forward
-        self.eager_blocks = list(model.blocks)
-        self.compiled = None
+        self.compiled = None  # each block's compiled call, once compiled
         self.on = True
 
     def set(self, on: bool) -> None:
@@ -72,19 +76,32 @@ class Switch:
         if name == "recompute":
             for block in m.blocks:
                 block.recompute = on
-        elif name == "rms_norm":
+        elif name == "rms_norm":  # the torch path's norm (the fused ops do not call _RMSNormFn)
+            m.set_kernels("torch")
             self.dit.RMSNorm.forward = self.shipped_forward if on else _torch_rms_norm
+        elif name == "kernels":
+            m.set_kernels("triton" if on else "torch")
         elif name == "compile":
             if on and self.compiled is None:
-                self.compiled = [torch.compile(b, dynamic=False) for b in self.eager_blocks]
-            m.blocks = torch.nn.ModuleList(self.compiled if on else self.eager_blocks)
+                m.compile_blocks(dynamic=False)
+                self.compiled = [b._compiled_call_impl for b in m.blocks]
+            # compile_blocks compiles in place (nn.Module.compile): toggling the compiled call toggles it
+            for block, call in zip(m.blocks, self.compiled or [None] * len(m.blocks)):
+                block._compiled_call_impl = call if on else None
+            m.blocks_compiled = on and self.compiled is not None
+            m.set_recompute_saved(m.recompute_saved)
 
     def before_step(self) -> None:
         if self.name == "rope_cache" and not self.on:
             self.model._rope_cache.clear()
 
     def restore(self) -> None:
-        self.set(self.name != "compile")
+        if self.name in ("kernels", "rms_norm"):  # as shipped: "auto"
+            for module in self.model.modules():
+                if hasattr(module, "kernels"):
+                    module.kernels = "auto"
+        else:
+            self.set(self.name != "compile")
         self.dit.RMSNorm.forward = self.shipped_forward
 
 

@@ -35,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import logging
 import math
+import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -43,8 +45,19 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
+
+log = logging.getLogger(__name__)
+
+# Inductor options every compiled block gets. Mix-order reduction fuses the LayerNorm-backward row
+# reduction with the adaLN modulation's reduction over tokens into one kernel; for this model's
+# scale/shift tables it returns a wrongly shaped gradient ("CompiledFunctionBackward returned an invalid
+# gradient ... got [1536] but expected shape compatible with [1, 1, 1536]", pytorch#178080) or, for the
+# chained modulated norms of a Wan block at long sequences, silently wrong ones (pytorch#193061: torch
+# 2.10+, workaround TORCHINDUCTOR_MIX_ORDER_REDUCTION=0). It only exists in Inductor's Triton backend.
+COMPILE_OPTIONS = {"triton.mix_order_reduction": False}
 
 
 @dataclass
@@ -180,6 +193,7 @@ class VideoDiT(nn.Module):
         self.gradient_checkpointing = False
         self.offload_checkpoints = False
         self.recompute_saved = True  # set_recompute_saved
+        self.blocks_compiled = False  # compile_blocks
         self.seq_parallel = None  # set from outside (video_dit/parallel); see forward()
         self.compute_dtype: torch.dtype | None = None  # None: the bulk weights' dtype; set by cast_dit
         self._rope_cache: dict = {}
@@ -238,27 +252,70 @@ class VideoDiT(nn.Module):
         inputs in CPU memory (pinned on CUDA) instead of on the device, for long videos."""
         self.gradient_checkpointing = True
         self.offload_checkpoints = offload
-        for block in self.blocks:  # a checkpointed block stores nothing inside, so nothing to recompute
-            block.recompute = False
+        self._set_block_recompute()
 
     def disable_gradient_checkpointing(self) -> None:
         self.gradient_checkpointing = False
         self.offload_checkpoints = False
-        for block in self.blocks:
-            block.recompute = self.recompute_saved
+        self._set_block_recompute()
 
     def set_recompute_saved(self, on: bool) -> None:
         """Without block checkpointing: the blocks store cheap elementwise results as recipes recomputed
         in backward (`RecomputeSaved`; on, the default: less activation memory), or keep them (off:
         each block keeps what a checkpointed block's re-run keeps; CPU steps ~10% faster)."""
         self.recompute_saved = on
-        if not self.gradient_checkpointing:
-            for block in self.blocks:
-                block.recompute = on
+        self._set_block_recompute()
+
+    def _set_block_recompute(self) -> None:
+        # a checkpointed block stores nothing inside, so nothing to recompute; a compiled block leaves
+        # the choice of what to save to Inductor's partitioner (the hooks would break its graph)
+        for block in self.blocks:
+            block.recompute = self.recompute_saved and not self.gradient_checkpointing and not self.blocks_compiled
 
     def set_attention_backend(self, backend: str) -> "VideoDiT":
-        """"native" (torch SDPA) or "flash" (flash-attn; a clear error when it is not installed)."""
+        """"native" (torch SDPA), "flash" (flash-attn 2), "flash3" (FlashAttention 3) or "sage"
+        (SageAttention); a clear error naming the package when it is not installed."""
         return set_attention_backend(self, backend)
+
+    def set_kernels(self, kernels: str) -> "VideoDiT":
+        """The q/k RMSNorm + RoPE and LayerNorm + adaLN modulation: "auto" (default: the fused Triton
+        ops on CUDA when triton imports, else the torch path), "triton" (the fused ops, always) or
+        "torch" (the torch path). See `video_dit.kernels`."""
+        return set_kernels(self, kernels)
+
+    def compile_blocks(self, example: tuple | None = None, **compile_kwargs) -> float | None:
+        """torch.compile each Block in place (regional compilation: the blocks share one graph per
+        input shape; module names and the state dict are unchanged), with `COMPILE_OPTIONS` under any
+        `options` given; `compile_kwargs` go to torch.compile as they are (its default dynamic=None
+        compiles a graph with symbolic token counts once a second count appears: bucketed training
+        does not recompile per bucket). RecomputeSaved is off in compiled blocks (Inductor chooses
+        what to save; on CPU that peak was ~1.4x). The fused kernels stay opaque custom ops inside.
+
+        Compilation happens on the first call. With `example` = (x, timestep, context), one step
+        compiles now (forward + backward when a parameter requires grad; before DeepSpeed wraps the
+        model, whose grad hooks would see it), every .grad is left as it was, and the seconds it took
+        (the compile time) are logged and returned; else None."""
+        options = {**COMPILE_OPTIONS, **compile_kwargs.pop("options", {})}
+        self.blocks_compiled = True
+        self._set_block_recompute()
+        for block in self.blocks:
+            block.compile(options=options, **compile_kwargs)
+        if example is None:
+            return None
+        stashed = {p: p.grad for p in self.parameters()}  # backward makes new .grad tensors, these stay as they are
+        for p in stashed:
+            p.grad = None
+        train = any(p.requires_grad for p in stashed)
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(train):
+            out = self(*example)
+            if train:
+                out.float().square().mean().backward()
+        seconds = time.perf_counter() - t0
+        for p, g in stashed.items():
+            p.grad = g
+        log.info("compiled %d DiT blocks (forward + backward) in %.1f s", len(self.blocks), seconds)
+        return seconds
 
     # -------------------------------------------------------------- forward
 

@@ -10,6 +10,9 @@ recipes (`RecomputeSaved`) and the modules of one block:
     Head             adaLN, Linear(D, out_dim * pt*ph*pw)                              (B, L, D) -> (B, L, out_dim*4)
 
 Parameter names are Wan's checkpoint names. No distributed code here (the seam is `seq_parallel`).
+The q/k RMSNorm + RoPE and the LayerNorm + adaLN modulation run either as written here (the torch
+path) or as fused ops (`video_dit.kernels`), by the `kernels` flag of the modules that hold them
+("auto" | "triton" | "torch", read in forward; `VideoDiT.set_kernels`). Same math, same float32 regions.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from video_dit.kernels import ln_modulate, rms_norm_rope, use_fused
 from video_dit.models.attention import attention
 
 if TYPE_CHECKING:
@@ -79,11 +83,14 @@ def compute_dtype_of(t: torch.Tensor) -> torch.dtype:
 
 
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, dtype: torch.dtype,
-             rc=None) -> torch.Tensor:
+             rc=None, fused: bool = False) -> torch.Tensor:
     """LayerNorm(x) * (1 + scale) + shift; x (B, L, D), shift/scale (B, T, D) float32, T in {1, L}.
     float32 region: the adaLN math (Wan: `norm(x).float() * (1 + e) + e`; bf16 here visibly degrades
     the pretrained models); the result goes to `dtype`, the next Linear's compute dtype.
-    `rc`: a RecomputeSaved that stores the normed x as a recipe."""
+    `rc`: a RecomputeSaved that stores the normed x as a recipe. `fused`: one kernel for all of it
+    (`video_dit.kernels.ln_modulate`: the same float32 math; saves x and the row statistics)."""
+    if fused:
+        return ln_modulate(x, shift, scale, eps, dtype)
     with torch.autocast(x.device.type, enabled=False):
         x = f32(x)
         normed = F.layer_norm(x, x.shape[-1:], eps=eps)
@@ -190,8 +197,15 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNormFn.apply(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                num_heads: int | None = None) -> torch.Tensor:
+        """x (B, L, D) -> the norm in float32 (a float32 weight promotes it); with `num_heads`, the
+        fused op instead (`video_dit.kernels.rms_norm_rope`: the norm, then the `rope` (cos, sin) tables
+        if given) -> (B, L, H, Dh) in x's dtype. The fused op is called from here, not from the
+        attention, so hooks on this module (ZeRO-3 gathering its weight) still run."""
+        if num_heads is None:
+            return _RMSNormFn.apply(x, self.weight, self.eps)
+        return rms_norm_rope(x, self.weight, *(rope or (None, None)), self.eps, num_heads)
 
 
 class SelfAttention(nn.Module):
@@ -202,6 +216,7 @@ class SelfAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps) if qk_norm else nn.Identity()  # across all heads
         self.norm_k = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.attention_backend = "native"
+        self.kernels = "auto"  # q/k norm + RoPE: "auto" | "triton" (one fused op) | "torch" (video_dit.kernels)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], seq_parallel=None,
                 rc: RecomputeSaved | None = None) -> torch.Tensor:
@@ -223,11 +238,16 @@ class SelfAttention(nn.Module):
     def _norm_rope(self, norm: nn.Module, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # float32 weights give a float32 normed, rotated q/k (Wan's, rotated in float64); attention
         # then takes them in t's (the compute) dtype, as Wan's flash attention casts them
+        if isinstance(norm, RMSNorm) and use_fused(self.kernels, t):  # the same math in one op, saving t and rstd
+            return norm(t, (cos, sin), self.num_heads)  # (B, L, H, Dh)
         return apply_rope(norm(t).unflatten(2, (self.num_heads, -1)), cos, sin).to(t.dtype)  # (B, L, H, Dh)
 
 
-def _norm_as(norm: nn.Module, t: torch.Tensor) -> torch.Tensor:
-    """norm(t) in t's dtype (the norm's float32 weight would otherwise promote it)."""
+def _norm_as(norm: nn.Module, t: torch.Tensor, fused: bool = False) -> torch.Tensor:
+    """norm(t) in t's dtype (the norm's float32 weight would otherwise promote it); `fused`: an
+    RMSNorm as one op (`rms_norm_rope` without RoPE)."""
+    if fused and isinstance(norm, RMSNorm):
+        return norm(t, num_heads=1).flatten(2)  # (B, L, D)
     return norm(t).to(t.dtype)
 
 
@@ -245,23 +265,25 @@ class CrossAttention(nn.Module):
             self.k_img, self.v_img = nn.Linear(dim, dim), nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
         self.attention_backend = "native"
+        self.kernels = "auto"  # q/k RMSNorm as one fused op or the torch path (video_dit.kernels)
 
     def forward(self, x: torch.Tensor, context: torch.Tensor, context_mask: torch.Tensor | None = None,
                 rc: RecomputeSaved | None = None, image_context: torch.Tensor | None = None):
         """x (B, L, D), context (B, Lt, D), context_mask (B, Lt) bool or None (text only),
         image_context (B, Li, D) for the image branch -> (B, L, D)."""
         rc = rc or RecomputeSaved()
+        fused = use_fused(self.kernels, x)
         q = self.q(x)
-        q = rc.add(_norm_as(self.norm_q, q), _norm_as, self.norm_q, q)
+        q = rc.add(_norm_as(self.norm_q, q, fused), _norm_as, self.norm_q, q, fused)
         q = q.unflatten(2, (self.num_heads, -1))  # (B, L, H, Dh)
         k = self.k(context)
-        k = _norm_as(self.norm_k, k).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
+        k = _norm_as(self.norm_k, k, fused).unflatten(2, (self.num_heads, -1))  # (B, Lt, H, Dh)
         v = self.v(context).unflatten(2, (self.num_heads, -1))
         out = attention(q, k, v, backend=self.attention_backend, attn_mask=context_mask)  # (B, L, H, Dh)
         if image_context is not None:
             # Wan and diffusers concatenate [image | text] into one context and split it again here
             # (at context length - 512); we pass the two parts separately, which is the same math.
-            k_img = _norm_as(self.norm_k_img, self.k_img(image_context))
+            k_img = _norm_as(self.norm_k_img, self.k_img(image_context), fused)
             k_img = k_img.unflatten(2, (self.num_heads, -1))  # (B, Li, H, Dh)
             v_img = self.v_img(image_context).unflatten(2, (self.num_heads, -1))
             out = out + attention(q, k_img, v_img, backend=self.attention_backend)  # every image token is real
@@ -305,6 +327,7 @@ class Block(nn.Module):
                                  nn.Linear(cfg.ffn_dim, cfg.dim))
         self.modulation = nn.Parameter(torch.empty(1, 6, cfg.dim))
         self.recompute = True  # RecomputeSaved inside the block; VideoDiT turns it off under checkpointing
+        self.kernels = "auto"  # adaLN LayerNorm + modulation as one fused op or the torch path (video_dit.kernels)
 
     def forward(self, x, e0, context, rope, context_mask=None, seq_parallel=None, image_context=None):
         """x (B, L, D) the residual stream (float32 from the first gated add on; the patch tokens
@@ -314,9 +337,10 @@ class Block(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             # float32 region: the six adaLN vectors (Wan: `with autocast(dtype=float32)`)
             shift1, scale1, gate1, shift2, scale2, gate2 = (f32(self.modulation).unsqueeze(1) + e0).unbind(2)
-        eps, rc = self.eps, RecomputeSaved()
+        eps, rc, fused = self.eps, RecomputeSaved(), use_fused(self.kernels, x)
         with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
-            h = rc.add(modulate(x, shift1, scale1, eps, cdt, rc), modulate, x, shift1, scale1, eps, cdt)
+            h = modulate(x, shift1, scale1, eps, cdt, rc, fused)
+            h = rc.add(h, modulate, x, shift1, scale1, eps, cdt, None, fused)
             y = self.self_attn(h, rope, seq_parallel, rc)
             x = rc.add(gated_add(x, y, gate1), gated_add, x, y, gate1)  # x, y are kept anyway
             if isinstance(self.norm3, nn.LayerNorm):
@@ -324,7 +348,8 @@ class Block(nn.Module):
             else:
                 c = x.to(cdt)
             x = x + self.cross_attn(c, context, context_mask, rc, image_context)  # float32 + compute dtype
-            h = rc.add(modulate(x, shift2, scale2, eps, cdt, rc), modulate, x, shift2, scale2, eps, cdt)
+            h = modulate(x, shift2, scale2, eps, cdt, rc, fused)
+            h = rc.add(h, modulate, x, shift2, scale2, eps, cdt, None, fused)
             h = self.ffn[0](h)  # (B, L, ffn_dim)
             g = rc.add(self.ffn[1](h), self.ffn[1], h)  # ffn.2 saves only a recipe of its GELU input
             x = gated_add(x, self.ffn[2](g), gate2)
@@ -337,10 +362,12 @@ class Head(nn.Module):
         self.eps = cfg.eps
         self.head = nn.Linear(cfg.dim, cfg.out_dim * math.prod(cfg.patch_size))
         self.modulation = nn.Parameter(torch.empty(1, 2, cfg.dim))
+        self.kernels = "auto"  # its LayerNorm + modulation fused or not (video_dit.kernels)
 
     def forward(self, x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """x (B, L, D), e (B, T, D) float32 -> (B, L, out_dim * pt*ph*pw) in the head's weight dtype."""
         # float32 region: modulation, norm and the output Linear (Wan runs its head under autocast(float32))
         with torch.autocast(x.device.type, enabled=False):
             shift, scale = (f32(self.modulation).unsqueeze(1) + e.unsqueeze(2)).unbind(2)  # (B, T, D) each
-            return self.head(modulate(x, shift, scale, self.eps, self.head.weight.dtype))
+            fused = use_fused(self.kernels, x)
+            return self.head(modulate(x, shift, scale, self.eps, self.head.weight.dtype, fused=fused))

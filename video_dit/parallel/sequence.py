@@ -143,7 +143,9 @@ class UlyssesSequenceParallel:
         self.recompute = recompute
         self.size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.backend = backend  # the local attention kernel ("native" SDPA or "flash"), as in models/attention.py
+        # the local attention kernel, one of models/attention.py's BACKENDS; the key-masked calls of a padded
+        # sequence go through SDPA whatever it is (the optional kernels take no mask)
+        self.backend = backend
         self._valid: dict[int, int] = {}  # local length -> true token count L
         # scatter_idx=2 (heads), gather_idx=1 (tokens) on (B, L, H, Dh); the local attention gets the
         # key mask through DistributedAttention's *args.
