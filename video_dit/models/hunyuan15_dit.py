@@ -49,6 +49,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -101,11 +102,10 @@ class HY15DiTConfig:
         if self.hidden_size % self.heads_num:
             raise ValueError(f"HY15DiTConfig.hidden_size={self.hidden_size} is not divisible by "
                              f"heads_num={self.heads_num}")
-        self.rope_dim_list = tuple(int(d) for d in self.rope_dim_list or default_rope_dims(self.head_dim))
-        if len(self.rope_dim_list) != 3 or sum(self.rope_dim_list) != self.head_dim or any(d % 2 for d in
-                                                                                           self.rope_dim_list):
-            raise ValueError(f"HY15DiTConfig.rope_dim_list={list(self.rope_dim_list)} must be 3 even sizes summing to "
-                             f"the head dim hidden_size/heads_num={self.head_dim}")
+        dims = self.rope_dim_list = tuple(int(d) for d in self.rope_dim_list or default_rope_dims(self.head_dim))
+        if len(dims) != 3 or sum(dims) != self.head_dim or any(d % 2 for d in dims):
+            raise ValueError(f"HY15DiTConfig.rope_dim_list={list(dims)} must be 3 even sizes summing to the head "
+                             f"dim hidden_size/heads_num={self.head_dim}")
         if self.mm_single_blocks_depth != 0:
             raise ValueError(f"HY15DiTConfig.mm_single_blocks_depth={self.mm_single_blocks_depth}: only 0 is "
                              "supported (no public HunyuanVideo 1.5 checkpoint has single-stream blocks)")
@@ -125,10 +125,11 @@ class HY15DiTConfig:
         return 2 * self.in_channels + 1 if self.concat_condition else self.in_channels
 
     # Keys of Tencent's config.json that do not change the network, and keys that only one value is built for.
-    _IGNORED = ("_class_name", "_diffusers_version", "attn_mode", "attn_param", "ideal_resolution", "ideal_task")
-    _FIXED = {"is_reshape_temporal_channels": False, "mlp_act_type": "gelu_tanh", "qk_norm": True,
-              "qk_norm_type": "rms", "text_projection": "single_refiner", "use_attention_mask": True,
-              "text_pool_type": None, "text_states_dim_2": None, "guidance_embed": False}
+    _IGNORED: ClassVar = ("_class_name", "_diffusers_version", "attn_mode", "attn_param", "ideal_resolution",
+                          "ideal_task")
+    _FIXED: ClassVar = {"is_reshape_temporal_channels": False, "mlp_act_type": "gelu_tanh", "qk_norm": True,
+                        "qk_norm_type": "rms", "text_projection": "single_refiner", "use_attention_mask": True,
+                        "text_pool_type": None, "text_states_dim_2": None, "guidance_embed": False}
 
     @classmethod
     def from_dict(cls, d: dict) -> "HY15DiTConfig":
