@@ -27,8 +27,11 @@ def build_transformers_model(cls, hf_config, seed: int | None = 0, device=None) 
     if device is not None and torch.device(device).type == "meta":
         with torch.device("meta"):
             return cls(hf_config).eval()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0 if seed is None else seed)
+    # Built on CPU from the CPU generator alone (torch.manual_seed would also reseed CUDA's global
+    # generators, which fork_rng(devices=[]) does not restore), so the weights do not depend on the
+    # device or a default device, and every global RNG is as it was.
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.random.default_generator.manual_seed(0 if seed is None else seed)
         model = cls(hf_config)
     return model.to(device).eval() if device is not None else model.eval()
 
