@@ -14,6 +14,8 @@
                                      OSError(ENOSPC), as on a full disk (N = 0 when omitted)
     nan_batch:A[-B][:rank:R]         the A-th (to B-th) batch this process draws (1-based, skipped ones
                                      count) is poisoned with NaN, on every rank or only on rank R
+    oom_rank1_at_step:3              rank 1's forward of optimizer step 3 raises torch.OutOfMemoryError,
+                                     as a GPU out of memory does (any rank: oom_rank<R>_at_step:<S>)
 
 `install(trainer)` is the one entry point, called once by the Trainer after DeepSpeed is set up: with
 the variable unset it returns at once and changes nothing. With it set, it wraps the trainer's
@@ -29,6 +31,8 @@ import re
 import signal
 import time
 
+import torch
+
 ENV = "VIDEO_DIT_FAULT"
 
 
@@ -38,7 +42,7 @@ def parse(spec: str) -> list[tuple[str, dict[str, int]]]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, *rest = part.split(":")
         args: dict[str, int] = {}
-        kill = re.fullmatch(r"(kill|stall)_rank(\d+)_at_step", name)
+        kill = re.fullmatch(r"(kill|stall|oom)_rank(\d+)_at_step", name)
         try:
             if kill:
                 args = {"rank": int(kill.group(2)), "step": int(rest[0])}
@@ -62,7 +66,7 @@ def parse(spec: str) -> list[tuple[str, dict[str, int]]]:
                 raise ValueError
         except (ValueError, IndexError):
             raise ValueError(f"{ENV}: cannot parse {part!r}; accepted: kill_rank<R>_at_step:<S>, "
-                             "stall_rank<R>_at_step:<S>, "
+                             "stall_rank<R>_at_step:<S>, oom_rank<R>_at_step:<S>, "
                              "kill_during_save:after_file:<N>, enospc_on_save[:after_file:<N>], "
                              "nan_batch:<A>[-<B>][:rank:<R>]") from None
         faults.append((name, args))
@@ -91,6 +95,11 @@ def install(trainer) -> None:
         for name, a in faults:
             if name == "nan_batch" and a["first"] <= drawn[0] <= a["last"] and a["rank"] in (-1, rank):
                 batch = dict(batch, latents=batch["latents"] * float("nan"))
+        for name, a in faults:
+            if name == "oom_at_step" and a["rank"] == rank and trainer.step + 1 == a["step"]:
+                print(f"[video_dit] FAULT INJECTED ({ENV}): rank {rank} runs out of memory in step {a['step']}",
+                      flush=True)
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
         loss = loss_of(batch, micro)
         for name, a in faults:
             if name == "kill_at_step" and a["rank"] == rank and trainer.step + 1 == a["step"]:

@@ -131,7 +131,7 @@ from PIL import Image
 
 from video_dit.data import DataError, scan_dataset
 from video_dit.data.buckets import candidate_buckets
-from video_dit.devices import DeviceError, Machine, machine_of, placement
+from video_dit.devices import DeviceError, Machine, local_machine, machine_of, placement
 from video_dit.lora import add_lora, lora_targets
 from video_dit.models.dit import VideoDiT, param_dtypes
 from video_dit.models.image_encoder import build_clip_vision
@@ -866,3 +866,38 @@ def load_job_for_plan(path: str):
                 d["folder_path"] = str(stand_in)
                 missing.add(i)
     return parse_job(raw, str(path)), missing
+
+
+# ---------------------------------------------------------------- a step that ran out of memory
+
+
+def bucket_peak_gib(job, latent_shape: tuple, world: int) -> float | None:
+    """The plan's per-rank peak, in GiB, of `job`'s training step on a latent batch (B, C, F', h, w),
+    on `world` ranks of this machine's device kind (None when the plan cannot be made)."""
+    preset = get_preset(job.process.model.preset)
+    _, _, frames, h, w = latent_shape
+    bucket = ((frames - 1) * preset.vae.temporal_compression + 1, h * preset.vae_spatial, w * preset.vae_spatial)
+    try:
+        plan = plan_job(job, replace(local_machine(), ranks=world), buckets=[bucket])
+    except PlanError:
+        return None
+    return plan.buckets[0].as_configured.device_bytes / GiB
+
+
+def memory_levers(process, preset, world: int) -> list[str]:
+    """What would lower a job's per-rank peak, in the order worth trying, as job keys."""
+    d, t = process.deepspeed, process.train
+    out = []
+    if not t.gradient_checkpointing:
+        out.append("train.gradient_checkpointing: true (blocks recomputed in backward instead of kept)")
+    if not partitioned(d.zero_stage) and world > 1:
+        out.append(f"deepspeed.zero_stage: 3 (parameters sharded over the {world} ranks)")
+    elif not (d.offload_optimizer and d.offload_param) and shards_optimizer(d.zero_stage):
+        out.append("deepspeed.offload_optimizer / offload_param: true (to host memory)")
+    heads = preset.dit.num_heads
+    more_sp = [n for n in range(d.sequence_parallel_size + 1, world + 1) if heads % n == 0 and world % n == 0]
+    if more_sp:
+        out.append(f"deepspeed.sequence_parallel_size: {more_sp[0]} (the tokens split over {more_sp[0]} ranks)")
+    out.append("smaller buckets (datasets[].resolution, num_frames) or train.batch_size; `video-dit plan CONFIG` "
+               "shows what fits")
+    return out

@@ -9,9 +9,10 @@ last frame): CLIP runs once per preview image and the image encoder is freed too
 A two-expert model (`TwoExperts`) samples with both experts, each on its own steps at its own scale.
 Under ZeRO-3 the DiT's parameters are partitioned: every rank runs the same sampling loop and
 DeepSpeed's module hooks gather each block's parameters just before it runs and release them
-after (one block at a time), so all ranks take part and only rank 0 writes files. Under ZeRO 0-2
-every rank holds the full weights and rank 0 renders alone. A preview that fails (bad control
-image, ...) is logged and training continues.
+after (one block at a time), so all ranks take part and only rank 0 writes files (so under
+sequence parallelism). Under ZeRO 0-2 every rank holds the full weights: the previews are shared
+out among the ranks, gathered to rank 0, which writes them (`render`). A preview that fails (bad
+control image, ...) is logged and training continues.
 """
 
 from __future__ import annotations
@@ -126,21 +127,67 @@ def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
         job.clip_features = image_features(image_encoder, first, last).cpu()
 
 
+def renderer_of(k: int, world: int, every_rank: bool, share: bool) -> int | None:
+    """The rank that renders preview k: None = every rank together (a collective forward); else
+    the previews shared out round-robin (k % world) when `share`, or rank 0 alone."""
+    if every_rank:
+        return None
+    return k % world if share else 0
+
+
 def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_rank: bool, i2v_mode: str,
-           log) -> list[Path]:
-    """Render every preview of `step`; returns the MP4 paths written (rank 0). `every_rank`: a forward
-    is a collective (ZeRO-3's gathers, sequence-parallel attention), so every rank runs each preview."""
-    rank = dist.get_rank()
-    models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
+           log, share: bool = True) -> list[Path]:
+    """Render every preview of `step`; returns the MP4 paths written (rank 0).
+
+    `every_rank`: a forward is a collective (ZeRO-3's gathers, sequence-parallel attention), so every
+    rank runs each preview together. Otherwise each rank holds the whole model and the previews are
+    shared out (`renderer_of`: preview k on rank k % world), so no rank waits for another's renders
+    beyond its own share (a rank idle at a barrier for the whole preview would hit the collective
+    timeout with a big model and many prompts); the frames are gathered to rank 0, which writes every
+    file and logs which rank rendered what. `share` False: rank 0 renders alone (a model only rank 0
+    holds). A preview that fails is logged with its rank and training continues."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [j for k, j in enumerate(jobs) if renderer_of(k, world, every_rank, share) in (None, rank)]
+    results = _render_jobs(dit, vae, mine, i2v_mode) if mine else {}
+    if every_rank or world == 1:
+        gathered = [results]
+    else:  # a collective: every rank sends its share (rank 0 also its own)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object({"rank": rank, "results": results}, gathered, dst=0)
+        gathered = gathered if rank == 0 else []
     written = []
-    if rank == 0 or every_rank:
-        was_training = [m.training for m in models]
-        for m in models:
-            m.eval()
-        param = next(p for p in dit.parameters())
-        pipe = VideoPipeline(dit, vae, i2v_mode=i2v_mode)
+    if rank == 0:
+        by_rank: dict[int, list[int]] = {}
+        for part in gathered:
+            who, got = (part["rank"], part["results"]) if "rank" in part else (0, part)
+            for index, (frames, error) in sorted(got.items()):
+                by_rank.setdefault(who, []).append(index)
+                if error is not None:
+                    log(f"preview {index} at step {step} failed: {error}(rendered on rank {who})")
+                    continue
+                job = next(j for j in jobs if j.index == index)
+                path = Path(out_dir) / "samples" / f"{step:09d}_{index}.mp4"
+                write_video(frames, path, fps=job.fps)
+                contact_sheet(frames).save(path.with_suffix(".png"))
+                written.append(path)
+        if not every_rank and world > 1:
+            log(f"step {step}: previews " + "; ".join(f"{', '.join(map(str, idx))} on rank {r}"
+                                                     for r, idx in sorted(by_rank.items())))
+    dist.barrier()
+    return sorted(written)
+
+
+def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str) -> dict[int, tuple[list | None, str | None]]:
+    """{preview index: (frames, None) or (None, the error)} of `jobs` rendered on this rank."""
+    models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
+    was_training = [m.training for m in models]
+    for m in models:
+        m.eval()
+    param = next(p for p in dit.parameters())
+    pipe = VideoPipeline(dit, vae, i2v_mode=i2v_mode)
+    out = {}
+    try:
         for job in jobs:
-            path = Path(out_dir) / "samples" / f"{step:09d}_{job.index}.mp4"
             try:
                 first = load_image(job.ctrl_img) if job.ctrl_img else None
                 last = load_image(job.ctrl_img_2) if job.ctrl_img_2 else None
@@ -156,14 +203,10 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
                                        grid=st.grid, generator=gen, first_frame=first, last_frame=last,
                                        image_embeds=None if job.clip_features is None
                                        else job.clip_features.to(param.device))
-                if rank == 0:
-                    write_video(frames, path, fps=job.fps)
-                    contact_sheet(frames).save(path.with_suffix(".png"))
-                    written.append(path)
-            except Exception as exc:  # a preview must never stop a training run: log it and go on
-                log(f"preview {job.index} at step {step} failed: {type(exc).__name__}: {exc}\n"
-                    + "".join(traceback.format_exception(exc)[-3:]))
+                out[job.index] = (frames, None)
+            except Exception as exc:  # a preview must never stop a training run: it is reported, training goes on
+                out[job.index] = (None, f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]))
+    finally:
         for m, mode in zip(models, was_training):
             m.train(mode)
-    dist.barrier()
-    return written
+    return out

@@ -64,12 +64,14 @@ from video_dit.train.ema import EMA
 from video_dit.train.engine import LRSchedule, initialize, schedule_change, sync_lr
 from video_dit.train.experts import ExpertSchedule, plan_experts
 from video_dit.train.metrics import MetricsLog, peak_memory_gb, read_metrics, step_flops
+from video_dit.train.plan import bucket_peak_gib, memory_levers
 from video_dit.train.precision import build_dtype, cpu_fp32_notice, quantize_frozen, train_dtype
 from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler, render
 
 EXIT_BAD_INPUT = 2    # weights / data / checkpoint that cannot be used (as a bad config)
 EXIT_NONFINITE = 3
 EXIT_SAVE_FAILED = 4  # a checkpoint could not be written (disk full, ...)
+EXIT_OUT_OF_MEMORY = 5  # a step ran out of device memory (the message says what would lower it)
 
 
 class NonFiniteError(RuntimeError):
@@ -411,6 +413,7 @@ class Trainer:
                 self.activate(self.expert_schedule.expert_of(self.step) if self.expert_schedule else None)
                 self._drawn_t = []
             batch = next(batches)
+            self._batch_shape = tuple(batch["latents"].shape)  # (B, C, F', h, w): named if the step runs out of memory
             self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
             self.act_peak.stop()
@@ -541,8 +544,14 @@ class Trainer:
     def preview(self) -> None:
         t0 = time.perf_counter()
         with self._ema_for(self.p.train.ema_config.sample_with_ema):
+            # a frozen expert held on the host by rank 0 alone (ZeRO 0-2): rank 0 renders alone (the
+            # same answer on every rank: from the job's expert plan, not from what this rank built)
+            plan = self.expert_plan
+            frozen = plan is not None and bool(set(plan.sources) - set(plan.trained))
+            share = not (frozen and self.dist.frozen_on_host)
             paths = render(self._preview_model(), self.vae, self.previews, self.out_dir, self.step,
-                           every_rank=self.dist.collective_forward, i2v_mode=self.i2v_mode, log=self.log)
+                           every_rank=self.dist.collective_forward, i2v_mode=self.i2v_mode, log=self.log,
+                           share=share)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     @contextmanager
@@ -658,6 +667,32 @@ class Trainer:
             else:
                 old.unlink(missing_ok=True)
 
+    def out_of_memory_line(self) -> str:
+        """One line for a step that ran out of device memory: the step, the bucket, the planned and the
+        measured peak, what would lower it, and the last complete checkpoint (which stays intact: a
+        checkpoint is written to a temporary name and renamed)."""
+        shape = getattr(self, "_batch_shape", None)
+        where = "before its first batch" if shape is None else self._bucket_words(shape)
+        measured = peak_memory_gb()
+        total = (torch.cuda.get_device_properties(self.device).total_memory / 2 ** 30
+                 if self.device.type == "cuda" else None)
+        planned = bucket_peak_gib(self.job, shape, self.world) if shape is not None else None
+        figures = (f"planned peak {planned:.1f} GiB per rank" if planned is not None else "no plan for it") + \
+            f", measured {measured:.1f} GiB" + (f" of {total:.1f} GiB" if total else "")
+        last = ckpt.find_latest(self.ckpt_dir)
+        return (f"rank {self.rank} ran out of memory in step {self.step + 1} ({where}): {figures}. To lower it: "
+                f"{'; '.join(memory_levers(self.p, self.preset, self.world))}. The last complete checkpoint is "
+                f"{last or '(none yet)'}; `./launch/train.sh` resumes from it")
+
+    def _bucket_words(self, shape: tuple) -> str:
+        """"bucket 81x480x832, batch 1, 32760 tokens" of a latent batch shape (B, C, F', h, w)."""
+        B, _, Fl, h, w = shape
+        frames = (Fl - 1) * self.preset.vae.temporal_compression + 1
+        px = self.preset.vae_spatial
+        pt, ph, pw = self.dit_config.patch_size
+        tokens = (Fl // pt) * (h // ph) * (w // pw)
+        return f"bucket {frames}x{h * px}x{w * px}, batch {B}, {tokens} tokens"
+
     def close(self) -> None:
         self.metrics.close()
 
@@ -697,7 +732,8 @@ def preview_sampling(job) -> dict:
 
 
 def run(job, resume: str | None = None) -> int:
-    """Build, train, close; the exit code (0, EXIT_BAD_INPUT, EXIT_NONFINITE or EXIT_SAVE_FAILED)."""
+    """Build, train, close; the exit code (0, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_SAVE_FAILED or
+    EXIT_OUT_OF_MEMORY)."""
     try:
         trainer = Trainer(job, resume=resume)
     except (WeightsError, DataError, ckpt.ResumeError) as exc:  # bad weights/data/checkpoint: one message
@@ -717,6 +753,10 @@ def run(job, resume: str | None = None) -> int:
     except ckpt.CheckpointWriteError as exc:  # printed by the rank that failed (maybe not rank 0)
         print(f"[video_dit] error: {exc}", file=sys.stderr, flush=True)
         return EXIT_SAVE_FAILED
+    except torch.OutOfMemoryError:  # printed by the rank that ran out; the launcher then stops every rank
+        # on a line of its own: rank 0's progress bar may be drawn on the same terminal
+        print(f"\n[video_dit] error: {trainer.out_of_memory_line()}", file=sys.stderr, flush=True)
+        return EXIT_OUT_OF_MEMORY
     finally:
         trainer.close()
 
