@@ -41,6 +41,7 @@ from video_dit.data.dataset import DataWarning, list_media
 from video_dit.data.frames import crop_plan, fit_frames, snap_num_frames
 from video_dit import media
 from video_dit.media import VIDEO_EXTS, MediaError, probe_video
+from video_dit.devices import resolve_device
 from video_dit.models.presets import VAE_PRESETS
 from video_dit.models.vae import CausalVideoVAE
 from video_dit.models.vae_layers import CausalConv3d, Resample, ResidualBlock
@@ -148,6 +149,7 @@ def reconstruction_figures(vae, clips: list[torch.Tensor], batch: int = 8) -> di
     psnr, colour = [], []
     for i in range(0, len(clips), batch):
         x = torch.stack(clips[i:i + batch])                               # (B, 3, F, H, W)
+        x = x.to(getattr(vae, "device", x.device))                        # the VAE's device (a stand-in: as is)
         r = vae.decode(vae.encode(x).mode())                              # (B, 3, F', H, W), clamped
         x, r = (x[:, :, :r.shape[2]] + 1) / 2, (r + 1) / 2                # [0, 1]
         mse = (r - x).pow(2).mean(dim=(1, 2, 3, 4)).clamp_min(1e-10)
@@ -202,7 +204,7 @@ def latent_stats(vae, clips: list[torch.Tensor], frames: int, batch: int = 8):
     total = total_sq = 0.0
     count = 0
     for i in range(0, len(clips), batch):
-        x = torch.stack([c[:, :frames] for c in clips[i:i + batch]])    # (B, 3, F, H, W)
+        x = torch.stack([c[:, :frames] for c in clips[i:i + batch]]).to(vae.device)  # (B, 3, F, H, W)
         z = vae.encode(x).mode().double()                                # (B, C, F', h, w)
         total = total + z.sum(dim=(0, 2, 3, 4))
         total_sq = total_sq + z.pow(2).sum(dim=(0, 2, 3, 4))
@@ -353,7 +355,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                           images: int = 0,
                           image_steps: int = 0, bf16: bool = False, preset: str = "tiny", ranks: int = 1,
                           ema: float = 0.0, threads: int | None = None, log_every: int = 50,
-                          verbose: bool = True) -> VAETrainResult:
+                          verbose: bool = True, device: str | None = None) -> VAETrainResult:
     """`train_tiny_vae` without the skip: always trains; returns the losses and statistics too.
 
     `ranks` > 1 trains data-parallel in that many processes on this machine (gloo): every rank draws
@@ -377,7 +379,12 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     if steps < 1 or batch_size < 1 or not 1 <= ranks <= batch_size:
         raise ValueError(f"need steps >= 1 and 1 <= ranks <= batch_size (each rank takes a share of the windows); "
                          f"got steps={steps}, batch_size={batch_size}, ranks={ranks}")
-    if bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    dev = resolve_device(device)  # None: the GPU when torch sees one
+    if dev.type == "cuda" and ranks > 1:  # one GPU trains the tiny VAE in seconds: the CPU ranks' split is moot
+        if verbose:
+            print(f"[train-vae] on {dev}: 1 process (ranks: {ranks} is for CPU ranks)", flush=True)
+        ranks = 1
+    if bf16 and dev.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         if verbose:
             print("[train-vae] bf16: this CPU has no native bfloat16 (oneDNN), so training in float32", flush=True)
         bf16 = False
@@ -385,7 +392,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                   kl_weight=kl_weight, fg_weight=fg_weight, fg_ring=fg_ring, init_logvar=init_logvar,
                   sample_posterior=sample_posterior, latent_init_scale=latent_init_scale, cell_weight=cell_weight,
                   bright_weight=bright_weight, colour_path=colour_path, images=images, image_steps=image_steps,
-                  bf16=bf16, preset=preset, ema=ema,
+                  bf16=bf16, preset=preset, ema=ema, device=str(dev),
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
                   log_every=log_every, verbose=verbose)
     if ranks == 1:
@@ -425,10 +432,12 @@ def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_pat
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world, timeout=RANK_TIMEOUT)
     start = time.perf_counter()
     try:
-        clips = _clips(data_dir, r.frames, VAE_PRESETS[r.preset].spatial_compression, verbose=r.verbose)
+        device = torch.device(r.device)
+        clips = [c.to(device) for c in _clips(data_dir, r.frames, VAE_PRESETS[r.preset].spatial_compression,
+                                              verbose=r.verbose)]
         torch.manual_seed(r.seed)                    # the model's init (the same on every rank)
-        gen = torch.Generator().manual_seed(r.seed)  # windows, order and posterior samples (likewise)
-        vae = _initial_vae(r)
+        gen = torch.Generator().manual_seed(r.seed)  # windows, order and posterior samples (likewise; on the CPU)
+        vae = _initial_vae(r).to(device)
         averaged, losses = _train_steps(vae, clips, r, rank, world, gen, start)
         if rank != 0:
             return None
@@ -488,11 +497,11 @@ def _batch_loss_fn(vae, r, rank: int, world: int, gen: torch.Generator, cell: in
             return x.new_zeros(()), x.new_zeros(())
         # Whole windows at once (chunked=False: same result as the causal chunks, fewer calls);
         # no clamp, so pixels pushed past [-1, 1] still get a gradient.
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=r.bf16):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=r.bf16):
             posterior = vae.encode(part, chunked=False)
             if r.sample_posterior:  # the whole batch's noise, so every rank draws the same
                 noise = torch.randn((len(x),) + posterior.mean.shape[1:], generator=gen)[rank::world]
-                z = posterior.mean + posterior.std * noise.to(posterior.mean.dtype)
+                z = posterior.mean + posterior.std * noise.to(posterior.mean.device, posterior.mean.dtype)
             else:
                 z = posterior.mode()
             recon = vae.decode(z, chunked=False, clamp=False).float()
@@ -619,6 +628,7 @@ def _measure_and_save(vae, averaged, clips: list, losses: list[float], r, data_d
     # Only VAEConfig fields: `VAEConfig.from_dict(json.load(...))` rebuilds the config exactly.
     config_json = json.dumps(dataclasses.asdict(config), indent=2)
     _atomic_write(out_path.parent / CONFIG_NAME, lambda p: p.write_text(config_json + "\n"))
+    vae.to("cpu")  # saved and returned as a CPU model, whichever device trained it
     state = {k: v.detach().contiguous() for k, v in vae.state_dict().items()}
     meta = {"format": "pt", "preset": r.preset, "steps": str(r.steps), "seed": str(r.seed),
             "final_recon_loss": f"{losses[-1]:.6f}", "vae_config": config_json}
