@@ -90,25 +90,26 @@ def wait(procs: list, log_prefix: Path, timeout: float = 300) -> None:
 
 
 def start_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None,
-               presets: list[dict] | None = None) -> tuple[list, Path]:
+               presets: list[dict] | None = None, env: dict | None = None) -> tuple[list, Path]:
     """Start `jobs` (see the module docstring) on `world` ranks of one process group without waiting;
-    `presets`: `helpers.register_preset` keyword dicts, registered in each rank first. Returns
-    (procs, log prefix) for `finish` / `wait`."""
+    `presets`: `helpers.register_preset` keyword dicts, registered in each rank first; `env`: added to
+    the ranks' environment (e.g. CUDA_VISIBLE_DEVICES for GPU ranks). Returns (procs, log prefix) for
+    `finish` / `wait`."""
     root = Path(root)
     spec = root / f"spec_{os.getpid()}_{len(list(root.glob('spec_*.json')))}.json"
     spec.write_text(json.dumps({"jobs": jobs, "presets": presets or []}))
     procs = start([__file__, "--jobs", str(spec)], cwd=root, log_prefix=root / spec.stem, world=world,
-                  env={"VIDEO_DIT_FAULT": fault} if fault else None)
+                  env={**({"VIDEO_DIT_FAULT": fault} if fault else {}), **(env or {})})
     return procs, root / spec.stem
 
 
 def run_jobs(root: Path, jobs: list[dict], world: int = 2, *, fault: str | None = None, timeout: float = 900,
-             check: bool = True, presets: list[dict] | None = None) -> tuple[list, str, float]:
+             check: bool = True, presets: list[dict] | None = None, env: dict | None = None) -> tuple[list, str, float]:
     """Run `jobs` (see the module docstring) in order on `world` ranks of one process group.
     Returns (exit codes, the ranks' logs, seconds until the last rank exited); with `check`, a failed
     launch raises with the logs."""
     t0 = time.monotonic()
-    procs, prefix = start_jobs(root, jobs, world, fault=fault, presets=presets)
+    procs, prefix = start_jobs(root, jobs, world, fault=fault, presets=presets, env=env)
     codes, logs = finish(procs, prefix, timeout)
     elapsed = time.monotonic() - t0
     if check and any(c != 0 for c in codes):

@@ -1,0 +1,167 @@
+"""On a GPU (`gpu` marker: skipped without CUDA; `./launch/gpu_check.sh` runs them): the DiT and
+VAE equal diffusers' on CUDA (float32; in bf16 no further from a float32 run than diffusers' own
+bf16), the trainer on one GPU (a ZeRO-2 LoRA and a ZeRO-3 full fine-tune in bf16: the loss falls,
+a resume gives the uninterrupted losses exactly, the exports load and render), `video-dit sample
+--device cuda`, the embedded default end to end with its preview checker, and with two GPUs or more
+sequence parallelism SP=2 against SP=1 and ZeRO-3 over NCCL."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import helpers
+import pytest
+import ranks
+import torch
+import yaml
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture(autouse=True)
+def _exact_float32():
+    """float32 parity means float32: no TF32 matmuls or convolutions inside these tests."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
+
+
+# ---------------------------------------------------------------- modules
+
+
+def test_dit_equals_diffusers_on_cuda_and_bf16_no_worse_than_diffusers():
+    from test_dit import inputs, ours_from, reference
+
+    from video_dit.bench.common import diffusers_as_loaded
+    from video_dit.models.dit import cast_dit
+
+    ref = reference(in_dim=36, out_dim=16).cuda()
+    ours = ours_from(ref.cpu()).cuda()
+    ref = ref.cuda()
+    x, t, ctx = (v.cuda() for v in inputs(ours))
+    with torch.no_grad():
+        want = ref(x, t, ctx, return_dict=False)[0]
+        got = ours(x, t, ctx)
+        assert _rel(got, want) <= 1e-4
+        truth = ours.double()(x.double(), t, ctx.double()).float()  # float64: the error scale of both bf16 runs
+        ours_bf16 = cast_dit(ours_from(ref.cpu()).cuda(), torch.bfloat16)(x, t, ctx)
+        ref_bf16 = diffusers_as_loaded(reference(in_dim=36, out_dim=16), torch.bfloat16).cuda()
+        ref_bf16 = ref_bf16(x.bfloat16(), t, ctx.bfloat16(), return_dict=False)[0]
+    assert _rel(ours_bf16, truth) <= _rel(ref_bf16, truth), (_rel(ours_bf16, truth), _rel(ref_bf16, truth))
+
+
+@pytest.mark.parametrize("layout", ["wan2.1-style", "wan2.2-style"])
+def test_vae_equals_diffusers_on_cuda_and_bf16_no_worse_than_diffusers(layout):
+    from test_vae import CONFIGS, _reference_and_ours, _video
+
+    cfg = CONFIGS[layout]
+    ref, ours = (m.cuda() for m in _reference_and_ours(cfg))
+    s = cfg.spatial_compression
+    video = _video(9, 2 * s, 3 * s).cuda()
+    with torch.no_grad():
+        post, post_ref = ours.encode(video), ref.encode(video).latent_dist
+        assert _rel(post.mean, post_ref.mean) <= 1e-4
+        z = post_ref.mean
+        assert _rel(ours.decode(z), ref.decode(z).sample.clamp(-1, 1)) <= 1e-4
+        truth = ours.double().decode(z.double()).float()
+        ours_bf16 = ours.to(torch.bfloat16).decode(z.bfloat16())
+        ref_bf16 = ref.to(torch.bfloat16).decode(z.bfloat16()).sample.clamp(-1, 1)
+    assert _rel(ours_bf16, truth) <= _rel(ref_bf16, truth) * 1.05
+
+
+# ---------------------------------------------------------------- the trainer on one GPU
+
+
+@pytest.fixture(scope="module")
+def one_gpu_runs(tmp_path_factory):
+    """The ZeRO-2 LoRA and the ZeRO-3 full fine-tune of tests/test_train_bf16.py, on GPU 0 (bf16 on a
+    GPU without train.cpu_bf16), each uninterrupted and resumed from its step-4 checkpoint."""
+    from test_train_bf16 import CI, _jobs
+
+    world = helpers.make_world(tmp_path_factory.mktemp("gpu_bf16"))
+    ranks.run_jobs(world, _jobs(world, CI), world=1, env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=1200)
+    return world
+
+
+def test_one_gpu_bf16_trains_resumes_exactly_and_exports_render(one_gpu_runs):
+    from test_train_bf16 import CI, _computes_in_bf16_and_the_loss_falls, _exports_load_and_render, _resumes_exactly
+
+    _computes_in_bf16_and_the_loss_falls(one_gpu_runs, CI, world=1)
+    _resumes_exactly(one_gpu_runs, CI)
+    _exports_load_and_render(one_gpu_runs, CI)
+
+
+def test_sample_on_cuda(tmp_path):
+    """`video-dit sample --device cuda`: the tiny preset renders on the GPU; its frames are the CPU
+    render's (the same noise, drawn on the CPU; the same model), up to float rounding."""
+    from video_dit.cli import main as cli
+    from video_dit.media import read_video_frames
+
+    args = ["sample", "--model", "preset:tiny", "--prompt", "a red square", "--frames", "9", "--height", "32",
+            "--width", "32", "--steps", "4", "--seed", "3"]
+    assert cli([*args, "--device", "cuda", "--out", str(tmp_path / "gpu.mp4")]) == 0
+    assert cli([*args, "--device", "cpu", "--out", str(tmp_path / "cpu.mp4")]) == 0
+    gpu, cpu = (torch.from_numpy(read_video_frames(tmp_path / f"{d}.mp4")).float() for d in ("gpu", "cpu"))
+    assert gpu.shape == cpu.shape == (9, 32, 32, 3)
+    assert (gpu - cpu).abs().mean() <= 2.0  # /255: the codec's rounding of equal frames, not another video
+
+
+# ---------------------------------------------------------------- the embedded default
+
+
+@pytest.mark.slow
+def test_embedded_default_end_to_end(tmp_path):
+    """`configs/demo_i2v_tiny.yaml` through the launcher on this machine's GPUs (its data and outputs in
+    a temporary folder): exit 0, the checker passes every held-out preview at the last step and none at
+    step 0."""
+    cfg = yaml.safe_load((ROOT / "configs" / "demo_i2v_tiny.yaml").read_text())
+    text = yaml.safe_dump(cfg)
+    for rel in ("data/", "output/"):  # the job's relative paths, under the temporary folder
+        text = re.sub(rf"(?<![\w/]){rel}", f"{tmp_path}/{rel}", text)
+    job = tmp_path / "demo.yaml"
+    job.write_text(text)
+    proc = subprocess.run([sys.executable, "-m", "video_dit.train.launcher", str(job)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1800)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    steps = dict(re.findall(r"step (\d+): (\d+)/\d+ previews pass", out))
+    assert steps.get("0") == "0" and steps.get("800") == "5", (steps, out[-4000:])
+
+
+# ---------------------------------------------------------------- two GPUs or more
+
+
+@pytest.mark.skipif(_gpus() < 2, reason="needs 2 GPUs")
+def test_two_gpus_sequence_parallel_equals_sp1_and_zero3_over_nccl(tmp_path):
+    """SP=2 over 2 GPUs computes what SP=1 computes (the same losses up to bf16 summation order), and
+    a ZeRO-3 LoRA job over NCCL on 2 GPUs trains (its loss falls) and resumes exactly."""
+    world = helpers.make_world(tmp_path, count=4)
+    common = dict(steps=4, save_every=2, keep=2, lr=5e-2, train={"dtype": "bf16"})
+    sp1 = helpers.write_job(world, "sp1", zero=2, **common)
+    sp2 = helpers.write_job(world, "sp2", zero=2, deepspeed={"sequence_parallel_size": 2}, **common)
+    z3 = helpers.write_job(world, "z3", zero=3, **common)
+    z3r = helpers.write_job(world, "z3_resumed", zero=3, **common)
+    env = {"CUDA_VISIBLE_DEVICES": "0,1"}
+    ranks.run_jobs(world, [{"config": str(sp1)}], world=1, env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=1200)
+    ranks.run_jobs(world, [{"config": str(sp2)}, {"config": str(z3)},
+                           {"config": str(z3r), "resume": str(world / "out/z3/checkpoints/step_000000002")}],
+                   world=2, env=env, timeout=1200)
+    a, b = helpers.losses(world / "out/sp1"), helpers.losses(world / "out/sp2")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    assert all(b[s] == pytest.approx(a[s], rel=2e-2) for s in a), (a, b)
+    z, zr = helpers.losses(world / "out/z3"), helpers.losses(world / "out/z3_resumed")
+    assert z[4] < z[1] and all(zr[s] == z[s] for s in (3, 4)), (z, zr)
