@@ -85,6 +85,9 @@ def _blocker(tmp_path) -> str:
      "no item's image_path is a file"),
     ("train.ema_config.ema_decay", 1.0, "must be in [0, 1)"),
     ("train.ema_config.ema_decay", -0.1, "must be in [0, 1)"),
+    ("train.compile", "maybe", "accepted: auto, true, false"),
+    ("model.attention_backend", "sage", "has no backward, so it cannot train"),
+    ("model.attention_backend", "flash3", "needs the flash_attn_interface package, which is not installed"),
 ])
 def test_bad_config_exits_2_naming_the_key_before_any_rank(good_job, tmp_path, capsys, key, value, accepted):
     assert helpers.validate(tmp_path, good_job, capsys)[0] == 0

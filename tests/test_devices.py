@@ -137,3 +137,16 @@ def test_preset_builds_draw_from_their_own_seed_and_leave_every_generator(source
     other = weights(4)
     assert not torch.equal(other["dit"]["blocks.0.ffn.0.weight"], first["dit"]["blocks.0.ffn.0.weight"])
     assert not torch.equal(other["vae"]["encoder.conv1.weight"], first["vae"]["encoder.conv1.weight"])
+
+
+@pytest.mark.parametrize("setting, device, zero, sp, expected", [
+    ("auto", "cuda", 2, 1, True), ("auto", "cpu", 2, 1, False), ("auto", "cuda", 3, 1, False),
+    ("auto", "cuda", 2, 2, False), (True, "cpu", 3, 2, True), (False, "cuda", 2, 1, False)])
+def test_compile_auto_is_on_for_gpu_ranks_under_zero_0_2_without_sp(setting, device, zero, sp, expected):
+    from types import SimpleNamespace
+
+    from video_dit.train.build import compiles
+
+    process = SimpleNamespace(train=SimpleNamespace(compile=setting),
+                              deepspeed=SimpleNamespace(zero_stage=zero, sequence_parallel_size=sp))
+    assert compiles(process, torch.device(device)) is expected

@@ -37,6 +37,7 @@ from video_dit.diffusion.experts import EXPERTS, HIGH, LOW, TwoExperts
 from video_dit.diffusion.sampling_settings import SchedulerConfig, read_scheduler_config, resolve_sampling
 from video_dit.lora import load_lora, read_lora
 from video_dit.media import load_image, write_video
+from video_dit.models.attention import BACKENDS, available, missing_backend
 from video_dit.models.dit import cast_dit
 from video_dit.models.layouts import SOURCES_FILE
 from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
@@ -138,6 +139,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vae-dtype", choices=DTYPES, default=None,
                         help="VAE dtype (default: an export's previews', else float32, as Wan decodes)")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--attention-backend", choices=BACKENDS, default="native",
+                        help="attention kernel: native (torch SDPA, its own kernel choice), flash, flash3 or sage "
+                             "(each needs its package)")
     parser.add_argument("--out", type=_out_path, required=True, help=f"output file ({' '.join(OUT_EXTS)})")
 
 
@@ -224,6 +228,8 @@ def check_args(spec: ModelSpec, args, image, last) -> None:
 
 def main(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
+    if not available(args.attention_backend):
+        raise ValueError(f"--attention-backend: {missing_backend(args.attention_backend)}")
     spec = spec_of_args(args)
     # an export's previews: what they used, for every flag the command leaves out
     shown = spec.recorded.get("sampling") or {}
@@ -253,6 +259,8 @@ def main(args: argparse.Namespace) -> int:
         del clip
     # 2. the DiT (+ LoRA) or both experts (+ each one's LoRA), and the VAE
     dit = load_models(spec, args, dtype, device)
+    for expert in (dit.high, dit.low) if isinstance(dit, TwoExperts) else (dit,):
+        expert.set_attention_backend(args.attention_backend)
     vae = load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
     pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
     # 3. sample, decode, write

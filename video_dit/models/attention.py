@@ -53,10 +53,15 @@ def flash_available() -> bool:
     return available("flash")
 
 
-def _missing(backend: str) -> RuntimeError:
+def missing_backend(backend: str) -> str:
+    """What to say when `backend`'s package is not installed: the package and how to install it."""
     module, _, install = _OPTIONAL[backend]
-    return RuntimeError(f"attention backend {backend!r} needs the {module} package, which is not installed "
-                        f"({install}); use 'native' (torch SDPA)")
+    return (f"attention backend {backend!r} needs the {module} package, which is not installed ({install}); "
+            "use 'native' (torch SDPA)")
+
+
+def _missing(backend: str) -> RuntimeError:
+    return RuntimeError(missing_backend(backend))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, backend: str = "native",

@@ -48,7 +48,8 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
     attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
     in `dtype`, the float32 islands float32); block checkpointing; then sequence parallelism (after
-    checkpointing: the seam recomputes attention in backward only without it)."""
+    checkpointing: the seam recomputes attention in backward only without it); then compilation of
+    each block (`train.compile`; last, as torchtitan orders it: checkpointing, then compile)."""
     dit.set_attention_backend(process.model.attention_backend)
     if process.network is not None:
         add_lora(dit, process.network.linear, process.network.alpha, dropout=process.network.dropout,
@@ -61,4 +62,17 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
         dit.enable_gradient_checkpointing()
     if sp_info is not None:
         attach(dit, sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
+    if compiles(process, dit.device):
+        dit.compile_blocks()  # compiled at the first step (the trainer reports that step's time)
     return dit
+
+
+def compiles(process, device: torch.device) -> bool:
+    """Whether the job's blocks are compiled (`train.compile`): true / false as set; auto on GPU ranks
+    under ZeRO 0-2 without sequence parallelism, where torch.compile measured faster (ZeRO-3's gather
+    hooks and the sequence-parallel all-to-all break its graphs)."""
+    c = process.train.compile
+    if c != "auto":
+        return bool(c)
+    d = process.deepspeed
+    return device.type == "cuda" and not partitioned(d.zero_stage) and d.sequence_parallel_size == 1

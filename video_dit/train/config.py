@@ -190,7 +190,10 @@ class TrainConfig:
     in float32, saying so once, unless this is true: then in bf16, slowly; for testing that path),
     `recompute_saved` (without gradient checkpointing, the blocks store cheap elementwise results as
     recipes recomputed in backward; false keeps them: more activation memory, which the memory plan
-    counts, for ~10% faster CPU steps; not with sequence parallelism, which the plan does not model so).
+    counts, for ~10% faster CPU steps; not with sequence parallelism, which the plan does not model so),
+    `compile` (auto | true | false: `torch.compile` of each DiT block, with the Inductor fusion that
+    broke the modulation's gradients switched off, `VideoDiT.compile_blocks`; auto turns it on for GPU
+    ranks under ZeRO 0-2 without sequence parallelism, where it measured faster, and off elsewhere).
     `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
 
     batch_size: int = 1
@@ -198,6 +201,7 @@ class TrainConfig:
     gradient_accumulation: int = 1
     gradient_accumulation_steps: int | None = None  # ai-toolkit's older name for the same thing
     gradient_checkpointing: bool = False
+    compile: bool | str = "auto"  # ours: torch.compile of each block; auto = on GPU ranks under ZeRO 0-2 without SP
     lr: float = 1e-4
     optimizer: Literal["adamw", "adam"] = "adamw"
     optimizer_params: OptimizerParams = field(default_factory=OptimizerParams)
@@ -254,6 +258,8 @@ class TrainConfig:
             raise ConfigError(f"{path}.timestep_shift", f"must be > 0, got {self.timestep_shift}")
         if not self.train_unet:
             raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
+        if self.compile not in (True, False, "auto"):
+            raise ConfigError(f"{path}.compile", f"{self.compile!r}; accepted: auto, true, false")
 
 
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
@@ -293,7 +299,7 @@ class ModelConfig:
     train_high_noise: bool | None = None
     train_low_noise: bool | None = None
     boundary_ratio: float | None = None
-    attention_backend: Literal["native", "flash"] = "native"
+    attention_backend: Literal["native", "flash", "flash3", "sage"] = "native"
     vae_path: str | None = None
     text_encoder_path: str | None = None
     te_name_or_path: str | None = None  # ai-toolkit's name for text_encoder_path (one file, both tools)
@@ -328,8 +334,10 @@ class ModelConfig:
             self.text_encoder_path = self.te_name_or_path
         if self.i2v_mode not in (None, "replace", "concat"):
             raise ConfigError(f"{path}.i2v_mode", f"{self.i2v_mode!r}; accepted: replace, concat")
-        if self.attention_backend not in ("native", "flash"):
-            raise ConfigError(f"{path}.attention_backend", f"{self.attention_backend!r}; accepted: native, flash")
+        if self.attention_backend == "sage":
+            raise ConfigError(f"{path}.attention_backend", "'sage' (SageAttention) has no backward, so it cannot "
+                              "train; accepted: native, flash, flash3 (sage renders: `video-dit sample "
+                              "--attention-backend sage`)")
         name = preset_name(self.name_or_path)
         if name is not None:
             if name not in PRESETS:

@@ -449,6 +449,9 @@ class Trainer:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t_step
+            if getattr(self.module, "blocks_compiled", False) and not getattr(self, "_compile_reported", False):
+                self._compile_reported = True  # torch.compile ran inside this first step
+                self.log(f"step {self.step}: {dt:.1f}s, torch.compile of the DiT's blocks included (train.compile)")
             grad_norm = self.engine.get_global_grad_norm()
             mem = torch.tensor([peak_memory_gb(), self.act_peak.read_gb()], device=self.device)
             dist.all_reduce(mem, op=dist.ReduceOp.MAX)

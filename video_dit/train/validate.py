@@ -28,6 +28,7 @@ from video_dit.data.cache import remove_partial_files
 from video_dit.data.demo import make_demo_data
 from video_dit.diffusion.experts import expert_at
 from video_dit.media import MediaError, load_image
+from video_dit.models.attention import available, missing_backend
 from video_dit.models.layouts import preset_name
 from video_dit.models.loading import image_encoder_shape
 from video_dit.models.presets import VAE_PRESETS, get_preset
@@ -106,6 +107,8 @@ def check_paths(job) -> None:
         value = getattr(m, key)
         if value is not None and preset_name(value) is None and not Path(value).exists():
             raise ConfigError(f"{PROCESS}.model.{key}", f"{value!r} does not exist")
+    if not available(m.attention_backend):  # an optional kernel asked for and not installed
+        raise ConfigError(f"{PROCESS}.model.attention_backend", missing_backend(m.attention_backend))
     spec = check_sources(spec_of_job(p))  # every part found, or refused naming its key (video_dit/spec.py)
     plan = plan_experts(p, preset)  # two-expert presets: the folder holds the experts asked for (train/experts.py)
     if plan is not None and p.train.validation_config is not None:
