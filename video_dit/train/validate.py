@@ -25,7 +25,7 @@ from pathlib import Path
 
 from video_dit.data import DataError, scan_datasets
 from video_dit.data.cache import remove_partial_files
-from video_dit.data.demo import make_demo_data
+from video_dit.data.demo import holdout_dir, make_demo_data, move_old_holdout
 from video_dit.diffusion.experts import expert_at
 from video_dit.media import MediaError, load_image
 from video_dit.models.layouts import preset_name
@@ -55,7 +55,13 @@ def prepare(raw: dict, log=print) -> None:
     if stages.demo_data is not None:
         d = stages.demo_data
         folder = Path(d.dir)
-        held = [folder / "holdout" / f"{j:03d}{e}" for j in range(d.holdout) for e in (".mp4", ".png", ".txt")]
+        try:  # an earlier version's holdout/ inside the folder: moved out before anything reads the folder
+            moved = move_old_holdout(folder)
+        except ValueError as exc:
+            raise ConfigError(f"{PROCESS}.prepare.demo_data.dir", str(exc)) from exc
+        if moved:
+            log(f"[video_dit] demo data: {moved}")
+        held = [holdout_dir(folder) / f"{j:03d}{e}" for j in range(d.holdout) for e in (".mp4", ".png", ".txt")]
         if folder.is_dir() and any(folder.glob("*.mp4")) and all(f.is_file() for f in held):
             log(f"[video_dit] demo data: {folder} exists")
         else:
