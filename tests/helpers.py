@@ -97,7 +97,8 @@ def write_base(path: Path, preset: str = "tiny", seed: int = 0, **dit_changes) -
 
 
 def make_world(root: Path, count: int = 2, frames: int = 9, size: int = 32, holdout: int = 1) -> Path:
-    """`root/data` (demo clips, `holdout` held-out first frames) and `root/base.safetensors`."""
+    """`root/data` (demo clips; `holdout` held-out clips and first frames beside it, in `root/data_holdout`)
+    and `root/base.safetensors`."""
     from video_dit.data.demo import make_demo_data
 
     make_demo_data(root / "data", count=count, frames=frames, size=size, seed=0, holdout=holdout)
@@ -106,9 +107,11 @@ def make_world(root: Path, count: int = 2, frames: int = 9, size: int = 32, hold
 
 
 def holdout_sample(data: Path, index: int = 0) -> dict:
-    """A preview prompt of a demo folder: a held-out first frame and its caption."""
-    return {"prompt": (data / "holdout" / f"{index:03d}.txt").read_text().strip(),
-            "ctrl_img": str(data / "holdout" / f"{index:03d}.png")}
+    """A preview prompt of a demo folder: a held-out first frame and its caption (`demo.holdout_dir`)."""
+    from video_dit.data.demo import holdout_dir
+
+    return {"prompt": (holdout_dir(data) / f"{index:03d}.txt").read_text().strip(),
+            "ctrl_img": str(holdout_dir(data) / f"{index:03d}.png")}
 
 
 def merge(base: dict, extra: dict) -> dict:

@@ -5,9 +5,13 @@ their guards, a preview written as MP4, and LoRA files shared with our DeepSpeed
 from __future__ import annotations
 
 import copy
+import os
 import types
+import warnings
+from pathlib import Path
 
 import helpers
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -276,12 +280,6 @@ def test_guards_no_batch_images_t2v_cfg(sd):
         sd.get_noise_prediction(video, t, embeds, batch=None, down_block_additional_residuals=[])
     with pytest.raises(ValueError, match="4k \\+ 1"):
         sd.encode_images(torch.zeros(1, 8, 3, H, W))
-    sd.network = types.SimpleNamespace(network_type="lokr")  # ai-toolkit sets sd.network to its network
-    try:
-        with pytest.raises(ValueError, match="network.type 'lokr'.*accepted: lora"):
-            sd.get_noise_prediction(video, t, embeds, batch=None)
-    finally:
-        sd.network = None
 
 
 def test_preview_is_an_mp4_of_snapped_frames_from_the_control_image(sd, tmp_path):
@@ -530,3 +528,205 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
             assert torch.allclose(ours, plain, rtol=1e-5)
         else:  # conditioned on the first frame: not the t2v loss
             assert not torch.allclose(ours, plain, rtol=1e-3)
+
+
+# ---------------------------------------------------------------- the decisions both trainers share
+
+
+def test_lora_on_a_random_preset_is_refused_when_ai_toolkit_attaches_its_network(aitk, tmp_path):
+    """ai-toolkit builds the model from its `model` block alone (BaseSDTrainProcess.run L1794-1806) and
+    gives it the network right after load_model (L1985 `self.sd.network = self.network`, before
+    `apply_to`, the datasets, caching and step 1): that assignment refuses a LoRA on `preset:NAME`
+    (every LoRA gradient is 0, tests/test_train_config.py), naming model.name_or_path and network, in
+    the words our trainer refuses the same job with before any rank starts; and a network type our
+    LoRA files cannot hold. A LoRA on trained weights is attached."""
+    from PIL import Image
+
+    from video_dit.spec import AITK_KEYS, JOB_KEYS
+    from video_dit.train.config import parse_job
+
+    model = build(aitk)  # preset:tiny
+    model.load_model()
+    lora = types.SimpleNamespace(network_type="lora")
+    with pytest.raises(ConfigError) as refused:
+        model.network = lora
+    theirs = str(refused.value)
+    assert theirs.startswith("network: LoRA on 'preset:tiny' trains nothing") and "model.name_or_path" in theirs
+    assert model.network is None
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (32, 32)).save(data / "a.png")
+    with pytest.raises(ConfigError) as ours:
+        parse_job({"job": "extension", "config": {"name": "j", "process": [{
+            "network": {"type": "lora", "linear": 4}, "datasets": [{"folder_path": str(data), "resolution": [32]}],
+            "model": {"name_or_path": "preset:tiny"}}]}})
+    ours_in_their_keys = str(ours.value)
+    for key in ("network", "model", "preset"):
+        ours_in_their_keys = ours_in_their_keys.replace(getattr(JOB_KEYS, key), getattr(AITK_KEYS, key))
+    assert ours_in_their_keys == theirs
+    with pytest.raises(ConfigError, match=r"^network\.type: 'lokr': .*accepted: lora"):  # accelerate wraps it
+        model.network = types.SimpleNamespace(module=types.SimpleNamespace(network_type="lokr"))
+    trained = build(aitk, name_or_path=str(helpers.write_base(tmp_path / "base.safetensors")),
+                    model_kwargs={"preset": "tiny"})
+    trained.network = lora
+    assert trained.network is lora
+
+
+def _their_files(folder, **dataset) -> list[str]:
+    """The files ai-toolkit makes items of `folder` (the stand-in's copy of its listing)."""
+    import os
+
+    from toolkit.config_modules import DatasetConfig
+    from toolkit.data_loader import AiToolkitDataset
+
+    cfg = DatasetConfig(**{"folder_path": str(folder), "num_frames": 5, "caption_ext": "txt", **dataset})
+    return sorted(os.path.abspath(it.path) for it in AiToolkitDataset(cfg).file_list)
+
+
+def test_a_dataset_folder_holds_the_same_files_for_both_trainers(aitk, tmp_path):
+    """What ai-toolkit lists (recursively, toolkit/data_loader.py L427-454) and what our scanner lists
+    (`list_media`) and trains on agree: on a folder written by make-demo-data (its training clips,
+    exactly: the held-out clips live beside it), on a folder of sub-folders, dot-folders, `_controls/`,
+    caches and odd extensions, and on an old demo layout once the demo's prepare stage has moved its
+    `holdout/` out (before, ai-toolkit would train on the held-out clips and their first frames)."""
+    import shutil
+
+    from PIL import Image
+
+    from video_dit import media
+    from video_dit.data.dataset import DatasetConfig, list_media, scan_datasets
+    from video_dit.data.demo import holdout_dir, make_demo_data
+    from video_dit.train.validate import prepare
+    from video_dit.typed_config import parse
+
+    def ours(folder):
+        return [str(p) for p in list_media(folder)[0]]
+
+    def trained(folder, num_frames=5):
+        cfg = parse(DatasetConfig, {"folder_path": str(folder), "num_frames": num_frames, "resolution": [32]},
+                    "config.process[0].datasets[0]")
+        return sorted({it.path for it in scan_datasets([cfg], 16, verbose=False).items})
+
+    demo = tmp_path / "demo"
+    clips = sorted(str(p.absolute()) for p in make_demo_data(demo, count=3, frames=5, size=32, holdout=2))
+    assert _their_files(demo) == ours(demo) == trained(demo) == clips
+    assert sorted(p.name for p in holdout_dir(demo).iterdir()) == [f"{j:03d}.{e}" for j in range(2)
+                                                                   for e in ("mp4", "png", "txt")]
+
+    messy = tmp_path / "messy"
+    rng = np.random.default_rng(0)
+    for name in ("a.mp4", "sub/c.MP4", ".hidden/e.mp4", "_controls/deeper/f.mp4", "_latent_cache/g.mp4"):
+        media.write_video(rng.integers(0, 255, (5, 32, 32, 3), dtype=np.uint8), messy / name, fps=8)
+    for name in ("B.PNG", "sub/deeper/d.jpg", ".dot.png", "_controls/h.png", ".hidden/i.png"):
+        (messy / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (32, 32), (200, 40, 40)).save(messy / name, format="PNG" if name.lower().endswith("png")
+                                                       else "JPEG")
+    (messy / "w.wmv").write_bytes(b"\0" * 64)  # listed by both (and skipped as unreadable by both)
+    for name in ("a.txt", "notes.md", "_latent_cache/x.safetensors", "_text_cache/y.safetensors"):
+        (messy / name).parent.mkdir(parents=True, exist_ok=True)
+        (messy / name).write_text("x")
+    expected = sorted(str((messy / n).absolute()) for n in ("a.mp4", "sub/c.MP4", "_controls/deeper/f.mp4",
+                                                             "_latent_cache/g.mp4", "B.PNG", "sub/deeper/d.jpg",
+                                                             "w.wmv"))
+    assert _their_files(messy) == ours(messy) == expected
+    assert list_media(messy)[1] == 1  # notes.md; the captions and the caches' tensors are not counted
+    # an image dataset: ai-toolkit lists its images only; ours lists the videos too, and skips them
+    assert _their_files(messy, num_frames=1) == trained(messy, num_frames=1) == [
+        p for p in expected if not p.lower().endswith((".mp4", ".wmv"))]
+
+    # an earlier version's layout: holdout/ inside the dataset folder
+    old = tmp_path / "old"
+    old_clips = sorted(str(p.absolute()) for p in make_demo_data(old, count=2, frames=5, size=32, holdout=2))
+    shutil.move(str(holdout_dir(old)), str(old / "holdout"))
+    assert len(_their_files(old)) == 2 + 2 + 2  # the trap: held-out clips and first frames trained on
+    logs = []
+    prepare({"config": {"process": [{"prepare": {"demo_data": {"dir": str(old), "count": 2, "frames": 5,
+                                                               "size": 32, "holdout": 2}}}]}}, log=logs.append)
+    assert any(f"moved the held-out clips {old / 'holdout'} -> {holdout_dir(old)}" in m for m in logs), logs
+    assert any("exists" in m for m in logs), logs  # moved, not rewritten
+    assert _their_files(old) == ours(old) == trained(old) == old_clips
+    assert len(list(holdout_dir(old).iterdir())) == 6
+
+
+def test_a_concat_i2v_dataset_of_clips_and_stills_trains_to_the_end_skipping_its_stills(aitk, tmp_path, capsys):
+    """preset:tiny-clip-i2v (Wan 2.1 I2V's shape: concat + CLIP) on a do_i2v folder of clips and stills,
+    two epochs in SDTrainer's order (encode, embed, noise, predict_noise(batch=...), target, mse,
+    scale_loss, per-sample mean x loss_multiplier, backward, AdamW step): no exception; ONE warning
+    for the folder, naming its 2 stills and why, word for word the line our trainer's scan prints
+    (printed: ai-toolkit silences UserWarnings, toolkit/control_generator.py L15); each
+    still step skipped: no DiT forward, a loss of exactly 0, no weight with a gradient, so AdamW (whose
+    momentum from the clip steps would move a weight given a zero gradient) leaves every weight as it
+    was; the clip steps train."""
+    from PIL import Image
+    from toolkit.config_modules import DatasetConfig
+    from toolkit.data_loader import AiToolkitDataset
+    from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
+
+    from video_dit.data.dataset import DatasetConfig as OurDatasetConfig
+    from video_dit.data.dataset import scan_datasets
+    from video_dit.data.demo import make_demo_data
+    from video_dit.media import load_image, pil_to_tensor, read_video
+    from video_dit.typed_config import parse
+
+    folder = tmp_path / "mixed"
+    make_demo_data(folder, count=2, frames=5, size=32, holdout=1)
+    for name, colour in (("s1.png", (200, 30, 30)), ("sub/s2.jpg", (30, 200, 30))):
+        (folder / name).parent.mkdir(exist_ok=True)
+        Image.new("RGB", (32, 32), colour).save(folder / name)
+    model = build(aitk, name_or_path="preset:tiny-clip-i2v")
+    model.load_model()
+    cfg = DatasetConfig(folder_path=str(folder), num_frames=5, do_i2v=True, caption_ext="txt", resolution=[32])
+    items = AiToolkitDataset(cfg, sd=model).file_list
+    assert sorted((os.path.basename(it.path), it.is_video) for it in items) == [
+        ("0000.mp4", True), ("0001.mp4", True), ("s1.png", False), ("s2.jpg", False)]
+    forwards = []
+    model.model.register_forward_hook(lambda *a: forwards.append(1))
+    params = [p for p in model.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    g = torch.Generator().manual_seed(0)
+    steps = []
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)  # as ai-toolkit's data loader sets it
+        for _ in range(2):
+            for item in sorted(items, key=lambda it: it.path)[::-1]:  # the stills first once, then after clips
+                pixels = read_video(item.path) if item.is_video else pil_to_tensor(load_image(item.path))
+                batch = DataLoaderBatchDTO(tensor=pixels[None], file_items=[item], num_frames=item.num_frames)
+                batch.latents = model.encode_images(batch.tensor)  # (1, 16, F', 4, 4)
+                caption = Path(item.path).with_suffix(".txt")
+                embeds = model.get_prompt_embeds([caption.read_text() if caption.exists() else ""])
+                t = torch.tensor([600.0])
+                noise = torch.randn(batch.latents.shape, generator=g)
+                before, calls = [p.detach().clone() for p in params], len(forwards)
+                pred = model.predict_noise(model.add_noise(batch.latents, noise, t), text_embeddings=embeds,
+                                           timestep=t, batch=batch)
+                target = model.get_loss_target(noise=noise, batch=batch, timesteps=t)
+                loss = model.scale_loss(F.mse_loss(pred.float(), target.float(), reduction="none"))
+                loss = (loss.mean([1, 2, 3, 4]) * torch.tensor(batch.loss_multiplier_list)).mean()
+                loss.backward()
+                no_grads = all(p.grad is None for p in params)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                moved = any(not torch.equal(a, p) for a, p in zip(before, params))
+                steps.append((item.is_video, float(loss), no_grads, moved, len(forwards) - calls))
+    assert [s[0] for s in steps] == [False, False, True, True] * 2
+    for is_video, loss, no_grads, moved, ran in steps:
+        if is_video:
+            assert loss > 0 and not no_grads and moved and ran == 1
+        else:
+            assert loss == 0.0 and no_grads and not moved and ran == 0
+    assert model.skipped_stills == 4
+    theirs = [line for line in capsys.readouterr().err.splitlines() if "still image(s)" in line]
+    assert len(theirs) == 1, theirs
+    assert theirs[0].startswith(f"[video_dit] warning: {folder}: 2 still image(s) of this do_i2v dataset are skipped "
+                                "(s1.png, sub/s2.jpg): an image-to-video DiT with i2v_mode concat"), theirs[0]
+    # our trainer's scan of the same folder: the clips only, with the same warning, word for word
+    ours_cfg = parse(OurDatasetConfig, {"folder_path": str(folder), "num_frames": 5, "resolution": [32],
+                                        "do_i2v": True}, "config.process[0].datasets[0]")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scan = scan_datasets([ours_cfg], 16, verbose=True, i2v_mode="concat")
+    assert sorted(os.path.basename(it.path) for it in scan.items) == ["0000.mp4", "0001.mp4"]
+    ours = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno).strip() for w in caught
+            if "still image(s)" in str(w.message)]  # a DataWarning prints as one "[video_dit] warning:" line
+    assert ours == theirs

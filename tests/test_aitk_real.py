@@ -19,7 +19,14 @@ One ai-toolkit process (`run.py` with three job files, run in order; a driver re
     512 x 512, 1 frame) renders an image; one video sample renders an MP4 of 4k + 1 frames;
   - full fine-tune job (2 steps, then the same job at 3 steps): the saves load alone with `load_dit`,
     and the second run resumes from the step-2 save (BaseSDTrainProcess L1757-1765 point
-    `name_or_path` at it and read its step from `aitk_meta.yaml`, L870-889) and trains on to step 3.
+    `name_or_path` at it and read its step from `aitk_meta.yaml`, L870-889) and trains on to step 3;
+  - the decisions both trainers share (`video_dit.spec`): a folder written by `make-demo-data` is its
+    training clips to ai-toolkit (its recursive scan, toolkit/data_loader.py L437-450: "Found 2
+    videos", no held-out clip or first frame); a `do_i2v` folder of clips and stills on
+    `preset:tiny-clip-i2v` (concat) trains to the end, its stills skipped with one warning in our
+    trainer's words and a loss of exactly 0; and, in a process of its own, a LoRA on `preset:tiny` is
+    refused when ai-toolkit attaches the network, naming model.name_or_path and network, before
+    ai-toolkit reads the dataset (no `.aitk_size.json`, no `_latent_cache/` in it).
 """
 
 from __future__ import annotations
@@ -53,9 +60,10 @@ sys.path.insert(0, ".")
 import video_dit.integrations.ai_toolkit.model as m
 calls, scale_loss = [], m.VideoDiTModel.scale_loss
 def recording(self, loss):
-    mask = self._i2v_loss_mask
+    mask, skipped = self._i2v_loss_mask, self._skip_loss
     out = scale_loss(self, loss)
-    row = {"shape": list(loss.shape), "mask": None}
+    row = {"shape": list(loss.shape), "mask": None, "model": self.spec.request.name_or_path, "skipped": skipped,
+           "scaled_max": float(out.detach().abs().max())}
     if mask is not None:
         m5 = mask.float().expand_as(loss)
         row.update(mask=mask.float().mean(dim=(0, 1, 3, 4)).tolist(), scaled_mean=float(out.float().mean()),
@@ -75,10 +83,11 @@ def _env() -> dict:
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "CUDA_VISIBLE_DEVICES": ""}
 
 
-def run_aitk(args, cwd, timeout):
+def run_aitk(args, cwd, timeout, fails: bool = False):
     python = os.environ.get("AITK_PYTHON", sys.executable)
     out = subprocess.run([python, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{' '.join(map(str, args))} failed:\n{out.stdout[-6000:]}\n{out.stderr[-6000:]}"
+    assert (out.returncode != 0) == fails, (f"{' '.join(map(str, args))} {'passed' if fails else 'failed'}:\n"
+                                            f"{out.stdout[-6000:]}\n{out.stderr[-6000:]}")
     return out.stdout + out.stderr  # tqdm writes the progress (and the loss) to stderr
 
 
@@ -137,8 +146,14 @@ def aitk_run():
         assert "RESOLVED video_dit.integrations.ai_toolkit.model VideoDiTModel" in resolved
 
         make_demo_data(tmp / "data", count=2, frames=9, size=32, holdout=1)
+        make_demo_data(tmp / "mixed", count=2, frames=9, size=32, holdout=0, seed=1)
+        from PIL import Image
+
+        for name, colour in (("s1.png", (200, 30, 30)), ("sub/s2.jpg", (30, 200, 30))):  # stills, one nested
+            (tmp / "mixed" / name).parent.mkdir(exist_ok=True)
+            Image.new("RGB", (32, 32), colour).save(tmp / "mixed" / name)
         helpers.write_base(tmp / "base.safetensors")
-        ctrl = str(tmp / "data" / "holdout" / "000.png")
+        ctrl = str(tmp / "data_holdout" / "000.png")
         lora = _job(tmp, "aitk_lora", _process(
             tmp, network={"type": "lora", "linear": RANK, "linear_alpha": ALPHA},
             train={"disable_sampling": False},
@@ -152,8 +167,18 @@ def aitk_run():
         full3_dir = tmp / "again"
         full3_dir.mkdir()
         full3 = _job(full3_dir, "aitk_full", _process(tmp, train={"steps": 3, "lr": 1e-4}))
+        # 8 steps of batch 1 over 2 clips and 2 stills: two epochs, every still seen; a CLIP model reads
+        # pixels, so no latent cache
+        stills = _job(tmp, "aitk_stills", _process(
+            tmp, train={"steps": 8, "lr": 1e-4},
+            datasets=[{"folder_path": str(tmp / "mixed"), "caption_ext": "txt", "num_frames": 9, "fps": 16,
+                       "shrink_video_to_frames": True, "do_i2v": True, "resolution": [32],
+                       "cache_latents_to_disk": False, "num_workers": 0}],
+            model={"name_or_path": "preset:tiny-clip-i2v", "vae_path": None, "te_name_or_path": None,
+                   "model_kwargs": {}}))
         record = tmp / "scale_loss.json"
-        log = run_aitk(["-c", DRIVER, str(record), str(lora), str(full2), str(full3)], cwd=aitk, timeout=3600)
+        log = run_aitk(["-c", DRIVER, str(record), str(lora), str(full2), str(full3), str(stills)], cwd=aitk,
+                       timeout=3600)
         yield tmp, log, json.loads(record.read_text())
 
 
@@ -162,6 +187,8 @@ def test_lora_steps_apply_the_i2v_loss_mask_on_video_items(aitk_run):
     losses = [float(v) for v in re.findall(r"loss: ([-+0-9.e]+)", log)]  # ai-toolkit's progress bar
     assert losses and all(math.isfinite(v) for v in losses), log[-3000:]
     assert len(calls) >= 4 + 2 + 1, calls  # the LoRA job's 4 steps, then the full fine-tune's 2 + 1
+    base = str(tmp / "base.safetensors")
+    calls = [row for row in calls if row["model"] == base]  # the LoRA and full fine-tune jobs
     for row in calls:
         assert row["shape"][2] == 3, row  # 9 frames -> 3 latent frames: every item is a video item
         assert row["mask"] == [0.0, 1.0, 1.0], row  # the conditioned first latent frame is out of the loss
@@ -201,7 +228,7 @@ def test_lora_at_linear_alpha_not_linear_samples_at_ai_toolkits_scale(aitk_run):
     save_file({k: (v * 2 if k.endswith(".alpha") else v) for k, v in state.items()}, str(tmp / "double.safetensors"))
 
     common = ["--vae", "preset:tiny", "--text-encoder", "preset:tiny", "--preset", "tiny", "--prompt",
-              "a shape moving", "--image", str(tmp / "data/holdout/000.png"), "--frames", 5, "--height", 32,
+              "a shape moving", "--image", str(tmp / "data_holdout/000.png"), "--frames", 5, "--height", 32,
               "--width", 32, "--steps", 4, "--cfg", 1, "--seed", 3]
     videos = {}
     for name, model, lora in (("lora", "base.safetensors", lora_file), ("merged", "merged.safetensors", None),
@@ -254,3 +281,53 @@ def test_full_fine_tune_saves_and_resumes(aitk_run):
     assert max((two[k] - base[k]).abs().max().item() for k in base) > 0  # trained
     assert max((three[k] - two[k]).abs().max().item() for k in base) > 0  # trained on after the resume
     assert all(torch.isfinite(v).all() for v in three.values())
+
+
+def _found(log: str) -> dict[str, list[str]]:
+    """What ai-toolkit says it found in each dataset folder ("Dataset: PATH" then "  -  Found ...",
+    toolkit/data_loader.py L470 and L562-568), per folder, in order."""
+    found, folder = {}, None
+    for line in log.splitlines():
+        if line.startswith("Dataset: "):
+            folder = line[len("Dataset: "):].strip()
+        elif folder is not None and "-  Found " in line and "after adding flips" not in line:
+            found.setdefault(folder, []).append(line.split("-  Found ", 1)[1].strip())
+    return found
+
+
+def test_a_demo_folder_is_its_training_clips_to_ai_toolkit(aitk_run):
+    tmp, log, _ = aitk_run
+    found = _found(log)
+    assert found.get(str(tmp / "data")) and set(found[str(tmp / "data")]) == {"2 videos"}, found  # no held-out
+    assert not (tmp / "data" / "holdout").exists() and (tmp / "data_holdout" / "000.png").is_file()
+
+
+def test_a_concat_i2v_job_skips_its_stills_with_one_warning_and_trains_to_the_end(aitk_run):
+    from video_dit.spec import skipped_stills
+
+    tmp, log, calls = aitk_run
+    assert set(_found(log)[str(tmp / "mixed")]) == {"2 videos and 2 images"}
+    rows = [row for row in calls if row["model"] == "preset:tiny-clip-i2v"]
+    assert len(rows) == 8, rows  # to the end: 8 steps
+    stills = [row for row in rows if row["shape"][2] == 1]
+    assert stills and all(row["skipped"] and row["scaled_max"] == 0.0 for row in stills), rows
+    assert all(not row["skipped"] and row["scaled_max"] > 0 for row in rows if row["shape"][2] > 1), rows
+    warning = f"[video_dit] warning: {skipped_stills(tmp / 'mixed', ['s1.png', 'sub/s2.jpg'])}"
+    assert log.count(warning) == 1, log[-4000:]
+    assert (tmp / "out" / "aitk_stills" / "aitk_stills.safetensors").exists() or any(
+        (tmp / "out" / "aitk_stills").glob("aitk_stills*")), sorted((tmp / "out" / "aitk_stills").iterdir())
+
+
+def test_lora_on_a_random_preset_is_refused_before_ai_toolkit_reads_the_data(aitk_run, tmp_path):
+    from video_dit.data.demo import make_demo_data
+
+    tmp, _, _ = aitk_run
+    make_demo_data(tmp_path / "data", count=1, frames=9, size=32, holdout=0)
+    process = _process(tmp_path, network={"type": "lora", "linear": RANK, "linear_alpha": ALPHA},
+                       model={"name_or_path": "preset:tiny", "vae_path": None, "te_name_or_path": None,
+                              "model_kwargs": {}})
+    log = run_aitk(["run.py", str(_job(tmp_path, "aitk_preset_lora", process))], cwd=Path(AITK_PATH).resolve(),
+                   timeout=900, fails=True)
+    assert "network: LoRA on 'preset:tiny' trains nothing" in log and "model.name_or_path" in log, log[-4000:]
+    data = tmp_path / "data"
+    assert not (data / ".aitk_size.json").exists() and not (data / "_latent_cache").exists(), sorted(data.iterdir())

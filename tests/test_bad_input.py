@@ -302,7 +302,7 @@ def test_bad_media_are_skipped_named_and_counted(tmp_path, monkeypatch, capsys):
 @pytest.fixture()
 def clip_job(good_job, tmp_path) -> dict:
     """A valid job on the tiny Wan 2.1 I2V-style preset (concat + CLIP): a full fine-tune (LoRA on a random
-    preset is refused) on one clip (a concat i2v model refuses stills)."""
+    preset is refused) on one clip (a concat i2v model skips stills)."""
     from video_dit import media
 
     clips = tmp_path / "clips"
@@ -313,6 +313,24 @@ def clip_job(good_job, tmp_path) -> dict:
     del process["network"], process["model"]["preset"]  # name_or_path names the preset
     process["datasets"][0].update(folder_path=str(clips), num_frames=5, do_i2v=True)
     return job
+
+
+def test_a_concat_i2v_job_skips_its_stills_and_refuses_a_lora_on_its_preset(clip_job, tmp_path, capsys):
+    """The decisions the ai-toolkit arch makes too (tests/test_aitk_adapter.py), here before any rank
+    starts: stills beside the clips pass (the trainer skips them with one warning at start-up); a folder
+    of stills only leaves nothing to train (exit 2, naming why); a LoRA on the random preset exits 2
+    naming network and model.name_or_path."""
+    clips = Path(clip_job["config"]["process"][0]["datasets"][0]["folder_path"])
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(clips / "still.png")
+    assert helpers.validate(tmp_path, clip_job, capsys)[0] == 0
+    (clips / "c.mp4").unlink()
+    rc, err = helpers.validate(tmp_path, clip_job, capsys)
+    assert rc == 2 and "no usable item" in err and "still.png: still of a do_i2v dataset, skipped by a concat " \
+                                                    "image-to-video model" in err, err
+    rc, err = helpers.validate(tmp_path, _set(clip_job, "network", {"type": "lora", "linear": 4}), capsys)
+    line = err.strip().splitlines()[-1]
+    assert rc == 2 and f"{PROCESS}.network: LoRA on 'preset:tiny-clip-i2v' trains nothing" in line, line
+    assert f"{PROCESS}.model.name_or_path" in line, line
 
 
 def _corrupt_png(tmp_path) -> str:

@@ -1,7 +1,8 @@
 """A new user's real footage, checked before any rank starts: sources smaller than their
 resolution are not upscaled by default (the factor is reported), `num_frames` longer than every clip
-is refused naming the longest one, stills in a do_i2v dataset train unconditioned (and are refused
-in a concat i2v job), partial cache files of a killed run are removed, data warnings are one line."""
+is refused naming the longest one, stills in a do_i2v dataset train unconditioned (and are skipped
+with one warning in a concat i2v job), a folder is read recursively as ai-toolkit reads it, partial
+cache files of a killed run are removed, data warnings are one line."""
 
 from __future__ import annotations
 
@@ -117,10 +118,30 @@ def test_stills_in_an_i2v_dataset_are_unconditioned_and_said_so(tmp_path):
                for n in scan.notes())
     t2v = scan_dataset(_cfg(tmp_path, resolution=[32]), 16, verbose=False)
     assert not any(it.conditioned for it in t2v.items) and not t2v.notes()
-    # a concat i2v model (in_dim 36) has no unconditioned input: refused, naming the still
-    with pytest.raises(DataError, match=r"datasets\[0\]\.folder_path: 1 still image\(s\) \(still\.png\) in a "
-                                        r"concat image-to-video job"):
-        scan_datasets([_cfg(tmp_path, resolution=[32], do_i2v=True)], 16, verbose=False, i2v_mode="concat")
+    # a concat i2v model (in_dim 36) has no unconditioned input: its stills are skipped, with ONE warning
+    # for the dataset naming how many and why (spec.skipped_stills: the ai-toolkit arch's words too)
+    Image.new("RGB", (32, 32)).save(tmp_path / "still2.jpg")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scan = scan_datasets([_cfg(tmp_path, resolution=[32], do_i2v=True)], 16, verbose=True, i2v_mode="concat")
+    assert [Path(it.path).name for it in scan.items] == ["clip.mp4"]
+    assert sorted(Path(p).name for p, _ in scan.skipped) == ["still.png", "still2.jpg"]
+    stills = [str(w.message) for w in caught if "still image(s)" in str(w.message)]
+    assert len(stills) == 1, stills
+    assert stills[0].startswith(f"{tmp_path}: 2 still image(s) of this do_i2v dataset are skipped (still.png, "
+                                "still2.jpg): an image-to-video DiT with i2v_mode concat is conditioned on a first "
+                                "frame in every step"), stills[0]
+    assert "every item" not in stills[0]
+    assert "(2 stills of a concat i2v job), 1 without caption" in scan.summary()
+    # replace mode (and t2v) keep them; a dataset of stills only is left with nothing: refused, naming why
+    assert len(scan_datasets([_cfg(tmp_path, resolution=[32], do_i2v=True)], 16, verbose=False,
+                             i2v_mode="replace").items) == 3
+    (tmp_path / "clip.mp4").unlink()
+    with pytest.warns(DataWarning, match=r"2 still image\(s\) of this do_i2v dataset are skipped \(every item of "
+                                         r"it: it trains nothing\)"):
+        with pytest.raises(DataError, match=r"no usable item .*still\.png: still of a do_i2v dataset, skipped by "
+                                            r"a concat image-to-video model"):
+            scan_datasets([_cfg(tmp_path, resolution=[32], do_i2v=True)], 16, verbose=True, i2v_mode="concat")
 
 
 def test_partial_cache_files_of_a_killed_run_are_removed_at_validation(tmp_path, capsys):

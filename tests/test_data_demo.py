@@ -30,9 +30,11 @@ def test_make_demo_data_decodes_is_deterministic_and_captions_the_motion(tmp_pat
     assert cli_main(["make-demo-data", str(tmp_path / "a"), "--seed", "7", *args]) == 0
     assert cli_main(["make-demo-data", str(tmp_path / "b"), "--seed", "7", *args]) == 0
     assert cli_main(["make-demo-data", str(tmp_path / "c"), "--seed", "8", *args]) == 0
-    a, b, c = (_files(tmp_path / x) for x in "abc")
+    a, b, c = ({**_files(tmp_path / x), **{f"held/{k}": v for k, v in _files(tmp_path / f"{x}_holdout").items()}}
+               for x in "abc")
+    # the held-out clips beside the dataset folder (a_holdout/), never inside it: trainers read it recursively
     assert sorted(a) == [f"{i:04d}.{e}" for i in range(6) for e in ("mp4", "txt")] + \
-        [f"holdout/{j:03d}.{e}" for j in range(2) for e in ("mp4", "png", "txt")]
+        [f"held/{j:03d}.{e}" for j in range(2) for e in ("mp4", "png", "txt")]
     assert a == b  # byte-identical for the same seed
     assert a != c
     pattern = re.compile(r"^a (\w+) (square|circle|triangle) moving (left|right|up|down) on a black background$")
@@ -113,20 +115,21 @@ def test_holdout_covers_the_data_and_the_checker_reads_clips(tmp_path):
     from video_dit.data.demo import DIRECTIONS, SHAPES, check_clip, format_check, parse_caption
     from video_dit.media import read_video_frames
 
-    make = ["make-demo-data", str(tmp_path), "--count", "4", "--frames", "17", "--size", "64", "--holdout", "5"]
+    make = ["make-demo-data", str(tmp_path / "d"), "--count", "4", "--frames", "17", "--size", "64", "--holdout", "5"]
     assert cli_main(make) == 0
-    captions = [(tmp_path / "holdout" / f"{j:03d}.txt").read_text().strip() for j in range(5)]
+    held = tmp_path / "d_holdout"
+    captions = [(held / f"{j:03d}.txt").read_text().strip() for j in range(5)]
     combos = [parse_caption(c) for c in captions]
     assert {c[0] for c in combos} == set(SHAPES) and {c[1] for c in combos} == set(COLORS)
     assert {c[2] for c in combos} == set(DIRECTIONS)
     for j, caption in enumerate(captions):
-        frames = read_video_frames(tmp_path / "holdout" / f"{j:03d}.mp4")
-        first = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(tmp_path / "holdout" / f"{j:03d}.png"))
+        frames = read_video_frames(held / f"{j:03d}.mp4")
+        first = np.asarray(__import__("PIL.Image", fromlist=["Image"]).open(held / f"{j:03d}.png"))
         assert np.abs(frames[0].astype(int) - first.astype(int)).mean() < 4  # the PNG is the clip's frame 0
         result = check_clip(frames, caption)
         assert result["ok"], format_check(result)
         assert result["moved_px"] >= 40  # the shape crosses most of the 64-px frame
-    frames = read_video_frames(tmp_path / "holdout" / "000.mp4")
+    frames = read_video_frames(held / "000.mp4")
     shape, colour, direction = combos[0]
     still = np.repeat(frames[:1], len(frames), axis=0)
     assert check_clip(still, captions[0])["failed"] == ["motion"]
@@ -155,11 +158,12 @@ def test_check_demo_command_reads_a_jobs_previews(tmp_path, capsys):
     data = tmp_path / "data"
     assert cli_main(["make-demo-data", str(data), "--count", "2", "--frames", "17", "--size", "64",
                      "--holdout", "2"]) == 0
-    captions = [(data / "holdout" / f"{j:03d}.txt").read_text().strip() for j in range(2)]
+    held = tmp_path / "data_holdout"
+    captions = [(held / f"{j:03d}.txt").read_text().strip() for j in range(2)]
     job = {"job": "extension", "config": {"name": "d", "process": [{
         "training_folder": str(tmp_path / "out"), "model": {"name_or_path": "preset:tiny"},
         "datasets": [{"folder_path": str(data), "num_frames": 17, "resolution": [64]}],
-        "sample": {"samples": [{"prompt": c, "ctrl_img": str(data / f"holdout/{j:03d}.png")}
+        "sample": {"samples": [{"prompt": c, "ctrl_img": str(held / f"{j:03d}.png")}
                                for j, c in enumerate(captions)]}}]}}
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(job))
@@ -168,9 +172,9 @@ def test_check_demo_command_reads_a_jobs_previews(tmp_path, capsys):
     from video_dit.media import read_video_frames, write_video
 
     for j in range(2):  # step 0 stands still, step 40 is the held-out clip itself
-        frames = read_video_frames(data / "holdout" / f"{j:03d}.mp4")
+        frames = read_video_frames(held / f"{j:03d}.mp4")
         write_video(np.repeat(frames[:1], len(frames), axis=0), samples / f"{0:09d}_{j}.mp4")
-        shutil.copy(data / "holdout" / f"{j:03d}.mp4", samples / f"{40:09d}_{j}.mp4")
+        shutil.copy(held / f"{j:03d}.mp4", samples / f"{40:09d}_{j}.mp4")
     capsys.readouterr()
     assert cli_main(["check-demo", str(config)]) == 0
     out = capsys.readouterr().out

@@ -55,7 +55,7 @@ SIGMAS = [1.0, 0.5]  # t = 1000 (the high-noise expert's) and 500 (the low-noise
 
 def _validation(root: Path) -> dict:
     """Validation on the held-out clip at SIGMAS, its noise from seed 5, at step 0 and the last step."""
-    holdout = root / "data" / "holdout"
+    holdout = root / "data_holdout"
     return {"validate_every_n_steps": 100, "validation_sigmas": SIGMAS, "seed": 5,
             "validation_items": [{"image_path": str(holdout / "000.mp4"),
                                   "prompt": (holdout / "000.txt").read_text().strip()}]}
@@ -198,7 +198,7 @@ def _expected_val_loss(world: Path, sub: str, sigma: float) -> float:
     from video_dit.models.loading import load_dit, load_text_encoder, load_vae
 
     dit, vae = load_dit(str(world / "a14b" / sub)).eval(), load_vae("preset:tiny").eval()
-    holdout = world / "data" / "holdout"
+    holdout = world / "data_holdout"
     with torch.no_grad():
         clip = read_video(holdout / "000.mp4").permute(1, 0, 2, 3)[None]  # (1, 3, 9, 32, 32)
         x0 = vae.normalize(vae.encode(clip).mode())

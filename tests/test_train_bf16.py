@@ -116,9 +116,9 @@ def _exports_load_and_render(root: Path, configs: dict) -> None:
 
     x, t, ctx = helpers.probe_inputs()
     vae = load_vae("preset:tiny").eval()
-    caption = (root / "data/holdout/000.txt").read_text().strip()
+    caption = (root / "data_holdout/000.txt").read_text().strip()
     embeds = load_text_encoder("preset:tiny").encode([caption])[0]
-    first = load_image(root / "data/holdout/000.png")
+    first = load_image(root / "data_holdout/000.png")
 
     def bf16_base():
         return load_dit(str(root / "base.safetensors"), dtype=torch.bfloat16).eval()

@@ -120,7 +120,7 @@ def test_clip_i2v_trains_caches_resumes_and_exports(world):
     assert cli(["sample", "--model", str(world / "i2v.safetensors"), "--vae", "preset:tiny", "--text-encoder",
                 "preset:tiny-clip-i2v", "--image-encoder", "preset:tiny-clip-i2v", "--preset", "tiny-clip-i2v",
                 "--lora", str(world / "out/a/a.safetensors"), "--prompt", "a square", "--image",
-                str(world / "data/holdout/000.png"), "--frames", "5", "--height", "32", "--width", "32",
+                str(world / "data_holdout/000.png"), "--frames", "5", "--height", "32", "--width", "32",
                 "--steps", "2", "--cfg", "1", "--out", str(out)]) == 0
     assert read_video(out).shape == (5, 3, 32, 32)
     assert read_video(world / "out/a/samples/000000016_0.mp4").shape == (5, 3, 32, 32)

@@ -90,7 +90,7 @@ def test_zero2_lora_trains_previews_and_resumes_exactly(world):
     from video_dit.models.loading import load_vae
 
     vae = load_vae("preset:tiny")
-    ctrl = pil_to_tensor(load_image(world / "data/holdout/000.png"))  # (3, H, W)
+    ctrl = pil_to_tensor(load_image(world / "data_holdout/000.png"))  # (3, H, W)
     with torch.no_grad():
         expected = vae.decode(vae.encode(ctrl[None, :, None]).mode())[0, :, 0].clamp(-1, 1)
     frames = read_video(out / "samples/000000030_0.mp4")  # (F, 3, H, W)

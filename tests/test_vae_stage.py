@@ -129,9 +129,11 @@ def test_reconstruction_figures_of_a_known_error():
     assert fig["psnr"] == [round(10 * math.log10(1 / mse), 2)] * 2 and fig["colour_err"] == [0.0, 0.0]
 
 
-def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(tmp_path, monkeypatch, capsys):
+def test_a_real_folder_of_mixed_sizes_is_read_as_a_dataset_and_checked_before_decoding(tmp_path, monkeypatch,
+                                                                                        capsys):
     """Clips of several sizes train together (scaled and centre-cropped to the smallest shorter side);
-    the folder is read flat, as a dataset is; unusable clips are found from their headers, never decoded."""
+    the folder is read as a dataset is (recursively, as ai-toolkit does: sub-folders but dot-folders, and
+    not `_controls/`); unusable clips are found from their headers, never decoded."""
     import numpy as np
 
     from video_dit import media
@@ -141,7 +143,8 @@ def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(t
     rng = np.random.default_rng(0)
     d = tmp_path / "real"
     for name, (frames, w, h) in {"wide.mp4": (9, 64, 40), "square.mov": (9, 32, 32), "tall.mkv": (13, 40, 56),
-                                 "short.mp4": (3, 32, 32), "holdout/extra.mp4": (9, 32, 32)}.items():
+                                 "short.mp4": (3, 32, 32), "sub/extra.mp4": (9, 32, 32),
+                                 ".hidden/dot.mp4": (9, 32, 32), "_controls/control.mp4": (9, 32, 32)}.items():
         media.write_video(rng.integers(0, 255, (frames, h, w, 3), dtype=np.uint8), d / name, fps=8)
     (d / "broken.mp4").write_bytes(b"\0" * 100)
     from PIL import Image
@@ -152,8 +155,10 @@ def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(t
     monkeypatch.setattr(media, "read_video_frames", lambda p, idx=None: decoded.append(p.name) or read(p, idx))
     with pytest.warns(DataWarning) as caught:
         clips = vae_stage._clips(d, frames=5, cell=8)
-    assert sorted(decoded) == ["square.mov", "tall.mkv", "wide.mp4"]  # never short.mp4, broken.mp4, holdout/
-    assert [tuple(c.shape) for c in clips] == [(3, 9, 32, 32), (3, 13, 32, 32), (3, 9, 32, 32)]  # sorted by name
+    # never short.mp4, broken.mp4, .hidden/ or _controls/
+    assert sorted(decoded) == ["extra.mp4", "square.mov", "tall.mkv", "wide.mp4"]
+    # sorted by path: square.mov, sub/extra.mp4, tall.mkv, wide.mp4
+    assert [tuple(c.shape) for c in clips] == [(3, 9, 32, 32), (3, 9, 32, 32), (3, 13, 32, 32), (3, 9, 32, 32)]
     warned = " | ".join(str(w.message) for w in caught)
     assert "short.mp4: skipped by the VAE stage: 3 frames, fewer than the 5-frame training windows" in warned
     assert "broken.mp4: skipped by the VAE stage" in warned
@@ -161,7 +166,7 @@ def test_a_real_folder_of_mixed_sizes_is_read_flat_and_checked_before_decoding(t
     wide = media.read_video(d / "wide.mp4")  # (F, 3, 40, 64)
     resized = torch.nn.functional.interpolate(wide, size=(32, 51), mode="bicubic", antialias=True,
                                               align_corners=False).clamp(-1, 1)
-    torch.testing.assert_close(clips[2].permute(1, 0, 2, 3), resized[:, :, :, 9:41], rtol=0, atol=1e-6)
+    torch.testing.assert_close(clips[3].permute(1, 0, 2, 3), resized[:, :, :, 9:41], rtol=0, atol=1e-6)
     # the stage trains on it, through the command
     with pytest.warns(DataWarning):
         assert cli_main(["train-vae", "--data", str(d), "--out", str(tmp_path / "v.safetensors"), "--steps", "2",

@@ -70,7 +70,7 @@ def test_missing_and_unreadable_items_are_skipped_with_a_warning(clips, tmp_path
     bad = tmp_path / "corrupt.mp4"
     bad.write_bytes(b"\x00\x00\x00 ftypisom" + b"\x13" * 200)
     cfg = parse(ValidationConfig, {"validation_items": [
-        {"image_path": str(clips / "data/holdout/000.mp4"), "prompt": "a red square moving right"},
+        {"image_path": str(clips / "data_holdout/000.mp4"), "prompt": "a red square moving right"},
         {"image_path": str(tmp_path / "gone.mp4"), "prompt": "x"},
         {"image_path": str(bad), "prompt": "y"}]}, "v")
     with warnings.catch_warnings(record=True) as caught:
@@ -128,7 +128,7 @@ def test_ema_update_and_swap_restore_exactly():
 def job_yaml(root: Path, name: str, *, zero: int, lora: bool = True, steps: int = 4, sp: int = 1) -> Path:
     """A tiny-preset job (helpers.train_process) with EMA (decay `DECAY`) and validation on the 3
     held-out clips every step, an export every step, constant LR."""
-    holdout = root / "data" / "holdout"
+    holdout = root / "data_holdout"
     items = [{"image_path": str(holdout / f"{j:03d}.mp4"), "prompt": (holdout / f"{j:03d}.txt").read_text().strip()}
              for j in range(3)]
     return helpers.write_job(
@@ -170,10 +170,10 @@ def _expected_val_loss(root: Path) -> dict[float, float]:
     out = {s: 0.0 for s in SIGMAS}
     with torch.no_grad():
         for k in range(3):
-            clip = read_video(root / f"data/holdout/{k:03d}.mp4").permute(1, 0, 2, 3)[None]  # (1, 3, 9, 32, 32)
+            clip = read_video(root / f"data_holdout/{k:03d}.mp4").permute(1, 0, 2, 3)[None]  # (1, 3, 9, 32, 32)
             x0 = vae.normalize(vae.encode(clip).mode())
             first = encode_conditioning(vae, clip, "replace", 9)
-            text = te.encode([(root / f"data/holdout/{k:03d}.txt").read_text().strip()])
+            text = te.encode([(root / f"data_holdout/{k:03d}.txt").read_text().strip()])
             noise = torch.randn((1, *x0.shape[1:]), generator=torch.Generator().manual_seed(5 + k))
             for s in SIGMAS:
                 t = torch.tensor([1000.0 * s])

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-VIDEO_EXTS = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".m4v")
+# ai-toolkit's lists (27a03a91, toolkit/data_loader.py L39-40): both trainers read the same files of a folder
+VIDEO_EXTS = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".m4v", ".wmv", ".flv")
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
 
 

@@ -13,8 +13,10 @@ own convention (diffusers' `vae/`, `text_encoder/` + `tokenizer/`, `image_encode
 weights file beside the DiT); the preset's seeded random init where one exists for it (the tiny
 presets: a random VAE, ByT5-tokenised umT5 and CLIP); else an error naming the key to set, what it
 takes and how to get the files. The checks that need only this (a LoRA on a random preset, the i2v
-mode the DiT's input width allows) live here too, so every front end refuses the same jobs with the
-same words.
+mode the DiT's input width allows, what a `do_i2v` dataset's stills do) live here too, so every front
+end refuses, skips and warns about the same jobs with the same words: our launcher before any rank
+starts, the ai-toolkit arch at load (or, for what ai-toolkit shows a model only later, as early as it
+is shown).
 """
 
 from __future__ import annotations
@@ -190,6 +192,35 @@ def check_lora(name_or_path: str, lora: bool, keys: Keys = JOB_KEYS) -> None:
                           "init whose output layer is zero (as in Wan and DiT), so every LoRA gradient is 0 and the "
                           "adapters stay 0. Accepted: a full fine-tune (remove the network block), or LoRA on "
                           f"trained weights ({keys.model}: a weights file or folder, with {keys.preset})")
+
+
+def check_dataset_i2v(preset: Preset, do_i2v: bool, key: str) -> None:
+    """An image-to-video-only DiT (its input wider than its output: concat, Wan I2V) trains on `do_i2v`
+    datasets only: `ConfigError` naming `key` (the dataset's `do_i2v`) otherwise."""
+    if preset.dit.in_dim != preset.dit.out_dim and not do_i2v:
+        kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
+        raise ConfigError(key, f"preset {preset.name!r} is an image-to-video model{kind}: every dataset needs "
+                               "do_i2v: true")
+
+
+def stills_skipped(i2v_mode: str | None) -> bool:
+    """What a still (a one-frame item: an image) of a `do_i2v` dataset does, for every trainer: True:
+    skipped, with one warning per dataset (`skipped_stills`), for a concat model (Wan I2V, in_dim =
+    out_dim + 4 + z_dim): it is conditioned on a first frame in every step and has no unconditioned
+    input, and a still has no frame after its first to generate. False: trained unconditioned, as
+    t2v (replace mode, as ai-toolkit's Wan 2.2 5B does; `DataItem.conditioned` is False for it)."""
+    return i2v_mode == "concat"
+
+
+def skipped_stills(folder, names: list[str], every: bool = False) -> str:
+    """The one warning about the stills `names` of the `do_i2v` dataset `folder` a concat model skips
+    (`stills_skipped`); `every`: they are all its items (an image dataset, num_frames: 1)."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{folder}: {len(names)} still image(s) of this do_i2v dataset are skipped"
+            + (" (every item of it: it trains nothing)" if every else "") + f" ({shown}): an image-to-video "
+            "DiT with i2v_mode concat is conditioned on a first frame in every step, and a still has no frame "
+            "after its first to generate (Wan's I2V has no unconditioned input); to train them, move them to "
+            "a t2v job (or a replace-mode i2v job, which trains stills unconditioned)")
 
 
 def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:

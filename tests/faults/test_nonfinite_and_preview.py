@@ -24,9 +24,9 @@ pytestmark = pytest.mark.multirank
 def nan_run(world):
     bad = world / "corrupt_ctrl.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 64)
-    caption = (world / "data/holdout/000.txt").read_text().strip()
+    caption = (world / "data_holdout/000.txt").read_text().strip()
     samples = [{"prompt": caption, "ctrl_img": str(bad)},
-               {"prompt": caption, "ctrl_img": str(world / "data/holdout/000.png")}]
+               {"prompt": caption, "ctrl_img": str(world / "data_holdout/000.png")}]
     cfg = h.job_yaml(world, "nan", samples=samples, sample_every=2, max_nonfinite=3)
     codes, logs, _ = h.launch_ranks(world, 2, [{"config": str(cfg), "resume": "none", "run": True}],
                                     fault="nan_batch:3:rank:1,nan_batch:6-99", check=False)

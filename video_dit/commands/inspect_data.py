@@ -3,11 +3,12 @@
 Reads `config.process[0].datasets` of an ai-toolkit-format job YAML (each entry parsed as a
 `DatasetConfig`) and the model preset (`config.process[0].model.preset`, or `name_or_path:
 preset:NAME`) for the bucket divisibility. Prints per dataset the counts, the bucket histogram,
-every skipped file with its reason, what the start-up summary notes (stills trained unconditioned,
-sources smaller than their resolution with the upscale factor), and how many items are cached / not
-cached for this job's VAE, i2v mode and text encoder (the trainer's `job_cache_spaces`, for the
-encoder dtype the trainer uses on this machine; when the whole job does not parse, an entry made with
-any settings counts). Exit status 1 when a dataset is unusable.
+every skipped file with its reason (the stills a concat i2v model skips among them), what the
+start-up summary notes (media read from sub-folders, stills trained unconditioned, sources smaller
+than their resolution with the upscale factor), and how many items are cached / not cached for
+this job's VAE, i2v mode and text encoder (the trainer's `job_cache_spaces`, for the encoder dtype
+the trainer uses on this machine; when the whole job does not parse, an entry made with any settings
+counts). Exit status 1 when a dataset is unusable.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
 from video_dit.models.layouts import preset_name as layout_preset_name
 from video_dit.models.presets import get_preset
+from video_dit.spec import i2v_mode_of, stills_skipped
 from video_dit.train.caches import job_cache_spaces
 from video_dit.train.config import parse_job
 from video_dit.typed_config import ConfigError, parse
@@ -67,6 +69,7 @@ def inspect(config_path: str, preset: str | None = None) -> int:
     process = _process(doc, config_path)
     name = preset or preset_name(process)
     divisibility = get_preset(name).divisibility
+    skip_stills = stills_skipped(i2v_mode_of(get_preset(name), None, f"{PROCESS}.model.i2v_mode"))  # as the trainer
     entries = process.get("datasets")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{PROCESS}.datasets", "expected a non-empty list of datasets")
@@ -83,7 +86,7 @@ def inspect(config_path: str, preset: str | None = None) -> int:
             warnings.simplefilter("always")
             try:
                 cfg = parse(DatasetConfig, entry, key)
-                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False)
+                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills)
             except (ConfigError, DataError) as exc:
                 print(f"\ndataset {i}: UNUSABLE: {exc}")
                 status = 1

@@ -1,12 +1,12 @@
 """`video-dit make-demo-data DIR`: the procedural demo dataset (shapes moving on black, MP4 + captions)
-plus held-out clips, their first frames and captions under DIR/holdout/ (validation loss, i2v
-previews). Same arguments -> the same frames."""
+plus held-out clips, their first frames and captions beside it, in DIR_holdout/ (validation loss, i2v
+previews; outside DIR, which trainers read recursively). Same arguments -> the same frames."""
 
 from __future__ import annotations
 
 import argparse
 
-from video_dit.data.demo import make_demo_data
+from video_dit.data.demo import holdout_dir, make_demo_data, move_old_holdout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        moved = move_old_holdout(args.dir)
+    except ValueError as exc:
+        print(f"video-dit make-demo-data: {exc}")
+        return 2
+    if moved:
+        print(moved)
     paths = make_demo_data(args.dir, count=args.count, frames=args.frames, size=args.size, seed=args.seed,
                            holdout=args.holdout, fps=args.fps)
     print(f"wrote {len(paths)} clips ({args.frames} frames, {args.size}x{args.size}) to {args.dir}"
-          + (f" and {args.holdout} held-out clips to {args.dir}/holdout" if args.holdout else ""))
+          + (f" and {args.holdout} held-out clips to {holdout_dir(args.dir)}" if args.holdout else ""))
     return 0

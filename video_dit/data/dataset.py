@@ -1,9 +1,11 @@
 """Dataset config (ai-toolkit's keys) and the folder scan: files -> items with caption, bucket and frames.
 
-A dataset folder holds videos (`.mp4 .mov .webm .mkv .avi .m4v`) and images (`.png .jpg .jpeg .webp`),
-each with an optional same-name caption (`<stem>.<caption_ext>`); a missing caption is the empty
-prompt (one warning for the whole folder). The folder is read flat (no sub-folders: `holdout/` of the
-demo data and the `_latent_cache/`, `_text_cache/` folders are not items); dot-files are ignored.
+A dataset folder holds videos (`.mp4 .mov .webm .mkv .avi .m4v .wmv .flv`) and images (`.png .jpg
+.jpeg .webp`), each with an optional same-name caption (`<stem>.<caption_ext>` beside it); a missing
+caption is the empty prompt (one warning for the whole folder). The folder is read as ai-toolkit
+reads it (`list_media`): recursively, dot-files and dot-folders ignored, and files in `_controls/`
+folders too, so both trainers train on the same files (the demo data keeps its held-out clips
+beside the folder, never inside it; the caches hold no media).
 
 `scan_dataset` probes every file cheaply (container header plus one seek near the last needed
 frame; nothing is decoded) and turns each good file into one `DataItem` per `resolution`. A file
@@ -22,7 +24,9 @@ trains at about its own size; the summary says how many and the largest factor a
 Stills in a `do_i2v` dataset train unconditioned (as t2v, as ai-toolkit does): a one-frame item has
 no frame after the first to generate. `DataItem.conditioned` is the one definition of "this item
 is trained on its first frame". A concat i2v model (in_dim 36) has no unconditioned input, so
-`scan_datasets(..., i2v_mode="concat")` refuses stills in `do_i2v` datasets, naming them.
+`scan_datasets(..., i2v_mode="concat")` skips the stills of `do_i2v` datasets with one warning per
+dataset naming how many and why (`video_dit.spec.stills_skipped`, the rule the ai-toolkit arch
+follows too, in the same words).
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ from PIL import Image, UnidentifiedImageError
 from video_dit import media
 from video_dit.data import frames as frames_mod
 from video_dit.data.buckets import fitted_bucket
+from video_dit.spec import skipped_stills, stills_skipped
 from video_dit.typed_config import ConfigError
 
 VIDEO_EXTS = media.VIDEO_EXTS
 IMAGE_EXTS = media.IMAGE_EXTS
+CONTROLS = "_controls"  # ai-toolkit's control images beside a dataset's items: never items themselves
+STILL_SKIPPED = "still of a do_i2v dataset, skipped by a concat image-to-video model"  # a skipped file's reason
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # larger frames are skipped (decoding them risks OOM)
 
 
@@ -154,10 +161,10 @@ class DatasetConfig:
         folder = Path(self.folder_path)
         if not folder.is_dir():
             raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} is not a directory")
-        exts = VIDEO_EXTS + IMAGE_EXTS
-        if not any(p.suffix.lower() in exts and not p.name.startswith(".") for p in folder.iterdir()):
+        if not list_media(folder, self.caption_ext)[0]:
             raise ConfigError(f"{path}.folder_path", f"{self.folder_path!r} holds no video or image "
-                                                     f"({' '.join(exts)})")
+                                                     f"({' '.join(VIDEO_EXTS + IMAGE_EXTS)}), in it or in its "
+                                                     "sub-folders")
         self.validated = True
 
     @property
@@ -222,6 +229,7 @@ class ScanResult:
     #                                      whose header was read, items or not (for "longest clip")
     not_upscaled: list[tuple[str, int, float]] = field(default_factory=list)  # (path, resolution, factor
     #                                      avoided): kept at their own size instead of being upscaled
+    subfolders: list[str] = field(default_factory=list)  # sub-folders media were read from (`list_media`)
 
     def bucket_counts(self) -> Counter:
         """`(F, H, W) -> items per epoch` (repeats counted)."""
@@ -242,9 +250,13 @@ class ScanResult:
         return "\n".join(lines)  # the skipped files themselves were named in one warning each
 
     def notes(self) -> list[str]:
-        """What the summary (and `inspect-data`) must tell beyond counts: stills trained unconditioned
-        in i2v datasets, sources kept at their own size, upscaled items with their factor."""
+        """What the summary (and `inspect-data`) must tell beyond counts: media read from sub-folders,
+        stills trained unconditioned in i2v datasets, sources kept at their own size, upscaled items
+        with their factor."""
         out = []
+        if self.subfolders:
+            out.append(f"media read from {len(self.subfolders)} sub-folder(s) ({_first(self.subfolders)}): a "
+                       "dataset folder is read recursively, as ai-toolkit reads it")
         stills = sorted({Path(it.path).name for it in self.items if it.do_i2v and not it.conditioned})
         if stills:
             out.append(f"{len(stills)} still image(s) in do_i2v datasets train unconditioned (as t2v: a "
@@ -271,7 +283,8 @@ class ScanResult:
                           ignored=sum(s.ignored for s in scans),
                           folders=[f for s in scans for f in s.folders],
                           clips=[c for s in scans for c in s.clips],
-                          not_upscaled=[x for s in scans for x in s.not_upscaled])
+                          not_upscaled=[x for s in scans for x in s.not_upscaled],
+                          subfolders=[x for s in scans for x in s.subfolders])
 
 
 def _first(names: list[str], n: int = 3) -> str:
@@ -280,10 +293,10 @@ def _first(names: list[str], n: int = 3) -> str:
 
 def _reason_kind(reason: str) -> str:
     for key in ("empty", "truncated", "too short", "frames <", "span less", "not a readable",
-                "caption", "image dataset", "decod", "huge resolution", "px cell"):
+                "caption", "image dataset", "decod", "huge resolution", "px cell", STILL_SKIPPED):
         if key in reason:
             return {"frames <": "too short", "span less": "too short", "not a readable": "not readable",
-                    "truncated": "truncated or corrupt",
+                    "truncated": "truncated or corrupt", STILL_SKIPPED: "stills of a concat i2v job",
                     "decod": "undecodable", "image dataset": "video in an image dataset",
                     "px cell": "too small"}.get(key, key)
     return "unreadable"
@@ -365,14 +378,29 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str, clip_info: list)
 
 
 def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) -> tuple[list[Path], int]:
-    """(absolute paths of the videos and images directly in `folder`, sorted; how many other files
-    there are, captions excluded). The one listing rule of dataset folders: flat (sub-folders such
-    as `holdout/` or the caches are not read), dot-files ignored. `video-dit train-vae` reads its
-    folder with it too. `files`: these files instead of the folder's (validation items)."""
+    """(absolute paths of the videos and images in `folder`, sorted; how many other files there are,
+    captions and cache files excluded). The one listing rule of dataset folders, ai-toolkit's
+    (27a03a91, toolkit/data_loader.py L437-450, `AiToolkitDataset.__init__`): `os.walk` down every
+    sub-folder but those whose name starts with "." (symlinked folders not followed), files whose name
+    starts with "." left out, and files directly in a folder named `_controls` too (a broken link,
+    which ai-toolkit lists and then fails to read, is left out here). Both trainers therefore train
+    on the same files of a folder (tests/test_aitk_adapter.py compares them).
+    `video-dit train-vae` reads its folder with it too. `files`: these files instead of the folder's
+    (validation items)."""
     caption_suffix = "." + caption_ext.lstrip(".")
+    if files is not None:
+        listed = [Path(p) for p in files if Path(p).is_file() and not Path(p).name.startswith(".")]
+    else:
+        listed = []
+        for root, dirs, names in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]  # pruned: never walked into
+            if Path(root).name == CONTROLS:
+                continue
+            cache = Path(root).name.startswith("_") and Path(root).name.endswith("_cache")  # ours, ai-toolkit's
+            listed += [Path(root, n) for n in names if not n.startswith(".") and Path(root, n).is_file()
+                       and (not cache or Path(n).suffix.lower() in VIDEO_EXTS + IMAGE_EXTS)]
     paths, ignored = [], 0
-    listed = files if files is not None else Path(folder).iterdir()
-    for path in sorted(p for p in listed if p.is_file() and not p.name.startswith(".")):
+    for path in sorted(listed):
         ext = path.suffix.lower()
         if ext in VIDEO_EXTS + IMAGE_EXTS:
             paths.append(path.absolute())
@@ -383,12 +411,14 @@ def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) 
 
 def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
                  verbose: bool = True, probe_threads: int | None = None,
-                 files: list[Path] | None = None) -> ScanResult:
+                 files: list[Path] | None = None, skip_stills: bool = False) -> ScanResult:
     """Items of one dataset folder (see module docstring). `verbose`: warn per skipped file and
     print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
     threads (default min(8, cpus); PyAV releases the GIL while it reads). `files`: read these files
-    with `cfg`'s settings instead of listing the folder (validation items). Raises `DataError` if
-    no item is usable, or if it is a video dataset whose every clip is too short for `num_frames`."""
+    with `cfg`'s settings instead of listing the folder (validation items). `skip_stills`
+    (`spec.stills_skipped` of the job's i2v mode): the stills of a `do_i2v` dataset are skipped,
+    with ONE warning (`spec.skipped_stills`) rather than one per file. Raises `DataError` if no item
+    is usable, or if it is a video dataset whose every clip is too short for `num_frames`."""
     if not cfg.validated or isinstance(cfg.resolution, int):
         cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
     cfg.check_divisibility(divisibility)
@@ -434,7 +464,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
             warnings.warn(f"{path}: {note}", DataWarning, stacklevel=2)
         if caption is None:
             caption = cfg.default_caption if cfg.default_caption is not None else ""
-            missing.append(path.name)
+            missing.append(str(path))
         for res, hw, factor in fitted:
             if hw is None:
                 continue
@@ -447,11 +477,17 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
                                   size=stat.st_size, mtime_ns=stat.st_mtime_ns, dataset=dataset_index,
                                   do_i2v=cfg.do_i2v, caption_dropout_rate=cfg.caption_dropout_rate,
                                   num_repeats=cfg.num_repeats, cache_root=cfg.cache_root))
+    if skip_stills and cfg.do_i2v:
+        items = _skip_stills(items, skipped, folder, verbose)
+        kept = {it.path for it in items}
+        missing = [m for m in missing if m in kept]  # a skipped still needs no caption
     if missing and verbose:
         warnings.warn(f"{folder}: {len(missing)} files have no .{cfg.caption_ext.lstrip('.')} caption and train "
                       f"with {'default_caption' if cfg.default_caption is not None else 'the empty prompt'} "
-                      f"(first: {missing[0]})", DataWarning, stacklevel=2)
-    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)], clips, not_upscaled)
+                      f"(first: {Path(missing[0]).name})", DataWarning, stacklevel=2)
+    nested = sorted({str(p.parent.relative_to(folder.absolute())) for p in paths if files is None
+                     and p.parent != folder.absolute()})
+    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)], clips, not_upscaled, nested)
     if verbose:
         print(result.summary(), flush=True)
     _check_clip_lengths(cfg, result)
@@ -461,6 +497,20 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
                         + "; ".join(f"{Path(p).name}: {r}" for p, r in skipped[:5])
                         + (" ..." if len(skipped) > 5 else "") + ")")
     return result
+
+
+def _skip_stills(items: list[DataItem], skipped: list, folder: Path, verbose: bool) -> list[DataItem]:
+    """`items` without the stills (`spec.stills_skipped`), each added to `skipped` (path, reason),
+    with one warning for all of them naming how many and why."""
+    stills = sorted({it.path for it in items if not it.conditioned})
+    if not stills:
+        return items
+    kept = [it for it in items if it.conditioned]
+    skipped += [(p, STILL_SKIPPED) for p in stills]
+    if verbose:
+        names = [str(Path(p).relative_to(folder.absolute())) for p in stills]
+        warnings.warn(skipped_stills(folder, names, every=not kept), DataWarning, stacklevel=3)
+    return kept
 
 
 def _check_clip_lengths(cfg: DatasetConfig, scan: ScanResult) -> None:
@@ -498,16 +548,9 @@ def _longest_selection(total: int, fps: float, cfg: DatasetConfig) -> int:
 def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool = True,
                   i2v_mode: str | None = None) -> ScanResult:
     """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index).
-    `i2v_mode="concat"` (an in_dim 36 model, which conditions every item): stills in `do_i2v`
-    datasets are refused with a `DataError` naming them (no unconditioned input exists there)."""
-    scans = [scan_dataset(c, divisibility, dataset_index=i, verbose=verbose) for i, c in enumerate(cfgs)]
-    if i2v_mode == "concat":
-        for cfg, scan in zip(cfgs, scans):
-            stills = sorted(Path(it.path).name for it in scan.items if it.do_i2v and not it.conditioned)
-            if stills:
-                raise DataError(
-                    f"{cfg.config_path}.folder_path: {len(stills)} still image(s) ({_first(stills)}) in a concat "
-                    "image-to-video job: an in_dim 36 model is conditioned on a first frame in every step, and "
-                    "a still has no frame after it to generate (Wan's I2V has no unconditioned input). Move "
-                    "the stills out of the folder, or train them in a t2v job")
-    return ScanResult.merge(scans)
+    `i2v_mode`: the job's first-frame conditioning; "concat" (an in_dim 36 model, which conditions
+    every item) skips the stills of `do_i2v` datasets, one warning per dataset (`spec.stills_skipped`:
+    the ai-toolkit arch skips them too, in the same words)."""
+    skip = stills_skipped(i2v_mode)
+    return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose, skip_stills=skip)
+                             for i, c in enumerate(cfgs)])

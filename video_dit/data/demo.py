@@ -1,11 +1,14 @@
 """The procedural demo dataset: coloured shapes moving in a straight line on black.
 
 `make_demo_data(DIR)` writes `DIR/0000.mp4 + 0000.txt, ...` ("a red square moving right on a black
-background") and `DIR/holdout/000.mp4 + 000.png + 000.txt, ...`: clips NOT in the training set (the
-training readers list `DIR` flat), their first frames and captions. The default job renders its i2v
-previews from the first frames (`sample.samples[].ctrl_img`) and computes its validation loss on the
-clips (`train.validation_config`); `holdout_combo` makes them cover every colour, every direction and
-every shape.
+background") and, beside it, `DIR_holdout/000.mp4 + 000.png + 000.txt, ...` (`holdout_dir`): clips
+NOT in the training set, their first frames and captions, outside `DIR` because a dataset folder is
+read recursively (ai-toolkit's rule, `dataset.list_media`): inside it, both trainers would train on
+them. The default job renders its i2v previews from the first frames (`sample.samples[].ctrl_img`)
+and computes its validation loss on the clips (`train.validation_config`); `holdout_combo` makes them
+cover every colour, every direction and every shape. A folder written by an earlier version, with
+`DIR/holdout/`, is moved to the new place by `move_old_holdout` (which the demo's `prepare` stage,
+`make-demo-data` and `train-vae` call).
 The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 px per frame at
 64x64x17) so a tiny model trained for minutes visibly learns colour, shape and direction.
 Shapes are drawn as a camera would see them: at sub-pixel positions (a steady 2.75 px per frame,
@@ -95,14 +98,46 @@ def holdout_combo(j: int) -> tuple[str, str, str]:
     return SHAPES[j % len(SHAPES)], list(COLORS)[j % len(COLORS)], list(DIRECTIONS)[j % len(DIRECTIONS)]
 
 
+OLD_HOLDOUT = "holdout"  # where versions before the held-out clips moved out put them: inside the dataset
+
+
+def holdout_dir(data_dir) -> Path:
+    """Where the held-out clips of the demo dataset `data_dir` live: beside it, `<data_dir>_holdout`
+    (`data/demo` -> `data/demo_holdout`), where no trainer that reads `data_dir` recursively looks."""
+    d = Path(data_dir)
+    d = d if d.name else d.resolve()  # "." or "data/": a folder with a name
+    return d.with_name(d.name + "_holdout")
+
+
+def move_old_holdout(data_dir) -> str | None:
+    """Move the held-out clips an earlier version wrote inside `data_dir` (`holdout/`, where a recursive
+    scan trains on them) to `holdout_dir(data_dir)`; returns what was done, None when there was nothing
+    to move (a `holdout/` holding anything but the demo's `NNN.mp4 / .png / .txt` is a user's folder,
+    left alone). Both places holding files: `ValueError` naming them (neither is removed)."""
+    old, new = Path(data_dir) / OLD_HOLDOUT, holdout_dir(data_dir)
+    if not old.is_dir() or not all(re.fullmatch(r"\d{3}\.(mp4|png|txt)", f.name) for f in old.iterdir()):
+        return None
+    if new.exists() and any(new.iterdir()):
+        raise ValueError(f"{old}: held-out clips of an earlier demo layout, inside the dataset folder (read "
+                         f"recursively, as ai-toolkit reads it, so they would be trained on), and {new} holds the "
+                         f"current ones too: remove {old}")
+    if new.exists():
+        new.rmdir()
+    old.rename(new)
+    return (f"moved the held-out clips {old} -> {new} (a dataset folder is read recursively, as ai-toolkit reads "
+            "it: inside it they would be trained on)")
+
+
 def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, seed: int = 0,
                    holdout: int = 4, fps: float = 16) -> list[Path]:
-    """Write the dataset (see module docstring); returns the clip paths."""
+    """Write the dataset to `out_dir` and its held-out clips to `holdout_dir(out_dir)` (see module
+    docstring; an earlier layout's `out_dir/holdout/` is moved there first); returns the clip paths."""
     if count < 1 or frames < 2 or size < 16 or holdout < 0:
         raise ValueError(f"need count >= 1, frames >= 2, size >= 16, holdout >= 0; got count={count}, "
                          f"frames={frames}, size={size}, holdout={holdout}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    move_old_holdout(out)
     rng = np.random.default_rng(seed)
     combos = list(itertools.product(SHAPES, COLORS, DIRECTIONS))
     order = [combos[i] for i in rng.permutation(len(combos))]  # balanced: every combo before repeats
@@ -112,7 +147,7 @@ def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, s
         clip = render_clip(shape, color, direction, frames, size, rng)
         paths.append(media.write_video(clip, out / f"{i:04d}.mp4", fps=fps))
         (out / f"{i:04d}.txt").write_text(caption_for(shape, color, direction) + "\n", encoding="utf-8")
-    hold = out / "holdout"
+    hold = holdout_dir(out)
     if holdout:
         hold.mkdir(exist_ok=True)
     for j in range(holdout):  # new positions (drawn after the training clips'), every colour/direction/shape

@@ -33,7 +33,7 @@ from video_dit.data import DatasetConfig
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import PRESETS, get_preset
 from video_dit.parallel.zero import partitioned, shards_optimizer
-from video_dit.spec import boundary_of, check_lora, i2v_mode_of, job_keys, requested
+from video_dit.spec import boundary_of, check_dataset_i2v, check_lora, i2v_mode_of, job_keys, requested
 from video_dit.train.experts import check_ranges
 from video_dit.typed_config import ConfigError, did_you_mean, parse
 
@@ -628,10 +628,7 @@ class ProcessConfig:
                               "clean first frame, so its prediction has no target to learn; accepted here: true "
                               "(or leave it unset)")
         for i, d in enumerate(self.datasets):
-            if preset.dit.in_dim != preset.dit.out_dim and not d.do_i2v:
-                kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
-                raise ConfigError(f"{path}.datasets[{i}].do_i2v", f"preset {preset.name!r} is an image-to-video "
-                                                                  f"model{kind}: every dataset needs do_i2v: true")
+            check_dataset_i2v(preset, d.do_i2v, f"{path}.datasets[{i}].do_i2v")  # the arch's words too
             if d.do_flf2v and not d.do_i2v:
                 raise ConfigError(f"{path}.datasets[{i}].do_flf2v", "first-last-frame conditioning is image-to-video "
                                                                     "too: it needs do_i2v: true")

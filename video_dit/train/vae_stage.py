@@ -4,14 +4,15 @@ A randomly initialised VAE cannot reconstruct anything, so the demo's DiT would 
 This stage trains a tiny preset VAE (`tiny`, `tiny-p2`) for the recipe's steps on random windows of
 the demo clips (L1 + L2 reconstruction and a small KL term), then measures the per-channel mean and std of
 the latents over whole clips (the first `STATS_CLIPS`) so that the DiT sees normalized latents. It trains on the clips
-directly in the data folder only; the demo's held-out clips (`holdout/`) are never trained on, and
+of the data folder, read as a dataset is (recursively: `dataset.list_media`); the demo's held-out clips,
+beside it (`demo.holdout_dir`: `data/demo_holdout/` for `data/demo/`), are never trained on, and
 their reconstruction figures (PSNR, each shape's mean-colour error; `reconstruction_figures`) are
 logged and kept in the weights' metadata. It saves:
 
     out_path                    the weights (safetensors, native Wan VAE names)
     out_path.parent/config.json the VAEConfig fields, mean/std included
 
-Any folder of clips works (`video-dit train-vae --data FOLDER`): it is read flat as a dataset is,
+Any folder of clips works (`video-dit train-vae --data FOLDER`): it is read as a dataset is,
 every header is checked before anything is decoded, and clips of any sizes are scaled and
 centre-cropped to one square training size (`_clips`).
 Idempotent (an existing `out_path` is kept) and deterministic for a given seed and thread count.
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from video_dit.data.dataset import DataWarning, list_media
+from video_dit.data.demo import holdout_dir, move_old_holdout
 from video_dit.data.frames import crop_plan, fit_frames, snap_num_frames
 from video_dit import media
 from video_dit.media import VIDEO_EXTS, MediaError, probe_video
@@ -47,7 +49,6 @@ from video_dit.models.vae import CausalVideoVAE
 from video_dit.models.vae_layers import CausalConv3d, Resample, ResidualBlock
 
 CONFIG_NAME = "config.json"
-HOLDOUT = "holdout"  # the demo data's held-out clips (video_dit.data.demo), measured, never trained on
 
 
 @dataclasses.dataclass
@@ -58,7 +59,7 @@ class VAETrainResult:
     std: tuple[float, ...]
     seconds: float
     vae: torch.nn.Module          # the trained model (eval mode), equal to what `path` holds
-    heldout: dict | None = None   # `reconstruction_figures` of the held-out clips (`data_dir/holdout/`), if any
+    heldout: dict | None = None   # `reconstruction_figures` of the held-out clips (`holdout_dir(data_dir)`), if any
 
 
 MAX_SIDE = 256     # clips are resized to at most this square side (the stage trains on small crops)
@@ -71,7 +72,7 @@ STATS_CLIPS = 64
 
 def _clips(data_dir: Path, frames: int = 1, cell: int = 8, verbose: bool = True,
            side: int | None = None) -> list[torch.Tensor]:
-    """The videos directly in `data_dir` (read flat, as a dataset folder is: `dataset.list_media`),
+    """The videos in `data_dir` (read as a dataset folder is, sub-folders too: `dataset.list_media`),
     each as (3, F, S, S) in [-1, 1]: its first `MAX_FRAMES` frames, scaled to cover an S x S square and
     centre-cropped, S the smallest clip's shorter side (at most `MAX_SIDE`, a multiple of the VAE's
     `cell`), so clips of any sizes train together. Every header is read before anything is decoded:
@@ -83,8 +84,8 @@ def _clips(data_dir: Path, frames: int = 1, cell: int = 8, verbose: bool = True,
     paths, _ = list_media(data_dir)
     files = [p for p in paths if p.suffix.lower() in VIDEO_EXTS]
     if not files:
-        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on (the "
-                                "folder is read flat, as a dataset is: sub-folders are not read)")
+        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) to train the VAE on, in it "
+                                "or its sub-folders (read as a dataset is)")
     skipped, usable = [], []
     for path in files:  # 1. headers only
         try:
@@ -165,9 +166,9 @@ def reconstruction_figures(vae, clips: list[torch.Tensor], batch: int = 8) -> di
 
 
 def _heldout_figures(vae, data_dir: Path, size: tuple[int, int]) -> dict | None:
-    """`reconstruction_figures` of the clips in `data_dir/holdout/` (never trained on; the demo's), or
+    """`reconstruction_figures` of the clips in `holdout_dir(data_dir)` (never trained on; the demo's), or
     None when there are none of the training frame size."""
-    folder = data_dir / HOLDOUT
+    folder = holdout_dir(data_dir)
     if not folder.is_dir():
         return None
     if not any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()):
@@ -395,6 +396,9 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
                   bf16=bf16, preset=preset, ema=ema, device=str(dev),
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks),
                   log_every=log_every, verbose=verbose)
+    moved = move_old_holdout(data_dir)  # an earlier demo layout: its held-out clips would be trained on
+    if moved and verbose:
+        print(f"[train-vae] {moved}", flush=True)
     if ranks == 1:
         return _train_rank(0, 1, None, Path(data_dir), Path(out_path), recipe)
 
@@ -617,7 +621,7 @@ def _measure_and_save(vae, averaged, clips: list, losses: list[float], r, data_d
     heldout = _heldout_figures(vae, data_dir, (H, W))
     if r.verbose and heldout is not None:
         what = f" (EMA {r.ema} of the weights: saved)" if averaged is not None else ""
-        print(f"[train-vae] held-out clips ({data_dir / HOLDOUT}){what}: {format_figures(heldout)}", flush=True)
+        print(f"[train-vae] held-out clips ({holdout_dir(data_dir)}){what}: {format_figures(heldout)}", flush=True)
     stats_frames = snap_num_frames(min(c.shape[1] for c in clips))
     mean, std = latent_stats(vae, clips[:STATS_CLIPS], stats_frames)
     config = dataclasses.replace(vae.config, mean=mean, std=std)

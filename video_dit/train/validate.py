@@ -6,8 +6,9 @@ each skipped when its output exists; `launch/train.sh` always passes it.
 Beyond the typed parse (`video_dit.train.config`), this checks what needs the file system: dataset
 folders (exist, hold media), control images of previews, weights paths, the resume path, and that
 the output folder is writable; then it scans the data as the trainer will (container headers only,
-seconds for hundreds of clips): no usable item, `num_frames` longer than every clip (naming the
-longest) and stills in a concat i2v job exit 2 here rather than after the ranks start. The temp
+seconds for hundreds of clips): no usable item and `num_frames` longer than every clip (naming the
+longest) exit 2 here rather than after the ranks start (stills in a concat i2v job are skipped,
+with the one warning the trainer prints at start-up: `spec.stills_skipped`). The temp
 files of cache writes that a killed run left behind are removed here (no rank runs yet). `--plan`
 (train.sh applies it with its launcher arguments) then prints the memory plan of the
 ranks about to start and applies `deepspeed.memory_check` (`memory_check`).
@@ -25,7 +26,7 @@ from pathlib import Path
 
 from video_dit.data import DataError, scan_datasets
 from video_dit.data.cache import remove_partial_files
-from video_dit.data.demo import make_demo_data
+from video_dit.data.demo import holdout_dir, make_demo_data, move_old_holdout
 from video_dit.diffusion.experts import expert_at
 from video_dit.media import MediaError, load_image
 from video_dit.models.attention import available, missing_backend
@@ -56,7 +57,13 @@ def prepare(raw: dict, log=print) -> None:
     if stages.demo_data is not None:
         d = stages.demo_data
         folder = Path(d.dir)
-        held = [folder / "holdout" / f"{j:03d}{e}" for j in range(d.holdout) for e in (".mp4", ".png", ".txt")]
+        try:  # an earlier version's holdout/ inside the folder: moved out before anything reads the folder
+            moved = move_old_holdout(folder)
+        except ValueError as exc:
+            raise ConfigError(f"{PROCESS}.prepare.demo_data.dir", str(exc)) from exc
+        if moved:
+            log(f"[video_dit] demo data: {moved}")
+        held = [holdout_dir(folder) / f"{j:03d}{e}" for j in range(d.holdout) for e in (".mp4", ".png", ".txt")]
         if folder.is_dir() and any(folder.glob("*.mp4")) and all(f.is_file() for f in held):
             log(f"[video_dit] demo data: {folder} exists")
         else:

@@ -13,6 +13,14 @@
     LoRA state dict (`transformer.` peft)   <->  convert_lora_weights_before_save/load: our one LoRA file
     sample(): GenerateImageConfig            ->  generate_single_image: VideoPipeline -> PIL frames -> MP4
 
+It refuses, skips and warns as our DeepSpeed trainer does, through the same functions (`video_dit.spec`):
+a LoRA on a preset's random init (`check_lora`) when ai-toolkit attaches its network (the `network`
+setter: ai-toolkit builds the model from the `model` block alone, then the network right after
+`load_model()`, before it reads any data); the stills of a `do_i2v` dataset on a concat model
+(`stills_skipped`) with one warning per dataset at its first batch of them (ai-toolkit shows a model
+its datasets no earlier), and a loss of exactly 0 that no weight gets a gradient from (ai-toolkit
+cannot drop an item from a batch). Both read a dataset folder alike (`dataset.list_media`).
+
 This is the only module that imports ai-toolkit (`toolkit`); `import video_dit` never does.
 """
 
@@ -32,6 +40,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -40,6 +49,7 @@ import torch
 import yaml
 
 from video_dit.data.cache import latent_space, text_space
+from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.data.frames import snap_num_frames as snap_frame_count
 from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
@@ -52,7 +62,16 @@ from video_dit.models.loading import load_dit, load_image_encoder, load_text_enc
 from video_dit.models.presets import PRESETS, Preset
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.pipeline import VideoPipeline
-from video_dit.spec import AITK_KEYS, Request, i2v_mode_of, resolve
+from video_dit.spec import (
+                            AITK_KEYS,
+                            Request,
+                            check_dataset_i2v,
+                            check_lora,
+                            i2v_mode_of,
+                            resolve,
+                            skipped_stills,
+                            stills_skipped,
+)
 from video_dit.typed_config import ConfigError, parse
 
 ARCH = "video_dit"
@@ -184,7 +203,30 @@ class VideoDiTModel(BaseModel):
         self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
         self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
+        self._skip_loss = False  # set by get_noise_prediction for a batch it skips, consumed by scale_loss
+        self.skipped_stills = 0  # still items skipped (`spec.stills_skipped`), counted over the run
+        self._stills_warned: set[str] = set()  # the datasets whose skipped stills were warned about
         self._configure_experts()
+
+    @property
+    def network(self):
+        """ai-toolkit's network (`self.sd.network`), None without one."""
+        return getattr(self, "_network", None)
+
+    @network.setter
+    def network(self, net) -> None:
+        """ai-toolkit attaches its network here (BaseSDTrainProcess.run, right after `load_model()`,
+        before applying it, reading the datasets or any step): the first moment the model can tell a
+        LoRA will train, since ai-toolkit builds the model from its `model` block alone. A network
+        our LoRA files cannot hold, and a LoRA on a preset's random init (every LoRA gradient is 0: the
+        trainer's refusal, in its words, `spec.check_lora`) are refused here."""
+        if net is not None:
+            kind = str(getattr(getattr(net, "module", net), "network_type", "lora")).lower()  # accelerate may wrap it
+            if kind != "lora":
+                raise ConfigError("network.type", f"{kind!r}: video_dit's LoRA files (shared with its DeepSpeed "
+                                                  "trainer) hold plain LoRA; accepted: lora")
+            check_lora(self.spec.request.name_or_path, True, AITK_KEYS)
+        self._network = net
 
     def _request(self, cfg) -> Request:
         """What ai-toolkit's `model` block and our `model_kwargs` ask for (`video_dit.spec.Request`)."""
@@ -383,18 +425,48 @@ class VideoDiTModel(BaseModel):
 
     # ---------------------------------------------------------------- training step
 
+    def _skips_stills(self, batch, x: torch.Tensor) -> bool:
+        """Whether this batch is stills of a `do_i2v` dataset that the model skips (`spec.stills_skipped`:
+        a concat model), as our trainer does; the first such batch of a dataset warns once, naming how
+        many stills its folder holds (listed as both trainers list a folder) and why. ai-toolkit keys
+        its buckets by frame count, so a batch of one latent frame holds stills only."""
+        if batch is None or x.shape[2] != 1 or not stills_skipped(self.i2v_mode) or not batch.dataset_config.do_i2v:
+            return False
+        items = getattr(batch, "file_items", None) or []
+        self.skipped_stills += len(items) or x.shape[0]
+        cfg = batch.dataset_config
+        folder = str(getattr(cfg, "dataset_path", None) or getattr(cfg, "folder_path", None) or "(dataset)")
+        if folder not in self._stills_warned:
+            self._stills_warned.add(folder)
+            video = getattr(cfg, "num_frames", 1) > 1 or getattr(cfg, "auto_frame_count", False)
+            if os.path.isdir(folder):  # the folder's stills, listed as both trainers list a folder
+                paths, _ = list_media(folder, getattr(cfg, "caption_ext", "txt"))
+                clips = [p for p in paths if p.suffix.lower() in VIDEO_EXTS] if video else []
+                names = [os.path.relpath(p, os.path.abspath(folder)) for p in paths if p not in clips]
+            else:  # a JSON dataset_path: the stills this batch shows
+                clips, names = [None], sorted(os.path.basename(str(it.path)) for it in items)
+            # printed, not warnings.warn: ai-toolkit silences UserWarnings (toolkit/control_generator.py L15,
+            # imported with its data loader); the line our trainer's DataWarning prints
+            print(f"[video_dit] warning: {skipped_stills(folder, names, every=not clips)}", file=sys.stderr, flush=True)
+        return True
+
     def _first_frame_condition(self, batch, x: torch.Tensor) -> dict | None:
         """Conditioning latents for this batch, or None (plain t2v / image items / no batch).
 
         ai-toolkit gives the first frame as `batch.first_frame_latents` (cached latents + do_i2v) or as
         pixels in `batch.tensor[:, 0]`; image items (one latent frame) train unconditioned, since
-        conditioning their only frame would leave nothing to learn. A CLIP-branch DiT (Wan 2.1 I2V /
-        FLF2V) also gets the CLIP features of `batch.tensor[:, 0]` (and of `[:, -1]`, the last frame).
+        conditioning their only frame would leave nothing to learn (a concat model skips them before
+        this: `_skips_stills`). A CLIP-branch DiT (Wan 2.1 I2V / FLF2V) also gets the CLIP features of
+        `batch.tensor[:, 0]` (and of `[:, -1]`, the last frame).
         """
+        if batch is not None and not batch.dataset_config.do_i2v:
+            folder = getattr(batch.dataset_config, "folder_path", None)
+            check_dataset_i2v(self.preset, False, f"datasets[].do_i2v ({folder})")  # as our trainer's check
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
             if self.i2v_mode == "concat":
-                raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it trains "
-                                 "on video items of datasets with `do_i2v: true` only")
+                raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it has "
+                                 "no unconditioned input, so every prediction needs a batch of video items of a "
+                                 "`do_i2v: true` dataset")
             return None
         B, num_frames = x.shape[0], (x.shape[2] - 1) * TEMPORAL + 1
         if self.i2v_mode == "replace" and batch.first_frame_latents is not None:
@@ -432,13 +504,14 @@ class VideoDiTModel(BaseModel):
         """
         if kwargs:
             raise TypeError(f"video_dit takes no adapter inputs in get_noise_prediction; got {sorted(kwargs)}")
-        if self.network is not None:  # fail at the first step, not at the first save
-            net = getattr(self.network, "module", self.network)  # accelerate may wrap it
-            kind = str(getattr(net, "network_type", "lora")).lower()
-            if kind != "lora":
-                raise ValueError(f"network.type {kind!r}: video_dit's LoRA files (shared with its DeepSpeed "
-                                 "trainer) hold plain LoRA; accepted: lora")
-        self._i2v_loss_mask = None
+        self._i2v_loss_mask, self._skip_loss = None, False
+        if self._skips_stills(batch, latent_model_input):
+            # ai-toolkit cannot drop an item from its batch: the prediction is a fresh leaf, no function of
+            # the weights, and scale_loss zeroes the loss, so no weight gets a gradient (its .grad stays
+            # None and the optimizer leaves it alone); ai-toolkit still counts the step
+            self._skip_loss = True
+            return torch.zeros_like(latent_model_input, dtype=self.torch_dtype, device=self.device_torch,
+                                    requires_grad=True)  # (B, C, 1, h, w)
         _ensure_on(self.model, self.device_torch)
         x = latent_model_input.to(self.device_torch, self.torch_dtype)
         t = timestep.to(self.device_torch, torch.float32).reshape(-1).expand(x.shape[0])
@@ -467,6 +540,9 @@ class VideoDiTModel(BaseModel):
         mean per sample: our trainer's loss (diffusion/objective.py). ai-toolkit's Wan 2.2 5B divides
         by the batch's mask mean instead; the two agree whenever every sample is conditioned alike."""
         mask, self._i2v_loss_mask = self._i2v_loss_mask, None
+        if self._skip_loss:  # a batch of skipped stills (get_noise_prediction): exactly 0
+            self._skip_loss = False
+            return loss * 0.0
         if mask is None:
             return loss
         if mask.shape[0] != loss.shape[0] or mask.shape[2:] != loss.shape[2:]:
