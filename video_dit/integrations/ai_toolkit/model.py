@@ -104,7 +104,8 @@ class ModelKwargs:
 
     preset: names the DiT/VAE/text-encoder family; required when `name_or_path` is a weights path
         (`preset:NAME` implies it). i2v_mode: first-frame conditioning for `do_i2v` datasets; default:
-        the preset's, else "replace" for a t2v DiT. attention_backend: "native" (SDPA) or "flash".
+        the preset's, else "replace" for a t2v DiT. attention_backend: "native" (SDPA, torch's kernel
+        choice), "flash" or "flash3" (FlashAttention 2 / 3, their packages installed).
     mask_first_frame_loss: None = latent frame 0 out of the loss in replace mode, in it in concat
         mode; true masks it in either; false is concat only (the key our DeepSpeed trainer reads too).
     image_encoder_path: the CLIP image encoder of a Wan 2.1 I2V / FLF2V preset (default: the weights
@@ -116,7 +117,7 @@ class ModelKwargs:
 
     preset: str | None = None
     i2v_mode: Literal["replace", "concat"] | None = None
-    attention_backend: Literal["native", "flash"] = "native"
+    attention_backend: Literal["native", "flash", "flash3"] = "native"
     mask_first_frame_loss: bool | None = None
     image_encoder_path: str | None = None
     quantize_image_encoder: bool | None = None
