@@ -51,7 +51,6 @@ import gc
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -439,6 +438,7 @@ SMALL_JOB_DIT = dict(dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=32
 SMALL_BUCKETS = {(33, 480, 832): (9, 64, 64), (81, 480, 832): (17, 64, 64)}
 STEPS = 4  # per job: 1 warm-up + 3 timed
 JOB_TIMEOUT_S = 180.0  # per job, without a budget
+JOB_FLOOR_S = 15.0  # with a budget: kept back for each job still to run (its start-up and build, ~15-20 s)
 FLOPS_CONVENTION = ("3x the analytic forward FLOPs (dit_flops: matmuls + attention) per step; the recomputation "
                     "of block checkpointing not counted; a LoRA job's frozen-weight gradients counted as if computed")
 
@@ -570,12 +570,13 @@ def _run_job_process(spec: dict, workdir: Path, timeout: float, threads: int | N
            "MASTER_PORT": str(free_port()), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
+        # in this process's group: whoever stops the suite by its group (gpu_check) stops the job too
         proc = subprocess.Popen([sys.executable, "-m", "video_dit.bench.train", "--_job", str(spec_path)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the job and anything it started
+            proc.kill()  # it starts no process of its own
             proc.wait()
             code = None
     wall = time.perf_counter() - t0
@@ -613,8 +614,9 @@ def job_row(job: dict, rec: dict, small: bool, peak_flops: float | None) -> dict
 def run_jobs(small: bool, steps: int, workdir: Path, budget_s: float | None = None,
              job_timeout_s: float = JOB_TIMEOUT_S, threads: int | None = None, only=None) -> dict:
     """Every job of `JOBS` (or the indices `only`) in turn, each in its own process. With `budget_s`,
-    each job may take an equal share of what is left of it (at most `job_timeout_s`), so the suite
-    ends within its budget and reports what it measured."""
+    a job may take what is left of it less `JOB_FLOOR_S` for each job after it (at most
+    `job_timeout_s`), so the suite ends within its budget and reports what it measured (a job cut off
+    keeps the steps it finished)."""
     if steps < 2:
         raise ValueError(f"--steps must be >= 2 (a warm-up step, then timed ones), got {steps}")
     start = time.perf_counter()
@@ -625,7 +627,7 @@ def run_jobs(small: bool, steps: int, workdir: Path, budget_s: float | None = No
         timeout = job_timeout_s
         if budget_s is not None:
             left = budget_s - (time.perf_counter() - start)
-            timeout = min(timeout, left / (len(picked) - k))
+            timeout = min(timeout, left - JOB_FLOOR_S * (len(picked) - k - 1))
         if timeout < 5:
             rows.append({"name": job["name"], "error": "skipped: no time left of the suite's budget"})
             continue
