@@ -386,7 +386,7 @@ def main(argv=None) -> int:
                    help="default: small with --small, wan1.3b-81x480x832 on cuda, else full")
     p.add_argument("--layers", type=int, default=None, help="DiT blocks (default: the shape's 2)")
     p.add_argument("--attention", type=lambda s: _names(s, attention.BACKENDS), default=attention.BACKENDS,
-                   help=f"comma-separated backends (default: all of {','.join(attention.BACKENDS)}; native always runs)")
+                   help=f"comma-separated backends (default: {','.join(attention.BACKENDS)}; native always runs)")
     p.add_argument("--levers", type=lambda s: _names(s, LEVERS), default=LEVERS,
                    help=f"comma-separated levers of ours (default: {','.join(LEVERS)}; '' for none)")
     p.add_argument("--budget", type=float, default=None, metavar="S",

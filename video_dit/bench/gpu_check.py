@@ -6,9 +6,10 @@
 Steps (`STEPS`), each a command of its own with a time budget; one that fails or runs out of time
 does not stop the others:
 
-    env        the machine: GPU, driver (nvidia-smi, else NVML), torch, CUDA, cuDNN, DeepSpeed, triton and
-               the other packages' versions, the attention backends and fused kernels usable here. No CUDA
-               device: exit 2 with torch's words; a package missing: exit 2 naming it
+    env        the machine: GPU, driver (nvidia-smi, else NVML; the CUDA version it supports, from torch),
+               torch, CUDA, cuDNN, DeepSpeed, triton and the other packages' versions, the attention backends
+               and fused kernels usable here. No CUDA device: exit 2 with torch's words; a package missing:
+               exit 2 naming it
     gpu_tests  `pytest -m gpu -q tests` (its JUnit XML: passed / failed / skipped, the failures' names)
     demo       the embedded default: `python -m video_dit.train.launcher` on configs/demo_i2v_tiny.yaml
                (what ./launch/train.sh runs, without its set-up, which would create .venv and pip-install
@@ -119,12 +120,15 @@ class Running:
                                      start_new_session=True)
 
         def copy():
-            for line in self.proc.stdout:
-                self._out.write(line)
-                self._out.flush()
-                if verbose:
-                    sys.stdout.write("    " + line.decode(errors="replace"))
-                    sys.stdout.flush()
+            try:
+                for line in self.proc.stdout:
+                    self._out.write(line)
+                    self._out.flush()
+                    if verbose:
+                        sys.stdout.write("    " + line.decode(errors="replace"))
+                        sys.stdout.flush()
+            except ValueError:  # the log was closed under it: a process outside the group kept the pipe open
+                return
 
         self._reader = threading.Thread(target=copy, daemon=True)
         self._reader.start()
@@ -265,6 +269,10 @@ def probe_environment() -> dict:
     env["gpu"] = env["gpus"][0]["name"]
     env["cudnn"] = torch.backends.cudnn.version()
     env["driver"] = driver_version()
+    api = getattr(torch._C, "_cuda_getDriverVersion", None)  # what the driver supports, e.g. 13000: CUDA 13.0
+    if api is not None:
+        v = api()
+        env["driver"]["cuda_driver_api"] = f"{v // 1000}.{v % 1000 // 10}"
     try:
         from video_dit import kernels
         from video_dit.models import attention
@@ -597,7 +605,7 @@ def report(probe: dict | None, steps: list[dict], started: float, total_s: float
         for row in _get(s, "bench", "summary") or []:
             targets.append(row)
     env_keys = ("gpu", "gpus", "driver", "torch", "cuda", "cudnn", "python", "executable", "platform", "packages",
-                "attention_backends", "fused_kernels", "commit", "modified_files", "pythonpath")
+                "missing", "attention_backends", "fused_kernels", "commit", "modified_files", "pythonpath")
     return {"schema": SCHEMA, "kind": "video_dit gpu_check",
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "wall_s": round(time.time() - started, 1), "total_budget_s": total_s,
