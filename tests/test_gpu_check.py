@@ -59,6 +59,13 @@ def test_missing_modules_names_the_distributions():
     assert gc.missing_modules({"json": "json"}) == []
 
 
+def test_last_json_line_and_file_name():
+    assert gc.last_json('warning: x\n{"torch": "2.11"}\nWarning: at exit\n') == {"torch": "2.11"}
+    assert gc.last_json("Traceback (most recent call last):\nImportError: torch\n") is None
+    assert gc.json_name("NVIDIA H200 NVL", 0.0) == "gpu_check_nvidia-h200-nvl_19700101T000000Z.json"
+    assert gc.json_name(None, 0.0).startswith("gpu_check_unknown-gpu_")
+
+
 # ---------------------------------------------------------------- reading the steps' output
 
 

@@ -454,12 +454,22 @@ def _record(outcome: Outcome | None, argv: list[str] | None, **kw) -> dict:
     return rec
 
 
+def last_json(text: str) -> dict | None:
+    """The last line of `text` that is a JSON object (a warning may follow it: stderr shares the log)."""
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    return None
+
+
 def step_env(ctx: Context, timeout: float) -> dict:
     argv = [ctx.python, "-m", "video_dit.bench.gpu_check", "--_env"]
     out = run_command(argv, timeout, ctx.work / "env.log", env=ctx.env, label="env")
-    try:
-        probe = json.loads(out.log.read_text().strip().splitlines()[-1])
-    except (OSError, IndexError, json.JSONDecodeError):
+    probe = last_json(out.tail(200_000))
+    if probe is None:
         return _record(out, argv, status="fail", reason=out.tail(2000))
     ctx.probe = probe
     return _record(out, argv, status="pass", figures=probe)

@@ -219,7 +219,8 @@ def main(args) -> int:
     print_summary(rows)
     if args.json:
         meta = {"command": " ".join(["video-dit", *sys.argv[1:]]), "device": args.device, "small": args.small,
-                "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "repeats": args.repeats, "steps": args.steps, "budget_s": args.budget,
+                "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if args.device == "cuda":
