@@ -365,3 +365,26 @@ def test_the_demo_prepare_starts_after_the_env_step_only_when_needed(tmp_path, m
     monkeypatch.setattr(gc, "demo_prepared", lambda: False)
     gc.main(["--out", str(tmp_path), "--work", str(tmp_path / "w"), "--skip", "demo"], runners=runners)
     assert "prepare" not in events
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA path, on a machine without CUDA")
+def test_the_shell_entry_uses_python3_from_path_and_says_when_it_lacks_torch(tmp_path):
+    """No .venv here and no GPU_CHECK_PYTHON: python3 from PATH; one without torch: exit 2 saying so."""
+    assert not (REPO / ".venv").exists()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # a venv's python, wrapped
+    (bin_dir / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "GPU_CHECK_PYTHON"}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", VIDEO_DIT_SITE=str(tmp_path))  # an existing site folder
+    proc = subprocess.run([str(REPO / "launch" / "gpu_check.sh"), "--out", str(tmp_path / "out"), "--work",
+                           str(tmp_path / "work")], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "torch sees no CUDA device" in proc.stderr
+    assert f"[gpu-check] python: {bin_dir / 'python3'}; PYTHONPATH={REPO}:{tmp_path}" in proc.stdout
+
+    (bin_dir / "python3").unlink()
+    (bin_dir / "python3").write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    (bin_dir / "python3").chmod(0o755)
+    proc = subprocess.run([str(REPO / "launch" / "gpu_check.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "cannot import torch" in proc.stderr
+    assert "ModuleNotFoundError: No module named 'torch'" in proc.stderr and proc.stdout == ""

@@ -394,6 +394,8 @@ def _f(v, fmt: str) -> str:
 def figures_line(name: str, rec: dict) -> str:
     """One short line of a step's figures for the summary table."""
     f = rec.get("figures") or {}
+    if not f:
+        return ""
     if name == "env":
         d = f.get("driver") or {}
         return (f"{f.get('gpu', '-')}, driver {d.get('version') or '-'}, torch {f.get('torch')}, CUDA {f.get('cuda')}, "
