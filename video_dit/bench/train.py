@@ -82,6 +82,7 @@ from video_dit.models.loading import load_text_encoder
 from video_dit.models.presets import get_preset
 from video_dit.models.vae import CausalVideoVAE
 from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.parallel.process import init_distributed, leave_distributed
 from video_dit.parallel.zero import Distribution
 from video_dit.train import plan as memory_plan
 from video_dit.train.build import build_dit, make_trainable
@@ -489,8 +490,6 @@ def _job_main(spec: dict) -> int:
     """One job in this fresh process (world size 1): build, set up, `spec["steps"]` timed steps. The
     record is rewritten to `spec["out"]` after each phase and step, so a job stopped by its timeout
     still reports the steps it finished."""
-    from video_dit.parallel.process import init_distributed, leave_distributed
-
     out = Path(spec["out"])
     rec: dict = {"phase": "start", "step_s_all": [], "loss": []}
 
