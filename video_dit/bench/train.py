@@ -1,8 +1,13 @@
 """Training-step benchmark: throughput, MFU and per-rank memory of the DiT's training step under
-DeepSpeed ZeRO 0/2/3, block checkpointing on/off, and the data path over cached latents.
+DeepSpeed ZeRO 0/2/3, block checkpointing on/off, the data path over cached latents, and on a GPU
+the one-GPU jobs of the real Wan 2.1 1.3B.
 
     python -m video_dit.bench.train [--small] [--repeats 3] [--world-size 2] [--device cpu|cuda]
-    video-dit bench --suite train
+    python -m video_dit.bench.train --device cuda [--steps 4] [--budget S]      # the jobs (the default on cuda)
+    python -m video_dit.bench.train --parts jobs --small --steps 2              # the jobs' CPU smoke path
+    video-dit bench --suite train [--device cuda] [--steps N]
+
+Parts: "zero", "activations", "cache" (1-3, the default on CPU) and "jobs" (4, the default on CUDA).
 
 1. ZeRO: `world_size` ranks (CPU: gloo, OMP threads split between them) each build the same DiT
    and set it up with the trainer's own `video_dit.train.engine.initialize` (full fine-tune: its
@@ -22,15 +27,31 @@ DeepSpeed ZeRO 0/2/3, block checkpointing on/off, and the data path over cached 
    second pass runs the same cache build (counting every VAE / text-encoder call) and a training
    epoch over `CachedDataset` + `BucketBatchSampler` + DataLoader, timing the data loading against
    the tiny DiT's step on the same batches.
+4. Jobs (`JOBS`): the four one-GPU configurations measured on the H200 (LoRA r32 ZeRO-2 at 33x480x832;
+   LoRA r32 ZeRO-2 + block checkpointing at 81x480x832; full fine-tune ZeRO-2 + checkpointing at
+   33x480x832; LoRA r32 ZeRO-3 + checkpointing at 81x480x832), each in a fresh process (world size
+   1) through the trainer's own set-up: a job parsed by `parse_job`, `build_dit` (ZeRO-3: partitioned),
+   `make_trainable`, `engine.initialize`; the real 1.3B shape with random weights (the head given
+   small weights, so every gradient is non-zero), the trainer's dtype (bf16 on a GPU), batch 1, a
+   512-token text context, `flow_matching_loss` on random latents. Every step is timed and recorded
+   (outliers show: one ZeRO-3 step once took 53 s between 6 s and 3.3 s); the figure is the median
+   after the first (warm-up) step. Peak = `torch.cuda.max_memory_allocated` over the steps after the
+   first (on CPU the allocation tracker's), beside the memory plan's prediction for the same job
+   (`planned_peak`). MFU: 3x the analytic forward FLOPs (`dit_flops`) per second over the device's
+   peak; the recomputation of checkpointing is not counted (it is work the job chose to redo), and
+   neither is a LoRA job's saving of the frozen weights' gradients (counted as if computed).
+   `--small`: the same four jobs on a 2-block DiT of width 64 at a few dozen tokens (a CPU smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,16 +73,22 @@ from video_dit.bench.common import (
 )
 from video_dit.data import BucketBatchSampler, CachedDataset, DatasetConfig, build_cache, collate, scan_datasets
 from video_dit.data.demo import make_demo_data
-from video_dit.devices import device_peak
+from video_dit.devices import device_peak, free_port, local_device, timed
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise, velocity_target
+from video_dit.diffusion.objective import flow_matching_loss
 from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
 from video_dit.models.loading import load_text_encoder
 from video_dit.models.presets import get_preset
 from video_dit.models.vae import CausalVideoVAE
-from video_dit.train.config import parse_job
+from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.parallel.process import init_distributed, leave_distributed
+from video_dit.parallel.zero import Distribution
+from video_dit.train import plan as memory_plan
+from video_dit.train.build import build_dit, make_trainable
+from video_dit.train.config import NetworkConfig, parse_job
 from video_dit.train.engine import initialize
-from video_dit.train.precision import cast_for_training
+from video_dit.train.precision import build_dtype, cast_for_training, train_dtype
 
 # 8 blocks (the checkpointing target is stated at 8), small widths so 2 CPU ranks finish in minutes
 FULL = dict(dim=384, heads=6, ffn_dim=1536, layers=8, latents=(16, 5, 24, 24), text_len=64, text_dim=256, batch=1)
@@ -397,15 +424,280 @@ def cache_figures(small: bool, repeats: int, workdir: Path) -> dict:
             "epoch1": epoch1, "epoch2": epoch2}
 
 
+# ---------------------------------------------------------------- one-GPU jobs of the real 1.3B model
+
+JOB_PRESET = "wan2.1-t2v-1.3b"
+JOB_TEXT_LEN = 512  # umT5's context length, as the trainer pads it
+JOBS = (
+    dict(name="LoRA r32, ZeRO-2, 33x480x832", lora=32, zero=2, ckpt=False, bucket=(33, 480, 832)),
+    dict(name="LoRA r32, ZeRO-2, checkpointing, 81x480x832", lora=32, zero=2, ckpt=True, bucket=(81, 480, 832)),
+    dict(name="full, ZeRO-2, checkpointing, 33x480x832", lora=None, zero=2, ckpt=True, bucket=(33, 480, 832)),
+    dict(name="LoRA r32, ZeRO-3, checkpointing, 81x480x832", lora=32, zero=3, ckpt=True, bucket=(81, 480, 832)),
+)
+# --small: the same jobs on a 2-block DiT of width 64 (text 16 x 32) at 9x64x64 / 17x64x64 (48 / 80 tokens)
+SMALL_JOB_DIT = dict(dim=64, ffn_dim=128, num_heads=2, num_layers=2, text_dim=32, text_len=16)
+SMALL_BUCKETS = {(33, 480, 832): (9, 64, 64), (81, 480, 832): (17, 64, 64)}
+STEPS = 4  # per job: 1 warm-up + 3 timed
+JOB_TIMEOUT_S = 180.0  # per job, without a budget
+JOB_FLOOR_S = 15.0  # with a budget: kept back for each job still to run (its start-up and build, ~15-20 s)
+JOBS_BUDGET_S = 180.0  # the jobs' default budget on a GPU (the issue's ~3 minutes; ~2 expected on an H200)
+FLOPS_CONVENTION = ("3x the analytic forward FLOPs (dit_flops: matmuls + attention) per step; the recomputation "
+                    "of block checkpointing not counted; a LoRA job's frozen-weight gradients counted as if computed")
+
+
+def job_spec(job: dict, small: bool) -> dict:
+    """The DiT config, latent grid, tokens and text length of a job (`JOBS`), full size or --small."""
+    preset = get_preset(JOB_PRESET)
+    cfg = dataclasses.replace(preset.dit, **SMALL_JOB_DIT) if small else preset.dit
+    f, h, w = SMALL_BUCKETS[tuple(job["bucket"])] if small else job["bucket"]
+    t, sp = preset.vae.temporal_compression, preset.vae_spatial
+    grid = ((f - 1) // t + 1, h // sp, w // sp)  # pixels -> latents (F', h, w)
+    pt, ph, pw = cfg.patch_size
+    return {"config": cfg, "grid": grid, "tokens": (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw),
+            "text_len": cfg.text_len, "pixels": [f, h, w]}
+
+
+def job_config(job: dict, data_dir: str, out_dir: str):
+    """The trainer job of `job`: batch 1, AdamW, clipping at 1.0, bf16 (the trainer's float32 on CPU ranks)."""
+    parsed = parse_job({"job": "extension", "config": {"name": "bench_train_job", "process": [{
+        "type": "sd_trainer", "training_folder": out_dir,
+        "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],  # a job must name one
+        "train": {"batch_size": 1, "steps": 1000, "lr": 1e-4, "dtype": "bf16", "max_grad_norm": 1.0,
+                  "gradient_checkpointing": job["ckpt"]},
+        "model": {"name_or_path": f"preset:{JOB_PRESET}"},
+        "deepspeed": {"zero_stage": job["zero"]}}]}}, source="video_dit.bench.train")
+    if job["lora"]:
+        # the config refuses LoRA on a preset's random init (it would train nothing: the head is zero); what
+        # is measured here is its cost, so the network is set after that check and the head given weights
+        parsed.process.network = NetworkConfig(linear=job["lora"], linear_alpha=job["lora"])
+        parsed.process.network.validate("network")
+    return parsed
+
+
+def planned_peak(cfg, grid, job, dtype: torch.dtype, cuda: bool, ds: dict) -> dict:
+    """The memory plan's per-rank peak for `job` at world size 1 (`video_dit.train.plan.predict`): the one
+    call of the planner here, so a change of its signature is one edit. {"bytes", "phase"} or {"error"}."""
+    try:
+        pred = memory_plan.predict(cfg, grid, memory_plan.setting_of(job), world=1,
+                                   lora_rank=job.process.network.linear if job.process.network else None,
+                                   dtype=dtype, ds=ds, cuda=cuda)
+        return {"bytes": int(pred.device_bytes), "phase": pred.phase}
+    except Exception as exc:  # noqa: BLE001 - the measurement stands without the prediction
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def _job_main(spec: dict) -> int:
+    """One job in this fresh process (world size 1): build, set up, `spec["steps"]` timed steps. The
+    record is rewritten to `spec["out"]` after each phase and step, so a job stopped by its timeout
+    still reports the steps it finished."""
+    out = Path(spec["out"])
+    rec: dict = {"phase": "start", "step_s_all": [], "loss": []}
+
+    def save(phase: str) -> None:
+        rec["phase"] = phase
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec))
+        tmp.replace(out)
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    init_distributed(600)
+    device = local_device()
+    cuda = device.type == "cuda"
+    tracker = None if cuda else CPUAllocationTracker().__enter__()  # CPU: every storage from here on
+    job = job_config(spec["job"], spec["data_dir"], spec["out_dir"])
+    js = job_spec(spec["job"], spec["small"])
+    cfg, grid = js["config"], tuple(js["grid"])
+    dtype = train_dtype(job.process.train.dtype)
+    distribution = Distribution.of(job, 1)
+    rec["planned"] = planned_peak(cfg, grid, job, dtype, cuda, distribution.config)
+    rec["dtype"] = str(dtype).removeprefix("torch.")
+    rec["peak"] = device_peak(device, dtype, n=512 if spec["small"] else None).as_dict()
+    save("build")
+
+    t0 = time.perf_counter()
+    dit = build_dit(f"preset:{JOB_PRESET}", None, zero_stage=distribution.stage,
+                    dtype=build_dtype(dtype, lora=job.process.network is not None), device=device, seed=0,
+                    ds_config=distribution.config, config=cfg)
+    head = dit.head.head.weight
+    with torch.no_grad(), distribution.gathered([head], modifier_rank=0):  # Wan's zero head: no gradient at all
+        head.copy_(torch.randn(head.shape, generator=torch.Generator().manual_seed(0)) * 0.02)
+    make_trainable(dit, job.process, dtype).train()
+    rec["build_s"] = time.perf_counter() - t0
+    engine, _, _ = initialize(dit, job, 1, distribution=distribution)
+    rec["setup_s"] = time.perf_counter() - t0
+    rec["trainable_params"] = sum(getattr(p, "ds_numel", p.numel()) for p in dit.parameters() if p.requires_grad)
+    g = torch.Generator().manual_seed(1)
+    x0 = torch.randn(1, cfg.in_dim, *grid, generator=g).to(device)
+    noise = torch.randn(x0.shape, generator=g).to(device)
+    t = (torch.rand(1, generator=g) * 1000).to(device)
+    context = [torch.randn(js["text_len"], cfg.text_dim, generator=g).to(device)]  # the cache's float32 embeds
+    save("steps")
+
+    losses = []
+
+    def step():
+        loss = flow_matching_loss(engine, x0, context, t, noise)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+
+    for i in range(spec["steps"]):
+        rec["step_s_all"].append(timed(step, device))
+        rec["loss"].append(float(losses[-1]))
+        if i == 0:  # the peak over the steps after the first, from what lives now (as the H200 rows)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
+            else:
+                tracker.peak = tracker.live
+        save("steps")
+    rec["peak_bytes"] = int(torch.cuda.max_memory_allocated(device) if cuda else tracker.peak)
+    rec["allocated_after_bytes"] = int(torch.cuda.memory_allocated(device) if cuda else tracker.live)
+    if tracker is not None:
+        tracker.__exit__(None, None, None)
+    engine.destroy()
+    save("done")
+    leave_distributed()
+    return 0
+
+
+def _run_job_process(spec: dict, workdir: Path, timeout: float, threads: int | None) -> tuple[dict, float]:
+    """Run `_job_main` in a fresh process (world size 1), killed after `timeout` seconds; (its record, seconds)."""
+    spec_path = workdir / f"{Path(spec['out']).stem}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    log_path = workdir / f"{Path(spec['out']).stem}.log"
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        # in this process's group: whoever stops the suite by its group (gpu_check) stops the job too
+        proc = subprocess.Popen([sys.executable, "-m", "video_dit.bench.train", "--_job", str(spec_path)],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # it starts no process of its own
+            proc.wait()
+            code = None
+    wall = time.perf_counter() - t0
+    out = Path(spec["out"])
+    rec = json.loads(out.read_text()) if out.exists() else {"phase": "start", "step_s_all": []}
+    if code is None:
+        rec["error"] = f"timed out after {timeout:.0f} s, during {rec['phase']} (steps done: {len(rec['step_s_all'])})"
+    elif code != 0:
+        rec["error"] = f"exit {code}: " + log_path.read_text()[-2000:]
+    return rec, wall
+
+
+def job_row(job: dict, rec: dict, small: bool, peak_flops: float | None) -> dict:
+    """The figures of one job from its process's record: median step after the first, tokens/s, MFU,
+    measured and planned peak, and every step's time with the outliers (> 2x the median) named."""
+    js = job_spec(job, small)
+    flops = 3.0 * dit_flops(js["config"], js["tokens"], js["text_len"])
+    row = {"name": job["name"], "lora_rank": job["lora"], "zero_stage": job["zero"], "checkpointing": job["ckpt"],
+           "pixels": js["pixels"], "latent_grid": list(js["grid"]), "tokens": js["tokens"], "flops_per_step": flops,
+           **{k: rec[k] for k in ("step_s_all", "loss", "build_s", "setup_s", "trainable_params", "dtype", "planned",
+                                  "peak_bytes", "allocated_after_bytes", "error", "wall_s") if k in rec}}
+    steps = rec.get("step_s_all", [])
+    if len(steps) >= 2:
+        step_s = median(steps[1:])
+        row.update(step_s=step_s, tokens_per_s=js["tokens"] / step_s, tflops=flops / step_s / 1e12)
+        if peak_flops:  # the job process's own (the datasheet's on a known GPU; a matmul it measured on CPU)
+            row.update(peak_flops=peak_flops, mfu=mfu(flops, step_s, peak_flops))
+        row["outliers"] = [{"step": i, "s": s} for i, s in enumerate(steps) if i > 0 and s > 2 * step_s]
+    planned = rec.get("planned", {})
+    if "peak_bytes" in rec and "bytes" in planned:
+        row["planned_over_measured"] = planned["bytes"] / rec["peak_bytes"]
+    return row
+
+
+def run_jobs(small: bool, steps: int, workdir: Path, budget_s: float | None = None,
+             job_timeout_s: float = JOB_TIMEOUT_S, threads: int | None = None, only=None) -> dict:
+    """Every job of `JOBS` (or the indices `only`) in turn, each in its own process. With `budget_s`,
+    a job may take what is left of it less `JOB_FLOOR_S` for each job after it (at most
+    `job_timeout_s`), so the suite ends within its budget and reports what it measured (a job cut off
+    keeps the steps it finished)."""
+    if steps < 2:
+        raise ValueError(f"--steps must be >= 2 (a warm-up step, then timed ones), got {steps}")
+    start = time.perf_counter()
+    make_demo_data(workdir / "job_data", count=1, frames=5, size=64, holdout=0)  # a job must name a dataset
+    picked = [JOBS[i] for i in only] if only else list(JOBS)
+    rows, peak = [], None
+    for k, job in enumerate(picked):
+        timeout = job_timeout_s
+        if budget_s is not None:
+            left = budget_s - (time.perf_counter() - start)
+            timeout = min(timeout, left - JOB_FLOOR_S * (len(picked) - k - 1))
+        if timeout < 5:
+            rows.append({"name": job["name"], "error": "skipped: no time left of the suite's budget"})
+            continue
+        spec = {"job": job, "small": small, "steps": steps, "out": str(workdir / f"job{k}.json"),
+                "data_dir": str(workdir / "job_data"), "out_dir": str(workdir / "job_out"), "threads": threads}
+        rec, wall = _run_job_process(spec, workdir, timeout, threads)
+        rec["wall_s"] = wall
+        peak = peak or rec.get("peak")
+        rows.append(job_row(job, rec, small, (rec.get("peak") or {}).get("flops")))
+        r = rows[-1]
+        print(f"  {job['name']}: " + (f"{r['step_s']:.3f} s/step" if "step_s" in r else "no timed step")
+              + (f", error: {r['error'].splitlines()[0]}" if "error" in r else "") + f" ({wall:.0f} s)", flush=True)
+    return {"jobs": rows, "peak": peak, "steps": steps, "flops_convention": FLOPS_CONVENTION,
+            "model": f"preset:{JOB_PRESET}" + (" at --small widths" if small else ""), "world_size": 1,
+            "budget_s": budget_s, "wall_s": time.perf_counter() - start}
+
+
+def print_jobs(res: dict) -> None:
+    gib = 2 ** 30
+    peak = res.get("peak") or {}
+    print(f"One-GPU jobs, {res['model']}, world size 1, {res['steps']} steps each (the first a warm-up; median of "
+          f"the rest); MFU over {peak.get('flops', float('nan')) / 1e12:.3g} TFLOP/s ({peak.get('source', '-')}), "
+          f"{res['flops_convention']}")
+    print(f"{'job':46}{'tokens':>8}{'s/step':>9}{'tok/s':>9}{'MFU':>7}{'planned':>10}{'measured':>10}{'p/m':>7}"
+          "   steps s")
+    for r in res["jobs"]:
+        if "step_s" not in r:
+            print(f"{r['name']:46}failed: {r.get('error', 'no step timed').splitlines()[0][:120]}")
+            continue
+        planned = r.get("planned", {})
+        pl = f"{planned['bytes'] / gib:8.2f} G" if "bytes" in planned else f"{'-':>10}"
+        me = f"{r['peak_bytes'] / gib:8.2f} G" if "peak_bytes" in r else f"{'-':>10}"
+        pm = f"{r['planned_over_measured']:7.3f}" if "planned_over_measured" in r else f"{'-':>7}"
+        mf = f"{r['mfu']:7.1%}" if "mfu" in r else f"{'-':>7}"
+        steps = ", ".join(f"{s:.2f}" for s in r["step_s_all"])
+        print(f"{r['name']:46}{r['tokens']:8d}{r['step_s']:9.3f}{r['tokens_per_s']:9.0f}{mf}{pl}{me}{pm}   {steps}"
+              + (f"  outliers: {', '.join(str(o['step']) for o in r['outliers'])}" if r["outliers"] else "")
+              + (f"  ({r['error'].splitlines()[0][:80]})" if "error" in r else ""))
+        if "error" in planned:
+            print(f"{'':46}plan: {planned['error']}")
+
+
 # ---------------------------------------------------------------- the suite
 
 
+PARTS = ("zero", "activations", "cache", "jobs")
+
+
+def default_parts(device: str) -> tuple[str, ...]:
+    """On a GPU the one-GPU jobs; on CPU the ZeRO, checkpointing and caching parts."""
+    return ("jobs",) if device.startswith("cuda") else ("zero", "activations", "cache")
+
+
 def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None,
-        world_size: int = 2, stages=STAGES, parts=("zero", "activations", "cache"), dtype: str | None = None) -> dict:
-    """dtype: the ZeRO runs' training dtype, "fp32" or "bf16" (default: bf16 on CUDA, fp32 on CPU).
+        world_size: int = 2, stages=STAGES, parts=None, dtype: str | None = None, steps: int = STEPS,
+        budget_s: float | None = None, only=None) -> dict:
+    """parts: a subset of `PARTS` (default: `default_parts(device)`). dtype: the ZeRO runs' training
+    dtype, "fp32" or "bf16" (default: bf16 on CUDA, fp32 on CPU; the jobs train in the trainer's own).
     On CPU fp32, DeepSpeed's ZeRO 1-3 keep an fp32 master copy of the partition that ZeRO-0 does
     not, so the ZeRO-3 / ZeRO-0 state ratio cannot fall below 10/16; in bf16 (as on GPU) both
-    stages keep fp32 master weights and the ratio is the partitioning's own."""
+    stages keep fp32 master weights and the ratio is the partitioning's own. steps, budget_s, only:
+    the jobs' steps each, the seconds they may take in all (default on CUDA: `JOBS_BUDGET_S`), and
+    which of `JOBS` (indices)."""
+    parts = tuple(parts or default_parts(device))
+    bad = sorted(set(parts) - set(PARTS))
+    if bad:
+        raise ValueError(f"train bench parts {', '.join(bad)}; accepted: {', '.join(PARTS)}")
+    if "jobs" in parts and device.startswith("cuda") != torch.cuda.is_available():
+        raise ValueError(f"the jobs run on this machine's device ({'cuda' if torch.cuda.is_available() else 'cpu'}, "
+                         f"as the trainer's ranks do), not --device {device}")
     dtype = dtype or ("bf16" if device.startswith("cuda") else "fp32")
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
@@ -414,15 +706,16 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
     threads = torch.get_num_threads()
     shape = SMALL if small else FULL
     notes = []
-    if device.startswith("cuda") and torch.cuda.device_count() < world_size:
+    if "zero" in parts and device.startswith("cuda") and torch.cuda.device_count() < world_size:
         notes.append(f"{world_size} ranks asked, {torch.cuda.device_count()} GPU(s) present: ran "
                      f"{torch.cuda.device_count()} rank(s), so ZeRO partitions over that many")
         world_size = torch.cuda.device_count()
     flops, tokens = step_flops(shape)
-    res: dict = {"config": {**shape, "tokens": tokens, "device": device, "world_size": world_size,
-                            "threads_total": threads, "repeats": repeats, "stages": list(stages),
-                            "flops_per_step": flops,
-                            "dtype": str(DTYPES[dtype]).removeprefix("torch."), "notes": notes}}
+    res: dict = {"config": {"parts": list(parts), "device": device, "threads_total": threads, "repeats": repeats,
+                            "notes": notes}}
+    if "zero" in parts or "activations" in parts:  # the shape those parts measure
+        res["config"].update(**shape, tokens=tokens, world_size=world_size, stages=list(stages), flops_per_step=flops,
+                             dtype=str(DTYPES[dtype]).removeprefix("torch."))
     with tempfile.TemporaryDirectory(prefix="video_dit_bench_train_") as tmp:
         tmp = Path(tmp)
         if "zero" in parts:
@@ -455,11 +748,17 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
             res["checkpointing"]["saved_ratio"] = act["on"]["saved"] / act["off"]["saved"]
         if "cache" in parts:
             res["cache"] = cache_figures(small, repeats, tmp)
+        if "jobs" in parts:
+            cuda = device.startswith("cuda")
+            res["jobs"] = run_jobs(small, steps, tmp, JOBS_BUDGET_S if budget_s is None and cuda else budget_s,
+                                   threads=None if cuda else threads, only=only)
     return res
 
 
 def print_table(res: dict) -> None:
     c, mib = res["config"], 2 ** 20
+    if "jobs" in res:
+        print_jobs(res["jobs"])
     if "zero" in res:
         print(f"Training step, DiT dim {c['dim']}, {c['layers']} blocks, {c['tokens']} tokens x batch {c['batch']}, "
               f"{c['dtype']}, {c['device']}, {c['world_size']} ranks x {c.get('threads_per_rank')} threads, "
@@ -502,24 +801,33 @@ def main(argv=None) -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                    help="the ZeRO runs' dtype (default: bf16 on cuda, fp32 on cpu)")
-    p.add_argument("--parts", default="zero,activations,cache",
-                   help="comma-separated subset of zero, activations, cache")
+    p.add_argument("--parts", default=None,
+                   help=f"comma-separated subset of {', '.join(PARTS)} (default: jobs on cuda, the others on cpu)")
+    p.add_argument("--steps", type=int, default=STEPS, help="jobs: optimizer steps per job, the first a warm-up")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help=f"jobs: seconds they may take in all (default on cuda: {JOBS_BUDGET_S:.0f})")
+    p.add_argument("--only", default=None, help="jobs: comma-separated indices into JOBS")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--_rank", default=None, help=argparse.SUPPRESS)  # rank process: path of its spec
+    p.add_argument("--_job", default=None, help=argparse.SUPPRESS)  # job process: path of its spec
     p.add_argument("--_activation", choices=("on", "off"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._rank:
         return _rank_main(json.loads(Path(args._rank).read_text()))
+    if args._job:
+        return _job_main(json.loads(Path(args._job).read_text()))
     if args._activation:
         if args.threads:
             torch.set_num_threads(args.threads)
         print(json.dumps(_activation_main(SMALL if args.small else FULL, args._activation == "on", args.device)))
         return 0
-    parts = tuple(x for x in args.parts.split(",") if x)
-    bad = sorted(set(parts) - {"zero", "activations", "cache"})
+    parts = tuple(x for x in args.parts.split(",") if x) if args.parts else None
+    bad = sorted(set(parts or ()) - set(PARTS))
     if bad:
-        p.error(f"--parts {','.join(bad)}: accepted parts are zero, activations, cache")
-    res = run(args.device, args.repeats, args.small, args.threads, args.world_size, parts=parts, dtype=args.dtype)
+        p.error(f"--parts {','.join(bad)}: accepted parts are {', '.join(PARTS)}")
+    only = [int(i) for i in args.only.split(",")] if args.only else None
+    res = run(args.device, args.repeats, args.small, args.threads, args.world_size, parts=parts, dtype=args.dtype,
+              steps=args.steps, budget_s=args.budget, only=only)
     print_table(res)
     write_json(res, args.json)
     return 0

@@ -3,7 +3,7 @@ run, one table per suite, then a summary of each measured ratio against its targ
 
     video-dit bench --suite dit --repeats 3 --json bench.json
     video-dit bench --suite all --small            # quick shapes, every suite
-    video-dit bench --suite train --device cuda
+    video-dit bench --suite train --device cuda --steps 4     # the four one-GPU jobs of the real 1.3B
 
 Each suite is `video_dit.bench.<name>.run(device=, repeats=, small=, threads=) -> dict` (and its
 `print_table(result)` when it does not print its own). The summary reads the figures the suites
@@ -70,17 +70,23 @@ TARGETS: list[Target] = [
     Target("dit", "step time ours / diffusers", _path("time_ratio"), "<=", 1.0, "cpu"),
     Target("dit", "MFU vs matmul peak (fp32)", _path("mfu"), ">=", 0.75, "cpu"),
     Target("dit", "activation peak ours / diffusers", _path("peak_ratio"), "<=", 0.8, "cpu"),
-    Target("dit", "step time ours / diffusers (bf16)", _path("time_ratio"), "<=", 0.8, "cuda"),
-    Target("dit", "bf16 MFU vs datasheet peak", _path("mfu"), ">=", 0.45, "cuda"),
+    # GPU (the performance issue): the same attention kernel on both sides (torch's SDPA choice), 32,760 tokens;
+    # "activation memory no larger than today's" as the ratios measured on the H200 (diffusers' side is fixed)
+    Target("dit", "step time ours / diffusers (bf16, same attention)", _path("time_ratio"), "<=", 0.8, "cuda"),
+    Target("dit", "bf16 MFU vs datasheet peak (block level)", _path("mfu"), ">=", 0.50, "cuda"),
+    Target("dit", "activation peak ours / diffusers (H200: 0.643)", _path("peak_ratio"), "<=", 0.643, "cuda"),
+    Target("dit", "kept after forward ours / diffusers (H200: 0.593)", _path("saved_ratio"), "<=", 0.593, "cuda"),
     Target("vae", "encode+decode time ours / diffusers", _path("time_ratio"), "<=", 0.7),
     Target("vae", "peak memory ours / diffusers", _path("memory_ratio"), "<=", 0.7),
-    Target("train", "ZeRO-3 / ZeRO-0 param+grad+optim bytes per rank", _path("zero3_vs_zero0_state"), "<=", 0.55),
-    Target("train", "checkpointing activation peak on / off", _path("checkpointing", "peak_ratio"), "<=", 0.3),
-    Target("train", "checkpointing step time on / off", _path("checkpointing", "time_ratio"), "<=", 1.35),
+    # the train suite's CPU parts (2 CPU ranks, the cache); on CUDA it runs the one-GPU jobs, which have no target
+    Target("train", "ZeRO-3 / ZeRO-0 param+grad+optim bytes per rank", _path("zero3_vs_zero0_state"), "<=", 0.55,
+           "cpu"),
+    Target("train", "checkpointing activation peak on / off", _path("checkpointing", "peak_ratio"), "<=", 0.3, "cpu"),
+    Target("train", "checkpointing step time on / off", _path("checkpointing", "time_ratio"), "<=", 1.35, "cpu"),
     Target("train", "epoch-2 VAE + text-encoder calls",
            lambda r: None if "cache" not in r else r["cache"]["epoch2"]["vae_calls"] + r["cache"]["epoch2"]["text_calls"],
-           "==", 0),
-    Target("train", "epoch-2 data loading / step time", _path("cache", "epoch2", "load_fraction"), "<", 0.05),
+           "==", 0, "cpu"),
+    Target("train", "epoch-2 data loading / step time", _path("cache", "epoch2", "load_fraction"), "<", 0.05, "cpu"),
     Target("sp", "SP=2 activation peak per rank / SP=1", _path("peak_ratio"), "<=", 0.6),
     Target("plan", "planner: max |predicted / measured peak - 1|", _path("max_rel_error"), "<=", 0.15, "cpu"),
     Target("load", "ZeRO-3 set-up RSS <= full/N + shard + overhead", lambda r: None if "met" not in r else float(r["met"]),
@@ -101,6 +107,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--small", action="store_true", help="small shapes: a quick smoke run, not the target config")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per figure (the median is reported)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="train suite: optimizer steps per one-GPU job, the first a warm-up (default: 4)")
+    p.add_argument("--budget", type=float, default=None, metavar="S",
+                   help="dit and train suites: the seconds each may take (dit cuts its levers off, train shares "
+                        "what is left between its jobs), so it ends in time and writes its figures")
 
 
 def _add_mfu(suite: str, res: dict, device: str) -> None:
@@ -151,16 +162,20 @@ def _run_sp(module, device: str, repeats: int, small: bool, threads: int | None)
 
 # suites whose run() does not take (device, repeats, small, threads)
 ADAPTERS: dict[str, Callable] = {"sp": _run_sp}
+# suite -> its run() keywords that `video-dit bench` options set (passed only when given)
+OPTIONS = {"dit": ("budget_s",), "train": ("steps", "budget_s")}
 
 
-def run_suite(name: str, device: str, repeats: int, small: bool, threads: int | None) -> dict:
+def run_suite(name: str, device: str, repeats: int, small: bool, threads: int | None, **options) -> dict:
+    """`options`: steps / budget_s, passed to the suites that take them (`OPTIONS`) when not None."""
     module = importlib.import_module(SUITES[name])
     start = time.perf_counter()
     if name in ADAPTERS:
         res = ADAPTERS[name](module, device, repeats, small, threads)
         res["wall_s"] = time.perf_counter() - start
         return res
-    res = module.run(device=device, repeats=repeats, small=small, threads=threads)
+    extra = {k: v for k, v in options.items() if v is not None and k in OPTIONS.get(name, ())}
+    res = module.run(device=device, repeats=repeats, small=small, threads=threads, **extra)
     if hasattr(module, "print_table"):  # suites that do not print inside run()
         module.print_table(res)
     res["wall_s"] = time.perf_counter() - start
@@ -175,6 +190,9 @@ def main(args) -> int:
     if args.repeats < 1:
         print(f"error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return 2
+    if args.steps is not None and args.steps < 2:
+        print(f"error: --steps must be >= 2 (a warm-up step, then timed ones), got {args.steps}", file=sys.stderr)
+        return 2
     if args.device == "cuda":
         if not torch.cuda.is_available():
             print("error: --device cuda, but torch sees no CUDA device (torch "
@@ -185,7 +203,8 @@ def main(args) -> int:
     for name in names:
         print(f"\n== bench {name} ==", flush=True)
         try:
-            results[name] = run_suite(name, args.device, args.repeats, args.small, args.threads)
+            results[name] = run_suite(name, args.device, args.repeats, args.small, args.threads,
+                                      steps=args.steps, budget_s=args.budget)
         except ModuleNotFoundError as exc:
             if not _missing(name, exc):
                 raise
@@ -200,7 +219,8 @@ def main(args) -> int:
     print_summary(rows)
     if args.json:
         meta = {"command": " ".join(["video-dit", *sys.argv[1:]]), "device": args.device, "small": args.small,
-                "repeats": args.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                "repeats": args.repeats, "steps": args.steps, "budget_s": args.budget,
+                "threads": torch.get_num_threads(), "torch": torch.__version__,
                 "python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor(),
                 "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if args.device == "cuda":
