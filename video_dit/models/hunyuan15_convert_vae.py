@@ -193,10 +193,11 @@ def hy15_vae_config_from_original(d: dict) -> HY15VAEConfig:
 
 
 def hy15_vae_config_from_json(d: dict) -> HY15VAEConfig:
-    """A config.json of either kind (Tencent's has `ffactor_spatial`), or our own field names."""
+    """A config.json of either kind (Tencent's has `ffactor_spatial`; diffusers' `_class_name` and other
+    `_` keys), or our own field names (diffusers' plus `shift_factor`)."""
     if "ffactor_spatial" in d or d.get("_class_name") == "AutoencoderKLConv3D":
         return hy15_vae_config_from_original(d)
-    if "_class_name" in d or "_diffusers_version" in d:
+    if any(k.startswith("_") for k in d):
         return hy15_vae_config_from_diffusers(d)
     return HY15VAEConfig.from_dict(d)
 
@@ -215,16 +216,16 @@ def hy15_vae_config_from_shapes(sd: dict[str, torch.Tensor]) -> HY15VAEConfig:
     layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"encoder\.down\.0\.block\.(\d+)\.", k)))
     widths = tuple(shape(f"encoder.down.{i}.block.0.conv1.conv.weight")[0] for i in range(levels))
     downs = [i for i in range(levels) if f"encoder.down.{i}.downsample.conv.conv.weight" in sd]
-    temporal, match = 0, True
+    temporal, match = 0, True  # a resample between equal widths says nothing about matching
     for i in downs:
         after = shape(f"encoder.down.{i + 1}.block.0.conv1.conv.weight")[1]  # channels out of the downsample
-        match = after == widths[i + 1] if after != widths[i] else match
+        match = after == widths[i + 1] if widths[i] != widths[i + 1] else match
         temporal += after // shape(f"encoder.down.{i}.downsample.conv.conv.weight")[0] == 8
-    up_match = True
+    up_match, rev = True, widths[::-1]
     for i in range(levels - 1):
         if f"decoder.up.{i}.upsample.conv.conv.weight" in sd:
             after = shape(f"decoder.up.{i + 1}.block.0.conv1.conv.weight")[1]
-            up_match = after == widths[::-1][i + 1] if after != widths[::-1][i] else up_match
+            up_match = after == rev[i + 1] if rev[i] != rev[i + 1] else up_match
     return HY15VAEConfig(in_channels=shape("encoder.conv_in.conv.weight")[1],
                          out_channels=shape("decoder.conv_out.conv.weight")[0],
                          latent_channels=shape("decoder.conv_in.conv.weight")[1], block_out_channels=widths,
