@@ -4,6 +4,7 @@ causality, tiling, seeded init, latent normalisation, loading, API contracts."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
@@ -356,6 +357,9 @@ def test_posterior_sampling_and_api():
     assert vae.latent_shape(video.shape) == tuple(post.mean.shape) == (1, 4, 2, 2, 3)
     recon, posterior = vae(video)
     assert recon.shape == video.shape and recon.abs().max() <= 1.0 and torch.equal(posterior.mean, post.mean)
+    clone = copy.deepcopy(vae)  # the layer lists (and the decoder's bound output step) follow the copy
+    clone.decoder.conv_out.conv.bias.data += 1.0
+    assert torch.allclose(clone.decode(post.mode(), clamp=False), vae.decode(post.mode(), clamp=False) + 1.0, atol=1e-5)
     assert vae.device == torch.device("cpu") and vae.dtype == torch.float32
     assert vae.to(torch.float64).dtype == torch.float64
     assert all(v.is_contiguous() for v in vae.state_dict().values())  # channels-last inside, contiguous out
