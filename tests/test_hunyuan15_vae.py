@@ -202,6 +202,24 @@ def test_autograd_path_parity_with_diffusers(frames, chunked):
     assert video.grad.abs().sum() > 0
 
 
+@torch.no_grad()
+def test_bfloat16_error_no_larger_than_the_references():
+    """In bfloat16 (the GPU benchmark's dtype) our clip's distance from the float32 reference is at most
+    the bfloat16 reference's own (x 1.1): norms in float32, no extra rounding of folded weights."""
+    ref32 = _reference(TINY, seed=6)
+    video = _video(9, seed=6)
+    target = ref32.decode(ref32.encode(video).latent_dist.mode()).sample
+    ref = _reference(TINY, seed=6).to(torch.bfloat16)
+    vae = HunyuanVideo15VAE(TINY).eval()
+    vae.load_state_dict(hy15_vae_from_diffusers(ref32.state_dict()))
+    vae = vae.to(torch.bfloat16)
+    v = video.to(torch.bfloat16)
+    ours = vae.decode(vae.encode(v).mode(), clamp=False).float()
+    theirs = ref.decode(ref.encode(v).latent_dist.mode()).sample.float()
+    assert ours.dtype == torch.float32 and _rel(ours, target) <= 1.1 * _rel(theirs, target), (
+        _rel(ours, target), _rel(theirs, target))
+
+
 # ---------------------------------------------------------------- conversion
 
 
