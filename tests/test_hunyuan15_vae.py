@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -415,3 +418,35 @@ def test_load_from_files(tmp_path):
     assert all(torch.equal(v, HunyuanVideo15VAE(TINY, seed=3).state_dict()[k]) for k, v in preset.state_dict().items())
     with pytest.raises(ValueError, match="unknown HunyuanVideo 1.5 VAE preset 'hy16'"):
         load_hy15_vae("preset:hy16")
+
+
+def _peak(frames: int) -> list[int]:
+    from video_dit.bench.vae import MALLOC_ENV
+
+    code = (
+        "import json, torch\n"
+        "from video_dit.bench.vae import peak_rss_delta\n"
+        "from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE, HY15VAEConfig\n"
+        "torch.set_num_threads(1)\n"
+        "vae = HunyuanVideo15VAE(HY15VAEConfig(latent_channels=4, block_out_channels=(16, 16, 32, 32, 32), "
+        "layers_per_block=1), seed=0).eval()\n"
+        "vae.chunk_cells = 16  # one latent frame (4 x 4 cells) per chunk\n"
+        f"video = torch.rand(1, 3, {frames}, 64, 64) * 2 - 1\n"
+        "with torch.no_grad():\n"
+        "    z = vae.encode(video[:, :, :5]).mode(); vae.decode(z)  # warm-up\n"
+        "    z, enc = peak_rss_delta(lambda: vae.encode(video).mode())\n"
+        "    _, dec = peak_rss_delta(lambda: vae.decode(z))\n"
+        "print(json.dumps([enc, dec]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **MALLOC_ENV, "OMP_NUM_THREADS": "1"}, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_peak_memory_is_set_by_the_chunk_not_the_clip():
+    """Peak resident memory of encode and of decode (each in a fresh process, after a warm-up, kernel
+    high-water mark reset before the call) for 33 frames stays within 1.5x of 9 frames at the same size.
+    The 33-frame clip alone is 3.7x the 9-frame one, so a whole-clip pass could not pass."""
+    enc9, dec9 = _peak(9)
+    enc33, dec33 = _peak(33)
+    assert enc33 <= 1.5 * enc9, (enc9, enc33)
+    assert dec33 <= 1.5 * dec9, (dec9, dec33)
