@@ -295,9 +295,11 @@ class HY15ResBlock(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
-        # RMS_norm: Tencent normalises in the input dtype (F.normalize; its pipeline runs the VAE under
-        # fp16 autocast), diffusers upcasts fp16 / bf16 to float32; ours computes in float32 too.
-        # Identical in float32, which is what the parity tests compare.
+        # RMS_norm (the Wan VAE's: x / ||x|| * sqrt(C) * gamma) computes half-precision inputs in float32.
+        # Tencent's code calls F.normalize in the input dtype, but its pipeline runs the VAE under CUDA
+        # fp16 autocast, where `norm` is on the float32 list and the division promotes: float32, as
+        # here (followed where the two differ). diffusers upcasts too but rounds the normalised values
+        # back to half before gamma. In float32, where the parity tests compare, all three agree.
         self.norm1 = RMS_norm(in_dim, images=False)
         self.conv1 = HY15CausalConv3d(in_dim, out_dim)
         self.norm2 = RMS_norm(out_dim, images=False)
