@@ -401,7 +401,8 @@ def test_load_from_files(tmp_path):
     ref = _reference(UNMATCHED, seed=6)
     folder = tmp_path / "pipeline" / "vae"
     folder.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, str(folder / "diffusion_pytorch_model.safetensors"))
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()},
+              str(folder / "diffusion_pytorch_model.safetensors"))
     (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLHunyuanVideo15", **ref.config}))
     ours = HunyuanVideo15VAE(UNMATCHED)
     ours.load_state_dict(hy15_vae_from_diffusers(ref.state_dict()))

@@ -11,8 +11,9 @@ seconds and median process CPU seconds. On a host shared with other jobs, `--thr
 code rather than the neighbours: with two threads every parallel region waits for a core the others
 may hold, and ours makes more calls than the reference's one call per layer.
 Peak memory: on CPU each model in a fresh subprocess, after one warm-up call, the resident-set
-high-water mark above the resident set just before encode + decode (`peak_rss_delta` of bench/vae.py, `MALLOC_ENV` set); on
-CUDA the allocator's peak above the memory allocated before the call (`cuda_peak`), in this process.
+high-water mark above the resident set just before encode + decode (`peak_rss_delta` of
+bench/vae.py, `MALLOC_ENV` set); on CUDA the allocator's peak above the memory allocated before the
+call (`cuda_peak`), in this process.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def run(shape: dict, device: str = "cpu", repeats: int = 3, threads: int | None 
     result["cpu_ratio"] = result["cpu_s"]["ours"] / result["cpu_s"]["diffusers"]
     if memory:
         if device.startswith("cuda"):
-            peaks = {w: cuda_peak(lambda: roundtrip(w, m, video), device)[1] for w, m in (("ours", ours), ("diffusers", ref))}
+            peaks = {w: cuda_peak(lambda: roundtrip(w, m, video), device)[1]
+                     for w, m in (("ours", ours), ("diffusers", ref))}
         else:
             del ours, ref
             peaks = {w: _peak_child(w, shape, torch.get_num_threads()) for w in ("ours", "diffusers")}

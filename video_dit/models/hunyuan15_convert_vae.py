@@ -169,7 +169,8 @@ def hy15_vae_config_from_diffusers(d: dict) -> HY15VAEConfig:
     d = _public(d)
     unknown = sorted(set(d) - _DIFFUSERS_KEYS)
     if unknown:
-        raise ValueError(f"AutoencoderKLHunyuanVideo15 config: unknown keys {unknown}; known: {sorted(_DIFFUSERS_KEYS)}")
+        raise ValueError(f"AutoencoderKLHunyuanVideo15 config: unknown keys {unknown}; "
+                         f"known: {sorted(_DIFFUSERS_KEYS)}")
     return HY15VAEConfig(**d)
 
 

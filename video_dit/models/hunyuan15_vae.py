@@ -737,7 +737,7 @@ class HunyuanVideo15VAE(nn.Module):
         out, frame = None, 0
         for i, c in enumerate(chunks):
             cache.last = i == len(chunks) - 1
-            y = self.encoder(c, cache, self.chunk_cells if chunked else None)  # (B, 2z, the chunk's latent frames, h, w)
+            y = self.encoder(c, cache, self.chunk_cells if chunked else None)  # (B, 2z, K, h, w)
             if out is None:  # allocated once; every chunk writes its latent frames in place
                 out = y.new_empty(B, y.shape[1], frames, h, w)
             out[:, :, frame:frame + y.shape[2]] = y
@@ -774,7 +774,7 @@ class HunyuanVideo15VAE(nn.Module):
         frame = 0
         for i, c in enumerate(chunks):
             cache.last = i == len(chunks) - 1
-            y = self.decoder(c, cache, self.chunk_cells if chunked else None)  # (B, 3, 4 per latent frame (the first: 1), H, W)
+            y = self.decoder(c, cache, self.chunk_cells if chunked else None)  # (B, 3, 4K (first: 4K - 3), H, W)
             out[:, :, frame:frame + y.shape[2]] = y
             frame += y.shape[2]
         return out
@@ -812,8 +812,9 @@ class HunyuanVideo15VAE(nn.Module):
         blend = cells * overlap_factor
         # the reference's own arithmetic (int() of float products) must land on whole latent cells,
         # so that its tiles, blends and crops line up (its tiled output has the input's size)
-        exact = blend == int(blend) and int(tile_size * (1 - overlap_factor)) == tile_size - s * int(blend) \
-            and int(cells * (1 - overlap_factor)) == cells - int(blend) and int(tile_size * overlap_factor) == s * int(blend)
+        b = int(blend)
+        exact = blend == b and int(tile_size * (1 - overlap_factor)) == tile_size - s * b \
+            and int(cells * (1 - overlap_factor)) == cells - b and int(tile_size * overlap_factor) == s * b
         if tile_size % s or not 0 < overlap_factor < 1 or not exact:
             raise ValueError(f"enable_tiling(tile_size={tile_size}, overlap_factor={overlap_factor}): tile_size "
                              f"must be a multiple of {s} and tile_size / {s} * overlap_factor a whole number "
