@@ -2,14 +2,17 @@
 `AutoencoderKLHunyuanVideo15` with identical random weights and input, each at its defaults (diffusers:
 untiled, whole clip; ours: untiled, causal chunks).
 
-    python -m video_dit.bench.hunyuan15_vae                    # CPU: quarter widths, 17 x 64 x 64 (~1 min, 2 cores)
+    python -m video_dit.bench.hunyuan15_vae                    # CPU: quarter widths, 17 x 64 x 64, 1 thread (~1 min)
+    python -m video_dit.bench.hunyuan15_vae --threads 2        # all of a 2-core CPU (only if no other job runs)
     python -m video_dit.bench.hunyuan15_vae --device cuda      # GPU: the released widths, bf16, 33 x 480 x 832
     python -m video_dit.bench.hunyuan15_vae --frames 9 --size 96 --widths 32,64,128,256,256 --repeats 3
 
 Time: both models in this process after one warm-up call each, alternated per repeat: median wall
-seconds and median process CPU seconds. On a host shared with other jobs, `--threads 1` measures the
-code rather than the neighbours: with two threads every parallel region waits for a core the others
-may hold, and ours makes more calls than the reference's one call per layer.
+seconds and median process CPU seconds. On the CPU one thread by default: on a host shared with other
+jobs every multi-threaded op waits for a core another job may hold (OpenMP spins meanwhile), which
+measures the neighbours, not the code, and hits ours harder: it runs each layer on groups of frames,
+many calls where the reference makes one per layer (this 2-core host at load 4.5: 1.6x the
+reference's time with 2 threads, 0.9x with 1). The load average is printed with the figures.
 Peak memory: on CPU each model in a fresh subprocess, after one warm-up call, the resident-set
 high-water mark above the resident set just before encode + decode (`peak_rss_delta` of
 bench/vae.py, `MALLOC_ENV` set); on CUDA the allocator's peak above the memory allocated before the
@@ -90,8 +93,8 @@ def _peak_child(which: str, shape: dict, threads: int) -> int:
 
 def run(shape: dict, device: str = "cpu", repeats: int = 3, threads: int | None = None, memory: bool = True) -> dict:
     """Median seconds and peak bytes of one no-grad encode + decode, ours and diffusers', and ratios."""
-    if threads:
-        torch.set_num_threads(threads)
+    if threads or device == "cpu":
+        torch.set_num_threads(threads or 1)
     dtype = DTYPES[shape["dtype"]]
     ours, ref = build_pair(shape["widths"], dtype=dtype, device=device)
     video = _clip(shape["frames"], shape["height"], shape["width"], device, dtype)
@@ -109,7 +112,8 @@ def run(shape: dict, device: str = "cpu", repeats: int = 3, threads: int | None 
             sync(device)
             wall[w].append(time.perf_counter() - t0)
             cpu[w].append(time.process_time() - c0)
-    result = {"shape": {**shape, "widths": list(shape["widths"]), "device": device, "threads": torch.get_num_threads()},
+    result = {"shape": {**shape, "widths": list(shape["widths"]), "device": device, "threads": torch.get_num_threads(),
+                        "load_average": os.getloadavg()[0]},
               "max_abs_diff": diff, "output_scale": scale, "time_s": {k: median(v) for k, v in wall.items()},
               "cpu_s": {k: median(v) for k, v in cpu.items()}, "times_all": wall}
     result["time_ratio"] = result["time_s"]["ours"] / result["time_s"]["diffusers"]
@@ -129,7 +133,8 @@ def run(shape: dict, device: str = "cpu", repeats: int = 3, threads: int | None 
 def print_table(r: dict) -> None:
     s = r["shape"]
     print(f"HunyuanVideo 1.5 VAE encode+decode, widths {s['widths']}, {s['frames']} x {s['height']} x {s['width']}, "
-          f"{s['dtype']}, {s['device']}, {s['threads']} threads; max |ours - diffusers| = {r['max_abs_diff']:.2e} "
+          f"{s['dtype']}, {s['device']}, {s['threads']} threads (load average {s['load_average']:.1f}); "
+          f"max |ours - diffusers| = {r['max_abs_diff']:.2e} "
           f"(output max {r['output_scale']:.2f})")
     print(f"{'':12}{'wall (s)':>12}{'CPU (s)':>12}{'peak (MiB)':>14}")
     for k in ("ours", "diffusers"):
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads (default 1 on the CPU)")
     ap.add_argument("--widths", help="block_out_channels, comma-separated (default: per device)")
     ap.add_argument("--frames", type=int)
     ap.add_argument("--size", type=int, help="height = width in pixels (a multiple of 16)")
