@@ -42,6 +42,7 @@ def _worker(out: Path) -> None:
         render(dit, vae, jobs, out / name, 3, every_rank=False, i2v_mode="replace", log=lines.append, share=share)
     if dist.get_rank() == 0:
         (out / "log.txt").write_text("\n".join(lines))
+    dist.barrier()  # both ranks leave together: a rank still in a gloo exchange at exit aborts
     dist.destroy_process_group()
 
 

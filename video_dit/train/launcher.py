@@ -11,7 +11,8 @@ parent that owns them, so that a signal to this one process ends the whole job.
       3. the rendezvous port: --master_port if given (refused when in use here), else 29500, or a
          free port when 29500 is taken (logged)
       4. DeepSpeed's runner (`deepspeed.launcher.runner` -> `deepspeed.launcher.launch` -> ranks) in
-         a process group of its own; this process waits for it and exits with its code
+         a process group of its own; this process waits for it and exits with its code, or with the
+         code a rank recorded when it ended the job on purpose (`train/outcome.py`)
       5. SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a scheduler) or SIGHUP (a closed terminal)
          to this process: the group is killed at once and one line says after which step the run
          stopped, its last complete checkpoint and how to resume; exit 128 + the signal.
@@ -46,6 +47,7 @@ from video_dit.data import DataError
 from video_dit.devices import DeviceError, free_port, launcher_option
 from video_dit.devices import placement as rank_placement
 from video_dit.train import checkpoint as ckpt
+from video_dit.train import outcome
 from video_dit.train.validate import memory_check, summary_line, validate_file
 from video_dit.typed_config import ConfigError
 
@@ -250,9 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *place.runner(args),
            str(ROOT / "launch" / "train.py"), "--config", config]
     multi_node = launcher_option(argv, "--hostfile") is not None
+    outcome.clear(job.out_dir)
     sup = Supervisor(cmd, env=env, cwd=ROOT, grace_s=GRACE_S if multi_node else 0.0)
     sup.start()  # 4.-6.
     code = sup.wait()
+    if code != 0 and sup.signal is None and outcome.recorded(job.out_dir) is not None:
+        code = outcome.recorded(job.out_dir)  # the rank that ended the job said why (train/outcome.py)
     if sup.signal is not None:
         log(f"\n{interrupted_line(sup.signal, job)}")
     return code

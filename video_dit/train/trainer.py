@@ -57,7 +57,7 @@ from video_dit.parallel.sequence import attach, init_sequence_parallel
 from video_dit.parallel.zero import Distribution
 from video_dit.spec import spec_of_job
 from video_dit.train import checkpoint as ckpt
-from video_dit.train import export, faults, validation
+from video_dit.train import export, faults, outcome, validation
 from video_dit.train.build import build_dit, make_trainable
 from video_dit.train.caches import cache_spaces, encoder_dtypes
 from video_dit.train.ema import EMA
@@ -755,10 +755,12 @@ def run(job, resume: str | None = None) -> int:
         return EXIT_NONFINITE
     except ckpt.CheckpointWriteError as exc:  # printed by the rank that failed (maybe not rank 0)
         print(f"[video_dit] error: {exc}", file=sys.stderr, flush=True)
+        outcome.record(job.out_dir, EXIT_SAVE_FAILED)  # what the launcher reports (train/outcome.py)
         return EXIT_SAVE_FAILED
     except torch.OutOfMemoryError:  # printed by the rank that ran out; the launcher then stops every rank
         # on a line of its own: rank 0's progress bar may be drawn on the same terminal
         print(f"\n[video_dit] error: {trainer.out_of_memory_line()}", file=sys.stderr, flush=True)
+        outcome.record(job.out_dir, EXIT_OUT_OF_MEMORY)
         return EXIT_OUT_OF_MEMORY
     finally:
         trainer.close()
