@@ -284,6 +284,7 @@ def test_levers_switch_one_thing_at_a_time_and_leave_the_model_as_shipped():
 # ---------------------------------------------------------------- the DiT suite's rows
 
 
+@pytest.mark.slow  # ~30 s of real benchmark runs on 2 cores; the rows' logic is tested in CI with stand-ins below
 def test_dit_bench_small_cpu_rows_headline_and_levers():
     """--small on CPU: the native row (both models, side by side) is the headline, whose figures are the
     suite's top-level ones; every backend that does not import here is a row saying so; the kernels lever
@@ -429,6 +430,7 @@ def test_train_planned_peak_reports_a_planner_that_changed(monkeypatch):
     assert out == {"error": "TypeError: predict() got an unexpected keyword argument 'ds'"}
 
 
+@pytest.mark.slow  # ~25 s of real training steps on 2 cores; the suite's arithmetic is tested in CI above
 def test_train_jobs_small_cpu_smoke(capsys):
     """The jobs' path end to end on CPU (--small): fresh processes through the trainer's set-up, every
     step timed, the peak and the plan's prediction beside it."""
