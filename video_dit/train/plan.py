@@ -172,10 +172,12 @@ class Setting:
     offload_optimizer: bool = False
     offload_param: bool = False
     recompute: bool = True  # RecomputeSaved without checkpointing (`train.recompute_saved`)
+    checkpoint_blocks: int | None = None  # with `checkpointing`, only the first this many blocks (None: all)
 
     def describe(self) -> str:
-        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", "ckpt" if self.checkpointing else "no ckpt",
-                 f"batch {self.micro_batch}"]
+        ckpt = "no ckpt" if not self.checkpointing else "ckpt" if self.checkpoint_blocks is None else \
+            f"ckpt {self.checkpoint_blocks} blocks"
+        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", ckpt, f"batch {self.micro_batch}"]
         if not self.recompute and not self.checkpointing:
             parts.append("no recompute")
         if self.offload_optimizer:
@@ -255,66 +257,135 @@ class Activations:
 def image_embedding_bytes(cfg, s: int, lora_rank: int | None, lora_img_emb: bool) -> int:
     """What the CLIP image branch's `img_emb` MLP (LayerNorm, Linear, GELU, Linear, LayerNorm over
     Li = image_context_len tokens of width c = image_dim) leaves for backward, with its output (the
-    image context, kept by every block's k_img / v_img); 0 without the branch (module docstring)."""
+    image context, kept by every block's k_img / v_img); 0 without the branch (module docstring).
+    The LayerNorms run in float32 (`norm_to`): the last one keeps a float32 copy of its input; in a
+    bf16 job the trainable Linears' weights are used through compute-dtype copies (`weight_copies`)."""
     Li, c, D, r = cfg.image_context_len, cfg.image_dim or 0, cfg.dim, lora_rank or 0
     if not Li:
         return 0
+    a, w = float32_bytes(s), weight_copy_bytes(s)
     out = Li * D * s
-    flf2v = Li * c * s if cfg.num_images > 1 else 0  # clip_fea + emb_pos, kept by the first LayerNorm
-    if not lora_rank:  # both LayerNorms' input and stats, the Linears' inputs, GELU's input
-        return out + Li * (3 * c * s + D * s + 16) + flf2v
+    if not lora_rank:  # LayerNorm inputs and stats, the Linears' inputs, GELU's input; FLF2V's clip_fea + emb_pos
+        flf2v = Li * c * a if cfg.num_images > 1 else 0
+        return out + Li * (3 * c * s + D * a + 16) + flf2v + (c * c + c * D) * w
     if lora_img_emb:  # the adapters' inputs and lora_A outputs, GELU's input, the last LayerNorm's
-        return out + Li * (3 * c * s + D * s + 8 + 2 * r * s)
+        return out + Li * (3 * c * s + D * a + 8 + 2 * r * s) + r * (2 * c + D) * w
     return out  # frozen: nothing inside needs a gradient
 
 
+def float32_bytes(s: int) -> int:
+    """Bytes per element of the float32 islands (the residual stream, the LayerNorms' float32 inputs and
+    outputs, the head): float32, or the compute dtype when it is wider (a float64 model)."""
+    return max(s, 4)
+
+
+def weight_copy_bytes(s: int) -> int:
+    """Bytes per element of the compute-dtype copy that autocast makes of a float32 trainable weight at
+    every call (`VideoDiT.precision`: `cache_enabled=False`) and that its matmul keeps for the input's
+    gradient: s in a bf16 / fp16 job (trainable parameters are float32 masters), 0 in float32 (no copy)."""
+    return s if s < 4 else 0
+
+
+def checkpointed_count(setting: Setting, num_layers: int) -> int:
+    """How many of the `num_layers` blocks `setting` checkpoints (the first ones, `VideoDiT.set_checkpointed_blocks`)."""
+    if not setting.checkpointing:
+        return 0
+    n = num_layers if setting.checkpoint_blocks is None else setting.checkpoint_blocks
+    return max(0, min(num_layers, n))
+
+
 def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                     per_token: bool = False, lora_img_emb: bool = False) -> Activations:
+                     per_token: bool = False, lora_img_emb: bool = False, fused: bool = False) -> Activations:
     """Activation memory of one forward + backward on one rank, for latents of `grid` = (F', h, w)
-    (see the module docstring for the derivation of every term). `lora_img_emb`: LoRA adapters on
-    the image MLP too (`network.include_img_emb`)."""
+    (see the module docstring for the derivation of every term). `s`: bytes per element of the
+    compute dtype; `lora_img_emb`: LoRA adapters on the image MLP too (`network.include_img_emb`);
+    `fused`: the DiT runs its fused kernels (`video_dit.kernels`: CUDA with triton) rather than the
+    torch path, which saves a little less. `setting.checkpoint_blocks` of the blocks (the first
+    ones) are checkpointed, the others keep what a block keeps."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
     N, B = setting.sp, setting.micro_batch
     Ll = -(-L // N)
     D, F, H, Lt, r = cfg.dim, cfg.ffn_dim, cfg.num_heads, cfg.text_len, lora_rank or 0
     C = cfg.out_dim * pt * ph * pw
+    a, w = float32_bytes(s), weight_copy_bytes(s)
+    torch_path = not fused
     full = not lora_rank
     T = Ll if per_token else 1
     T_time = L if per_token else 1  # the time MLP runs before the tokens are split
     Li = cfg.image_context_len
+    layers = cfg.num_layers
+    n_ckpt = checkpointed_count(setting, layers)
+    n_plain = layers - n_ckpt
     stats = (9 + H + (H if N == 1 else 0) + (H if Li else 0)) * 4
     text = Lt * (3 * D * s + 4 + 2 * r * s) + Li * (3 * D * s + 4 + 2 * r * s)  # + the image side (k_img, v_img)
     image = 2 * D * s if Li else 0  # the text and image attention outputs, apart from their sum (kept by `o`)
-    modulation = T * D * 32
-    block = Ll * ((10 + full) * D * s + image + F * s + stats + 8 * r * s) + text + modulation
-    head = (2 * Ll * D * s if full else 0) + 2 * Ll * 4 + T * D * 4  # normed, modulated input; stats; 1 + scale
-    outside = (Ll * D * s                                              # first block input
-               + (T_time * (cfg.freq_dim * 4 + 4 * D * s) if full else 0)  # time MLP
-               + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
-               + head + Ll * C * s + (L * C * s if N > 1 else 0)       # head, output (+ gathered)
-               + (L * 7 * D * 4 if per_token else 0)
-               + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))  # img_emb and its output
-    recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + image + 2 * F * s + stats + 8 * r * s)
-                 + text + modulation)  # R, what one block keeps without RecomputeSaved
-    if not setting.checkpointing and not setting.recompute:
-        # every block keeps R and its output (the next block's or the head's LayerNorm input); with LoRA
-        # nothing keeps the first block's input any more (only norm1's recipe did; patch_embedding is frozen)
-        saved = cfg.num_layers * (recompute + Ll * D * s) + outside - (0 if full else Ll * D * s)
-        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + backward
-        parts = {"per_block": recompute + Ll * D * s, "outside": outside, "backward": backward}
-    elif not setting.checkpointing:
-        saved = cfg.num_layers * block + outside
-        backward = (2 * Ll * F * s if full else 3 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + backward
-        parts = {"per_block": block, "outside": outside, "backward": backward}
+    modulation = T * D * (24 + (8 if torch_path else 0))  # e0 + modulation; the torch path's two (1 + scale)
+    # the compute-dtype weight copies one block's matmuls keep (bf16 / fp16 jobs; once per forward, not per sample)
+    if full:
+        block_weights = (8 * D * D + 2 * D * F + (2 * D * D if Li else 0)) * w
     else:
-        saved = cfg.num_layers * Ll * D * s + T * 6 * D * 4 + outside  # e0: one tensor, every block's input
-        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + recompute * B + backward
-        parts = {"per_block": Ll * D * s, "outside": outside, "recomputed_block": recompute, "backward": backward}
-    return Activations(saved=saved * B, peak=peak, parts=parts)
+        block_weights = r * (16 * D + 2 * F + (2 * D if Li else 0) + (2 * D if Li and lora_img_emb else 0)) * w
+    block = Ll * ((7 + full) * D * s + 3 * D * a + image + F * s + stats + 8 * r * s) + text + modulation
+    # R, what one block keeps without RecomputeSaved; with sequence parallelism (all blocks checkpointed:
+    # the seam then keeps its exchanged tensors) one D s more
+    sp_extra = D * s if N > 1 and n_plain == 0 else 0
+    recompute = (Ll * (12 * D * s + 2 * D * a + ((2 * D * s + (2 * D * a if torch_path else 0)) if full else 0)
+                       + sp_extra + image + 2 * F * s + stats + 8 * r * s) + text + modulation)
+    head = (((2 if torch_path else 1) * Ll * D * a if full else 0) + 2 * Ll * 4
+            + T * D * (4 if torch_path else 8))  # normed, modulated input; stats; (1 + scale) or the op's scale
+    first = Ll * D * s  # the first block's input (the patch tokens, in the compute dtype)
+    if torch_path and s < a and n_ckpt == 0:
+        # the torch path's LayerNorm reads a float32 copy of it; RecomputeSaved's recipe keeps that copy, and
+        # without it the LayerNorm does when the input needs a gradient (full fine-tune) instead of the tokens
+        first = first + Ll * D * a if setting.recompute else (Ll * D * a if full else first)
+    patch = pt * ph * pw * cfg.in_dim
+    outside = (first
+               + (T_time * (cfg.freq_dim * 4 + 4 * D * a) if full else 0)    # time MLP (float32)
+               + (L * patch * w if full else 0)                              # the patch embedding's input copy
+               + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
+               + head + Ll * C * a + (L * C * a if N > 1 else 0)             # head, output (+ gathered)
+               + (L * 7 * D * 4 if per_token else 0)
+               + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))     # img_emb and its output
+    outside_weights = ((D * D + D * patch) * w if full else 0)  # text_embedding.2's and the patch conv's copies
+    if not setting.recompute and n_plain:
+        # no RecomputeSaved: every plain block keeps R and its output (the next block's or the head's LayerNorm
+        # input); with LoRA and no checkpointed block nothing keeps the first block's input (only norm1's recipe
+        # did; the patch embedding is frozen)
+        plain = recompute + Ll * D * a
+        if not full and n_ckpt == 0:
+            outside -= first
+        plain_backward = Ll * F * s if full else 2 * Ll * F * s
+    else:
+        plain = block
+        plain_backward = 2 * Ll * F * s if full else 3 * Ll * F * s
+    ckpt_backward = Ll * F * s if full else 2 * Ll * F * s
+    ffn_grad = D * F * s if full else 0  # ffn.2's new weight gradient, in the compute dtype as the matmul makes it
+    # a checkpointed block keeps its input (the previous block's output: counted once, as each block's output);
+    # e0 is kept once, by the checkpoints' inputs
+    kept = n_ckpt * Ll * D * a + (T * 6 * D * 4 if n_ckpt else 0)
+    saved = n_plain * plain + kept + outside
+    weights = n_plain * block_weights + outside_weights
+    if not full and n_ckpt == 0:  # block 0's q, k, v adapters read patch tokens that need no gradient
+        weights -= 3 * r * D * w
+    # the peak is in the backward of the last plain block (its FFN), or of the last checkpointed one (block
+    # n_ckpt - 1, once the plain blocks after it are freed), whichever is higher
+    # or in the head's backward, before any block's tensors are freed: its float32 input gradient and, in the
+    # torch path, the modulation's (and in full fine-tuning the scale's) gradients over the tokens, while the
+    # loss's (prediction - target) is freed (and in full fine-tuning the head Linear's input)
+    head_backward = ((3 if torch_path else 1) if full else 2) * Ll * D * a - Ll * C * a
+    peaks = [(saved + head_backward) * B + weights]
+    if n_plain:
+        peaks.append((saved - head + plain_backward) * B + weights + ffn_grad)
+    if n_ckpt:
+        peaks.append((kept + outside - head + recompute + ckpt_backward) * B + outside_weights + block_weights
+                     + ffn_grad)
+    parts = {"per_block": plain if n_plain else Ll * D * a, "outside": outside, "weights": weights,
+             "checkpointed_blocks": n_ckpt}
+    if n_ckpt:
+        parts["recomputed_block"] = recompute
+    parts["backward"] = (plain_backward if n_plain else ckpt_backward) * B + ffn_grad
+    return Activations(saved=saved * B + weights, peak=max(peaks), parts=parts)
 
 
 # ---------------------------------------------------------------- DeepSpeed state (see docstring)
@@ -455,9 +526,13 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         gatherable = sum(n for n in sizes.numels if n >= persist)
         # gathered at once: the module running, what is prefetched (up to max_live_parameters gathered
         # in all) and what DeepSpeed keeps gathered because it is used again within max_reuse_distance
-        # elements of the step's trace (bound below)
+        # elements of the step's trace (bound below). At a partition world size of 1 nothing is gathered:
+        # DeepSpeed's all_gather_coalesced / _all_gather return a NoGatherHandle, whose parameter becomes a
+        # view of its own partition (`ds_tensor.data.to(device)`, no copy on the same device); only an
+        # offloaded partition is copied to the device.
+        gathers = N > 1 or setting.offload_param
         trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-                            + sizes.largest_module) * max(sizes.itemsizes)
+                            + sizes.largest_module) * max(sizes.itemsizes) if gathers else 0
         trans.optimizer = part * 4 + (0 if cuda else part * 4)
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
@@ -496,12 +571,14 @@ def tokens_of(cfg, grid) -> int:
 
 def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
             dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
-            sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None) -> Prediction:
+            sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None,
+            fused: bool | None = None) -> Prediction:
     """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`; `experts`:
-    the DiTs of a two-expert job (None: one model)."""
+    the DiTs of a two-expert job (None: one model); `fused`: the DiT runs its fused kernels (None: on
+    CUDA, as `kernels: auto` does when triton imports, which CUDA builds of torch ship with)."""
     sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb)
     act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
-                           lora_img_emb=lora_img_emb)
+                           lora_img_emb=lora_img_emb, fused=cuda if fused is None else fused)
     res, trans = state_memory(sizes, setting, world, ds, dtype, cuda, experts)
     if not shards_optimizer(setting.zero_stage):
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
