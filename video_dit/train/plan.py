@@ -121,6 +121,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
@@ -131,7 +132,7 @@ from PIL import Image
 
 from video_dit.data import DataError, scan_dataset
 from video_dit.data.buckets import candidate_buckets
-from video_dit.devices import DeviceError, Machine, machine_of, placement
+from video_dit.devices import DeviceError, Machine, host_ram, machine_of, placement
 from video_dit.lora import add_lora, lora_targets
 from video_dit.models.dit import VideoDiT, param_dtypes
 from video_dit.models.image_encoder import build_clip_vision
@@ -142,8 +143,9 @@ from video_dit.models.vae import CausalVideoVAE
 from video_dit.models.weights import WeightsError, module_groups, open_weights
 from video_dit.parallel.zero import ds_config, partitioned, shards_optimizer
 from video_dit.spec import spec_of_job
-from video_dit.train.config import parse_job, raw_process, read_yaml
+from video_dit.train.config import checkpointed_blocks_of, parse_job, raw_process, read_yaml
 from video_dit.train.experts import requested
+from video_dit.typed_config import ConfigError
 
 GiB = 2 ** 30
 # One rank's process before any model: python + torch + deepspeed + video_dit imported, a gloo process
@@ -152,6 +154,10 @@ PROCESS_BYTES = int(0.25 * GiB)
 # Not measured here (no GPU): what a CUDA context with NCCL takes, of device memory and of host RAM
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 CUDA_HOST_BYTES = int(0.5 * GiB)
+# `train.gradient_checkpointing: auto` leaves this share of a rank's capacity unplanned: the plan's error
+# (the GPU suite holds it to 10%, the four measured H200 jobs are within 2%) and what the caching
+# allocator reserves beyond the live tensors it does not count
+AUTO_MARGIN = 0.10
 
 
 class PlanError(ValueError):
@@ -648,16 +654,28 @@ def job_buckets(job, preset, missing=()) -> list[tuple[tuple[int, int, int], int
 
 
 def planned_dtype(job, device: str) -> torch.dtype:
-    """The dtype the trainer would train at on `device` (`engine.train_dtype`: bf16 only on CUDA)."""
-    return torch.bfloat16 if device == "cuda" and job.process.train.dtype in ("bf16", "bfloat16") else torch.float32
+    """The dtype the trainer would train at on `device` (`precision.train_dtype`: bf16 on CUDA, and on CPU
+    ranks with `train.cpu_bf16`)."""
+    t = job.process.train
+    bf16 = t.dtype in ("bf16", "bfloat16") and (device == "cuda" or t.cpu_bf16)
+    return torch.bfloat16 if bf16 else torch.float32
 
 
 def setting_of(job, **changes) -> Setting:
+    """The `Setting` a job is configured with; `train.gradient_checkpointing: auto` is every block here (the
+    plan narrows it per bucket: `AutoCheckpointing`)."""
     d, t = job.process.deepspeed, job.process.train
-    base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=t.gradient_checkpointing,
+    layers = get_preset(job.process.model.preset).dit.num_layers
+    blocks = checkpointed_blocks_of(t, layers)
+    base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=blocks != 0,
                    micro_batch=t.batch_size, offload_optimizer=d.offload_optimizer, offload_param=d.offload_param,
-                   recompute=t.recompute_saved)
+                   recompute=t.recompute_saved, checkpoint_blocks=None if blocks in (None, layers) else blocks)
     return replace(base, **changes)
+
+
+def auto_checkpointing(job) -> bool:
+    """`train.gradient_checkpointing: auto`: the plan chooses the checkpointed blocks per bucket."""
+    return checkpointed_blocks_of(job.process.train, 1) is None
 
 
 def capacity_of(machine: Machine) -> int:
@@ -672,6 +690,145 @@ def capacity_of(machine: Machine) -> int:
     return int(machine.host_mem) // machine.ranks_per_node - PROCESS_BYTES
 
 
+def fewest_checkpointed(predict_at, setting: Setting, layers: int, budget: int) -> tuple[int, Prediction, bool]:
+    """(n, its prediction, whether it fits): the fewest checkpointed blocks (the first n of `layers`) under
+    `setting` whose planned peak is within `budget` bytes; all of them (and False) when none is.
+    `predict_at(setting)` makes a prediction."""
+    pred = None
+    for n in range(layers + 1):
+        pred = predict_at(replace(setting, checkpointing=n > 0, checkpoint_blocks=n))
+        if pred.device_bytes <= budget:
+            return n, pred, True
+    return layers, pred, False
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """What `train.gradient_checkpointing: auto` checkpoints for one bucket."""
+
+    grid: tuple[int, int, int]  # the bucket's latent grid (F', h, w)
+    blocks: int                 # checkpointed blocks (the first ones)
+    layers: int                 # the DiT's blocks
+    prediction: Prediction
+    budget: int                 # bytes the choice had to fit in: the capacity less AUTO_MARGIN
+    capacity: int
+    fits: bool
+    device: str
+
+    def describe(self) -> str:
+        where = ("CPU ranks: planned against host memory, " if self.device != "cuda" else "") + \
+            f"{self.capacity / GiB:.1f} GiB per rank less {AUTO_MARGIN:.0%}"
+        f, h, w = self.grid
+        line = (f"gradient_checkpointing auto: latents {f}x{h}x{w} ({self.prediction.tokens} tokens): "
+                f"{self.blocks} of {self.layers} blocks checkpointed, planned peak "
+                f"{self.prediction.device_bytes / GiB:.2f} GiB per rank ({where} = {self.budget / GiB:.1f} GiB)")
+        return line if self.fits else line + "; does not fit even with every block checkpointed"
+
+
+class AutoCheckpointing:
+    """`train.gradient_checkpointing: auto` for one job on one machine: per bucket (its latent grid), the
+    fewest checkpointed blocks whose planned peak fits a rank's capacity less `AUTO_MARGIN`; on CPU ranks
+    the capacity is the host's memory per rank. Choices are remembered per grid."""
+
+    def __init__(self, job, machine: Machine):
+        p = job.process
+        self.preset = get_preset(p.model.preset)
+        self.cfg = self.preset.dit
+        self.machine = machine
+        self.cuda = machine.device == "cuda"
+        self.dtype = planned_dtype(job, machine.device)
+        self.lora = p.network.linear if p.network is not None else None
+        self.img_emb = bool(p.network is not None and p.network.include_img_emb)
+        self.ds = ds_config(job, machine.ranks, cuda=self.cuda)
+        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.img_emb)
+        self.per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
+        self.experts = job_experts(job)
+        self.capacity = capacity_of(machine)
+        self.budget = int(self.capacity * (1 - AUTO_MARGIN))
+        self.setting = setting_of(job)
+        self._choices: dict[tuple[int, int, int], CheckpointChoice] = {}
+
+    def predict(self, grid, setting: Setting) -> Prediction:
+        return predict(self.cfg, grid, setting, world=self.machine.ranks, lora_rank=self.lora, dtype=self.dtype,
+                       ds=self.ds, cuda=self.cuda, per_token=self.per_token, sizes=self.sizes,
+                       lora_img_emb=self.img_emb, experts=self.experts)
+
+    def choose(self, grid) -> CheckpointChoice:
+        grid = tuple(int(v) for v in grid)
+        if grid not in self._choices:
+            n, pred, fits = fewest_checkpointed(lambda s: self.predict(grid, s), self.setting, self.cfg.num_layers,
+                                                self.budget)
+            self._choices[grid] = CheckpointChoice(grid, n, self.cfg.num_layers, pred, self.budget, self.capacity,
+                                                   fits, self.machine.device)
+        return self._choices[grid]
+
+
+_AUTO: dict = {}
+
+
+def checkpoint_blocks(job, machine: Machine, grid) -> int:
+    """How many blocks (the first ones: `VideoDiT.set_checkpointed_blocks`) `train.gradient_checkpointing:
+    auto` checkpoints for a bucket whose latents are `grid` (F', h, w), as the trainer's batch has them
+    (`batch["latents"].shape[2:]`), on `machine` (`machine_here` in a rank); `checkpoint_choice` says why."""
+    return checkpoint_choice(job, machine, grid).blocks
+
+
+def checkpoint_choice(job, machine: Machine, grid) -> CheckpointChoice:
+    """`checkpoint_blocks`' choice with its prediction and budget (`CheckpointChoice.describe`: one line)."""
+    key = (id(job), machine)
+    if key not in _AUTO or _AUTO[key][0] is not job:
+        _AUTO[key] = (job, AutoCheckpointing(job, machine))
+    return _AUTO[key][1].choose(grid)
+
+
+def machine_here(world: int, device) -> Machine:
+    """The `Machine` a running rank is part of: `world` ranks on this rank's `device`, as many per node as
+    LOCAL_WORLD_SIZE says (the launcher sets it), this node's GPU (or host) memory."""
+    device = torch.device(device)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // max(1, per_node))
+    gpu_mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return Machine(ranks=world, nodes=nodes, device=device.type, gpu_mem=gpu_mem, host_mem=host_ram())
+
+
+def oom_message(job, grid, measured_peak: int, machine: Machine, step: int | None = None,
+                checkpointed: int | None = None) -> str:
+    """The one line an out-of-memory step reports: the step, the bucket, the planned and the measured peak
+    (`torch.cuda.max_memory_allocated` when it failed), and what would lower it with the plan's figures
+    (block checkpointing, ZeRO-3, sequence parallelism, optimizer offload). `grid`: the batch's latent grid
+    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says)."""
+    chooser = AutoCheckpointing(job, machine)
+    grid = tuple(int(v) for v in grid)
+    cfg, preset = chooser.cfg, chooser.preset
+    setting = chooser.setting
+    if checkpointed is not None:
+        setting = replace(setting, checkpointing=checkpointed > 0, checkpoint_blocks=checkpointed)
+    planned = chooser.predict(grid, setting)
+    t, sp = preset.vae.temporal_compression, preset.vae_spatial
+    bucket = f"{(grid[0] - 1) * t + 1}x{grid[1] * sp}x{grid[2] * sp}"
+    levers = []
+    if checkpointed_count(setting, cfg.num_layers) < cfg.num_layers:
+        every = replace(setting, checkpointing=True, checkpoint_blocks=None)
+        levers.append(("train.gradient_checkpointing: true", every))
+        setting_ck = every
+    else:
+        setting_ck = setting
+    if setting.zero_stage != 3:
+        levers.append(("deepspeed.zero_stage: 3", replace(setting_ck, zero_stage=3)))
+    sps = [n for n in range(setting.sp + 1, cfg.num_heads + 1) if cfg.num_heads % n == 0 and machine.ranks % n == 0]
+    if sps:
+        levers.append((f"deepspeed.sequence_parallel_size: {sps[0]}", replace(setting_ck, sp=sps[0])))
+    if shards_optimizer(setting.zero_stage) and not setting.offload_optimizer:
+        levers.append(("deepspeed.offload_optimizer: true", replace(setting_ck, offload_optimizer=True)))
+    lower = [(key, chooser.predict(grid, s).device_bytes) for key, s in levers]
+    fixes = "; ".join(f"{key} -> {b / GiB:.1f} GiB" for key, b in lower if b < planned.device_bytes)
+    where = f"step {step}, " if step is not None else ""
+    return (f"out of memory: {where}bucket {bucket} ({grid[0]}x{grid[1]}x{grid[2]} latents, {planned.tokens} tokens), "
+            f"{planned.setting.describe()}: measured peak {measured_peak / GiB:.2f} GiB, planned "
+            f"{planned.device_bytes / GiB:.2f} GiB of {chooser.capacity / GiB:.1f} GiB per rank; what would lower "
+            f"it (planned peak): {fixes or 'nothing the plan knows of'}")
+
+
 @dataclass
 class BucketPlan:
     bucket: tuple[int, int, int]
@@ -683,6 +840,7 @@ class BucketPlan:
     recommended: Prediction | None  # the first setting that fits (smallest SP, then checkpointing, offload)
     max_micro_batch: int            # at the recommended setting (0: none fits)
     why: str = ""                   # when nothing fits
+    auto: CheckpointChoice | None = None  # `gradient_checkpointing: auto`: the blocks chosen for this bucket
 
 
 @dataclass
@@ -730,8 +888,12 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
     """Parameter bytes, at `dtype`, of the frozen text encoder, VAE (and CLIP) the job loads: counted from
     their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
     else from the preset's architectures built on the meta device."""
-    spec = spec_of_job(job.process)
-    vae_src, te_src = spec.vae, spec.text_encoder
+    try:
+        spec = spec_of_job(job.process)
+        vae_src, te_src, clip_used = spec.vae, spec.text_encoder, spec.image_encoder is not None
+    except ConfigError:  # the model folder is not on this machine (yet): the preset's architectures
+        vae_src = te_src = f"preset:{preset.name}"
+        clip_used = preset.image_encoder is not None
 
     def from_files(src: str, sub: str, skip=()):
         path = Path(src)
@@ -752,7 +914,7 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
         with torch.device("meta"):
             vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
     clip = 0
-    if spec.image_encoder is not None:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
+    if clip_used:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
 
         # counted at `dtype` whole (an upper bound: the trainer drops its last block, quanto's fp8 halves it)
         clip = sum(p.numel() for p in build_clip_vision(preset.image_encoder, device="meta").parameters())
@@ -773,8 +935,9 @@ def candidate_settings(job, heads: int, world: int):
             for ckpt, off_opt, off_par in levers:
                 if (off_opt and not shards_optimizer(stage)) or (off_par and not partitioned(stage)):
                     continue
-                yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
-                              offload_param=off_par, recompute=base.recompute or sp > 1)  # see train.recompute_saved
+                yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, checkpoint_blocks=None,
+                              offload_optimizer=off_opt, offload_param=off_par,
+                              recompute=base.recompute or sp > 1)  # see train.recompute_saved
 
 
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
@@ -804,6 +967,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     capacity = capacity_of(machine)
     setting = setting_of(job)
     experts = job_experts(job)
+    auto = AutoCheckpointing(job, machine) if auto_checkpointing(job) else None
 
     def pred(grid, s):
         return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
@@ -818,7 +982,8 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     rows = []
     for bucket, items, source in listed:
         grid = latent_grid(preset, bucket)
-        now = pred(grid, setting)
+        choice = auto.choose(grid) if auto is not None else None
+        now = choice.prediction if choice is not None else pred(grid, setting)
         recommended, best_b, why = None, 0, ""
         for s in candidate_settings(job, heads, machine.ranks):
             first = pred(grid, s)
@@ -840,7 +1005,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
                    f"(activations {last.memory.activations / GiB:.1f} GiB, parameters {last.memory.parameters / GiB:.1f}"
                    f" GiB) > {capacity / GiB:.1f} GiB")
         rows.append(BucketPlan(bucket, items, source, now.tokens, now, now.device_bytes <= capacity, recommended,
-                               best_b, why))
+                               best_b, why, choice))
     host = host_memory(job, preset, machine, sizes, setting, dtype, cuda, rows, experts)
     return JobPlan(job.name, preset.name, machine, capacity, dtype, setting, lora, sizes, rows, host, experts)
 
@@ -877,10 +1042,13 @@ def format_plan(plan: JobPlan) -> str:
     where = (f"{m.ranks} x GPU ({m.gpu_mem / GiB:.0f} GiB)" if m.device == "cuda" else f"{m.ranks} CPU ranks") + \
         f" on {m.nodes} node(s)" + (f", {m.host_mem / GiB:.0f} GiB host RAM per node" if m.host_mem else "")
     kind = f"LoRA rank {plan.lora_rank}" if plan.lora_rank else "full fine-tune"
+    configured = plan.setting.describe()
+    if any(b.auto is not None for b in plan.buckets):
+        configured = configured.replace("ckpt", "ckpt auto (per bucket, below)", 1)
     s = plan.sizes
     lines = [f"memory plan: {plan.job_name} ({plan.preset}, {kind}, {str(plan.dtype).replace('torch.', '')}) on {where}",
              f"  DiT {s.base / 1e6:,.1f} M parameters, {s.trainable / 1e6:,.1f} M trainable; per rank up to "
-             f"{plan.capacity / GiB:.1f} GiB; as configured: {plan.setting.describe()}",
+             f"{plan.capacity / GiB:.1f} GiB; as configured: {configured}",
              *([f"  {plan.experts.describe()}"] if plan.experts else []),
              f"  {'bucket FxHxW':>14} {'tokens':>7} {'params':>7} {'grads':>6} {'optim':>6} {'buffers':>7} "
              f"{'activ.':>7} {'total':>7}  fits  settings that fit (smallest SP first), largest micro-batch"]
@@ -892,6 +1060,9 @@ def format_plan(plan: JobPlan) -> str:
         lines.append(f"  {f'{f}x{h}x{w}':>14} {b.tokens:>7} {mem.parameters / GiB:>7.2f} {mem.gradients / GiB:>6.2f} "
                      f"{mem.optimizer / GiB:>6.2f} {mem.buffers / GiB:>7.2f} {mem.activations / GiB:>7.2f} "
                      f"{mem.device / GiB:>7.2f}  {'yes' if b.fits else 'NO':>4}  {fix}")
+    for b in plan.buckets:
+        if b.auto is not None:
+            lines.append(f"  {b.auto.describe()}")
     host = plan.host
     lines.append(f"  host RAM per node: {host.startup / GiB:.1f} GiB at start-up (per rank: process "
                  f"{(PROCESS_BYTES + (CUDA_HOST_BYTES if m.device == 'cuda' else 0)) / GiB:.2f} + frozen encoders {host.parts['encoders_per_rank'] / GiB:.1f} or DiT set-up "

@@ -64,6 +64,7 @@ from video_dit.train.ema import EMA
 from video_dit.train.engine import LRSchedule, initialize, schedule_change, sync_lr
 from video_dit.train.experts import ExpertSchedule, plan_experts
 from video_dit.train.metrics import MetricsLog, peak_memory_gb, read_metrics, step_flops
+from video_dit.train.plan import AutoCheckpointing, auto_checkpointing, machine_here
 from video_dit.train.precision import build_dtype, cpu_fp32_notice, quantize_frozen, train_dtype
 from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler, render
 
@@ -200,6 +201,10 @@ class Trainer:
             tracked = self.module if self.expert_plan is None else torch.nn.ModuleDict(
                 {name: e.module for name, e in self.experts.items()})
             self.ema = EMA(tracked, p.train.ema_config.ema_decay, self.zero_stage)
+        # train.gradient_checkpointing: auto: the plan's blocks per bucket (`_checkpoint_for`)
+        self.auto_ckpt = AutoCheckpointing(self.job, machine_here(self.world, self.device)) \
+            if auto_checkpointing(self.job) else None
+        self._ckpt_blocks = None
         return plan
 
     def _restore(self, plan) -> None:
@@ -391,6 +396,20 @@ class Trainer:
                                   conditioning=self.conditioning, cond=cond, active=active,
                                   weight=self.timesteps.loss_weight(t))
 
+    def _checkpoint_for(self, batch: dict) -> None:
+        """`gradient_checkpointing: auto`: the plan's blocks for this batch's bucket, the most any rank needs
+        (ZeRO-3 gathers a checkpointed block's parameters again in its re-run: every rank checkpoints alike)."""
+        if self.auto_ckpt is None:
+            return
+        choice = self.auto_ckpt.choose(batch["latents"].shape[2:])
+        n = torch.tensor([choice.blocks], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        if int(n) != self._ckpt_blocks:
+            self._ckpt_blocks = int(n)
+            for e in self.experts.values():
+                e.module.set_checkpointed_blocks(self._ckpt_blocks)
+            self.log(f"step {self.step + 1}: {choice.describe()}; {self._ckpt_blocks} checkpointed on every rank")
+
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
         p = self.p
@@ -411,6 +430,7 @@ class Trainer:
                 self.activate(self.expert_schedule.expert_of(self.step) if self.expert_schedule else None)
                 self._drawn_t = []
             batch = next(batches)
+            self._checkpoint_for(batch)
             self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
             self.act_peak.stop()
