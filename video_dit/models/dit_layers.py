@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from video_dit.kernels import ln_modulate, rms_norm_rope, use_fused
 from video_dit.models.attention import attention
@@ -144,12 +145,13 @@ class RecomputeSaved:
         return out
 
     def pack(self, t: torch.Tensor):
-        if type(t) not in (torch.Tensor, nn.Parameter):  # tensor subclasses (quantized weights) as they are
-            return t
+        if type(t) not in (torch.Tensor, nn.Parameter) and not isinstance(t, FakeTensor):
+            return t  # tensor subclasses (quantized weights) as they are; fake tensors (memory estimates) as plain
         for ref, fn, inputs, stride, offset in self.entries:
             base = ref()
+            # the same storage (its StorageImpl: also for fake tensors, whose data pointers are all 0)
             if (base is not None and t.dtype == base.dtype and t.device == base.device
-                    and t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()):
+                    and t.untyped_storage()._cdata == base.untyped_storage()._cdata):
                 view = (t.size(), t.stride(), t.storage_offset() - offset)
                 return (fn, inputs, stride, view)
         return t
