@@ -7,23 +7,28 @@ job's DeepSpeed JSON (`video_dit.train.engine.ds_config`, read through DeepSpeed
 `DeepSpeedZeroConfig`, so its defaults are DeepSpeed's), and the activation model below, which is
 derived from what `video_dit/models/dit.py` makes autograd keep. No constant in it is fitted.
 
-Notation: s = bytes per element of the training dtype (2 in bf16, 4 in fp32); statistics are fp32
-(4 bytes); B micro-batch; L tokens of one sample (F' * h/2 * w/2) and Ll = ceil(L / N) on each of the
-N ranks of a sequence group; Lt = text_len (contexts are zero-padded to it); D width, F ffn width,
-H heads, C = out_dim * 4 (the head's output channels), r LoRA rank, T = Ll with per-token timesteps
-(Wan 2.2 TI2V), else 1.
+Notation: s = bytes per element of the compute dtype (2 in bf16, 4 in fp32); a = bytes of the float32
+islands, max(s, 4): the residual stream, the LayerNorms' float32 copies, the head (a bf16 DiT keeps
+them float32, `dit_layers.gated_add` / `norm_to` / `Head`); w = bytes of the compute-dtype copy autocast
+makes of a float32 trainable weight at each call (`VideoDiT.precision`: `cache_enabled=False`) and its
+matmul keeps for the input's gradient: s in a bf16 job (trainable parameters are float32 masters), 0 in
+fp32; statistics are fp32 (4 bytes); B micro-batch; L tokens of one sample (F' * h/2 * w/2) and Ll =
+ceil(L / N) on each of the N ranks of a sequence group; Lt = text_len (contexts are zero-padded to it);
+D width, F ffn width, H heads, C = out_dim * 4 (the head's output channels), r LoRA rank, T = Ll with
+per-token timesteps (Wan 2.2 TI2V), else 1. "Fused": the DiT's fused kernels (`video_dit.kernels`,
+CUDA with triton: `predict(cuda=True)` assumes them), else the torch path.
 
-Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
+Saved by one block (RecomputeSaved on, the block not checkpointed), per sample:
   video side, Ll * (
       4 D s      self-attention: q and k (kept by the q/k RMSNorms; the normed, rotated q/k that the
                  attention kernel would keep are recipes recomputed from them), v, the attention output
                  (kept by `o`)
     + 1 D s      y, the self-attention output: an input of the recipe of x1 = gated_add(x, y, gate)
-    + 1 D s      x1, the first residual: referenced by the recipe of norm3's output
     + 2 D s      cross-attention: q (kept by its RMSNorm) and the attention output (kept by `o`)
-    + 1 D s      x2, the second residual (kept by the second LayerNorm)
-    + 1 D s      the block output (kept by the next block's, or the head's, LayerNorm)
     + 1 D s      (full fine-tune only) the FFN output, kept by addcmul for the gate's gradient
+    + 3 D a      the residual stream, float32: x1 = gated_add(x, y, gate1) (referenced by the recipe of
+                 norm3's output), x2 = x1 + cross-attention (kept by the second LayerNorm), the block
+                 output (kept by the next block's, or the head's, LayerNorm)
     + 1 F s      the FFN hidden before GELU (GELU keeps its input; GELU's output is a recipe)
     + (9 + 2H) * 4   fp32 statistics: 3 LayerNorms x (mean, rstd), 3 RMSNorm rstd, 2 H logsumexp
                  rows of the attention kernel (the self-attention's H is not kept under sequence
@@ -31,44 +36,69 @@ Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
     + 8 r s      LoRA: each of the 8 adapted Linears on video tokens keeps lora_A's output)
   text side, Lt * (3 D s + 4 + 2 r s): cross-attention k (kept by its RMSNorm), normed k and v (kept
       by the attention kernel), k's rstd, LoRA on k and v
-  modulation, T * D * 32: the six fp32 adaLN vectors (B, T, 6, D) and the two (1 + scale) factors
+  modulation, T * D * 24: the six fp32 adaLN vectors (B, T, 6, D); the torch path adds the two fp32
+      (1 + scale) factors its addcmul keeps (T * D * 8); the fused op keeps `scale` itself, a view
+  weight copies, once per forward (not per sample), w * (full: 8 D^2 + 2 D F, + 2 D^2 for k_img /
+      v_img; LoRA: r (16 D + 2 F), each adapter's lora_B and the lora_A of those whose input needs a
+      gradient: not the text side's k / v, nor in the first block q / k / v, whose patch tokens need
+      none; + 2 D r for k_img / v_img, + 2 D r more with include_img_emb)
   image branch (Wan 2.1 I2V / FLF2V, Li = 257 or 514 CLIP tokens): the image side Li * (3 D s + 4 +
       2 r s) as the text side (k_img, v_img); on the video side Ll * (2 D s + H * 4): the text and
       image attention outputs, which the kernels keep apart from their sum (kept by `o`), and the
       image attention's logsumexp
-Checked exactly against `CPUAllocationTracker` (`video-dit bench --suite plan`).
+Checked exactly against `CPUAllocationTracker`, in fp32 and in bf16 through both kernel paths
+(`tests/test_plan.py`; CPU autocast casts the same ops to bf16 as CUDA's for the ops the DiT runs under
+it: linear, conv3d, SDPA), and on the real 1.3B made of fake tensors (`video-dit bench --suite plan
+--fake`, within 0.1%).
 
-Outside the blocks: the first block's input Ll D s; the time MLP (full fine-tune: its sinusoid
-input freq_dim * 4 and four D s per timestep); the text MLP's saved tensors (full fine-tune: its
-padded input Lt text_dim s and two Lt D s; always the context Lt D s); the head (its stats and the
-fp32 (1 + scale), T D 4; full fine-tune: its normed and modulated inputs, 2 Ll D s); the output,
-Ll C s (+ L C s gathered under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0);
-the image MLP `img_emb` (c = image_dim) its output Li D s and, when it trains (full fine-tune: Li *
-(3 c s + D s + 16), + Li c s FLF2V's clip_fea + emb_pos; LoRA with include_img_emb: Li * (3 c s +
-D s + 8 + 2 r s)) its Linears' and GELU's inputs and its LayerNorms' (`image_embedding_bytes`).
+Outside the blocks: the first block's input Ll D s (the patch tokens, in the compute dtype), and in
+the torch path of a bf16 job the float32 copy of it that its first LayerNorm reads (Ll D a), which
+RecomputeSaved's recipe keeps; the time MLP (full fine-tune: its sinusoid input freq_dim * 4 and four D a
+per timestep: it runs in float32); the text MLP's saved tensors (full fine-tune: its padded input Lt
+text_dim s and two Lt D s; always the context Lt D s); the head (float32: its stats and, torch path, the
+(1 + scale) T D 4 or, fused, the (B, T, 2, D) table T D 8; full fine-tune: its normed and modulated inputs,
+2 Ll D a, fused only the modulated one); the loss's (prediction - target), Ll C a (+ L C a gathered
+under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0); a full fine-tune's bf16
+copies of the patch embedding's input (L * in_dim * pt*ph*pw * w) and, once, of text_embedding.2's and
+the patch conv's weights; the image MLP `img_emb` (c = image_dim) its output Li D s and, when it trains
+(full fine-tune: Li * (3 c s + D a + 16), + Li c a FLF2V's clip_fea + emb_pos, + its weight copies; LoRA
+with include_img_emb: Li * (3 c s + D a + 8 + 2 r s)) its Linears' and GELU's inputs and its LayerNorms'
+(`image_embedding_bytes`).
 
-Block checkpointing keeps only each block's input (Ll D s; e0, T * 6D * 4, once). In backward one
-block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
-  Ll * ((18 D s full | 14 D s LoRA) + 2 F s + stats + 8 r s) + text side + modulation, where the 18
-  tensors are the 14 above made concrete (normed and modulated inputs of both adaLN-Linears, rotated
-  q/k, normed cross q, c = norm3(x1), the modulated FFN input) plus, in full fine-tuning, the two
-  normed LayerNorm outputs, y and the FFN output kept for the parameters' gradients; the GELU output
-  is kept (2 F); under sequence parallelism the self-attention keeps its exchanged q/k/v/output
-  rather than the rotated q/k (+1 D s); the image branch adds its video and image sides as above.
+Block checkpointing (`train.gradient_checkpointing`: every block, or the first n,
+`VideoDiT.set_checkpointed_blocks`) keeps only a checkpointed block's input: the previous block's
+output, float32 (Ll D a; the first block's patch tokens are counted outside), and e0 (T * 6D * 4) once.
+In backward one block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
+  Ll * (12 D s + 2 D a (+ full: 2 D s, + 2 D a torch path) + 2 F s + stats + 8 r s) + text side +
+  modulation + the block's weight copies, where the 12 are six recipes made concrete (the modulated
+  inputs of the self-attention and the FFN, c = norm3(x1), the normed cross q, the rotated q and k) and
+  q, k, v, cross q and the two attention outputs; the 2 D a the float32 x1 and x2;
+  in full fine-tuning y and the FFN output kept for the parameters' gradients and, in the torch path,
+  the two float32 normed LayerNorm outputs (the fused op keeps its input and statistics instead); the
+  GELU output is kept (2 F); when every block is checkpointed and under sequence parallelism the
+  self-attention keeps its exchanged q/k/v/output rather than the rotated q/k (+1 D s: with some blocks
+  plain the seam recomputes its exchange, `seq_parallel.recompute`); the image branch adds its video
+  and image sides as above.
 
-Without RecomputeSaved (`train.recompute_saved: false`, no checkpointing, SP 1) every block keeps R
-and its output (the next block's or the head's LayerNorm input), and with LoRA nothing keeps the
-first block's input any more (only norm1's recipe did; the patch embedding is frozen); the peak
-adds the checkpointing case's backward term (the GELU output is in R).
+Without RecomputeSaved (`train.recompute_saved: false`, SP 1) every plain block keeps R and its output
+(Ll D a), and with LoRA and no block checkpointed nothing keeps the first block's input any more (only
+norm1's recipe did; the patch embedding is frozen); the peak adds the checkpointing case's backward
+term (the GELU output is in R).
 
-The peak of a step is reached in the backward of the last block's FFN (traced op by op), after the
-head's saved tensors were freed:
-  no checkpointing:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
+The peak of a step is reached in the backward of the last plain block's FFN (traced op by op), after
+the head's saved tensors were freed, or in that of the last checkpointed block (the first n are
+checkpointed, so block n - 1, once the plain blocks after it are freed), or in the head's backward,
+whichever is highest:
+  last plain block:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
       the GELU output recomputed from its recipe (Ll F) and its gradient (Ll F); full fine-tuning adds
-      ffn.2's new weight gradient (D F); with LoRA the adapter's gradient w.r.t. the GELU output, the
-      base Linear's and their sum (3 Ll F), the recomputed GELU output already dropped
-  checkpointing:     saved - head + R + (full: Ll F s + D F s   LoRA: 2 Ll F s)
+      ffn.2's new weight gradient (D F, in the compute dtype as the matmul makes it); with LoRA the
+      adapter's gradient w.r.t. the GELU output, the base Linear's and their sum (3 Ll F), the recomputed
+      GELU output already dropped; without RecomputeSaved the GELU output is in R (one Ll F less)
+  checkpointed:      n Ll D a + e0 + outside - head + R + (full: Ll F s + D F s   LoRA: 2 Ll F s)
       the GELU output is now part of R, so it is not recomputed again
+  the head's:        saved + (full: 3 Ll D a torch path, Ll D a fused; LoRA: 2 Ll D a) - Ll C a
+      its float32 input gradient and the modulation's (and in full fine-tuning the scale's) over the
+      tokens, the loss's (prediction - target) freed (and in full fine-tuning the head Linear's input)
 Attention needs no L x L memory: the SDPA flash kernels (CPU and CUDA) keep only a logsumexp row.
 
 DeepSpeed (per rank, P = parameters, Pt = trainable, N = ranks ZeRO partitions over, from DeepSpeed
@@ -77,7 +107,7 @@ trained in (`models.dit.param_dtypes(masters=True)`: trainable ones float32, the
 float32 islands 4); DeepSpeed's bf16 mode is off, so the trainable parameters' gradients, reduce
 buckets and gradient partitions are float32 too (the `s` of those terms is 4); under ZeRO-3 the
 fp32 master partition is the parameter partition itself unless the optimizer is offloaded
-(`engine.alias_fp32_partitions`). The activations are counted at s (their float32 parts aside).
+(`engine.alias_fp32_partitions`). The activations are counted as above.
   ZeRO-0   P s parameters; Pt s gradients (backward to step); Adam 2 Pt s; the all-reduce flattens
            the gradients into min(Pt, allreduce bucket) s at the end of backward
   ZeRO-1/2 P s parameters (the trainable ones flattened, same bytes); an fp32 master partition Pt/N 4
@@ -97,7 +127,10 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
            a prefetched one, or one used again in the trace window after t that holds at most that
            many elements: an upper bound, near for a model larger than these (default 1e9 elements
            each: 3.7 GiB in fp32, 1.9 GiB in bf16). Measured (the rehearsal's job, max live 1e8,
-           reuse 5e7): 0.41 GiB gathered from step 2, the bound 0.42 GiB
+           reuse 5e7): 0.41 GiB gathered from step 2, the bound 0.42 GiB. At a partition world size of
+           1 (one rank) nothing is gathered: DeepSpeed's all_gather_coalesced returns a NoGatherHandle
+           whose parameter becomes a view of its own partition (partition_parameters.py), unless the
+           partition is offloaded (then it is copied to the device)
   offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
   (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
 The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
