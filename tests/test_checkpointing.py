@@ -65,6 +65,18 @@ def test_set_checkpointed_blocks_records_which_and_refuses_others():
             model.set_checkpointed_blocks(bad)
 
 
+def test_a_sequence_parallel_seam_recomputes_unless_every_block_is_checkpointed():
+    """With some blocks plain, the seam recomputes its exchange in backward (what the plan counts: no
+    exchanged q/k/v kept); with every block checkpointed it need not."""
+    from types import SimpleNamespace
+
+    model = VideoDiT(CFG)
+    model.seq_parallel = SimpleNamespace(recompute=True)
+    for blocks, recompute in ((4, False), (2, True), (0, True), ({0, 1, 2, 3}, False)):
+        model.set_checkpointed_blocks(blocks)
+        assert model.seq_parallel.recompute is recompute, blocks
+
+
 # ---------------------------------------------------------------- the key
 
 
@@ -83,6 +95,18 @@ def test_gradient_checkpointing_accepts_true_false_blocks_and_auto(world, value)
     expected = {True: 4, False: 0, 0: 0, 2: 2, 4: 4, "auto": 4}[value]
     assert plan.checkpointed_count(blocks, 4) == expected
     assert plan.auto_checkpointing(job) is (value == "auto")
+
+
+def test_cpu_ranks_are_planned_in_bf16_when_the_job_trains_so(world):
+    from video_dit.train.config import parse_job
+
+    def job(**train):
+        return parse_job({"job": "extension", "config": {"name": "c", "process": [
+            helpers.train_process(world, train={"dtype": "bf16", **train})]}}, "test")
+
+    assert plan.planned_dtype(job(), "cpu") == torch.float32  # CPU ranks train a bf16 job in float32
+    assert plan.planned_dtype(job(cpu_bf16=True), "cpu") == torch.bfloat16
+    assert plan.planned_dtype(job(), "cuda") == torch.bfloat16
 
 
 @pytest.mark.parametrize("value", [5, -1, "sometimes", 2.5, None])

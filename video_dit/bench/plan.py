@@ -1,7 +1,7 @@
 """Planner validation: the memory planner's per-rank peak (`video_dit.train.plan.predict`) against
 the measured peak, on CPU ranks, on one GPU, and at full size on fake tensors.
 
-    video-dit bench --suite plan                  # CPU: every configuration (2 ranks, fp32 and bf16, ~30 min on 2 cores)
+    video-dit bench --suite plan                  # CPU: every configuration (2 ranks, fp32 and bf16, ~9 min)
     video-dit bench --suite plan --device cuda --json plan.json   # one GPU: the width of the 1.3B, bf16 (< 6 min, H200)
     python -m video_dit.bench.plan --experts      # two trained experts: two engines in one process, alternating
     python -m video_dit.bench.plan --only 0,3 --json plan.json
@@ -697,8 +697,8 @@ def print_table(res: dict) -> None:
             if "ratio" not in r:
                 print(f"{r['name']:58}  {r.get('skipped') or (r.get('error') or '').splitlines()[0][:60]}")
                 continue
-            print(f"{r['name']:58}{r['blocks']:>4}/{r['layers']:<2}{r['planned_gib']:>8.2f} G{r['measured_gib']:>8.2f} G"
-                  f"{r['ratio']:>7.3f}{r.get('step_s', float('nan')):>8.2f}")
+            print(f"{r['name']:58}{r['blocks']:>4}/{r['layers']:<2}{r['planned_gib']:>8.2f} G"
+                  f"{r['measured_gib']:>8.2f} G{r['ratio']:>7.3f}{r.get('step_s', float('nan')):>8.2f}")
         if res["max_rel_error"] is not None:
             print(f"max |planned / measured - 1| = {res['max_rel_error']:.3f}; {res['within_tolerance']}/"
                   f"{res['measured']} measured within {GPU_TOLERANCE:.0%} ({res['configs']} configurations)")

@@ -326,7 +326,8 @@ def weight_copy_bytes(s: int) -> int:
 
 
 def checkpointed_count(setting: Setting, num_layers: int) -> int:
-    """How many of the `num_layers` blocks `setting` checkpoints (the first ones, `VideoDiT.set_checkpointed_blocks`)."""
+    """How many of the `num_layers` blocks `setting` checkpoints (the first ones:
+    `VideoDiT.set_checkpointed_blocks`)."""
     if not setting.checkpointing:
         return 0
     n = num_layers if setting.checkpoint_blocks is None else setting.checkpoint_blocks
