@@ -25,18 +25,31 @@ CFG = DiTConfig(in_dim=16, out_dim=16, dim=64, ffn_dim=256, freq_dim=32, text_di
 GRID = (4, 12, 12)  # 4 x 6 x 6 = 144 tokens
 
 
-# (LoRA rank, block checkpointing, CLIP images (0: no image branch, 1: I2V, 2: FLF2V), LoRA on img_emb,
-#  RecomputeSaved without checkpointing (`train.recompute_saved`))
+# (LoRA rank, block checkpointing (True: every block, an int: the first n of 3), CLIP images (0: no image
+#  branch, 1: I2V, 2: FLF2V), LoRA on img_emb, RecomputeSaved without checkpointing (`train.recompute_saved`))
 CASES = [(None, False, 0, False, True), (None, True, 0, False, True), (4, False, 0, False, True),
          (4, True, 0, False, True), (None, False, 2, False, True), (4, True, 1, True, True),
-         (None, False, 0, False, False), (4, False, 0, False, False)]
+         (None, False, 0, False, False), (4, False, 0, False, False),
+         (None, 1, 0, False, True), (4, 2, 0, False, True), (None, 2, 0, False, False)]
+# (compute dtype, kernels): float32; bf16 as a GPU job stores it (float32 trainable masters under bf16 autocast,
+# the float32 residual stream) through the torch path and through the fused ops (`kernels: triton`: on CPU their
+# torch implementations, which save what the Triton kernels save)
+PRECISIONS = [(torch.float32, "torch"), (torch.bfloat16, "torch"), (torch.bfloat16, "triton")]
 
 
+@pytest.mark.parametrize("dtype,kernels", PRECISIONS, ids=["fp32", "bf16", "bf16-fused"])
 @pytest.mark.parametrize("lora,checkpointing,images,img_emb,recompute", CASES)
-def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb, recompute):
+def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb, recompute, dtype, kernels):
     from dataclasses import replace
 
+    from video_dit.models.dit import cast_dit
+
+    if kernels == "triton":
+        pytest.importorskip("triton")
     cfg = replace(CFG, image_dim=32, image_tokens=17, num_images=images) if images else CFG
+    partial = checkpointing is not True and checkpointing is not False
+    if partial:
+        cfg = replace(cfg, num_layers=3)
     torch.manual_seed(0)
     model = VideoDiT(cfg)
     helpers.randomize_head(model)
@@ -44,21 +57,27 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images
         from video_dit.lora import add_lora, lora_targets
 
         add_lora(model, lora, targets=lora_targets(img_emb))
-    if checkpointing:
+    cast_dit(model, dtype, masters=True)  # the trainer's storage: trainable float32, the frozen bulk in dtype
+    model.set_kernels(kernels)
+    if checkpointing is True:
         model.enable_gradient_checkpointing()
+    elif partial:
+        model.set_checkpointed_blocks(checkpointing)
     model.set_recompute_saved(recompute)
     g = torch.Generator().manual_seed(1)
     x, t = torch.randn(1, 16, *GRID, generator=g), torch.tensor([300.0])
     context = [torch.randn(CFG.text_len, CFG.text_dim, generator=g)]
     clip = torch.randn(1, cfg.image_context_len, 32, generator=g) if images else None
     target = torch.randn(1, 16, *GRID, generator=g)
-    model(x, t, context, clip_fea=clip).sum().backward()  # gradients allocated before the measured step
+    model(x, t, context, clip_fea=clip).float().sum().backward()  # gradients allocated before the measured step
     with CPUAllocationTracker() as tracker:
-        loss = (model(x, t, context, clip_fea=clip) - target).square().mean()
+        loss = (model(x, t, context, clip_fea=clip).float() - target).square().mean()
         saved = tracker.live
         loss.backward()
-    predicted = activation_bytes(cfg, GRID, Setting(0, checkpointing=checkpointing, recompute=recompute),
-                                 lora_rank=lora, s=4, lora_img_emb=img_emb)
+    setting = Setting(0, checkpointing=bool(checkpointing), recompute=recompute,
+                      checkpoint_blocks=checkpointing if partial else None)
+    predicted = activation_bytes(cfg, GRID, setting, lora_rank=lora, s=dtype.itemsize, lora_img_emb=img_emb,
+                                 fused=kernels == "triton")
     # the forward keeps what the derivation lists (the loss keeps (pred - target) where the model output was)
     if lora:  # LoRA: the tracker does not find the frozen head's saved statistics live (2 Ll 4 + T D 4 bytes)
         assert 0 <= predicted.saved - (saved - 4) <= 2 * 144 * 4 + 64 * 4

@@ -190,7 +190,7 @@ class VideoDiT(nn.Module):
         self.img_emb = ImageEmbedding(cfg) if cfg.image_dim is not None else None  # Wan 2.1 I2V / FLF2V
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
         self.head = Head(cfg)
-        self.gradient_checkpointing = False
+        self.checkpointed_blocks: frozenset[int] = frozenset()  # set_checkpointed_blocks
         self.offload_checkpoints = False
         self.recompute_saved = True  # set_recompute_saved
         self.blocks_compiled = False  # compile_blocks
@@ -247,17 +247,47 @@ class VideoDiT(nn.Module):
             return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
         return contextlib.nullcontext()
 
-    def enable_gradient_checkpointing(self, offload: bool = False) -> None:
-        """Re-run each block in backward (when grad is enabled). `offload`: keep the saved block
-        inputs in CPU memory (pinned on CUDA) instead of on the device, for long videos."""
-        self.gradient_checkpointing = True
+    def enable_gradient_checkpointing(self, offload: bool = False, blocks=None) -> None:
+        """Re-run blocks in backward (when grad is enabled): every block, or `blocks` (as
+        `set_checkpointed_blocks` takes them). `offload`: keep the saved block inputs in CPU memory
+        (pinned on CUDA) instead of on the device, for long videos."""
         self.offload_checkpoints = offload
-        self._set_block_recompute()
+        self.set_checkpointed_blocks(len(self.blocks) if blocks is None else blocks)
 
     def disable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing = False
         self.offload_checkpoints = False
+        self.set_checkpointed_blocks(0)
+
+    def set_checkpointed_blocks(self, blocks) -> None:
+        """Checkpoint only some blocks: an int n is the first n (0: none, len(blocks): all), else an
+        iterable of block indices. The first blocks rather than spread ones: a step's peak is in the
+        backward of the last block, so leaving the last blocks whole keeps a re-run block out of it
+        (the memory plan counts it so); the compute is the same either way. Whichever blocks, the
+        forward and backward compute the same numbers."""
+        n = len(self.blocks)
+        if isinstance(blocks, bool) or not isinstance(blocks, int):
+            chosen = frozenset(int(i) for i in blocks)
+        elif 0 <= blocks <= n:
+            chosen = frozenset(range(blocks))
+        else:
+            raise ValueError(f"checkpointed blocks: {blocks} is not a number of blocks in 0..{n}")
+        if any(not 0 <= i < n for i in chosen):
+            raise ValueError(f"checkpointed blocks {sorted(chosen)}: indices must be in 0..{n - 1}")
+        self.checkpointed_blocks = chosen
+        # the sequence-parallel seam's flag (`seq_parallel.recompute`): it recomputes its exchange in backward
+        # unless every block is checkpointed (a checkpointed block keeps nothing inside anyway)
+        if self.seq_parallel is not None and hasattr(self.seq_parallel, "recompute"):
+            self.seq_parallel.recompute = not self.gradient_checkpointing
         self._set_block_recompute()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Every block checkpointed (`checkpointed_blocks` says which when only some are)."""
+        return len(self.checkpointed_blocks) == len(self.blocks) > 0
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:  # diffusers' attribute, for code that sets it
+        self.set_checkpointed_blocks(len(self.blocks) if on else 0)
 
     def set_recompute_saved(self, on: bool) -> None:
         """Without block checkpointing: the blocks store cheap elementwise results as recipes recomputed
@@ -269,8 +299,8 @@ class VideoDiT(nn.Module):
     def _set_block_recompute(self) -> None:
         # a checkpointed block stores nothing inside, so nothing to recompute; a compiled block leaves
         # the choice of what to save to Inductor's partitioner (the hooks would break its graph)
-        for block in self.blocks:
-            block.recompute = self.recompute_saved and not self.gradient_checkpointing and not self.blocks_compiled
+        for i, block in enumerate(self.blocks):
+            block.recompute = self.recompute_saved and i not in self.checkpointed_blocks and not self.blocks_compiled
 
     def set_attention_backend(self, backend: str) -> "VideoDiT":
         """"native" (torch SDPA), "flash" (flash-attn 2), "flash3" (FlashAttention 3) or "sage"
@@ -405,9 +435,9 @@ class VideoDiT(nn.Module):
             if T > 1:
                 e, e0 = sp.split(e, dim=1), sp.split(e0, dim=1)
 
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             args = (x, e0, context, rope, context_mask, sp, image_context)
-            if self.gradient_checkpointing and torch.is_grad_enabled():
+            if i in self.checkpointed_blocks and torch.is_grad_enabled():
                 # save_on_cpu moves the checkpoint's saved inputs (this block's x) to host memory.
                 offload = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if self.offload_checkpoints \
                     else contextlib.nullcontext()

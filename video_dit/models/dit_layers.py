@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from video_dit.kernels import ln_modulate, rms_norm_rope, use_fused
 from video_dit.models.attention import attention
@@ -133,21 +134,26 @@ class RecomputeSaved:
     """
 
     def __init__(self):
-        self.entries: list[tuple[weakref.ref, object, tuple]] = []
+        self.entries: list[tuple[weakref.ref, object, tuple, tuple, int]] = []
 
     def add(self, out: torch.Tensor, fn, *inputs) -> torch.Tensor:
-        self.entries.append((weakref.ref(out), fn, inputs))
+        # followed through the tensor that owns the storage: a registered view (the fused q norm's
+        # `.flatten(2)`) is often dropped at once for a further view of the same base (`.unflatten`),
+        # and a weak reference to the dropped object would miss what autograd then saves
+        base = out if out._base is None else out._base
+        self.entries.append((weakref.ref(base), fn, inputs, out.stride(), out.storage_offset()))
         return out
 
     def pack(self, t: torch.Tensor):
-        if type(t) not in (torch.Tensor, nn.Parameter):  # tensor subclasses (quantized weights) as they are
-            return t
-        for ref, fn, inputs in self.entries:
-            out = ref()
-            if (out is not None and t.dtype == out.dtype and t.device == out.device
-                    and t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()):
-                view = (t.size(), t.stride(), t.storage_offset() - out.storage_offset())
-                return (fn, inputs, out.stride(), view)
+        if type(t) not in (torch.Tensor, nn.Parameter) and not isinstance(t, FakeTensor):
+            return t  # tensor subclasses (quantized weights) as they are; fake tensors (memory estimates) as plain
+        for ref, fn, inputs, stride, offset in self.entries:
+            base = ref()
+            # the same storage (its StorageImpl: also for fake tensors, whose data pointers are all 0)
+            if (base is not None and t.dtype == base.dtype and t.device == base.device
+                    and t.untyped_storage()._cdata == base.untyped_storage()._cdata):
+                view = (t.size(), t.stride(), t.storage_offset() - offset)
+                return (fn, inputs, stride, view)
         return t
 
     @staticmethod

@@ -19,6 +19,7 @@ from video_dit.models.loading import check_matches_preset, load_dit
 from video_dit.parallel.partition import build_partitioned
 from video_dit.parallel.sequence import attach
 from video_dit.parallel.zero import partitioned
+from video_dit.train.config import checkpointed_blocks_of
 from video_dit.train.precision import cast_for_training
 
 
@@ -47,9 +48,11 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
     attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
-    in `dtype`, the float32 islands float32); block checkpointing; then sequence parallelism (after
-    checkpointing: the seam recomputes attention in backward only without it); then compilation of
-    each block (`train.compile`; last, as torchtitan orders it: checkpointing, then compile)."""
+    in `dtype`, the float32 islands float32); block checkpointing (`train.gradient_checkpointing`: every
+    block, none, the first N, or for "auto" every block until the trainer sets each bucket's choice,
+    `plan.checkpoint_blocks`); then sequence parallelism (after checkpointing: the seam recomputes
+    attention in backward unless every block is checkpointed); then compilation of each block
+    (`train.compile`; last, as torchtitan orders it: checkpointing, then compile)."""
     dit.set_attention_backend(process.model.attention_backend)
     if process.network is not None:
         add_lora(dit, process.network.linear, process.network.alpha, dropout=process.network.dropout,
@@ -58,8 +61,9 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
         dit.requires_grad_(True)
     cast_for_training(dit, dtype)
     dit.set_recompute_saved(process.train.recompute_saved)
-    if process.train.gradient_checkpointing:
-        dit.enable_gradient_checkpointing()
+    blocks = checkpointed_blocks_of(process.train, len(dit.blocks))
+    if blocks != 0:
+        dit.enable_gradient_checkpointing(blocks=blocks)  # None ("auto"): every block, until a bucket's choice
     if sp_info is not None:
         attach(dit, sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
     if compiles(process, dit.device):

@@ -194,13 +194,17 @@ class TrainConfig:
     `compile` (auto | true | false: `torch.compile` of each DiT block, with the Inductor fusion that
     broke the modulation's gradients switched off, `VideoDiT.compile_blocks`; auto turns it on for GPU
     ranks under ZeRO 0-2 without sequence parallelism, where it measured faster, and off elsewhere).
+    `gradient_checkpointing`: ai-toolkit's true / false, or N (checkpoint the first N of the DiT's blocks,
+    `VideoDiT.set_checkpointed_blocks`), or "auto": per bucket, the fewest checkpointed blocks whose planned
+    peak fits the device with `plan.AUTO_MARGIN` to spare (`plan.checkpoint_blocks`; on CPU ranks against
+    the host's memory). The losses are the same whatever is checkpointed.
     `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
 
     batch_size: int = 1
     steps: int = 1000
     gradient_accumulation: int = 1
     gradient_accumulation_steps: int | None = None  # ai-toolkit's older name for the same thing
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Any = False  # true | false | N blocks | "auto" (`check_checkpointing`)
     compile: bool | str = "auto"  # ours: torch.compile of each block; auto = on GPU ranks under ZeRO 0-2 without SP
     lr: float = 1e-4
     optimizer: Literal["adamw", "adam"] = "adamw"
@@ -236,6 +240,7 @@ class TrainConfig:
     validation_config: ValidationConfig | None = None
 
     def validate(self, path: str) -> None:
+        check_checkpointing(self.gradient_checkpointing, f"{path}.gradient_checkpointing")
         for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps", "switch_boundary_every"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}", f"must be >= 1, got {getattr(self, key)}")
@@ -260,6 +265,36 @@ class TrainConfig:
             raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
         if self.compile not in (True, False, "auto"):
             raise ConfigError(f"{path}.compile", f"{self.compile!r}; accepted: auto, true, false")
+
+
+CHECKPOINTING_WORDS = ("auto",)
+
+
+def check_checkpointing(value, path: str, blocks: int | None = None) -> None:
+    """`train.gradient_checkpointing`: true, false, "auto" or a number of blocks in 0..`blocks` (the
+    preset's; unknown here when None)."""
+    accepted = f"true, false, auto, or a number of blocks 0..{blocks if blocks is not None else 'blocks'}"
+    if isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if value not in CHECKPOINTING_WORDS:
+            raise ConfigError(path, f"{value!r} is not accepted; accepted: {accepted}")
+        return
+    if not isinstance(value, int):
+        raise ConfigError(path, f"{value!r} is not accepted; accepted: {accepted}")
+    if value < 0 or (blocks is not None and value > blocks):
+        raise ConfigError(path, f"{value} is not a number of blocks of this DiT; accepted: {accepted}")
+
+
+def checkpointed_blocks_of(train, blocks: int) -> int | None:
+    """How many of the `blocks` blocks `train.gradient_checkpointing` checkpoints: 0..blocks, or None
+    for "auto" (the plan chooses per bucket at run time)."""
+    value = train.gradient_checkpointing
+    if isinstance(value, str):
+        return None
+    if isinstance(value, bool):
+        return blocks if value else 0
+    return value
 
 
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
@@ -574,6 +609,8 @@ class ProcessConfig:
         preset = get_preset(self.model.preset)
         self._check_quantize(path)
         self._check_experts(path, preset)
+        check_checkpointing(self.train.gradient_checkpointing, f"{path}.train.gradient_checkpointing",
+                            preset.dit.num_layers)
         self._check_sequence_parallel(path, preset)
         self._check_i2v(path, preset)
         self._check_image_branch(path, preset)
@@ -610,7 +647,8 @@ class ProcessConfig:
         """Ulysses: whole heads per rank; what the plan does not model is refused."""
         heads = preset.dit.num_heads
         sp = self.deepspeed.sequence_parallel_size
-        if not self.train.recompute_saved and sp > 1 and not self.train.gradient_checkpointing:
+        blocks = checkpointed_blocks_of(self.train, preset.dit.num_layers)
+        if not self.train.recompute_saved and sp > 1 and blocks != preset.dit.num_layers:
             raise ConfigError(f"{path}.train.recompute_saved", f"false is not planned with sequence parallelism "
                               f"(deepspeed.sequence_parallel_size {sp}); accepted: true, or sequence_parallel_size 1")
         if heads % sp:

@@ -7,23 +7,28 @@ job's DeepSpeed JSON (`video_dit.train.engine.ds_config`, read through DeepSpeed
 `DeepSpeedZeroConfig`, so its defaults are DeepSpeed's), and the activation model below, which is
 derived from what `video_dit/models/dit.py` makes autograd keep. No constant in it is fitted.
 
-Notation: s = bytes per element of the training dtype (2 in bf16, 4 in fp32); statistics are fp32
-(4 bytes); B micro-batch; L tokens of one sample (F' * h/2 * w/2) and Ll = ceil(L / N) on each of the
-N ranks of a sequence group; Lt = text_len (contexts are zero-padded to it); D width, F ffn width,
-H heads, C = out_dim * 4 (the head's output channels), r LoRA rank, T = Ll with per-token timesteps
-(Wan 2.2 TI2V), else 1.
+Notation: s = bytes per element of the compute dtype (2 in bf16, 4 in fp32); a = bytes of the float32
+islands, max(s, 4): the residual stream, the LayerNorms' float32 copies, the head (a bf16 DiT keeps
+them float32, `dit_layers.gated_add` / `norm_to` / `Head`); w = bytes of the compute-dtype copy autocast
+makes of a float32 trainable weight at each call (`VideoDiT.precision`: `cache_enabled=False`) and its
+matmul keeps for the input's gradient: s in a bf16 job (trainable parameters are float32 masters), 0 in
+fp32; statistics are fp32 (4 bytes); B micro-batch; L tokens of one sample (F' * h/2 * w/2) and Ll =
+ceil(L / N) on each of the N ranks of a sequence group; Lt = text_len (contexts are zero-padded to it);
+D width, F ffn width, H heads, C = out_dim * 4 (the head's output channels), r LoRA rank, T = Ll with
+per-token timesteps (Wan 2.2 TI2V), else 1. "Fused": the DiT's fused kernels (`video_dit.kernels`,
+CUDA with triton: `predict(cuda=True)` assumes them), else the torch path.
 
-Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
+Saved by one block (RecomputeSaved on, the block not checkpointed), per sample:
   video side, Ll * (
       4 D s      self-attention: q and k (kept by the q/k RMSNorms; the normed, rotated q/k that the
                  attention kernel would keep are recipes recomputed from them), v, the attention output
                  (kept by `o`)
     + 1 D s      y, the self-attention output: an input of the recipe of x1 = gated_add(x, y, gate)
-    + 1 D s      x1, the first residual: referenced by the recipe of norm3's output
     + 2 D s      cross-attention: q (kept by its RMSNorm) and the attention output (kept by `o`)
-    + 1 D s      x2, the second residual (kept by the second LayerNorm)
-    + 1 D s      the block output (kept by the next block's, or the head's, LayerNorm)
     + 1 D s      (full fine-tune only) the FFN output, kept by addcmul for the gate's gradient
+    + 3 D a      the residual stream, float32: x1 = gated_add(x, y, gate1) (referenced by the recipe of
+                 norm3's output), x2 = x1 + cross-attention (kept by the second LayerNorm), the block
+                 output (kept by the next block's, or the head's, LayerNorm)
     + 1 F s      the FFN hidden before GELU (GELU keeps its input; GELU's output is a recipe)
     + (9 + 2H) * 4   fp32 statistics: 3 LayerNorms x (mean, rstd), 3 RMSNorm rstd, 2 H logsumexp
                  rows of the attention kernel (the self-attention's H is not kept under sequence
@@ -31,44 +36,69 @@ Saved by one block (RecomputeSaved on, i.e. no block checkpointing), per sample:
     + 8 r s      LoRA: each of the 8 adapted Linears on video tokens keeps lora_A's output)
   text side, Lt * (3 D s + 4 + 2 r s): cross-attention k (kept by its RMSNorm), normed k and v (kept
       by the attention kernel), k's rstd, LoRA on k and v
-  modulation, T * D * 32: the six fp32 adaLN vectors (B, T, 6, D) and the two (1 + scale) factors
+  modulation, T * D * 24: the six fp32 adaLN vectors (B, T, 6, D); the torch path adds the two fp32
+      (1 + scale) factors its addcmul keeps (T * D * 8); the fused op keeps `scale` itself, a view
+  weight copies, once per forward (not per sample), w * (full: 8 D^2 + 2 D F, + 2 D^2 for k_img /
+      v_img; LoRA: r (16 D + 2 F), each adapter's lora_B and the lora_A of those whose input needs a
+      gradient: not the text side's k / v, nor in the first block q / k / v, whose patch tokens need
+      none; + 2 D r for k_img / v_img, + 2 D r more with include_img_emb)
   image branch (Wan 2.1 I2V / FLF2V, Li = 257 or 514 CLIP tokens): the image side Li * (3 D s + 4 +
       2 r s) as the text side (k_img, v_img); on the video side Ll * (2 D s + H * 4): the text and
       image attention outputs, which the kernels keep apart from their sum (kept by `o`), and the
       image attention's logsumexp
-Checked exactly against `CPUAllocationTracker` (`video-dit bench --suite plan`).
+Checked exactly against `CPUAllocationTracker`, in fp32 and in bf16 through both kernel paths
+(`tests/test_plan.py`; CPU autocast casts the same ops to bf16 as CUDA's for the ops the DiT runs under
+it: linear, conv3d, SDPA), and on the real 1.3B made of fake tensors (`video-dit bench --suite plan
+--fake`, within 0.1%).
 
-Outside the blocks: the first block's input Ll D s; the time MLP (full fine-tune: its sinusoid
-input freq_dim * 4 and four D s per timestep); the text MLP's saved tensors (full fine-tune: its
-padded input Lt text_dim s and two Lt D s; always the context Lt D s); the head (its stats and the
-fp32 (1 + scale), T D 4; full fine-tune: its normed and modulated inputs, 2 Ll D s); the output,
-Ll C s (+ L C s gathered under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0);
-the image MLP `img_emb` (c = image_dim) its output Li D s and, when it trains (full fine-tune: Li *
-(3 c s + D s + 16), + Li c s FLF2V's clip_fea + emb_pos; LoRA with include_img_emb: Li * (3 c s +
-D s + 8 + 2 r s)) its Linears' and GELU's inputs and its LayerNorms' (`image_embedding_bytes`).
+Outside the blocks: the first block's input Ll D s (the patch tokens, in the compute dtype), and in
+the torch path of a bf16 job the float32 copy of it that its first LayerNorm reads (Ll D a), which
+RecomputeSaved's recipe keeps; the time MLP (full fine-tune: its sinusoid input freq_dim * 4 and four D a
+per timestep: it runs in float32); the text MLP's saved tensors (full fine-tune: its padded input Lt
+text_dim s and two Lt D s; always the context Lt D s); the head (float32: its stats and, torch path, the
+(1 + scale) T D 4 or, fused, the (B, T, 2, D) table T D 8; full fine-tune: its normed and modulated inputs,
+2 Ll D a, fused only the modulated one); the loss's (prediction - target), Ll C a (+ L C a gathered
+under sequence parallelism); per-token timesteps add L * 7 D * 4 (e, e0); a full fine-tune's bf16
+copies of the patch embedding's input (L * in_dim * pt*ph*pw * w) and, once, of text_embedding.2's and
+the patch conv's weights; the image MLP `img_emb` (c = image_dim) its output Li D s and, when it trains
+(full fine-tune: Li * (3 c s + D a + 16), + Li c a FLF2V's clip_fea + emb_pos, + its weight copies; LoRA
+with include_img_emb: Li * (3 c s + D a + 8 + 2 r s)) its Linears' and GELU's inputs and its LayerNorms'
+(`image_embedding_bytes`).
 
-Block checkpointing keeps only each block's input (Ll D s; e0, T * 6D * 4, once). In backward one
-block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
-  Ll * ((18 D s full | 14 D s LoRA) + 2 F s + stats + 8 r s) + text side + modulation, where the 18
-  tensors are the 14 above made concrete (normed and modulated inputs of both adaLN-Linears, rotated
-  q/k, normed cross q, c = norm3(x1), the modulated FFN input) plus, in full fine-tuning, the two
-  normed LayerNorm outputs, y and the FFN output kept for the parameters' gradients; the GELU output
-  is kept (2 F); under sequence parallelism the self-attention keeps its exchanged q/k/v/output
-  rather than the rotated q/k (+1 D s); the image branch adds its video and image sides as above.
+Block checkpointing (`train.gradient_checkpointing`: every block, or the first n,
+`VideoDiT.set_checkpointed_blocks`) keeps only a checkpointed block's input: the previous block's
+output, float32 (Ll D a; the first block's patch tokens are counted outside), and e0 (T * 6D * 4) once.
+In backward one block at a time is re-run without RecomputeSaved, so it holds the recompute-off set R:
+  Ll * (12 D s + 2 D a (+ full: 2 D s, + 2 D a torch path) + 2 F s + stats + 8 r s) + text side +
+  modulation + the block's weight copies, where the 12 are six recipes made concrete (the modulated
+  inputs of the self-attention and the FFN, c = norm3(x1), the normed cross q, the rotated q and k) and
+  q, k, v, cross q and the two attention outputs; the 2 D a the float32 x1 and x2;
+  in full fine-tuning y and the FFN output kept for the parameters' gradients and, in the torch path,
+  the two float32 normed LayerNorm outputs (the fused op keeps its input and statistics instead); the
+  GELU output is kept (2 F); when every block is checkpointed and under sequence parallelism the
+  self-attention keeps its exchanged q/k/v/output rather than the rotated q/k (+1 D s: with some blocks
+  plain the seam recomputes its exchange, `seq_parallel.recompute`); the image branch adds its video
+  and image sides as above.
 
-Without RecomputeSaved (`train.recompute_saved: false`, no checkpointing, SP 1) every block keeps R
-and its output (the next block's or the head's LayerNorm input), and with LoRA nothing keeps the
-first block's input any more (only norm1's recipe did; the patch embedding is frozen); the peak
-adds the checkpointing case's backward term (the GELU output is in R).
+Without RecomputeSaved (`train.recompute_saved: false`, SP 1) every plain block keeps R and its output
+(Ll D a), and with LoRA and no block checkpointed nothing keeps the first block's input any more (only
+norm1's recipe did; the patch embedding is frozen); the peak adds the checkpointing case's backward
+term (the GELU output is in R).
 
-The peak of a step is reached in the backward of the last block's FFN (traced op by op), after the
-head's saved tensors were freed:
-  no checkpointing:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
+The peak of a step is reached in the backward of the last plain block's FFN (traced op by op), after
+the head's saved tensors were freed, or in that of the last checkpointed block (the first n are
+checkpointed, so block n - 1, once the plain blocks after it are freed), or in the head's backward,
+whichever is highest:
+  last plain block:  saved - head + (full: 2 Ll F s + D F s   LoRA: 3 Ll F s)
       the GELU output recomputed from its recipe (Ll F) and its gradient (Ll F); full fine-tuning adds
-      ffn.2's new weight gradient (D F); with LoRA the adapter's gradient w.r.t. the GELU output, the
-      base Linear's and their sum (3 Ll F), the recomputed GELU output already dropped
-  checkpointing:     saved - head + R + (full: Ll F s + D F s   LoRA: 2 Ll F s)
+      ffn.2's new weight gradient (D F, in the compute dtype as the matmul makes it); with LoRA the
+      adapter's gradient w.r.t. the GELU output, the base Linear's and their sum (3 Ll F), the recomputed
+      GELU output already dropped; without RecomputeSaved the GELU output is in R (one Ll F less)
+  checkpointed:      n Ll D a + e0 + outside - head + R + (full: Ll F s + D F s   LoRA: 2 Ll F s)
       the GELU output is now part of R, so it is not recomputed again
+  the head's:        saved + (full: 3 Ll D a torch path, Ll D a fused; LoRA: 2 Ll D a) - Ll C a
+      its float32 input gradient and the modulation's (and in full fine-tuning the scale's) over the
+      tokens, the loss's (prediction - target) freed (and in full fine-tuning the head Linear's input)
 Attention needs no L x L memory: the SDPA flash kernels (CPU and CUDA) keep only a logsumexp row.
 
 DeepSpeed (per rank, P = parameters, Pt = trainable, N = ranks ZeRO partitions over, from DeepSpeed
@@ -77,7 +107,7 @@ trained in (`models.dit.param_dtypes(masters=True)`: trainable ones float32, the
 float32 islands 4); DeepSpeed's bf16 mode is off, so the trainable parameters' gradients, reduce
 buckets and gradient partitions are float32 too (the `s` of those terms is 4); under ZeRO-3 the
 fp32 master partition is the parameter partition itself unless the optimizer is offloaded
-(`engine.alias_fp32_partitions`). The activations are counted at s (their float32 parts aside).
+(`engine.alias_fp32_partitions`). The activations are counted as above.
   ZeRO-0   P s parameters; Pt s gradients (backward to step); Adam 2 Pt s; the all-reduce flattens
            the gradients into min(Pt, allreduce bucket) s at the end of backward
   ZeRO-1/2 P s parameters (the trainable ones flattened, same bytes); an fp32 master partition Pt/N 4
@@ -97,7 +127,10 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
            a prefetched one, or one used again in the trace window after t that holds at most that
            many elements: an upper bound, near for a model larger than these (default 1e9 elements
            each: 3.7 GiB in fp32, 1.9 GiB in bf16). Measured (the rehearsal's job, max live 1e8,
-           reuse 5e7): 0.41 GiB gathered from step 2, the bound 0.42 GiB
+           reuse 5e7): 0.41 GiB gathered from step 2, the bound 0.42 GiB. At a partition world size of
+           1 (one rank) nothing is gathered: DeepSpeed's all_gather_coalesced returns a NoGatherHandle
+           whose parameter becomes a view of its own partition (partition_parameters.py), unless the
+           partition is offloaded (then it is copied to the device)
   offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
   (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
 The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
@@ -121,6 +154,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import tempfile
 import warnings
 from dataclasses import dataclass, field, replace
@@ -131,7 +165,7 @@ from PIL import Image
 
 from video_dit.data import DataError, scan_dataset
 from video_dit.data.buckets import candidate_buckets
-from video_dit.devices import DeviceError, Machine, local_machine, machine_of, placement
+from video_dit.devices import DeviceError, Machine, host_ram, machine_of, placement
 from video_dit.lora import add_lora, lora_targets
 from video_dit.models.dit import VideoDiT, param_dtypes
 from video_dit.models.image_encoder import build_clip_vision
@@ -142,8 +176,9 @@ from video_dit.models.vae import CausalVideoVAE
 from video_dit.models.weights import WeightsError, module_groups, open_weights
 from video_dit.parallel.zero import ds_config, partitioned, shards_optimizer
 from video_dit.spec import spec_of_job
-from video_dit.train.config import parse_job, raw_process, read_yaml
+from video_dit.train.config import checkpointed_blocks_of, parse_job, raw_process, read_yaml
 from video_dit.train.experts import requested
+from video_dit.typed_config import ConfigError
 
 GiB = 2 ** 30
 # One rank's process before any model: python + torch + deepspeed + video_dit imported, a gloo process
@@ -152,6 +187,10 @@ PROCESS_BYTES = int(0.25 * GiB)
 # Not measured here (no GPU): what a CUDA context with NCCL takes, of device memory and of host RAM
 CUDA_CONTEXT_BYTES = int(0.6 * GiB)
 CUDA_HOST_BYTES = int(0.5 * GiB)
+# `train.gradient_checkpointing: auto` leaves this share of a rank's capacity unplanned: the plan's error
+# (the GPU suite holds it to 10%, the four measured H200 jobs are within 2%) and what the caching
+# allocator reserves beyond the live tensors it does not count
+AUTO_MARGIN = 0.10
 
 
 class PlanError(ValueError):
@@ -172,10 +211,12 @@ class Setting:
     offload_optimizer: bool = False
     offload_param: bool = False
     recompute: bool = True  # RecomputeSaved without checkpointing (`train.recompute_saved`)
+    checkpoint_blocks: int | None = None  # with `checkpointing`, only the first this many blocks (None: all)
 
     def describe(self) -> str:
-        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", "ckpt" if self.checkpointing else "no ckpt",
-                 f"batch {self.micro_batch}"]
+        ckpt = "no ckpt" if not self.checkpointing else "ckpt" if self.checkpoint_blocks is None else \
+            f"ckpt {self.checkpoint_blocks} blocks"
+        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", ckpt, f"batch {self.micro_batch}"]
         if not self.recompute and not self.checkpointing:
             parts.append("no recompute")
         if self.offload_optimizer:
@@ -255,66 +296,136 @@ class Activations:
 def image_embedding_bytes(cfg, s: int, lora_rank: int | None, lora_img_emb: bool) -> int:
     """What the CLIP image branch's `img_emb` MLP (LayerNorm, Linear, GELU, Linear, LayerNorm over
     Li = image_context_len tokens of width c = image_dim) leaves for backward, with its output (the
-    image context, kept by every block's k_img / v_img); 0 without the branch (module docstring)."""
+    image context, kept by every block's k_img / v_img); 0 without the branch (module docstring).
+    The LayerNorms run in float32 (`norm_to`): the last one keeps a float32 copy of its input; in a
+    bf16 job the trainable Linears' weights are used through compute-dtype copies (`weight_copies`)."""
     Li, c, D, r = cfg.image_context_len, cfg.image_dim or 0, cfg.dim, lora_rank or 0
     if not Li:
         return 0
+    a, w = float32_bytes(s), weight_copy_bytes(s)
     out = Li * D * s
-    flf2v = Li * c * s if cfg.num_images > 1 else 0  # clip_fea + emb_pos, kept by the first LayerNorm
-    if not lora_rank:  # both LayerNorms' input and stats, the Linears' inputs, GELU's input
-        return out + Li * (3 * c * s + D * s + 16) + flf2v
+    if not lora_rank:  # LayerNorm inputs and stats, the Linears' inputs, GELU's input; FLF2V's clip_fea + emb_pos
+        flf2v = Li * c * a if cfg.num_images > 1 else 0
+        return out + Li * (3 * c * s + D * a + 16) + flf2v + (c * c + c * D) * w
     if lora_img_emb:  # the adapters' inputs and lora_A outputs, GELU's input, the last LayerNorm's
-        return out + Li * (3 * c * s + D * s + 8 + 2 * r * s)
+        return out + Li * (3 * c * s + D * a + 8 + 2 * r * s) + r * (2 * c + D) * w
     return out  # frozen: nothing inside needs a gradient
 
 
+def float32_bytes(s: int) -> int:
+    """Bytes per element of the float32 islands (the residual stream, the LayerNorms' float32 inputs and
+    outputs, the head): float32, or the compute dtype when it is wider (a float64 model)."""
+    return max(s, 4)
+
+
+def weight_copy_bytes(s: int) -> int:
+    """Bytes per element of the compute-dtype copy that autocast makes of a float32 trainable weight at
+    every call (`VideoDiT.precision`: `cache_enabled=False`) and that its matmul keeps for the input's
+    gradient: s in a bf16 / fp16 job (trainable parameters are float32 masters), 0 in float32 (no copy)."""
+    return s if s < 4 else 0
+
+
+def checkpointed_count(setting: Setting, num_layers: int) -> int:
+    """How many of the `num_layers` blocks `setting` checkpoints (the first ones:
+    `VideoDiT.set_checkpointed_blocks`)."""
+    if not setting.checkpointing:
+        return 0
+    n = num_layers if setting.checkpoint_blocks is None else setting.checkpoint_blocks
+    return max(0, min(num_layers, n))
+
+
 def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                     per_token: bool = False, lora_img_emb: bool = False) -> Activations:
+                     per_token: bool = False, lora_img_emb: bool = False, fused: bool = False) -> Activations:
     """Activation memory of one forward + backward on one rank, for latents of `grid` = (F', h, w)
-    (see the module docstring for the derivation of every term). `lora_img_emb`: LoRA adapters on
-    the image MLP too (`network.include_img_emb`)."""
+    (see the module docstring for the derivation of every term). `s`: bytes per element of the
+    compute dtype; `lora_img_emb`: LoRA adapters on the image MLP too (`network.include_img_emb`);
+    `fused`: the DiT runs its fused kernels (`video_dit.kernels`: CUDA with triton) rather than the
+    torch path, which saves a little less. `setting.checkpoint_blocks` of the blocks (the first
+    ones) are checkpointed, the others keep what a block keeps."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
     N, B = setting.sp, setting.micro_batch
     Ll = -(-L // N)
     D, F, H, Lt, r = cfg.dim, cfg.ffn_dim, cfg.num_heads, cfg.text_len, lora_rank or 0
     C = cfg.out_dim * pt * ph * pw
+    a, w = float32_bytes(s), weight_copy_bytes(s)
+    torch_path = not fused
     full = not lora_rank
     T = Ll if per_token else 1
     T_time = L if per_token else 1  # the time MLP runs before the tokens are split
     Li = cfg.image_context_len
+    layers = cfg.num_layers
+    n_ckpt = checkpointed_count(setting, layers)
+    n_plain = layers - n_ckpt
     stats = (9 + H + (H if N == 1 else 0) + (H if Li else 0)) * 4
     text = Lt * (3 * D * s + 4 + 2 * r * s) + Li * (3 * D * s + 4 + 2 * r * s)  # + the image side (k_img, v_img)
     image = 2 * D * s if Li else 0  # the text and image attention outputs, apart from their sum (kept by `o`)
-    modulation = T * D * 32
-    block = Ll * ((10 + full) * D * s + image + F * s + stats + 8 * r * s) + text + modulation
-    head = (2 * Ll * D * s if full else 0) + 2 * Ll * 4 + T * D * 4  # normed, modulated input; stats; 1 + scale
-    outside = (Ll * D * s                                              # first block input
-               + (T_time * (cfg.freq_dim * 4 + 4 * D * s) if full else 0)  # time MLP
-               + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
-               + head + Ll * C * s + (L * C * s if N > 1 else 0)       # head, output (+ gathered)
-               + (L * 7 * D * 4 if per_token else 0)
-               + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))  # img_emb and its output
-    recompute = (Ll * ((18 if full else 14) * D * s + (N > 1) * D * s + image + 2 * F * s + stats + 8 * r * s)
-                 + text + modulation)  # R, what one block keeps without RecomputeSaved
-    if not setting.checkpointing and not setting.recompute:
-        # every block keeps R and its output (the next block's or the head's LayerNorm input); with LoRA
-        # nothing keeps the first block's input any more (only norm1's recipe did; patch_embedding is frozen)
-        saved = cfg.num_layers * (recompute + Ll * D * s) + outside - (0 if full else Ll * D * s)
-        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + backward
-        parts = {"per_block": recompute + Ll * D * s, "outside": outside, "backward": backward}
-    elif not setting.checkpointing:
-        saved = cfg.num_layers * block + outside
-        backward = (2 * Ll * F * s if full else 3 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + backward
-        parts = {"per_block": block, "outside": outside, "backward": backward}
+    modulation = T * D * (24 + (8 if torch_path else 0))  # e0 + modulation; the torch path's two (1 + scale)
+    # the compute-dtype weight copies one block's matmuls keep (bf16 / fp16 jobs; once per forward, not per sample)
+    if full:
+        block_weights = (8 * D * D + 2 * D * F + (2 * D * D if Li else 0)) * w
     else:
-        saved = cfg.num_layers * Ll * D * s + T * 6 * D * 4 + outside  # e0: one tensor, every block's input
-        backward = (Ll * F * s if full else 2 * Ll * F * s) * B + (cfg.dim * F * s if full else 0)
-        peak = saved * B - head * B + recompute * B + backward
-        parts = {"per_block": Ll * D * s, "outside": outside, "recomputed_block": recompute, "backward": backward}
-    return Activations(saved=saved * B, peak=peak, parts=parts)
+        block_weights = r * (16 * D + 2 * F + (2 * D if Li else 0) + (2 * D if Li and lora_img_emb else 0)) * w
+    block = Ll * ((7 + full) * D * s + 3 * D * a + image + F * s + stats + 8 * r * s) + text + modulation
+    # R, what one block keeps without RecomputeSaved; with sequence parallelism (all blocks checkpointed:
+    # the seam then keeps its exchanged tensors) one D s more
+    sp_extra = D * s if N > 1 and n_plain == 0 else 0
+    recompute = (Ll * (12 * D * s + 2 * D * a + ((2 * D * s + (2 * D * a if torch_path else 0)) if full else 0)
+                       + sp_extra + image + 2 * F * s + stats + 8 * r * s) + text + modulation)
+    head = (((2 if torch_path else 1) * Ll * D * a if full else 0) + 2 * Ll * 4
+            + T * D * (4 if torch_path else 8))  # normed, modulated input; stats; (1 + scale) or the op's scale
+    first = Ll * D * s  # the first block's input (the patch tokens, in the compute dtype)
+    if torch_path and s < a and n_ckpt == 0:
+        # the torch path's LayerNorm reads a float32 copy of it; RecomputeSaved's recipe keeps that copy, and
+        # without it the LayerNorm does when the input needs a gradient (full fine-tune) instead of the tokens
+        first = first + Ll * D * a if setting.recompute else (Ll * D * a if full else first)
+    patch = pt * ph * pw * cfg.in_dim
+    outside = (first
+               + (T_time * (cfg.freq_dim * 4 + 4 * D * a) if full else 0)    # time MLP (float32)
+               + (L * patch * w if full else 0)                              # the patch embedding's input copy
+               + Lt * D * s + (Lt * (cfg.text_dim + 2 * D) * s if full else 0)  # text MLP
+               + head + Ll * C * a + (L * C * a if N > 1 else 0)             # head, output (+ gathered)
+               + (L * 7 * D * 4 if per_token else 0)
+               + image_embedding_bytes(cfg, s, lora_rank, lora_img_emb))     # img_emb and its output
+    outside_weights = ((D * D + D * patch) * w if full else 0)  # text_embedding.2's and the patch conv's copies
+    if not setting.recompute and n_plain:
+        # no RecomputeSaved: every plain block keeps R and its output (the next block's or the head's LayerNorm
+        # input); with LoRA and no checkpointed block nothing keeps the first block's input (only norm1's recipe
+        # did; the patch embedding is frozen)
+        plain = recompute + Ll * D * a
+        if not full and n_ckpt == 0:
+            outside -= first
+        plain_backward = Ll * F * s if full else 2 * Ll * F * s
+    else:
+        plain = block
+        plain_backward = 2 * Ll * F * s if full else 3 * Ll * F * s
+    ckpt_backward = Ll * F * s if full else 2 * Ll * F * s
+    ffn_grad = D * F * s if full else 0  # ffn.2's new weight gradient, in the compute dtype as the matmul makes it
+    # a checkpointed block keeps its input (the previous block's output: counted once, as each block's output);
+    # e0 is kept once, by the checkpoints' inputs
+    kept = n_ckpt * Ll * D * a + (T * 6 * D * 4 if n_ckpt else 0)
+    saved = n_plain * plain + kept + outside
+    weights = n_plain * block_weights + outside_weights
+    if not full and n_ckpt == 0:  # block 0's q, k, v adapters read patch tokens that need no gradient
+        weights -= 3 * r * D * w
+    # the peak is in the backward of the last plain block (its FFN), or of the last checkpointed one (block
+    # n_ckpt - 1, once the plain blocks after it are freed), whichever is higher
+    # or in the head's backward, before any block's tensors are freed: its float32 input gradient and, in the
+    # torch path, the modulation's (and in full fine-tuning the scale's) gradients over the tokens, while the
+    # loss's (prediction - target) is freed (and in full fine-tuning the head Linear's input)
+    head_backward = ((3 if torch_path else 1) if full else 2) * Ll * D * a - Ll * C * a
+    peaks = [(saved + head_backward) * B + weights]
+    if n_plain:
+        peaks.append((saved - head + plain_backward) * B + weights + ffn_grad)
+    if n_ckpt:
+        peaks.append((kept + outside - head + recompute + ckpt_backward) * B + outside_weights + block_weights
+                     + ffn_grad)
+    parts = {"per_block": plain if n_plain else Ll * D * a, "outside": outside, "weights": weights,
+             "checkpointed_blocks": n_ckpt}
+    if n_ckpt:
+        parts["recomputed_block"] = recompute
+    parts["backward"] = (plain_backward if n_plain else ckpt_backward) * B + ffn_grad
+    return Activations(saved=saved * B + weights, peak=max(peaks), parts=parts)
 
 
 # ---------------------------------------------------------------- DeepSpeed state (see docstring)
@@ -455,9 +566,13 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         gatherable = sum(n for n in sizes.numels if n >= persist)
         # gathered at once: the module running, what is prefetched (up to max_live_parameters gathered
         # in all) and what DeepSpeed keeps gathered because it is used again within max_reuse_distance
-        # elements of the step's trace (bound below)
+        # elements of the step's trace (bound below). At a partition world size of 1 nothing is gathered:
+        # DeepSpeed's all_gather_coalesced / _all_gather return a NoGatherHandle, whose parameter becomes a
+        # view of its own partition (`ds_tensor.data.to(device)`, no copy on the same device); only an
+        # offloaded partition is copied to the device.
+        gathers = N > 1 or setting.offload_param
         trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-                            + sizes.largest_module) * max(sizes.itemsizes)
+                            + sizes.largest_module) * max(sizes.itemsizes) if gathers else 0
         trans.optimizer = part * 4 + (0 if cuda else part * 4)
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
@@ -496,12 +611,14 @@ def tokens_of(cfg, grid) -> int:
 
 def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
             dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
-            sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None) -> Prediction:
+            sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None,
+            fused: bool | None = None) -> Prediction:
     """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`; `experts`:
-    the DiTs of a two-expert job (None: one model)."""
+    the DiTs of a two-expert job (None: one model); `fused`: the DiT runs its fused kernels (None: on
+    CUDA, as `kernels: auto` does when triton imports, which CUDA builds of torch ship with)."""
     sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb)
     act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
-                           lora_img_emb=lora_img_emb)
+                           lora_img_emb=lora_img_emb, fused=cuda if fused is None else fused)
     res, trans = state_memory(sizes, setting, world, ds, dtype, cuda, experts)
     if not shards_optimizer(setting.zero_stage):
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
@@ -571,16 +688,28 @@ def job_buckets(job, preset, missing=()) -> list[tuple[tuple[int, int, int], int
 
 
 def planned_dtype(job, device: str) -> torch.dtype:
-    """The dtype the trainer would train at on `device` (`engine.train_dtype`: bf16 only on CUDA)."""
-    return torch.bfloat16 if device == "cuda" and job.process.train.dtype in ("bf16", "bfloat16") else torch.float32
+    """The dtype the trainer would train at on `device` (`precision.train_dtype`: bf16 on CUDA, and on CPU
+    ranks with `train.cpu_bf16`)."""
+    t = job.process.train
+    bf16 = t.dtype in ("bf16", "bfloat16") and (device == "cuda" or t.cpu_bf16)
+    return torch.bfloat16 if bf16 else torch.float32
 
 
 def setting_of(job, **changes) -> Setting:
+    """The `Setting` a job is configured with; `train.gradient_checkpointing: auto` is every block here (the
+    plan narrows it per bucket: `AutoCheckpointing`)."""
     d, t = job.process.deepspeed, job.process.train
-    base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=t.gradient_checkpointing,
+    layers = get_preset(job.process.model.preset).dit.num_layers
+    blocks = checkpointed_blocks_of(t, layers)
+    base = Setting(zero_stage=d.zero_stage, sp=d.sequence_parallel_size, checkpointing=blocks != 0,
                    micro_batch=t.batch_size, offload_optimizer=d.offload_optimizer, offload_param=d.offload_param,
-                   recompute=t.recompute_saved)
+                   recompute=t.recompute_saved, checkpoint_blocks=None if blocks in (None, layers) else blocks)
     return replace(base, **changes)
+
+
+def auto_checkpointing(job) -> bool:
+    """`train.gradient_checkpointing: auto`: the plan chooses the checkpointed blocks per bucket."""
+    return checkpointed_blocks_of(job.process.train, 1) is None
 
 
 def capacity_of(machine: Machine) -> int:
@@ -595,6 +724,145 @@ def capacity_of(machine: Machine) -> int:
     return int(machine.host_mem) // machine.ranks_per_node - PROCESS_BYTES
 
 
+def fewest_checkpointed(predict_at, setting: Setting, layers: int, budget: int) -> tuple[int, Prediction, bool]:
+    """(n, its prediction, whether it fits): the fewest checkpointed blocks (the first n of `layers`) under
+    `setting` whose planned peak is within `budget` bytes; all of them (and False) when none is.
+    `predict_at(setting)` makes a prediction."""
+    pred = None
+    for n in range(layers + 1):
+        pred = predict_at(replace(setting, checkpointing=n > 0, checkpoint_blocks=n))
+        if pred.device_bytes <= budget:
+            return n, pred, True
+    return layers, pred, False
+
+
+@dataclass(frozen=True)
+class CheckpointChoice:
+    """What `train.gradient_checkpointing: auto` checkpoints for one bucket."""
+
+    grid: tuple[int, int, int]  # the bucket's latent grid (F', h, w)
+    blocks: int                 # checkpointed blocks (the first ones)
+    layers: int                 # the DiT's blocks
+    prediction: Prediction
+    budget: int                 # bytes the choice had to fit in: the capacity less AUTO_MARGIN
+    capacity: int
+    fits: bool
+    device: str
+
+    def describe(self) -> str:
+        where = ("CPU ranks: planned against host memory, " if self.device != "cuda" else "") + \
+            f"{self.capacity / GiB:.1f} GiB per rank less {AUTO_MARGIN:.0%}"
+        f, h, w = self.grid
+        line = (f"gradient_checkpointing auto: latents {f}x{h}x{w} ({self.prediction.tokens} tokens): "
+                f"{self.blocks} of {self.layers} blocks checkpointed, planned peak "
+                f"{self.prediction.device_bytes / GiB:.2f} GiB per rank ({where} = {self.budget / GiB:.1f} GiB)")
+        return line if self.fits else line + "; does not fit even with every block checkpointed"
+
+
+class AutoCheckpointing:
+    """`train.gradient_checkpointing: auto` for one job on one machine: per bucket (its latent grid), the
+    fewest checkpointed blocks whose planned peak fits a rank's capacity less `AUTO_MARGIN`; on CPU ranks
+    the capacity is the host's memory per rank. Choices are remembered per grid."""
+
+    def __init__(self, job, machine: Machine):
+        p = job.process
+        self.preset = get_preset(p.model.preset)
+        self.cfg = self.preset.dit
+        self.machine = machine
+        self.cuda = machine.device == "cuda"
+        self.dtype = planned_dtype(job, machine.device)
+        self.lora = p.network.linear if p.network is not None else None
+        self.img_emb = bool(p.network is not None and p.network.include_img_emb)
+        self.ds = ds_config(job, machine.ranks, cuda=self.cuda)
+        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.img_emb)
+        self.per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
+        self.experts = job_experts(job)
+        self.capacity = capacity_of(machine)
+        self.budget = int(self.capacity * (1 - AUTO_MARGIN))
+        self.setting = setting_of(job)
+        self._choices: dict[tuple[int, int, int], CheckpointChoice] = {}
+
+    def predict(self, grid, setting: Setting) -> Prediction:
+        return predict(self.cfg, grid, setting, world=self.machine.ranks, lora_rank=self.lora, dtype=self.dtype,
+                       ds=self.ds, cuda=self.cuda, per_token=self.per_token, sizes=self.sizes,
+                       lora_img_emb=self.img_emb, experts=self.experts)
+
+    def choose(self, grid) -> CheckpointChoice:
+        grid = tuple(int(v) for v in grid)
+        if grid not in self._choices:
+            n, pred, fits = fewest_checkpointed(lambda s: self.predict(grid, s), self.setting, self.cfg.num_layers,
+                                                self.budget)
+            self._choices[grid] = CheckpointChoice(grid, n, self.cfg.num_layers, pred, self.budget, self.capacity,
+                                                   fits, self.machine.device)
+        return self._choices[grid]
+
+
+_AUTO: dict = {}
+
+
+def checkpoint_blocks(job, machine: Machine, grid) -> int:
+    """How many blocks (the first ones: `VideoDiT.set_checkpointed_blocks`) `train.gradient_checkpointing:
+    auto` checkpoints for a bucket whose latents are `grid` (F', h, w), as the trainer's batch has them
+    (`batch["latents"].shape[2:]`), on `machine` (`machine_here` in a rank); `checkpoint_choice` says why."""
+    return checkpoint_choice(job, machine, grid).blocks
+
+
+def checkpoint_choice(job, machine: Machine, grid) -> CheckpointChoice:
+    """`checkpoint_blocks`' choice with its prediction and budget (`CheckpointChoice.describe`: one line)."""
+    key = (id(job), machine)
+    if key not in _AUTO or _AUTO[key][0] is not job:
+        _AUTO[key] = (job, AutoCheckpointing(job, machine))
+    return _AUTO[key][1].choose(grid)
+
+
+def machine_here(world: int, device) -> Machine:
+    """The `Machine` a running rank is part of: `world` ranks on this rank's `device`, as many per node as
+    LOCAL_WORLD_SIZE says (the launcher sets it), this node's GPU (or host) memory."""
+    device = torch.device(device)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // max(1, per_node))
+    gpu_mem = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    return Machine(ranks=world, nodes=nodes, device=device.type, gpu_mem=gpu_mem, host_mem=host_ram())
+
+
+def oom_message(job, grid, measured_peak: int, machine: Machine, step: int | None = None,
+                checkpointed: int | None = None) -> str:
+    """The one line an out-of-memory step reports: the step, the bucket, the planned and the measured peak
+    (`torch.cuda.max_memory_allocated` when it failed), and what would lower it with the plan's figures
+    (block checkpointing, ZeRO-3, sequence parallelism, optimizer offload). `grid`: the batch's latent grid
+    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says)."""
+    chooser = AutoCheckpointing(job, machine)
+    grid = tuple(int(v) for v in grid)
+    cfg, preset = chooser.cfg, chooser.preset
+    setting = chooser.setting
+    if checkpointed is not None:
+        setting = replace(setting, checkpointing=checkpointed > 0, checkpoint_blocks=checkpointed)
+    planned = chooser.predict(grid, setting)
+    t, sp = preset.vae.temporal_compression, preset.vae_spatial
+    bucket = f"{(grid[0] - 1) * t + 1}x{grid[1] * sp}x{grid[2] * sp}"
+    levers = []
+    if checkpointed_count(setting, cfg.num_layers) < cfg.num_layers:
+        every = replace(setting, checkpointing=True, checkpoint_blocks=None)
+        levers.append(("train.gradient_checkpointing: true", every))
+        setting_ck = every
+    else:
+        setting_ck = setting
+    if not partitioned(setting.zero_stage):
+        levers.append(("deepspeed.zero_stage: 3", replace(setting_ck, zero_stage=3)))
+    sps = [n for n in range(setting.sp + 1, cfg.num_heads + 1) if cfg.num_heads % n == 0 and machine.ranks % n == 0]
+    if sps:
+        levers.append((f"deepspeed.sequence_parallel_size: {sps[0]}", replace(setting_ck, sp=sps[0])))
+    if shards_optimizer(setting.zero_stage) and not setting.offload_optimizer:
+        levers.append(("deepspeed.offload_optimizer: true", replace(setting_ck, offload_optimizer=True)))
+    lower = [(key, chooser.predict(grid, s).device_bytes) for key, s in levers]
+    fixes = "; ".join(f"{key} -> {b / GiB:.1f} GiB" for key, b in lower if b < planned.device_bytes)
+    where = f"step {step}, " if step is not None else ""
+    return (f"out of memory: {where}bucket {bucket} ({grid[0]}x{grid[1]}x{grid[2]} latents, {planned.tokens} tokens), "
+            f"{planned.setting.describe()}: measured peak {measured_peak / GiB:.2f} GiB, planned "
+            f"{planned.device_bytes / GiB:.2f} GiB of {chooser.capacity / GiB:.1f} GiB per rank; what would lower "
+            f"it (planned peak): {fixes or 'nothing the plan knows of'}")
+
+
 @dataclass
 class BucketPlan:
     bucket: tuple[int, int, int]
@@ -606,6 +874,7 @@ class BucketPlan:
     recommended: Prediction | None  # the first setting that fits (smallest SP, then checkpointing, offload)
     max_micro_batch: int            # at the recommended setting (0: none fits)
     why: str = ""                   # when nothing fits
+    auto: CheckpointChoice | None = None  # `gradient_checkpointing: auto`: the blocks chosen for this bucket
 
 
 @dataclass
@@ -653,8 +922,12 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
     """Parameter bytes, at `dtype`, of the frozen text encoder, VAE (and CLIP) the job loads: counted from
     their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
     else from the preset's architectures built on the meta device."""
-    spec = spec_of_job(job.process)
-    vae_src, te_src = spec.vae, spec.text_encoder
+    try:
+        spec = spec_of_job(job.process)
+        vae_src, te_src, clip_used = spec.vae, spec.text_encoder, spec.image_encoder is not None
+    except ConfigError:  # the model folder is not on this machine (yet): the preset's architectures
+        vae_src = te_src = f"preset:{preset.name}"
+        clip_used = preset.image_encoder is not None
 
     def from_files(src: str, sub: str, skip=()):
         path = Path(src)
@@ -675,7 +948,7 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
         with torch.device("meta"):
             vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
     clip = 0
-    if spec.image_encoder is not None:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
+    if clip_used:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
 
         # counted at `dtype` whole (an upper bound: the trainer drops its last block, quanto's fp8 halves it)
         clip = sum(p.numel() for p in build_clip_vision(preset.image_encoder, device="meta").parameters())
@@ -696,8 +969,9 @@ def candidate_settings(job, heads: int, world: int):
             for ckpt, off_opt, off_par in levers:
                 if (off_opt and not shards_optimizer(stage)) or (off_par and not partitioned(stage)):
                     continue
-                yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, offload_optimizer=off_opt,
-                              offload_param=off_par, recompute=base.recompute or sp > 1)  # see train.recompute_saved
+                yield replace(base, zero_stage=stage, sp=sp, checkpointing=ckpt, checkpoint_blocks=None,
+                              offload_optimizer=off_opt, offload_param=off_par,
+                              recompute=base.recompute or sp > 1)  # see train.recompute_saved
 
 
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
@@ -727,6 +1001,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     capacity = capacity_of(machine)
     setting = setting_of(job)
     experts = job_experts(job)
+    auto = AutoCheckpointing(job, machine) if auto_checkpointing(job) else None
 
     def pred(grid, s):
         return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
@@ -741,7 +1016,8 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     rows = []
     for bucket, items, source in listed:
         grid = latent_grid(preset, bucket)
-        now = pred(grid, setting)
+        choice = auto.choose(grid) if auto is not None else None
+        now = choice.prediction if choice is not None else pred(grid, setting)
         recommended, best_b, why = None, 0, ""
         for s in candidate_settings(job, heads, machine.ranks):
             first = pred(grid, s)
@@ -763,7 +1039,7 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
                    f"(activations {last.memory.activations / GiB:.1f} GiB, parameters {last.memory.parameters / GiB:.1f}"
                    f" GiB) > {capacity / GiB:.1f} GiB")
         rows.append(BucketPlan(bucket, items, source, now.tokens, now, now.device_bytes <= capacity, recommended,
-                               best_b, why))
+                               best_b, why, choice))
     host = host_memory(job, preset, machine, sizes, setting, dtype, cuda, rows, experts)
     return JobPlan(job.name, preset.name, machine, capacity, dtype, setting, lora, sizes, rows, host, experts)
 
@@ -800,10 +1076,13 @@ def format_plan(plan: JobPlan) -> str:
     where = (f"{m.ranks} x GPU ({m.gpu_mem / GiB:.0f} GiB)" if m.device == "cuda" else f"{m.ranks} CPU ranks") + \
         f" on {m.nodes} node(s)" + (f", {m.host_mem / GiB:.0f} GiB host RAM per node" if m.host_mem else "")
     kind = f"LoRA rank {plan.lora_rank}" if plan.lora_rank else "full fine-tune"
+    configured = plan.setting.describe()
+    if any(b.auto is not None for b in plan.buckets):
+        configured = configured.replace("ckpt", "ckpt auto (per bucket, below)", 1)
     s = plan.sizes
     lines = [f"memory plan: {plan.job_name} ({plan.preset}, {kind}, {str(plan.dtype).replace('torch.', '')}) on {where}",
              f"  DiT {s.base / 1e6:,.1f} M parameters, {s.trainable / 1e6:,.1f} M trainable; per rank up to "
-             f"{plan.capacity / GiB:.1f} GiB; as configured: {plan.setting.describe()}",
+             f"{plan.capacity / GiB:.1f} GiB; as configured: {configured}",
              *([f"  {plan.experts.describe()}"] if plan.experts else []),
              f"  {'bucket FxHxW':>14} {'tokens':>7} {'params':>7} {'grads':>6} {'optim':>6} {'buffers':>7} "
              f"{'activ.':>7} {'total':>7}  fits  settings that fit (smallest SP first), largest micro-batch"]
@@ -815,6 +1094,9 @@ def format_plan(plan: JobPlan) -> str:
         lines.append(f"  {f'{f}x{h}x{w}':>14} {b.tokens:>7} {mem.parameters / GiB:>7.2f} {mem.gradients / GiB:>6.2f} "
                      f"{mem.optimizer / GiB:>6.2f} {mem.buffers / GiB:>7.2f} {mem.activations / GiB:>7.2f} "
                      f"{mem.device / GiB:>7.2f}  {'yes' if b.fits else 'NO':>4}  {fix}")
+    for b in plan.buckets:
+        if b.auto is not None:
+            lines.append(f"  {b.auto.describe()}")
     host = plan.host
     lines.append(f"  host RAM per node: {host.startup / GiB:.1f} GiB at start-up (per rank: process "
                  f"{(PROCESS_BYTES + (CUDA_HOST_BYTES if m.device == 'cuda' else 0)) / GiB:.2f} + frozen encoders {host.parts['encoders_per_rank'] / GiB:.1f} or DiT set-up "
@@ -866,38 +1148,3 @@ def load_job_for_plan(path: str):
                 d["folder_path"] = str(stand_in)
                 missing.add(i)
     return parse_job(raw, str(path)), missing
-
-
-# ---------------------------------------------------------------- a step that ran out of memory
-
-
-def bucket_peak_gib(job, latent_shape: tuple, world: int) -> float | None:
-    """The plan's per-rank peak, in GiB, of `job`'s training step on a latent batch (B, C, F', h, w),
-    on `world` ranks of this machine's device kind (None when the plan cannot be made)."""
-    preset = get_preset(job.process.model.preset)
-    _, _, frames, h, w = latent_shape
-    bucket = ((frames - 1) * preset.vae.temporal_compression + 1, h * preset.vae_spatial, w * preset.vae_spatial)
-    try:
-        plan = plan_job(job, replace(local_machine(), ranks=world), buckets=[bucket])
-    except PlanError:
-        return None
-    return plan.buckets[0].as_configured.device_bytes / GiB
-
-
-def memory_levers(process, preset, world: int) -> list[str]:
-    """What would lower a job's per-rank peak, in the order worth trying, as job keys."""
-    d, t = process.deepspeed, process.train
-    out = []
-    if not t.gradient_checkpointing:
-        out.append("train.gradient_checkpointing: true (blocks recomputed in backward instead of kept)")
-    if not partitioned(d.zero_stage) and world > 1:
-        out.append(f"deepspeed.zero_stage: 3 (parameters sharded over the {world} ranks)")
-    elif not (d.offload_optimizer and d.offload_param) and shards_optimizer(d.zero_stage):
-        out.append("deepspeed.offload_optimizer / offload_param: true (to host memory)")
-    heads = preset.dit.num_heads
-    more_sp = [n for n in range(d.sequence_parallel_size + 1, world + 1) if heads % n == 0 and world % n == 0]
-    if more_sp:
-        out.append(f"deepspeed.sequence_parallel_size: {more_sp[0]} (the tokens split over {more_sp[0]} ranks)")
-    out.append("smaller buckets (datasets[].resolution, num_frames) or train.batch_size; `video-dit plan CONFIG` "
-               "shows what fits")
-    return out

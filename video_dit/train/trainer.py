@@ -64,7 +64,7 @@ from video_dit.train.ema import EMA
 from video_dit.train.engine import LRSchedule, initialize, schedule_change, sync_lr
 from video_dit.train.experts import ExpertSchedule, plan_experts
 from video_dit.train.metrics import MetricsLog, peak_memory_gb, read_metrics, step_flops
-from video_dit.train.plan import bucket_peak_gib, memory_levers
+from video_dit.train.plan import AutoCheckpointing, auto_checkpointing, machine_here, oom_message
 from video_dit.train.precision import build_dtype, cpu_fp32_notice, quantize_frozen, train_dtype
 from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler, render
 
@@ -202,6 +202,10 @@ class Trainer:
             tracked = self.module if self.expert_plan is None else torch.nn.ModuleDict(
                 {name: e.module for name, e in self.experts.items()})
             self.ema = EMA(tracked, p.train.ema_config.ema_decay, self.zero_stage)
+        # train.gradient_checkpointing: auto: the plan's blocks per bucket (`_checkpoint_for`)
+        self.auto_ckpt = AutoCheckpointing(self.job, machine_here(self.world, self.device)) \
+            if auto_checkpointing(self.job) else None
+        self._ckpt_blocks = None
         return plan
 
     def _restore(self, plan) -> None:
@@ -393,6 +397,20 @@ class Trainer:
                                   conditioning=self.conditioning, cond=cond, active=active,
                                   weight=self.timesteps.loss_weight(t))
 
+    def _checkpoint_for(self, batch: dict) -> None:
+        """`gradient_checkpointing: auto`: the plan's blocks for this batch's bucket, the most any rank needs
+        (ZeRO-3 gathers a checkpointed block's parameters again in its re-run: every rank checkpoints alike)."""
+        if self.auto_ckpt is None:
+            return
+        choice = self.auto_ckpt.choose(batch["latents"].shape[2:])
+        n = torch.tensor([choice.blocks], device=self.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        if int(n) != self._ckpt_blocks:
+            self._ckpt_blocks = int(n)
+            for e in self.experts.values():
+                e.module.set_checkpointed_blocks(self._ckpt_blocks)
+            self.log(f"step {self.step + 1}: {choice.describe()}; {self._ckpt_blocks} checkpointed on every rank")
+
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
         p = self.p
@@ -414,6 +432,7 @@ class Trainer:
                 self._drawn_t = []
             batch = next(batches)
             self._batch_shape = tuple(batch["latents"].shape)  # (B, C, F', h, w): named if the step runs out of memory
+            self._checkpoint_for(batch)
             self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
             self.act_peak.stop()
@@ -671,30 +690,19 @@ class Trainer:
                 old.unlink(missing_ok=True)
 
     def out_of_memory_line(self) -> str:
-        """One line for a step that ran out of device memory: the step, the bucket, the planned and the
-        measured peak, what would lower it, and the last complete checkpoint (which stays intact: a
-        checkpoint is written to a temporary name and renamed)."""
+        """One line for a step that ran out of device memory (`plan.oom_message`: the step, the bucket, the
+        planned and the measured peak, what would lower it with the plan's figures) and the last complete
+        checkpoint, which stays intact (a checkpoint is written to a temporary name and renamed)."""
         shape = getattr(self, "_batch_shape", None)
-        where = "before its first batch" if shape is None else self._bucket_words(shape)
-        measured = peak_memory_gb()
-        total = (torch.cuda.get_device_properties(self.device).total_memory / 2 ** 30
-                 if self.device.type == "cuda" else None)
-        planned = bucket_peak_gib(self.job, shape, self.world) if shape is not None else None
-        figures = (f"planned peak {planned:.1f} GiB per rank" if planned is not None else "no plan for it") + \
-            f", measured {measured:.1f} GiB" + (f" of {total:.1f} GiB" if total else "")
         last = ckpt.find_latest(self.ckpt_dir)
-        return (f"rank {self.rank} ran out of memory in step {self.step + 1} ({where}): {figures}. To lower it: "
-                f"{'; '.join(memory_levers(self.p, self.preset, self.world))}. The last complete checkpoint is "
-                f"{last or '(none yet)'}; `./launch/train.sh` resumes from it")
-
-    def _bucket_words(self, shape: tuple) -> str:
-        """"bucket 81x480x832, batch 1, 32760 tokens" of a latent batch shape (B, C, F', h, w)."""
-        B, _, Fl, h, w = shape
-        frames = (Fl - 1) * self.preset.vae.temporal_compression + 1
-        px = self.preset.vae_spatial
-        pt, ph, pw = self.dit_config.patch_size
-        tokens = (Fl // pt) * (h // ph) * (w // pw)
-        return f"bucket {frames}x{h * px}x{w * px}, batch {B}, {tokens} tokens"
+        resume = f"the last complete checkpoint is {last or '(none yet)'}; `./launch/train.sh` resumes from it"
+        if shape is None:
+            return f"rank {self.rank}: out of memory before the first step's batch; {resume}"
+        measured = (torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda"
+                    else int(peak_memory_gb() * 2 ** 30))
+        line = oom_message(self.job, shape[2:], measured, machine_here(self.world, self.device), step=self.step + 1,
+                           checkpointed=self._ckpt_blocks)
+        return f"rank {self.rank}: {line}; {resume}"
 
     def close(self) -> None:
         self.metrics.close()
