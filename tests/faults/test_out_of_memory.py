@@ -25,7 +25,7 @@ def test_out_of_memory_ends_the_job_with_one_line_and_keeps_the_checkpoint(world
     lines = [line for line in out.splitlines() if "out of memory: step" in line]
     assert len(lines) == 1, out[-3000:]  # one line, from the rank that ran out
     line = lines[0]
-    assert re.search(r"rank 1: out of memory: step 3, bucket 9x32x32 \(3x2x2 latents, \d+ tokens\), .*measured peak "
+    assert re.search(r"rank 1: out of memory: step 3, bucket 9x32x32 \(3x4x4 latents, \d+ tokens\), .*measured peak "
                      r"[\d.]+ GiB, planned [\d.]+ GiB of [\d.]+ GiB per rank; what would lower it \(planned peak\): "
                      r"train\.gradient_checkpointing: true -> [\d.]+ GiB", line), line
     assert re.search(r"last complete checkpoint is \S*step_000000002", line), line
