@@ -188,6 +188,44 @@ def test_sample_command_gives_diffusers_frames(folders, kind, tmp_path, capsys):
     np.testing.assert_allclose(frames, ref, rtol=0, atol=1e-3)
 
 
+def test_tencent_layout_samples_as_the_diffusers_folder(folders, tmp_path, capsys):
+    """Tencent's layout (ckpts/transformer/<variant>/ with its config.json and native keys, ckpts/vae/ with
+    AutoencoderKLConv3D's config), written from the t2v folder's weights, with the encoders of the diffusers
+    folder (--text-encoder): the same MP4 as the diffusers folder, the task read from `ideal_task`."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    from video_dit.models.hunyuan15_convert import hy15_from_diffusers
+    from video_dit.models.hunyuan15_convert_vae import hy15_vae_from_diffusers
+    from video_dit.models.weights import read_state_dict
+
+    _, folder = folders["t2v"]
+    variant, vae = tmp_path / "ckpts" / "transformer" / "480p_t2v", tmp_path / "ckpts" / "vae"
+    variant.mkdir(parents=True)
+    vae.mkdir()
+    save_file(hy15_from_diffusers(read_state_dict(folder / "transformer")), variant / "diffusion_pytorch_model.safetensors")
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(TINY_HY15_DIT).items()}
+    (variant / "config.json").write_text(json.dumps({"_class_name": "HunyuanVideo_1_5_DiffusionTransformer",
+                                                     "ideal_task": "t2v", "ideal_resolution": "480p", **config}))
+    save_file(hy15_vae_from_diffusers(read_state_dict(folder / "vae")), vae / "diffusion_pytorch_model.safetensors")
+    v = get_preset("tiny-hy15-t2v").vae
+    (vae / "config.json").write_text(json.dumps({
+        "_class_name": "AutoencoderKLConv3D", "in_channels": 3, "out_channels": 3, "latent_channels": v.latent_channels,
+        "block_out_channels": list(v.block_out_channels), "layers_per_block": v.layers_per_block,
+        "ffactor_spatial": 16, "ffactor_temporal": 4, "scaling_factor": v.scaling_factor}))
+    spec = resolve(Request(str(variant), text_encoder=str(folder), preset_required=False), CLI_KEYS)
+    assert spec.family is HUNYUAN15 and spec.vae == str(vae) and spec.task[0] == "t2v" and "ideal_task" in spec.task[1]
+
+    common = ["--prompt", PROMPT, "--negative", NEGATIVE, "--frames", str(FRAMES), "--height", str(HEIGHT), "--width",
+              str(WIDTH), "--steps", str(STEPS), "--shift", str(SHIFT), "--cfg", str(CFG), "--seed", str(SEED)]
+    assert cli(["sample", "--model", str(folder), *common, "--out", str(tmp_path / "diffusers.mp4")]) == 0
+    assert cli(["sample", "--model", str(variant), "--text-encoder", str(folder), *common,
+                "--out", str(tmp_path / "tencent.mp4")]) == 0
+    assert (tmp_path / "tencent.mp4").read_bytes() == (tmp_path / "diffusers.mp4").read_bytes()
+    capsys.readouterr()
+
+
 def test_fit_image_is_tencents_resize_and_centre_crop():
     """Tencent's `get_image_condition_latents`: scale = max(W / w0, H / h0), resize to the rounded sides
     with LANCZOS, then torchvision's CenterCrop (top = round((h1 - H) / 2)); the numbers worked by hand
@@ -305,10 +343,23 @@ def test_bad_input_exits_2_naming_file_key_and_accepted(folders, tmp_path, capsy
     assert "Traceback" not in err
 
 
-def test_trainers_refuse_a_sampling_only_family():
+def test_trainers_refuse_a_sampling_only_family(tmp_path, capsys):
+    import helpers
+
     with pytest.raises(ConfigError) as e:
         resolve(Request("preset:tiny-hy15-t2v"), JOB_KEYS)
     assert e.value.path == "config.process[0].model.name_or_path" and "does not train yet; accepted: tiny," in str(e.value)
+    # our trainer's check before any rank starts: exit 2 naming the key
+    (tmp_path / "data").mkdir()
+    _image().save(tmp_path / "data" / "a.png")
+    (tmp_path / "data" / "a.txt").write_text("a red square")
+    job = {"job": "extension", "config": {"name": "j", "process": [{
+        "type": "sd_trainer", "training_folder": str(tmp_path / "out"), "train": {"steps": 1},
+        "datasets": [{"folder_path": str(tmp_path / "data"), "resolution": [32]}],
+        "model": {"arch": "video_dit", "name_or_path": "preset:tiny-hy15-i2v"}}]}}
+    rc, err = helpers.validate(tmp_path, job, capsys)
+    line = err.strip().splitlines()[-1]
+    assert rc == 2 and "config.process[0].model.preset" in line and "does not train yet" in line, err
     spec = resolve(Request("preset:tiny-hy15-t2v", preset_required=False), CLI_KEYS)  # sampling takes it
     assert spec.family is HUNYUAN15 and spec.text_encoder == "preset:tiny-hy15-t2v"
     assert json.dumps(spec.sources())  # what an export would record

@@ -86,11 +86,14 @@ def _out_path(text: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="preset:NAME (random weights; tiny needs no files) or a model folder/file")
+    parser.add_argument("--model", required=True,
+                        help="preset:NAME (random weights; the tiny presets need no files) or a model folder/file "
+                             "(Wan or HunyuanVideo 1.5: its family is read from its files)")
     parser.add_argument("--vae", default=None, help="VAE weights (default: the preset's, or PATH/vae/ or a *vae* file in PATH)")
     parser.add_argument("--text-encoder", default=None,
-                        help="text encoder: preset:NAME, a folder with text_encoder/ + tokenizer/, or an HF-named "
-                             ".safetensors file with --tokenizer (default: the model's)")
+                        help="text encoder: preset:NAME, a folder with text_encoder/ + tokenizer/ (HunyuanVideo 1.5: "
+                             "also text_encoder_2/ + tokenizer_2/), or an HF-named umT5 .safetensors file with "
+                             "--tokenizer (default: the model's)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder for a single-file --text-encoder")
     parser.add_argument("--quantize-text-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the text encoder's weights with optimum-quanto")
@@ -105,13 +108,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the text prompt")
     parser.add_argument("--negative", default=None,
                         help="negative prompt of classifier-free guidance (default: the preset's, e.g. Wan's; '' for none)")
-    parser.add_argument("--image", default=None, help="first frame (image-to-video); resized to cover and centre-cropped")
+    parser.add_argument("--image", default=None,
+                        help="first frame (image-to-video); resized to cover and centre-cropped (HunyuanVideo 1.5: "
+                             "an i2v checkpoint only)")
     parser.add_argument("--last-image", default=None,
                         help="last frame, for a first-last-frame model (Wan 2.1 FLF2V; with --image)")
     parser.add_argument("--image-encoder", default=None,
                         help="CLIP image encoder of a Wan 2.1 I2V / FLF2V model: a folder with image_encoder/ + "
-                             "image_processor/, clip_vision_h.safetensors or Wan's models_clip_*.pth (default: "
-                             "the model folder's image_encoder/, or a tiny preset's own)")
+                             "image_processor/, clip_vision_h.safetensors or Wan's models_clip_*.pth; SigLIP of a "
+                             "HunyuanVideo 1.5 i2v model: a folder with image_encoder/ + feature_extractor/ "
+                             "(default: the model folder's image_encoder/, or a tiny preset's own)")
     parser.add_argument("--quantize-image-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the CLIP image encoder's weights with optimum-quanto")
     parser.add_argument("--frames", type=_positive_int, default=None,
