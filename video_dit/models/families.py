@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from video_dit.diffusion.conditioning import MASK_CHANNELS
+from video_dit.lora import lora_targets as wan_lora_targets
 from video_dit.models import hunyuan15_encoders as hy15_enc
 from video_dit.models import hunyuan15_loading as hy15_load
 from video_dit.models import loading as wan_load
@@ -28,6 +29,7 @@ from video_dit.models.hunyuan15_dit import hy15_dit_flops
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError, open_weights
+
 
 @dataclass(frozen=True)
 class Family:
@@ -137,7 +139,7 @@ WAN = Family(
            "text_folder": "no text_encoder/ folder in it", "no_images": "has no CLIP image branch"},
     natural_i2v=lambda cfg, task: wan_natural_i2v(cfg), reads_images=lambda spec: spec.dit_shape.image_dim is not None,
     last_frame=lambda cfg: cfg.image_dim is not None and cfg.num_images == 2,
-    lora_targets=r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o)|cross_attn\.(k_img|v_img)|ffn\.(0|2))",
+    lora_targets=wan_lora_targets(False),  # (+ the image branch's img_emb with lora_targets(True))
     flops=dit_flops,
 )
 
