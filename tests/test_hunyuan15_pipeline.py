@@ -188,6 +188,41 @@ def test_sample_command_gives_diffusers_frames(folders, kind, tmp_path, capsys):
     np.testing.assert_allclose(frames, ref, rtol=0, atol=1e-3)
 
 
+def test_conditioning_object_conditions_some_samples_of_a_batch():
+    """`HY15Conditioning` (the object training will reuse): a sample left out of `active` is exactly t2v,
+    in its input (zero condition, mask 0) and through the DiT (its SigLIP rows masked out)."""
+    from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning
+
+    dit = _randomized(load_dit("preset:tiny-hy15-i2v"))
+    g = torch.Generator().manual_seed(0)
+    noisy, t = torch.randn(2, 4, 2, 2, 3, generator=g), torch.tensor([700.0, 300.0])
+    cond = {"first_frame_latents": torch.randn(2, 4, 1, 2, 3, generator=g), "image_embeds": torch.randn(2, 16, 32, generator=g)}
+    text = torch.randn(2, 5, 32, generator=g)
+    c = HY15Conditioning()
+    x, t_out, mask = c.apply(noisy, t, cond, active=torch.tensor([True, False]))
+    assert x.shape == (2, 9, 2, 2, 3) and torch.equal(t_out, t) and bool((mask == 1).all())
+    assert torch.equal(x[0, 4:8, 0], cond["first_frame_latents"][0, :, 0]) and not x[0, 4:8, 1:].any()
+    assert bool((x[0, 8, 0] == 1).all()) and not x[0, 8, 1:].any() and not x[1, 4:].any()
+    with torch.no_grad():
+        mixed = dit(x, t, text, **c.dit_kwargs(cond, active=torch.tensor([True, False])))
+        t2v = dit(c.apply(noisy[1:], t[1:])[0], t[1:], text[1:])
+        i2v = dit(c.apply(noisy[:1], t[:1], {k: v[:1] for k, v in cond.items()})[0], t[:1], text[:1],
+                  **c.dit_kwargs({k: v[:1] for k, v in cond.items()}))
+    torch.testing.assert_close(mixed[1:], t2v, rtol=0, atol=1e-5)
+    torch.testing.assert_close(mixed[:1], i2v, rtol=0, atol=1e-5)
+    assert not torch.allclose(i2v, dit(c.apply(noisy[:1], t[:1])[0], t[:1], text[:1]), atol=1e-3)  # the frame matters
+
+
+def _randomized(dit):
+    """The seeded DiT with its zero-initialised output and modulation layers drawn (else it predicts 0)."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in dit.named_parameters():
+            if not p.any():
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    return dit.eval()
+
+
 def test_tencent_layout_samples_as_the_diffusers_folder(folders, tmp_path, capsys):
     """Tencent's layout (ckpts/transformer/<variant>/ with its config.json and native keys, ckpts/vae/ with
     AutoencoderKLConv3D's config), written from the t2v folder's weights, with the encoders of the diffusers
