@@ -290,7 +290,7 @@ def _task(req: Request, preset: Preset | None, dit: str, family: Family, keys: K
         return said
     own = ("i2v" if preset.i2v_mode is not None else "t2v", f"preset {preset.name}")
     if said is not None and said[0] != own[0]:
-        fits = [n for n, p in PRESETS.items() if p.family == family.name and (p.i2v_mode is not None) == (said[0] == "i2v")]
+        fits = [n for n in family.presets() if (PRESETS[n].i2v_mode is not None) == (said[0] == "i2v")]
         kind = {"t2v": "a text-to-video", "i2v": "an image-to-video"}
         raise keys.error(keys.preset, preset.name, f"is {kind[own[0]]} preset, but {keys.model} {req.name_or_path} is "
                                                    f"{kind[said[0]]} checkpoint ({said[1]}); accepted: {', '.join(fits)}")

@@ -24,8 +24,9 @@ frames, size, fps, seed, the DiT / text encoder and VAE dtypes), used for every 
 leaves out: it renders what the previews showed. The model family (Wan, HunyuanVideo 1.5) is the
 preset's, else the weights' own (`families.py`); it brings the loaders and the pipeline. A HunyuanVideo
 1.5 folder (diffusers' layout, or one of Tencent's transformer/<variant>/ folders with --text-encoder)
-samples t2v or i2v as its checkpoint was released for (--image only on an i2v checkpoint). Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
-share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
+samples t2v or i2v as its checkpoint was released for (--image only on an i2v checkpoint).
+Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two
+never share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
 PATH, or --image-encoder; SigLIP for HunyuanVideo 1.5 i2v). Sampling settings left out come from
 PATH/scheduler/scheduler_config.json (solver, shift) and PATH/guider/guider_config.json (guidance), then
 the preset's defaults (diffusion/sampling_settings.py); one printed line says
@@ -146,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flow-matching shift of the schedule (default: the model folder's scheduler config, "
                              "else the preset's)")
     parser.add_argument("--seed", type=int, default=None, help="noise seed (default: an export's first preview's, else 0)")
-    parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else the family's: 16 Wan, 24 HunyuanVideo 1.5)")
+    parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None,
+                        help="output fps (default: the preset's, else the family's: 16 Wan, 24 HunyuanVideo 1.5)")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="DiT and text-encoder dtype (default: an export's previews', else float32; bfloat16 "
                              "keeps the DiT's float32 islands)")
@@ -245,7 +247,7 @@ def check_args(spec: ModelSpec, args, image, last) -> None:
         why = spec.task[1] if spec.task is not None else f"in_dim {spec.dit_config.in_dim}"
         raise ValueError(f"--model {args.model} is an image-to-video model ({why}): pass --image FIRST_FRAME")
     if image is not None and family.task_of is not None and spec.i2v_mode is None:
-        i2v = [n for n, p in PRESETS.items() if p.family == family.name and p.i2v_mode is not None]
+        i2v = [n for n in family.presets() if PRESETS[n].i2v_mode is not None]
         said = (f"a text-to-video checkpoint ({spec.task[1]}), which {family.title}'s reference pipeline does not "
                 "condition on a first frame" if spec.task is not None else
                 "a checkpoint whose task (t2v or i2v) nothing in its files says")

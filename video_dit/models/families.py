@@ -52,7 +52,7 @@ class Family:
     folder_source: Callable     # (model folder Path, part) -> the part's source in that folder's layout, or None
     accepts: dict[str, str]     # part -> what a user may give for it (error messages)
     needs: dict[str, str]       # part -> what the model needs, e.g. "the umT5 text encoder"; text_folder, no_images
-    natural_i2v: Callable       # (dit_config, task) -> the i2v mode of a DiT known by its weights: replace, concat, None
+    natural_i2v: Callable       # (dit_config, task) -> a DiT's i2v mode known by its weights: replace, concat, None
     reads_images: Callable      # (ModelSpec) -> whether the DiT reads an image encoder's embeds
     last_frame: Callable        # (dit_config) -> a first-last-frame DiT
     lora_targets: str           # peft target_modules regex of its DiT (for training, later)
