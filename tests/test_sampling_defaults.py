@@ -35,6 +35,18 @@ EXPECTED = {
     "wan2.2-ti2v-5b": ("unipc", 50, 5.0, 5.0, WAN_NEG),
     "wan2.2-i2v-a14b": ("unipc", 40, 5.0, 3.5, WAN_NEG),
     "wan2.2-t2v-a14b": ("unipc", 40, 12.0, 4.0, WAN_NEG),
+    # HunyuanVideo 1.5, Tencent-Hunyuan/HunyuanVideo-1.5: shift and guidance from hyvideo/commons/__init__.py
+    # lines 48-105 (PIPELINE_CONFIGS), 50 steps (hyvideo/pipelines/hunyuan_video_pipeline.py line 101), 12 for
+    # the step-distilled model (commons line 104), Euler (its scheduler's only solver), negative "" (generate.py
+    # line 282)
+    "hunyuan15-480p-t2v": ("euler", 50, 5.0, 6.0, ""),
+    "hunyuan15-480p-i2v": ("euler", 50, 5.0, 6.0, ""),
+    "hunyuan15-720p-t2v": ("euler", 50, 9.0, 6.0, ""),
+    "hunyuan15-720p-i2v": ("euler", 50, 7.0, 6.0, ""),
+    "hunyuan15-480p-t2v-cfg-distilled": ("euler", 50, 5.0, 1.0, ""),
+    "hunyuan15-480p-i2v-cfg-distilled": ("euler", 50, 5.0, 1.0, ""),
+    "hunyuan15-720p-i2v-cfg-distilled": ("euler", 50, 7.0, 1.0, ""),
+    "hunyuan15-480p-i2v-step-distilled": ("euler", 12, 7.0, 1.0, ""),
 }
 # ours (no reference): Euler at 20 steps, shift 3, guidance 5, no negative prompt (random text encoder)
 TINY = ("euler", 20, 3.0, 5.0, "")

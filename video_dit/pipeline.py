@@ -181,16 +181,9 @@ class VideoPipeline:
                            guidance_scale=guidance_scale, guidance_scale_2=guidance_scale_2,
                            conditioning=conditioning, cond=cond, progress=progress)
 
-    @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> list[list[Image.Image]]:
         """Normalized latents (B, C, F', h, w) -> B lists of F PIL frames (VAE decode, one video at a time)."""
-        dtype, device = module_dtype_device(self.vae)
-        videos = []
-        for z in latents:
-            z = self.vae.denormalize(z[None].to(device=device, dtype=dtype))
-            video = self.vae.decode(z)[0].float().clamp(-1, 1)  # (3, F, H, W)
-            videos.append(tensor_to_pil(video.transpose(0, 1)))
-        return videos
+        return decode_videos(self.vae, latents)
 
     def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                  width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
@@ -224,6 +217,19 @@ class VideoPipeline:
                                         guidance_scale_2=guidance_scale_2)
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
+
+
+@torch.no_grad()
+def decode_videos(vae: nn.Module, latents: torch.Tensor) -> list[list[Image.Image]]:
+    """Normalized latents (B, C, F', h, w) -> B lists of F PIL frames, one video at a time through `vae`
+    (any VAE with `denormalize` and `decode` -> (1, 3, F, H, W) in [-1, 1]: Wan's, HunyuanVideo 1.5's)."""
+    dtype, device = module_dtype_device(vae)
+    videos = []
+    for z in latents:
+        z = vae.denormalize(z[None].to(device=device, dtype=dtype))
+        video = vae.decode(z)[0].float().clamp(-1, 1)  # (3, F, H, W)
+        videos.append(tensor_to_pil(video.transpose(0, 1)))
+    return videos
 
 
 def _as_list(embeds, name: str) -> list[torch.Tensor]:

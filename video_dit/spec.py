@@ -8,11 +8,15 @@
            and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the i2v
            mode; what an export recorded (`video_dit_sources.json`: sources, sampling settings)
 
+The model family (`families.py`: Wan, HunyuanVideo 1.5) is the preset's; without a preset, the
+weights' own (their metadata or key names, `families.identify`); weights of another family than the
+preset's are refused naming the file, the key and the presets that fit. A HunyuanVideo 1.5 checkpoint's
+task (t2v or i2v: one architecture) comes from its metadata or its preset, and is `ModelSpec.task`.
 Each part's source, in order: given explicitly; recorded by an export in its folder; the folder's
-own convention (diffusers' `vae/`, `text_encoder/` + `tokenizer/`, `image_encoder/`; a `*vae*`
-weights file beside the DiT); the preset's seeded random init where one exists for it (the tiny
-presets: a random VAE, ByT5-tokenised umT5 and CLIP); else an error naming the key to set, what it
-takes and how to get the files. The checks that need only this (a LoRA on a random preset, the i2v
+own convention (the family's: diffusers' `vae/`, `text_encoder/` + `tokenizer/`, `image_encoder/`;
+a `*vae*` weights file beside the DiT; Tencent's ckpts/vae); the preset's seeded random init where one
+exists for it (the tiny presets: a random VAE, text encoder(s) and image encoder); else an error naming
+the key to set, what it takes and how to get the files. The checks that need only this (a LoRA on a random preset, the i2v
 mode the DiT's input width allows, what a `do_i2v` dataset's stills do) live here too, so every front
 end refuses, skips and warns about the same jobs with the same words: our launcher before any rank
 starts, the ai-toolkit arch at load (or, for what ai-toolkit shows a model only later, as early as it
@@ -27,11 +31,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from video_dit.diffusion.conditioning import MASK_CHANNELS
 from video_dit.diffusion.experts import EXPERTS, check_boundary
 from video_dit.models.dit import DiTConfig
+from video_dit.models.families import WAN, Family, family_of, get_family, identify, wan_natural_i2v
 from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
-from video_dit.models.loading import open_dit
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError
 from video_dit.typed_config import ConfigError
@@ -122,6 +125,12 @@ class ModelSpec:
     experts: ExpertSources | None    # a two-expert model's experts, else None
     keys: Keys
     recorded: dict = field(default_factory=dict)  # an export's video_dit_sources.json
+    family_name: str = "wan"         # families.FAMILIES key: the preset's, else the weights' own
+    task: tuple[str, str] | None = None  # ("t2v" | "i2v", where it is said): a HunyuanVideo 1.5 checkpoint's
+
+    @property
+    def family(self) -> Family:
+        return get_family(self.family_name)
 
     @property
     def seed(self) -> int:
@@ -134,15 +143,15 @@ class ModelSpec:
 
     @functools.cached_property
     def vae(self) -> str:
-        return _vae(self.request, self.preset, self.recorded, self.keys)
+        return _vae(self.request, self.preset, self.recorded, self.keys, self.family)
 
     @functools.cached_property
     def text_encoder(self) -> str:
-        return _text_encoder(self.request, self.preset, self.recorded, self.keys)
+        return _text_encoder(self.request, self.preset, self.recorded, self.keys, self.family)
 
     @functools.cached_property
     def image_encoder(self) -> str | None:
-        """The CLIP image encoder of a DiT with the image branch, else None."""
+        """The image encoder the DiT reads (Wan 2.1 I2V / FLF2V: CLIP; HunyuanVideo 1.5 i2v: SigLIP), else None."""
         return _image_encoder(self.request, self, self.recorded, self.keys)
 
     @functools.cached_property
@@ -152,7 +161,7 @@ class ModelSpec:
         if name is not None:
             return get_preset(name).dit
         try:
-            return open_dit(self.dit)[1]
+            return self.family.dit_config(self.dit)
         except WeightsError as exc:
             raise self.keys.error(self.keys.model, self.dit, str(exc)) from exc
 
@@ -172,7 +181,7 @@ class ModelSpec:
     @property
     def last_frame(self) -> bool:
         """A first-last-frame model (Wan 2.1 FLF2V: its image branch reads two images)."""
-        return self.dit_shape.image_dim is not None and self.dit_shape.num_images == 2
+        return self.family.last_frame(self.dit_shape)
 
     def sources(self, absolute: bool = True) -> dict:
         """What an export records beside its weights (`video_dit_sources.json`), paths made absolute."""
@@ -234,26 +243,83 @@ def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
         raise keys.error(keys.model, req.name_or_path, "no such file or folder; accepted: preset:NAME or a weights "
                                                        "file/folder")
     dit = req.name_or_path if name is not None else _dit_source(Path(req.name_or_path), keys)
+    family = _family(req, preset, dit, keys)
+    if req.preset_required and not family.trains:
+        check_trains(preset, keys.preset if name is None else keys.model)
+    task = _task(req, preset, dit, family, keys)
     i2v = i2v_mode_of(preset, req.i2v_mode, keys.i2v_mode) if preset is not None else None
-    spec = ModelSpec(req, preset, dit, i2v, experts_of(req, preset, keys), keys, recorded)
-    if preset is None:  # a command line's weights path: the mode its DiT's input width takes
-        spec = dataclasses.replace(spec, i2v_mode=_natural_i2v(spec.dit_config))
+    spec = ModelSpec(req, preset, dit, i2v, experts_of(req, preset, keys), keys, recorded, family.name, task)
+    if preset is None:  # a command line's weights path: the mode its DiT's input width (or its task) takes
+        spec = dataclasses.replace(spec, i2v_mode=family.natural_i2v(spec.dit_config, task))
     return spec
+
+
+def check_trains(preset: Preset, key: str) -> None:
+    """A preset of a family our trainers do not take yet (HunyuanVideo 1.5: sampling only) is a
+    `ConfigError` naming `key`; every trainer front end asks this of its preset."""
+    family = family_of(preset)
+    if not family.trains:
+        trainable = [n for n, p in PRESETS.items() if get_family(p.family).trains]
+        raise ConfigError(key, f"{preset.name!r} is a {family.title} preset: {family.title} samples here (video-dit "
+                               f"sample --model PATH) but does not train yet; accepted: {', '.join(trainable)}")
+
+
+def _family(req: Request, preset: Preset | None, dit: str, keys: Keys) -> Family:
+    """The preset's family, else the weights' (`identify`, Wan when nothing says); weights of another
+    family than the preset's are a `ConfigError` naming the key, the file and the presets that fit."""
+    found = identify(dit)
+    if preset is None:
+        return found[0] if found is not None else WAN
+    family = family_of(preset)
+    if found is not None and found[0] is not family:
+        other, evidence = found
+        fits = ", ".join(other.presets()) + (", or no --preset" if keys.flags else "")
+        raise keys.error(keys.preset, preset.name, f"is a {family.title} preset, but {keys.model} {req.name_or_path} "
+                                                   f"holds {other.title} weights ({evidence}); accepted: {fits}")
+    return family
+
+
+def _task(req: Request, preset: Preset | None, dit: str, family: Family, keys: Keys) -> tuple[str, str] | None:
+    """The task a checkpoint is meant for, where its family's t2v and i2v models share one architecture
+    (HunyuanVideo 1.5): its metadata (`Family.task_of`), else its preset's; a preset of the other task
+    than the metadata's is a `ConfigError`. None for a family whose DiT shape says it (Wan)."""
+    if family.task_of is None:
+        return None
+    said = family.task_of(dit) if preset_name(dit) is None else None
+    if preset is None:
+        return said
+    own = ("i2v" if preset.i2v_mode is not None else "t2v", f"preset {preset.name}")
+    if said is not None and said[0] != own[0]:
+        fits = [n for n in family.presets() if (PRESETS[n].i2v_mode is not None) == (said[0] == "i2v")]
+        kind = {"t2v": "a text-to-video", "i2v": "an image-to-video"}
+        raise keys.error(keys.preset, preset.name, f"is {kind[own[0]]} preset, but {keys.model} {req.name_or_path} is "
+                                                   f"{kind[said[0]]} checkpoint ({said[1]}); accepted: {', '.join(fits)}")
+    return said or own
 
 
 def check_sources(spec: ModelSpec) -> ModelSpec:
     """Every part's source resolved now (each refused naming its key), for the checks that run before
     any rank starts."""
     spec.vae, spec.text_encoder, spec.image_encoder  # noqa: B018 (resolved and cached)
+    check_image_encoder(spec)
     return spec
 
 
-def i2v_mode_of(preset: Preset, requested: str | None, key: str) -> str:
+def i2v_mode_of(preset: Preset, requested: str | None, key: str) -> str | None:
     """The first-frame conditioning a DiT takes: "replace" when its input is its output (t2v, TI2V),
     "concat" when in_dim = out_dim + 4 mask channels + the VAE's latent channels (Wan I2V); a
-    requested mode the DiT cannot take is a `ConfigError` naming `key`."""
+    requested mode the DiT cannot take is a `ConfigError` naming `key`. A family whose t2v and i2v
+    models share one architecture (HunyuanVideo 1.5) takes the preset's: "concat" for i2v, None for t2v."""
+    family = family_of(preset)
+    if family.task_of is not None:
+        natural = preset.i2v_mode
+        if requested is not None and requested != natural:
+            raise ConfigError(key, f"{requested!r} does not fit preset {preset.name!r} (a {family.title} "
+                                   f"{'i2v' if natural else 't2v'} model); accepted: "
+                                   + (repr(natural) if natural else "none (leave it unset)"))
+        return natural
     cfg = preset.dit
-    natural = _natural_i2v(cfg, preset.vae.z_dim)
+    natural = wan_natural_i2v(cfg, preset.vae.z_dim)
     if natural is None:
         raise ConfigError(key, f"{preset.name}: DiT in_dim {cfg.in_dim} fits neither i2v mode (replace: in_dim == "
                                "out_dim; concat: out_dim + 4 + z_dim)")
@@ -263,11 +329,6 @@ def i2v_mode_of(preset: Preset, requested: str | None, key: str) -> str:
     return natural
 
 
-def _natural_i2v(cfg: DiTConfig, z_dim: int | None = None) -> str | None:
-    """"replace" when a DiT's input is its output, "concat" when its input holds the output's channels,
-    the 4 mask channels and the conditioning latents (`z_dim`: the VAE's; unknown: as many as out_dim)."""
-    z = cfg.out_dim if z_dim is None else z_dim
-    return {cfg.out_dim: "replace", cfg.out_dim + MASK_CHANNELS + z: "concat"}.get(cfg.in_dim)
 
 
 def _recorded(name_or_path: str, keys: Keys) -> dict:
@@ -331,69 +392,93 @@ def _recorded_path(req: Request, recorded: dict, part: str, key: str, keys: Keys
     return src
 
 
-def _vae(req: Request, preset: Preset | None, recorded: dict, keys: Keys) -> str:
+def _vae(req: Request, preset: Preset | None, recorded: dict, keys: Keys, family: Family) -> str:
     given = req.vae or _recorded_path(req, recorded, "vae", keys.vae, keys)
     if given:
         return given
     name = preset_name(req.name_or_path)
     base = Path(req.name_or_path)
-    if name is None and (base / "vae").is_dir():
-        return str(base)  # the folder: `load_vae` reads its vae/ (and the cache names the folder, as ever)
+    found = family.folder_source(base, "vae") if name is None else None
+    if found is not None:
+        return found  # the folder: `load_vae` reads its vae/ (and the cache names the folder, as ever)
     candidates = [f for f in _weight_files(base) if _is_vae_file(f)] if name is None and base.is_dir() else []
     if len(candidates) == 1:
         return str(candidates[0])
-    if preset is not None and preset.vae_name == "tiny" and not candidates:  # the tiny presets' random tiny VAE
-        return f"preset:{preset.vae_name}"
+    random = family.random_source(preset, "vae") if preset is not None and not candidates else None
+    if random is not None:  # the tiny presets' random tiny VAE
+        return random
     if name is None:
         raise keys.error(keys.model, req.name_or_path, f"cannot tell which VAE to use (found "
                          f"{[c.name for c in candidates] or 'no vae/ folder and no *vae* file'}); {keys.give} {keys.vae} "
-                         "(a Wan VAE .pth/.safetensors or a vae/ folder)")
+                         f"({family.accepts['vae']})")
     raise keys.error(keys.vae, "(not set)", f"preset {preset.name!r} needs its trained VAE (never random here); "
-                                            f"{keys.give} {keys.vae} (a Wan VAE .pth/.safetensors or a vae/ folder)")
+                                            f"{keys.give} {keys.vae} ({family.accepts['vae']})")
 
 
-def _text_encoder(req: Request, preset: Preset | None, recorded: dict, keys: Keys) -> str:
+def _text_encoder(req: Request, preset: Preset | None, recorded: dict, keys: Keys, family: Family) -> str:
     given = req.text_encoder or _recorded_path(req, recorded, "text_encoder", keys.text_encoder, keys)
     if given:
         return given
-    base = Path(req.name_or_path)
-    if preset_name(req.name_or_path) is None and (base / "text_encoder").is_dir():
-        return str(base)
-    if preset is not None and preset.text_encoder.tokenizer == "byt5":  # the tiny presets' random umT5 (ByT5 bytes)
-        return f"preset:{preset.name}"
-    what = f"preset {preset.name!r} needs the umT5 text encoder" if preset else "no text_encoder/ folder in it"
+    found = family.folder_source(Path(req.name_or_path), "text_encoder") \
+        if preset_name(req.name_or_path) is None else None
+    if found is not None:
+        return found
+    random = family.random_source(preset, "text_encoder") if preset is not None else None
+    if random is not None:  # the tiny presets' random text encoder(s)
+        return random
+    what = f"preset {preset.name!r} needs {family.needs['text_encoder']}" if preset else family.needs["text_folder"]
     raise keys.error(keys.text_encoder if preset else keys.model, req.name_or_path if not preset else "(not set)",
-                     f"{what}: {keys.give} {keys.text_encoder} (a folder holding text_encoder/ and tokenizer/, or put "
-                     "them next to the model)")
+                     f"{what}: {keys.give} {keys.text_encoder} ({family.accepts['text_encoder']})")
 
 
 def _image_encoder(req: Request, spec: ModelSpec, recorded: dict, keys: Keys) -> str | None:
-    preset = spec.preset
-    if spec.dit_shape.image_dim is None:
+    preset, family = spec.preset, spec.family
+    if not family.reads_images(spec):
         if req.image_encoder is not None:
-            raise keys.error(keys.image_encoder, req.image_encoder, f"{req.name_or_path} has no CLIP image branch; "
+            raise keys.error(keys.image_encoder, req.image_encoder, f"{req.name_or_path} {family.needs['no_images']}; "
                                                                     "remove it")
         return None
     given = req.image_encoder or _recorded_path(req, recorded, "image_encoder", keys.image_encoder, keys)
     if given:
         return given
-    base = Path(req.name_or_path)
-    if preset_name(req.name_or_path) is None and (base / "image_encoder").is_dir():
-        return str(base)
-    own = preset.image_encoder if preset is not None else None
-    if own is not None and own.hidden_size != 1280:  # the tiny presets' seeded random CLIP
-        return f"preset:{preset.name}"
+    found = family.folder_source(Path(req.name_or_path), "image_encoder") \
+        if preset_name(req.name_or_path) is None else None
+    if found is not None:
+        return found
+    random = family.random_source(preset, "image_encoder") if preset is not None else None
+    if random is not None:  # the tiny presets' seeded random image encoder
+        return random
     raise keys.error(keys.model, req.name_or_path,
-                     "has the CLIP image branch (Wan 2.1 I2V / FLF2V), whose ViT-H/14 is never random here: "
-                     f"{keys.give} {keys.image_encoder} (clip_vision_h.safetensors from ComfyUI, Wan's "
-                     "models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth, or a folder with image_encoder/ + "
-                     "image_processor/ from diffusers), or put image_encoder/ next to the model")
+                     f"has {family.needs['image_encoder']}: {keys.give} {keys.image_encoder} "
+                     f"({family.accepts['image_encoder']}), or put image_encoder/ next to the model")
+
+
+def check_image_encoder(spec: ModelSpec) -> None:
+    """An image encoder whose width is not the one the DiT reads is a `ConfigError` naming the key, the
+    file and the width accepted, from config.json alone (the family's check; Wan's is the trainer's
+    validate.py, which also counts tokens)."""
+    family = spec.family
+    if spec.image_encoder is None or family.image_encoder_width is None:
+        return
+    try:
+        width, where = family.image_encoder_width(spec.image_encoder)
+    except WeightsError as exc:
+        raise spec.keys.error(spec.keys.image_encoder, spec.image_encoder, str(exc)) from exc
+    wanted = family.dit_image_width(spec.dit_shape)
+    if width != wanted:
+        raise spec.keys.error(spec.keys.image_encoder, spec.image_encoder,
+                              f"an image encoder of width {width} ({where}), but the DiT reads image embeds of width "
+                              f"{wanted}; accepted: an image encoder of width {wanted} (the DiT's own)")
 
 
 def requested(model, preset: Preset, keys: Keys = JOB_KEYS) -> tuple[str, ...]:
     """The experts `model` (anything with `train_high_noise` / `train_low_noise`: a `Request`, a job's
     model block, the ai-toolkit arch's model_kwargs) asks to train, checked (None = true, as in
-    ai-toolkit); () for a one-model preset, which refuses the keys."""
+    ai-toolkit); () for a one-model preset, which refuses the keys. A trainer's model (anything but a
+    command line's `Request`, which samples) of a family that does not train yet is refused here too:
+    this is the first question every trainer asks of its preset (train/config.py, the ai-toolkit arch)."""
+    if getattr(model, "preset_required", True):
+        check_trains(preset, keys.preset)
     asked = {"high_noise": model.train_high_noise, "low_noise": model.train_low_noise}
     if not preset.two_experts:
         for e, value in asked.items():

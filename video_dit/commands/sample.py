@@ -5,6 +5,9 @@
     video-dit sample --model MODELS/Wan2.1-T2V-1.3B-Diffusers --prompt "..." --image first.png --out i2v.mp4
     video-dit sample --model MODELS/Wan2.1-FLF2V-14B-720P-Diffusers --prompt "..." --image first.png \\
         --last-image last.png --out flf2v.mp4
+    video-dit sample --model MODELS/HunyuanVideo-1.5-Diffusers-480p_t2v --prompt "..." --out hy15.mp4
+    video-dit sample --model MODELS/HunyuanVideo-1.5-Diffusers-480p_i2v --prompt "..." --image first.png \\
+        --out hy15_i2v.mp4
 
 --model: `preset:NAME` (seeded random weights; the tiny preset needs no files) or PATH, a folder holding
 the DiT weights (diffusers `transformer/`, or weight files) and the VAE (`vae/` or a `*vae*` file; or
@@ -18,10 +21,15 @@ both experts, each step with the one whose side of the boundary holds its timest
 `video_dit_sources.json`, which is read when --vae / --text-encoder / --preset are not given, and
 the settings its first preview rendered with (solver, steps, shift, guidance, negative prompt,
 frames, size, fps, seed, the DiT / text encoder and VAE dtypes), used for every flag the command
-leaves out: it renders what the previews showed. Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two never
-share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
-PATH, or --image-encoder). Sampling settings left out come from PATH/scheduler/scheduler_config.json
-(solver, shift), then the preset's defaults (diffusion/sampling_settings.py); one printed line says
+leaves out: it renders what the previews showed. The model family (Wan, HunyuanVideo 1.5) is the
+preset's, else the weights' own (`families.py`); it brings the loaders and the pipeline. A HunyuanVideo
+1.5 folder (diffusers' layout, or one of Tencent's transformer/<variant>/ folders with --text-encoder)
+samples t2v or i2v as its checkpoint was released for (--image only on an i2v checkpoint).
+Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two
+never share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V model (`image_encoder/` in
+PATH, or --image-encoder; SigLIP for HunyuanVideo 1.5 i2v). Sampling settings left out come from
+PATH/scheduler/scheduler_config.json (solver, shift) and PATH/guider/guider_config.json (guidance), then
+the preset's defaults (diffusion/sampling_settings.py); one printed line says
 which were used. Errors are one line (`video-dit`'s top level), never a traceback.
 """
 
@@ -34,14 +42,15 @@ import torch
 
 from video_dit.devices import resolve_device
 from video_dit.diffusion.experts import EXPERTS, HIGH, LOW, TwoExperts
-from video_dit.diffusion.sampling_settings import SchedulerConfig, read_scheduler_config, resolve_sampling
+from video_dit.diffusion.sampling_settings import (SchedulerConfig, read_guider_config, read_scheduler_config,
+                                                  resolve_sampling)
 from video_dit.lora import load_lora, read_lora
 from video_dit.media import load_image, write_video
 from video_dit.models.attention import BACKENDS, available, missing_backend
 from video_dit.models.dit import cast_dit
 from video_dit.models.layouts import SOURCES_FILE
 from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
-from video_dit.pipeline import VideoPipeline, image_features
+from video_dit.models.presets import PRESETS
 from video_dit.spec import CLI_KEYS, ModelSpec, Request, check_sources, resolve
 
 OUT_EXTS = (".mp4", ".mov", ".mkv", ".webp", ".gif")
@@ -78,11 +87,14 @@ def _out_path(text: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="preset:NAME (random weights; tiny needs no files) or a model folder/file")
+    parser.add_argument("--model", required=True,
+                        help="preset:NAME (random weights; the tiny presets need no files) or a model folder/file "
+                             "(Wan or HunyuanVideo 1.5: its family is read from its files)")
     parser.add_argument("--vae", default=None, help="VAE weights (default: the preset's, or PATH/vae/ or a *vae* file in PATH)")
     parser.add_argument("--text-encoder", default=None,
-                        help="text encoder: preset:NAME, a folder with text_encoder/ + tokenizer/, or an HF-named "
-                             ".safetensors file with --tokenizer (default: the model's)")
+                        help="text encoder: preset:NAME, a folder with text_encoder/ + tokenizer/ (HunyuanVideo 1.5: "
+                             "also text_encoder_2/ + tokenizer_2/), or an HF-named umT5 .safetensors file with "
+                             "--tokenizer (default: the model's)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder for a single-file --text-encoder")
     parser.add_argument("--quantize-text-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the text encoder's weights with optimum-quanto")
@@ -97,13 +109,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="the text prompt")
     parser.add_argument("--negative", default=None,
                         help="negative prompt of classifier-free guidance (default: the preset's, e.g. Wan's; '' for none)")
-    parser.add_argument("--image", default=None, help="first frame (image-to-video); resized to cover and centre-cropped")
+    parser.add_argument("--image", default=None,
+                        help="first frame (image-to-video); resized to cover and centre-cropped (HunyuanVideo 1.5: "
+                             "an i2v checkpoint only)")
     parser.add_argument("--last-image", default=None,
                         help="last frame, for a first-last-frame model (Wan 2.1 FLF2V; with --image)")
     parser.add_argument("--image-encoder", default=None,
                         help="CLIP image encoder of a Wan 2.1 I2V / FLF2V model: a folder with image_encoder/ + "
-                             "image_processor/, clip_vision_h.safetensors or Wan's models_clip_*.pth (default: "
-                             "the model folder's image_encoder/, or a tiny preset's own)")
+                             "image_processor/, clip_vision_h.safetensors or Wan's models_clip_*.pth; SigLIP of a "
+                             "HunyuanVideo 1.5 i2v model: a folder with image_encoder/ + feature_extractor/ "
+                             "(default: the model folder's image_encoder/, or a tiny preset's own)")
     parser.add_argument("--quantize-image-encoder", choices=("qfloat8", "qint8"), default=None,
                         help="quantize the CLIP image encoder's weights with optimum-quanto")
     parser.add_argument("--frames", type=_positive_int, default=None,
@@ -132,7 +147,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="flow-matching shift of the schedule (default: the model folder's scheduler config, "
                              "else the preset's)")
     parser.add_argument("--seed", type=int, default=None, help="noise seed (default: an export's first preview's, else 0)")
-    parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None, help="output fps (default: the preset's, else 16)")
+    parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None,
+                        help="output fps (default: the preset's, else the family's: 16 Wan, 24 HunyuanVideo 1.5)")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="DiT and text-encoder dtype (default: an export's previews', else float32; bfloat16 "
                              "keeps the DiT's float32 islands)")
@@ -170,7 +186,7 @@ def load_models(spec: ModelSpec, args, dtype, device):
     """The DiT (+ LoRA), or both experts (`TwoExperts`, + each one's LoRA; offloaded experts on the
     CPU, moved in for their steps)."""
     if spec.experts is None:
-        dit = load_dit(spec.dit, dtype=dtype, device=device).eval()
+        dit = load_dit(spec.dit, dtype=dtype, device=device, family=spec.family_name).eval()
         if args.lora:
             load_lora(args.lora, dit)
             cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
@@ -196,6 +212,7 @@ def sampling_of(spec: ModelSpec, args, two: bool):
         ("guidance", args.cfg, "--cfg"), ("guidance_2", args.cfg_2, "--cfg-2"),
         ("negative", args.negative, "--negative")] if value is not None}
     shown = spec.recorded.get("sampling") or {}
+    guider = None
     if shown:  # ranks after the command, before the folder's scheduler config and the preset
         where = f"{SOURCES_FILE} (the previews')"
         given = {**{k: (shown[k], where) for k in ("steps", "guidance", "guidance_2", "negative")
@@ -203,11 +220,16 @@ def sampling_of(spec: ModelSpec, args, two: bool):
         scheduler = SchedulerConfig(shown["solver"], shown["shift"], shown.get("grid", "wan"), Path(where))
     else:
         scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
-    return resolve_sampling(spec.preset, scheduler, given, two_experts=two)
+        guider = None if "guidance" in given else read_guider_config(args.model)
+    return resolve_sampling(spec.preset, scheduler, given, two_experts=two, guider=guider, family=spec.family)
 
 
 def check_args(spec: ModelSpec, args, image, last) -> None:
     """What the command asks that this model cannot do, before any model loads."""
+    family = spec.family
+    for flag, value in (("--lora", args.lora), ("--last-image", args.last_image), ("--tokenizer", args.tokenizer)):
+        if value is not None and flag in family.refused_flags:
+            raise ValueError(f"{flag} {value}: {family.refused_flags[flag]}; remove it")
     two = spec.experts is not None
     if not two:
         for flag, value in (("--lora-2", args.lora_2), ("--cfg-2", args.cfg_2), ("--boundary-ratio", args.boundary_ratio)):
@@ -222,8 +244,15 @@ def check_args(spec: ModelSpec, args, image, last) -> None:
     if spec.last_frame and last is None:
         raise ValueError(f"--model {args.model} is first-last-frame (Wan 2.1 FLF2V): pass --last-image LAST_FRAME")
     if spec.i2v_mode == "concat" and image is None:
-        raise ValueError(f"--model {args.model} is an image-to-video model (in_dim {spec.dit_config.in_dim}): "
-                         "pass --image FIRST_FRAME")
+        why = spec.task[1] if spec.task is not None else f"in_dim {spec.dit_config.in_dim}"
+        raise ValueError(f"--model {args.model} is an image-to-video model ({why}): pass --image FIRST_FRAME")
+    if image is not None and family.task_of is not None and spec.i2v_mode is None:
+        i2v = [n for n in family.presets() if PRESETS[n].i2v_mode is not None]
+        said = (f"a text-to-video checkpoint ({spec.task[1]}), which {family.title}'s reference pipeline does not "
+                "condition on a first frame" if spec.task is not None else
+                "a checkpoint whose task (t2v or i2v) nothing in its files says")
+        raise ValueError(f"--image {args.image}: --model {args.model} is {said}; accepted: an image-to-video "
+                         f"checkpoint (or --preset {' / '.join(i2v)} for a bare i2v weights file), or no --image")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -235,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
     shown = spec.recorded.get("sampling") or {}
     size = {k: getattr(args, k) if getattr(args, k) is not None else shown.get(k, default)
             for k, default in (("frames", 17), ("height", 480), ("width", 832), ("seed", 0))}
-    fps = args.fps if args.fps is not None else shown.get("fps", spec.preset.fps if spec.preset else 16)
+    fps = args.fps if args.fps is not None else shown.get("fps", spec.preset.fps if spec.preset else spec.family.fps)
     dtype = getattr(torch, args.dtype or shown.get("dtype", "float32"))          # the previews' DiT / text encoder
     vae_dtype = getattr(torch, args.vae_dtype or shown.get("vae_dtype", "float32"))
     image = load_image(args.image) if args.image else None  # fail on a bad image before any model loads
@@ -247,30 +276,36 @@ def main(args: argparse.Namespace) -> int:
 
     # 1. prompts -> embeds, then the text encoder is freed
     te = load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
-                           tokenizer=spec.tokenizer)
+                           tokenizer=spec.tokenizer, family=spec.family_name)
     guided = settings.guided
     embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
     # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
+    family = spec.family
     image_embeds = None
     if spec.image_encoder is not None and image is not None:
-        clip = load_image_encoder(spec.image_encoder, dtype=dtype, device=device, quantize=args.quantize_image_encoder)
-        image_embeds = image_features(clip, image, last)
-        del clip
+        encoder = load_image_encoder(spec.image_encoder, dtype=dtype, device=device,
+                                     quantize=args.quantize_image_encoder, family=family.name)
+        image_embeds = family.image_embeds(encoder, image, last, size["height"], size["width"])
+        del encoder
     # 2. the DiT (+ LoRA) or both experts (+ each one's LoRA), and the VAE
     dit = load_models(spec, args, dtype, device)
     for expert in (dit.high, dit.low) if isinstance(dit, TwoExperts) else (dit,):
         expert.set_attention_backend(args.attention_backend)
-    vae = load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
-    pipe = VideoPipeline(dit, vae)  # replace-mode i2v with per-token timesteps (see conditioning.py)
+    vae = load_vae(spec.vae, dtype=vae_dtype, device=device, family=family.name).eval()
+    pipe = family.pipeline(dit, vae)  # Wan: VideoPipeline (replace-mode i2v with per-token timesteps)
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(size["seed"])
+    extra = {}  # what only some models take: a two-expert model's low-noise scale, FLF2V's last frame
+    if two:
+        extra["guidance_scale_2"] = settings.guidance_2
+    if last is not None:
+        extra["last_frame"] = last
     frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=size["frames"],
                            height=size["height"], width=size["width"], steps=settings.steps,
-                           guidance_scale=settings.guidance,
-                           guidance_scale_2=settings.guidance_2 if two else None,
-                           shift=settings.shift, solver=settings.solver, grid=settings.grid, generator=generator,
-                           first_frame=image, progress=True, last_frame=last, image_embeds=image_embeds)
+                           guidance_scale=settings.guidance, shift=settings.shift, solver=settings.solver,
+                           grid=settings.grid, generator=generator, first_frame=image, progress=True,
+                           image_embeds=image_embeds, **extra)
     write_video(frames, args.out, fps=fps)
     kind = "flf2v" if last is not None else "i2v" if image is not None else "t2v"
     print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps)")

@@ -67,7 +67,7 @@ def shift_timesteps(t: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 SOLVERS: tuple[str, ...] = ("unipc", "euler")
-SCHEDULE_GRIDS: tuple[str, ...] = ("wan", "diffusers")
+SCHEDULE_GRIDS: tuple[str, ...] = ("wan", "diffusers", "hunyuan")
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,18 @@ def sampling_schedule(steps: int, shift: float, solver: str = "unipc", grid: str
       Wan and diffusers disagree here: Wan's grid is diffusers' minus 1/1000 (0.999 - k h vs 1 - k h,
       h = 0.999 / steps). We follow Wan by default; "diffusers" is for a diffusers folder whose
       scheduler_config.json names that scheduler, so the folder samples as diffusers samples it.
-    Euler (either grid; Wan has no Euler solver): diffusers' `FlowMatchEulerDiscreteScheduler(shift=
-    shift).set_timesteps(steps)`:
+    Euler (grid "wan" or "diffusers"; Wan has no Euler solver): diffusers' `FlowMatchEulerDiscreteScheduler(
+    shift=shift).set_timesteps(steps)`:
         s_min = shift(1/1000) in float32 (the last of its training sigmas, shifted at construction)
         s = shift(linspace(1, s_min, steps)): both ends kept, s_min shifted a second time, as there
         timesteps = float32(s) * 1000 (not rounded: 1000.0, 975.743, ...); sigmas = float32(s) + [0]
+    Euler, grid "hunyuan": HunyuanVideo 1.5's, Tencent's `FlowMatchDiscreteScheduler(shift=shift)
+    .set_timesteps(steps)` (hyvideo/schedulers/scheduling_flow_match_discrete.py lines 127-142):
+        s = shift(torch.linspace(1, 0, steps + 1)) in float32 torch: starts at pure noise, ends at 0
+        timesteps = s[:-1] * 1000 (float32); sigmas = s
+      diffusers' HunyuanVideo15 pipelines pass the same grid as `sigmas=np.linspace(1, 0, steps + 1)[:-1]`
+      to `FlowMatchEulerDiscreteScheduler` and shift it in numpy float32: at most an ulp apart. Tencent's
+      is followed. UniPC cannot start at s = 1 (its log-SNR is -inf there): this grid is Euler's only.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -120,6 +127,13 @@ def sampling_schedule(steps: int, shift: float, solver: str = "unipc", grid: str
     if grid not in SCHEDULE_GRIDS:
         raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
     n = int(NUM_TRAIN_TIMESTEPS)
+    if grid == "hunyuan":
+        if solver != "euler":
+            raise ValueError(f"schedule grid 'hunyuan' (HunyuanVideo 1.5's, from s = 1) is Euler's; got solver "
+                             f"{solver!r}; accepted: euler")
+        s = torch.linspace(1.0, 0.0, steps + 1)  # float32, as Tencent's
+        sigmas = shift * s / (1 + (shift - 1) * s)
+        return SamplingSchedule(solver, sigmas, sigmas[:-1] * n)
     if solver == "euler":
         train_ends = torch.tensor([float(n), 1.0]) / n  # float32, as its training grid is
         s_max, s_min = (shift * train_ends / (1 + (shift - 1) * train_ends)).tolist()

@@ -6,10 +6,12 @@ Precedence, highest first:
    `samples[i]` key before the block's); `--cfg-2` / `guidance_scale_2`: a two-expert model's low-noise
    expert's scale (`--cfg` / `guidance_scale` is then the high-noise one's, and both when given alone);
 2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
-   and with diffusers' UniPC its sigma grid (`flow.sampling_schedule`, grid "diffusers");
+   and with diffusers' UniPC its sigma grid (`flow.sampling_schedule`, grid "diffusers"); and its
+   `guider/guider_config.json` (HunyuanVideo 1.5 folders): the guidance scale;
 3. the preset's `sample_*` fields (the reference's defaults for that model);
-4. for a model with no preset, Wan's generate.py defaults (unipc, 50 steps, shift 5, guidance 5,
-   Wan's negative prompt).
+4. for a model with no preset, its family's defaults: Wan's generate.py ones (unipc, 50 steps, shift 5,
+   guidance 5, Wan's negative prompt), Tencent's for HunyuanVideo 1.5 (`families.py`).
+A family may sample with fewer solvers and on its own grid (HunyuanVideo 1.5: Euler on its "hunyuan" grid).
 `SamplingSettings.describe()` is the one line `video-dit sample` and the trainer print.
 """
 
@@ -27,6 +29,11 @@ FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "guidance_2",
 # Wan2.1 generate.py's defaults for a t2v task (lines 72, 77, 231, 244) and wan/configs/shared_config.py
 WAN_GENERATE_DEFAULTS = dict(solver="unipc", steps=50, shift=5.0, guidance=5.0, negative=WAN_NEGATIVE_PROMPT)
 SCHEDULER_CONFIG = Path("scheduler") / "scheduler_config.json"
+GUIDER_CONFIG = Path("guider") / "guider_config.json"
+# diffusers' ClassifierFreeGuidance keys that must keep the value we implement (v_u + s (v_c - v_u) at
+# every step): key -> (accepted values, diffusers' default when absent)
+_GUIDER_KEYS = {"guidance_rescale": ((0.0, 0), 0.0), "use_original_formulation": ((False,), False),
+                "start": ((0.0, 0), 0.0), "stop": ((1.0, 1), 1.0)}
 
 # diffusers scheduler classes we sample exactly: class -> (our solver, the key holding the shift, the
 # keys that must keep a value we implement: key -> (accepted values, diffusers' default when absent)).
@@ -103,6 +110,41 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
 
 
 @dataclass(frozen=True)
+class GuiderConfig:
+    """What a diffusers folder's guider config says: the classifier-free guidance scale."""
+
+    guidance: float
+    path: Path
+
+
+def read_guider_config(model) -> GuiderConfig | None:
+    """`<model>/guider/guider_config.json` (diffusers' `ClassifierFreeGuidance`, as HunyuanVideo 1.5
+    folders carry it: 6.0, 1.0 for the distilled models) as a `GuiderConfig`; None when `model` is not a
+    folder holding one. Another guider, or one we do not sample exactly, is a `ValueError` naming the
+    file, the key and what is accepted (pass the guidance scale explicitly to sample without it)."""
+    if model is None or preset_name(model) is not None:
+        return None
+    path = Path(model) / GUIDER_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    if cfg.get("_class_name") != "ClassifierFreeGuidance":
+        raise ValueError(f"{path}: guider class {cfg.get('_class_name')!r} is not one we sample; accepted: "
+                         "ClassifierFreeGuidance (or give the guidance scale explicitly)")
+    for key, (accepted, default) in _GUIDER_KEYS.items():
+        if cfg.get(key, default) not in accepted:
+            raise ValueError(f"{path}: {key} = {cfg[key]!r} is not supported; accepted: {accepted[0]!r} (or give "
+                             "the guidance scale explicitly)")
+    scale = 1.0 if cfg.get("enabled", True) is False else cfg.get("guidance_scale", 7.5)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale < 0:
+        raise ValueError(f"{path}: guidance_scale = {scale!r}; expected a number >= 0")
+    return GuiderConfig(float(scale), path)
+
+
+@dataclass(frozen=True)
 class SamplingSettings:
     solver: str
     steps: int
@@ -144,13 +186,16 @@ def _negative_name(text: str) -> str:
 
 def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
                      given: dict[str, tuple[object, str]] | None = None,
-                     two_experts: bool | None = None) -> SamplingSettings:
-    """The settings of a render. preset: a `Preset` or None (then Wan's generate.py defaults);
-    scheduler: `read_scheduler_config(model)`; given: field -> (value, where it was given, e.g.
-    "--steps" or "sample.sample_steps") for the values the command or job sets (others absent).
-    two_experts (default: the preset's): a two-expert model, whose `guidance_2` (the low-noise
-    expert's scale) is the given one, else the given `guidance` when only that is given (as diffusers'
-    guidance_scale_2 = None), else the preset's pair; a one-model render refuses a given guidance_2."""
+                     two_experts: bool | None = None, guider: GuiderConfig | None = None,
+                     family=None) -> SamplingSettings:
+    """The settings of a render. preset: a `Preset` or None (then the family's defaults: Wan's
+    generate.py ones when `family` is None); scheduler: `read_scheduler_config(model)`; guider:
+    `read_guider_config(model)`; given: field -> (value, where it was given, e.g. "--steps" or
+    "sample.sample_steps") for the values the command or job sets (others absent). family: the model's
+    `families.Family` (its solvers, grid and defaults; None: Wan's). two_experts (default: the preset's):
+    a two-expert model, whose `guidance_2` (the low-noise expert's scale) is the given one, else the
+    given `guidance` when only that is given (as diffusers' guidance_scale_2 = None), else the preset's
+    pair; a one-model render refuses a given guidance_2."""
     given = dict(given or {})
     unknown = set(given) - set(FIELDS)
     if unknown:
@@ -163,6 +208,8 @@ def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
         values = dict(solver=preset.sample_solver, steps=preset.sample_steps, shift=preset.sample_shift,
                       guidance=preset.sample_guidance, negative=preset.sample_negative)
         origin = f"preset {preset.name}"
+    elif family is not None and family.sampling_defaults:
+        values, origin = dict(family.sampling_defaults), family.sampling_origin
     else:
         values, origin = dict(WAN_GENERATE_DEFAULTS), "Wan's generate.py defaults (no preset known)"
     sources = dict.fromkeys(FIELDS, origin)
@@ -174,10 +221,15 @@ def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
     if scheduler is not None:
         values.update(solver=scheduler.solver, shift=scheduler.shift)
         sources.update(solver=str(scheduler.path), shift=str(scheduler.path))
+    if guider is not None:
+        values["guidance"], sources["guidance"] = guider.guidance, str(guider.path)
     for name, (value, where) in given.items():
         values[name], sources[name] = value, where
-    if values["solver"] not in SOLVERS:
-        raise ValueError(f"{sources['solver']}: unknown solver {values['solver']!r}; accepted: {', '.join(SOLVERS)}")
-    # diffusers' UniPC grid only when the folder's own UniPC is what samples
+    solvers = family.solvers if family is not None else SOLVERS
+    if values["solver"] not in solvers:
+        what = "unknown solver" if values["solver"] not in SOLVERS else f"{family.title} does not sample with"
+        raise ValueError(f"{sources['solver']}: {what} {values['solver']!r}; accepted: {', '.join(solvers)}")
+    # a family's own grid; else diffusers' UniPC grid only when the folder's own UniPC is what samples
     grid = scheduler.grid if scheduler is not None and values["solver"] == scheduler.solver else "wan"
+    grid = family.grid if family is not None and family.grid is not None else grid
     return SamplingSettings(**values, grid=grid, sources=sources)

@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -61,6 +63,33 @@ SYSTEM_MESSAGES = {
              "2. The color, shape, size, texture, quantity, text, and spatial relationships of the objects.         "
              "3. The background environment, light, style and atmosphere.",
 }
+
+
+@dataclass(frozen=True)
+class HY15TextEncoderConfig:
+    """What a preset's DiT reads from its two text encoders: Qwen2.5-VL states of `text_dim`, ByT5 glyph
+    states of `glyph_dim`. `tiny`: the tiny seeded encoders (`tiny_hy15_prompt_encoder`) instead of files."""
+
+    text_dim: int = 3584
+    glyph_dim: int = 1472
+    text_len: int = TEXT_LEN
+    tiny: bool = False
+
+
+@dataclass(frozen=True)
+class HY15ImageEncoderConfig:
+    """The SigLIP of an image-to-video preset: `hidden_size` wide (the DiT's `vision_states_dim`), `tokens`
+    per image. `tiny`: the tiny seeded SigLIP (`tiny_hy15_image_encoder`) instead of files."""
+
+    hidden_size: int = IMAGE_DIM
+    tokens: int = IMAGE_TOKENS
+    tiny: bool = False
+
+
+HY15_TEXT = HY15TextEncoderConfig()
+HY15_SIGLIP = HY15ImageEncoderConfig()
+TINY_HY15_TEXT = HY15TextEncoderConfig(text_dim=32, glyph_dim=32, tiny=True)  # tiny_qwen_text_model, tiny_t5_encoder
+TINY_HY15_SIGLIP = HY15ImageEncoderConfig(hidden_size=32, tokens=16, tiny=True)  # tiny_siglip
 
 
 def _check_prompts(prompts) -> list[str]:
@@ -251,6 +280,30 @@ class HY15GlyphEncoder(EncoderWrapper):
         return [h[:n] for h, n in zip(hidden, mask.sum(dim=1).tolist())]
 
 
+# ---------------------------------------------------------------- both text encoders
+
+
+class HY15PromptEmbeds(NamedTuple):
+    """One prompt's embeds as the DiT reads them: Qwen2.5-VL states (Lt, text_dim) and ByT5 glyph states
+    (Lg, glyph_dim), Lg = 0 when the prompt quotes nothing."""
+
+    text: torch.Tensor
+    glyph: torch.Tensor
+
+
+class HY15PromptEncoder(nn.Module):
+    """Both text encoders of HunyuanVideo 1.5 behind one `encode(prompts) -> [HY15PromptEmbeds]`, the
+    family's text encoder for `video-dit sample` (what a cache would store per caption: two tensors)."""
+
+    def __init__(self, text: HY15TextEncoder, glyph: HY15GlyphEncoder):
+        super().__init__()
+        self.text, self.glyph = text, glyph
+
+    def encode(self, prompts: list[str] | str) -> list[HY15PromptEmbeds]:
+        prompts = _check_prompts(prompts)
+        return [HY15PromptEmbeds(t, g) for t, g in zip(self.text.encode(prompts), self.glyph.encode(prompts))]
+
+
 # ---------------------------------------------------------------- SigLIP image embeds
 
 
@@ -379,6 +432,11 @@ def tiny_hy15_glyph_encoder(seed: int = 0, device=None, text_len: int = GLYPH_LE
     return HY15GlyphEncoder(tiny_t5_encoder(seed, device), ByT5Tokenizer(), text_len)
 
 
+def tiny_hy15_prompt_encoder(seed: int = 0, device=None, text_len: int = TEXT_LEN):
+    """`HY15PromptEncoder` over the tiny text and glyph encoders (`seed` for both)."""
+    return HY15PromptEncoder(tiny_hy15_text_encoder(seed, device, text_len), tiny_hy15_glyph_encoder(seed, device))
+
+
 def tiny_siglip(seed: int = 0, device=None):
     """A 2-block, width-32 `SiglipVisionModel` on 32 x 32 images in 8 x 8 patches (16 tokens),
     seeded on CPU with the global RNG untouched."""
@@ -484,3 +542,11 @@ def load_hy15_image_encoder(path: str | os.PathLike, dtype: torch.dtype | None =
     encoder = HY15ImageEncoder(model.to(device), processor)
     _quantize_frozen(encoder.model, quantize)
     return encoder
+
+
+def load_hy15_prompt_encoder(path: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                             quantize: str | None = None) -> HY15PromptEncoder:
+    """`HY15PromptEncoder` from a diffusers HunyuanVideo 1.5 folder (`load_hy15_text_encoder` and
+    `load_hy15_glyph_encoder`: text_encoder/ + tokenizer/, text_encoder_2/ + tokenizer_2/)."""
+    return HY15PromptEncoder(load_hy15_text_encoder(path, dtype, device, quantize),
+                             load_hy15_glyph_encoder(path, dtype, device, quantize))

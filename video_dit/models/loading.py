@@ -1,7 +1,10 @@
 """The model components in, one loader each: `load_dit`, `load_vae`, `load_text_encoder`,
-`load_image_encoder`, from a preset's seeded random init, diffusers folders, original Wan files or
-single safetensors files (ComfyUI's among them). Kept apart from the network math; the tensor files
-are read through `weights.py`, the folder conventions are `layouts.py`'s.
+`load_image_encoder`, each dispatching to its model family's (`families.py`: `family=`, else a
+`preset:NAME` source's preset's, else Wan). Wan's are here (`load_wan_*`): from a preset's seeded
+random init, diffusers folders, original Wan files or single safetensors files (ComfyUI's among them);
+HunyuanVideo 1.5's are `hunyuan15_loading.py`, `hunyuan15_convert_vae.py`, `hunyuan15_encoders.py`.
+Kept apart from the network math; the tensor files are read through `weights.py`, the folder
+conventions are `layouts.py`'s.
 """
 
 from __future__ import annotations
@@ -42,6 +45,50 @@ from video_dit.models.presets import PRESETS, VAE_PRESETS, VIT_H_14, Preset, get
 from video_dit.models.text_encoder import TextEncoder, TextEncoderConfig, build_umt5, byte_tokenizer
 from video_dit.models.vae import CausalVideoVAE, VAEConfig
 from video_dit.models.weights import WeightsError, check_state_dict, materialize, open_weights, read_state_dict
+
+# ---------------------------------------------------------------- by family
+
+
+def _family(source, family: str | None):
+    """The `Family` that loads `source`: `family`, else a `preset:NAME` model preset's, else Wan's."""
+    # families.py imports this module's Wan loaders, so the registry is imported when first asked
+    from video_dit.models.families import get_family
+
+    name = preset_name(source)
+    if family is None and name is not None and name in PRESETS:
+        family = PRESETS[name].family
+    return get_family(family or "wan")
+
+
+def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0,
+             family: str | None = None):
+    """The DiT of `source` through its family's loader (`load_wan_dit`, `hunyuan15_loading.load_hy15_dit`)."""
+    return _family(source, family).load_dit(source, dtype=dtype, device=device, config=config, seed=seed)
+
+
+def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0,
+             family: str | None = None):
+    """The VAE of `source` through its family's loader (`load_wan_vae`, `load_hy15_vae`). A `preset:NAME`
+    VAE source names a VAE preset (Wan: `VAE_PRESETS`, HunyuanVideo 1.5: hy15, hy15-tiny): pass `family`."""
+    return _family(source, family).load_vae(source, dtype=dtype, device=device, config=config, seed=seed)
+
+
+def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                      quantize: str | None = None, tokenizer: str | os.PathLike | None = None,
+                      family: str | None = None):
+    """The text encoder(s) of `source` through its family's loader: Wan's umT5 `TextEncoder`
+    (`load_wan_text_encoder`), HunyuanVideo 1.5's `HY15PromptEncoder` (Qwen2.5-VL + ByT5); each has
+    `encode(prompts) -> [per-prompt embeds]`, what its pipeline reads."""
+    return _family(source, family).load_text_encoder(source, dtype=dtype, device=device, quantize=quantize,
+                                                      tokenizer=tokenizer)
+
+
+def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                       quantize: str | None = None, family: str | None = None):
+    """The image encoder of `source` through its family's loader: Wan 2.1's CLIP (`load_wan_image_encoder`),
+    HunyuanVideo 1.5's SigLIP."""
+    return _family(source, family).load_image_encoder(source, dtype=dtype, device=device, quantize=quantize)
+
 
 # ---------------------------------------------------------------- DiT
 
@@ -86,7 +133,8 @@ def infer_dit_config(sd: dict[str, torch.Tensor]):
     shape["cross_attn_norm"] = "blocks.0.norm3.weight" in sd
     image = image_branch_of({k: tuple(v.shape) for k, v in sd.items() if k.startswith("img_emb.")})
     widths = (dim, shape["ffn_dim"], shape["freq_dim"], shape["text_dim"])
-    matching = [p.dit for p in PRESETS.values() if (p.dit.dim, p.dit.ffn_dim, p.dit.freq_dim, p.dit.text_dim) == widths]
+    matching = [p.dit for p in PRESETS.values()
+                if p.family == "wan" and (p.dit.dim, p.dit.ffn_dim, p.dit.freq_dim, p.dit.text_dim) == widths]
     if matching:
         same = [c for c in matching if (c.image_dim, c.num_images) == (image["image_dim"], image["num_images"])]
         p = (same or matching)[0]
@@ -159,7 +207,8 @@ def open_dit(source: str | os.PathLike, config=None):
     return weights, config, f"{path} ({layout} layout)"
 
 
-def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
+def load_wan_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
+                 seed: int = 0):
     """A `VideoDiT` from
       `preset:NAME`                 seeded random init (`seed`) of the preset's DiT config;
       a diffusers folder            `transformer/` (or the folder itself): sharded safetensors + index + config.json;
@@ -191,7 +240,8 @@ def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device
 
 # ---------------------------------------------------------------- VAE
 
-def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0):
+def load_wan_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
+                 seed: int = 0):
     """A `CausalVideoVAE` from
       `preset:NAME`                 seeded random init (`seed`) of `VAE_PRESETS[NAME]` (tiny, wan2.1, wan2.2);
       a diffusers folder            `vae/` (or a pipeline folder holding one): config.json + safetensors;
@@ -284,8 +334,8 @@ def te_quantization(model_config) -> str | None:
     return "qfloat8" if model_config.qtype_te == "float8" else model_config.qtype_te
 
 
-def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
-                      quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
+def load_wan_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                          quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
     """A `TextEncoder` (umT5 encoder + tokenizer), from local files only; nothing is fetched.
 
     source: `preset:NAME` (only presets whose tokenizer needs no files, i.e. `tiny`: ByT5 bytes and a
@@ -389,7 +439,7 @@ def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
         raise WeightsError(f"{source}: {positions} position embeddings are not a square grid + class token")
     layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"encoder\.layers\.(\d+)\.", k)))
     known = {(p.image_encoder.hidden_size, p.image_encoder.intermediate_size): p.image_encoder.num_heads
-             for p in PRESETS.values() if p.image_encoder is not None}
+             for p in PRESETS.values() if p.family == "wan" and p.image_encoder is not None}
     if (hidden, inter) not in known:
         raise WeightsError(f"{source}: a CLIP vision model of width {hidden} / MLP {inter} matches no preset's "
                            f"image encoder ({', '.join(f'{h}/{i}' for h, i in known)}), so its head count is "
@@ -398,8 +448,8 @@ def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
                               num_heads=known[(hidden, inter)], image_size=side * patch, patch_size=patch)
 
 
-def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
-                       quantize: str | None = None):
+def load_wan_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+                           quantize: str | None = None):
     """A frozen `ImageEncoder` (transformers `CLIPVisionModel`, penultimate-block features), from
       `preset:NAME`       seeded random init of the preset's image encoder (tiny presets only: a random
                           ViT-H/14 is never made);

@@ -1,6 +1,8 @@
 """Named model sizes: one registry, each entry bundling the DiT, VAE, text-encoder (and for Wan 2.1
-I2V / FLF2V the CLIP image-encoder) configs that belong together (like DiT's `DiT_models`). Numbers
-are those of the public Wan 2.1 / 2.2 releases (Wan2.1 wan/configs/, generate.py).
+I2V / FLF2V the CLIP image-encoder, for HunyuanVideo 1.5 I2V the SigLIP) configs that belong together
+(like DiT's `DiT_models`), and the model family whose code reads them (`Preset.family`, a key of
+`families.FAMILIES`). Numbers are those of the public Wan 2.1 / 2.2 releases (Wan2.1 wan/configs/,
+generate.py) and of Tencent's HunyuanVideo 1.5 release (Tencent-Hunyuan/HunyuanVideo-1.5).
 """
 
 from __future__ import annotations
@@ -9,6 +11,10 @@ import difflib
 from dataclasses import dataclass, replace
 
 from video_dit.models.dit import DiTConfig
+from video_dit.models.hunyuan15_dit import HY15_DIT_CONFIGS, HY15DiTConfig
+from video_dit.models.hunyuan15_encoders import (HY15_SIGLIP, HY15_TEXT, TINY_HY15_SIGLIP, TINY_HY15_TEXT,
+                                                 HY15ImageEncoderConfig, HY15TextEncoderConfig)
+from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HY15VAEConfig
 from video_dit.models.image_encoder import ImageEncoderConfig
 from video_dit.models.text_encoder import TextEncoderConfig
 from video_dit.models.vae import VAEConfig
@@ -80,10 +86,10 @@ class Preset:
     its own with the file and line of Wan's config it comes from (tests/test_sampling_defaults.py)."""
 
     name: str
-    dit: DiTConfig
-    vae: VAEConfig
+    dit: DiTConfig | HY15DiTConfig
+    vae: VAEConfig | HY15VAEConfig
     vae_name: str
-    text_encoder: TextEncoderConfig
+    text_encoder: TextEncoderConfig | HY15TextEncoderConfig
     sample_solver: str = "unipc"   # "unipc" (Wan's default solver) or "euler" (flow.SOLVERS)
     sample_steps: int = 50
     sample_shift: float = 5.0      # flow-matching shift of the sampling schedule
@@ -93,10 +99,13 @@ class Preset:
     train_shift: float = 3.0
     i2v_mode: str | None = None  # "replace" or "concat" when the preset is an i2v model
     fps: int = 16
-    image_encoder: ImageEncoderConfig | None = None  # the CLIP vision model of the DiT's image branch
+    # the CLIP vision model of the DiT's image branch (Wan 2.1 I2V / FLF2V), the SigLIP of an i2v
+    # HunyuanVideo 1.5 model
+    image_encoder: ImageEncoderConfig | HY15ImageEncoderConfig | None = None
     # Two experts of this DiT shape (Wan 2.2 A14B): the high-noise expert denoises t >= boundary_ratio x
     # 1000, the low-noise one the rest (diffusion/experts.py). None: one model.
     boundary_ratio: float | None = None
+    family: str = "wan"  # the code that loads and samples it: a key of families.FAMILIES
 
     @property
     def two_experts(self) -> bool:
@@ -104,8 +113,8 @@ class Preset:
 
     @property
     def vae_spatial(self) -> int:
-        """Pixels per latent cell: 8 for the Wan 2.1 VAE, 16 for the patchified Wan 2.2 VAE."""
-        return 2 ** sum(1 for _ in self.vae.dim_mult[1:]) * self.vae.patch_size
+        """Pixels per latent cell: 8 for the Wan 2.1 VAE, 16 for the patchified Wan 2.2 VAE and HunyuanVideo 1.5's."""
+        return self.vae.spatial_compression
 
     @property
     def divisibility(self) -> int:
@@ -116,6 +125,36 @@ class Preset:
 # The tiny presets' sampling defaults. No reference: Euler at 20 steps (the demo's previews were tuned
 # with them), shift 3, guidance 5, no negative prompt (the text encoder is random: Wan's means nothing).
 TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=5.0, sample_negative="")
+
+# HunyuanVideo 1.5 (Tencent-Hunyuan/HunyuanVideo-1.5; diffusers' hunyuanvideo-community/HunyuanVideo-1.5-*).
+# Every released variant has one DiT architecture (HY15_DIT_CONFIGS), the one VAE and the Qwen2.5-VL + ByT5
+# text encoders; i2v variants add SigLIP. Sampling defaults are Tencent's (diffusers' conversion script
+# writes the same into each folder's scheduler / guider configs, scripts/convert_hunyuan_video1_5_to_diffusers.py
+# lines 79-131):
+#   shift and guidance: hyvideo/commons/__init__.py lines 48-105 (PIPELINE_CONFIGS; README.md lines 347-357):
+#     480p 5.0, 720p t2v 9.0, 720p i2v 7.0, 480p i2v step-distilled 7.0; guidance 6.0, 1.0 when distilled;
+#   steps: 50 (hyvideo/pipelines/hunyuan_video_pipeline.py line 101; README.md line 361: the cfg-distilled
+#     models "must use 50 steps"), 12 for the step-distilled model (hyvideo/commons/__init__.py line 104);
+#   solver: Euler, the only one of Tencent's FlowMatchDiscreteScheduler (scheduling_flow_match_discrete.py
+#     lines 79-83), on its grid (flow.sampling_schedule grid "hunyuan");
+#   negative prompt: "" (generate.py line 282, --negative_prompt default); fps 24 (generate.py line 48);
+#   train shift 3.0: Tencent's train.py line 140 (train_timestep_shift; used once training is integrated).
+# i2v_mode "concat": the i2v models read the first frame's latent and a mask in extra input channels (and
+# SigLIP tokens), frame 0 is generated (nothing replaces it): Wan I2V's "concat" semantics. t2v: None.
+# The 720p sparse-attention variant (720p_i2v_distilled_sparse) needs Tencent's SSTA kernel: not a preset.
+_HY15 = dict(sample_solver="euler", sample_steps=50, sample_negative="", train_shift=3.0, fps=24, family="hunyuan15")
+
+
+def _hy15(name: str, variant: str, shift: float, guidance: float, i2v: bool, **changes) -> Preset:
+    return Preset(name, HY15_DIT_CONFIGS[variant], HY15_VAE_CONFIG, "hy15", HY15_TEXT,
+                  **{**_HY15, "sample_shift": shift, "sample_guidance": guidance, "i2v_mode": "concat" if i2v else None,
+                     "image_encoder": HY15_SIGLIP if i2v else None, **changes})
+
+
+# Tiny HunyuanVideo 1.5 (random init, tests): the tiny DiT (HY15_DIT_CONFIGS "tiny_t2v") with its text,
+# glyph and image widths those of the tiny seeded encoders (32 each), the tiny VAE; the tiny sampling defaults.
+TINY_HY15_DIT = replace(HY15_DIT_CONFIGS["tiny_t2v"], text_states_dim=TINY_HY15_TEXT.text_dim,
+                        byt5_states_dim=TINY_HY15_TEXT.glyph_dim, vision_states_dim=TINY_HY15_SIGLIP.hidden_size)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
@@ -182,6 +221,20 @@ PRESETS: dict[str, Preset] = {
                VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING, train_shift=3.0, boundary_ratio=0.875),
         Preset("tiny-clip-flf2v", replace(TINY_CLIP_I2V_DIT, num_images=2), VAE_PRESETS["tiny"], "tiny", TINY_TE,
                **TINY_SAMPLING, train_shift=3.0, i2v_mode="concat", image_encoder=TINY_CLIP),
+        _hy15("hunyuan15-480p-t2v", "480p_t2v", shift=5.0, guidance=6.0, i2v=False),
+        _hy15("hunyuan15-480p-i2v", "480p_i2v", shift=5.0, guidance=6.0, i2v=True),
+        _hy15("hunyuan15-720p-t2v", "720p_t2v", shift=9.0, guidance=6.0, i2v=False),
+        _hy15("hunyuan15-720p-i2v", "720p_i2v", shift=7.0, guidance=6.0, i2v=True),
+        _hy15("hunyuan15-480p-t2v-cfg-distilled", "480p_t2v_distilled", shift=5.0, guidance=1.0, i2v=False),
+        _hy15("hunyuan15-480p-i2v-cfg-distilled", "480p_i2v_distilled", shift=5.0, guidance=1.0, i2v=True),
+        _hy15("hunyuan15-720p-i2v-cfg-distilled", "720p_i2v_distilled", shift=7.0, guidance=1.0, i2v=True),
+        _hy15("hunyuan15-480p-i2v-step-distilled", "480p_i2v_step_distilled", shift=7.0, guidance=1.0, i2v=True,
+              sample_steps=12),
+        Preset("tiny-hy15-t2v", TINY_HY15_DIT, HY15_VAE_TINY, "hy15-tiny", TINY_HY15_TEXT,
+               **{**TINY_SAMPLING, "fps": 24, "family": "hunyuan15"}),
+        Preset("tiny-hy15-i2v", TINY_HY15_DIT, HY15_VAE_TINY, "hy15-tiny", TINY_HY15_TEXT,
+               **{**TINY_SAMPLING, "fps": 24, "family": "hunyuan15"}, i2v_mode="concat",
+               image_encoder=TINY_HY15_SIGLIP),
     ]
 }
 
