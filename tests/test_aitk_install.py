@@ -14,7 +14,7 @@ import yaml
 import aitk_standin
 from video_dit.cli import main as cli
 from video_dit.commands.aitk_install import MARKER, SHIM, InstallError, install
-from video_dit.models.families import get_family
+from video_dit.families import get_family
 from video_dit.models.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[1]

@@ -303,7 +303,7 @@ def test_a_demo_folder_is_its_training_clips_to_ai_toolkit(aitk_run):
 
 
 def test_a_concat_i2v_job_skips_its_stills_with_one_warning_and_trains_to_the_end(aitk_run):
-    from video_dit.spec import skipped_stills
+    from video_dit.diffusion.conditioning import skipped_stills
 
     tmp, log, calls = aitk_run
     assert set(_found(log)[str(tmp / "mixed")]) == {"2 videos and 2 images"}

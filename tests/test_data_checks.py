@@ -119,7 +119,7 @@ def test_stills_in_an_i2v_dataset_are_unconditioned_and_said_so(tmp_path):
     t2v = scan_dataset(_cfg(tmp_path, resolution=[32]), 16, verbose=False)
     assert not any(it.conditioned for it in t2v.items) and not t2v.notes()
     # a concat i2v model (in_dim 36) has no unconditioned input: its stills are skipped, with ONE warning
-    # for the dataset naming how many and why (spec.skipped_stills: the ai-toolkit arch's words too)
+    # for the dataset naming how many and why (diffusion.conditioning.skipped_stills: the ai-toolkit arch's words too)
     Image.new("RGB", (32, 32)).save(tmp_path / "still2.jpg")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -23,7 +23,7 @@ from transformers import ByT5Tokenizer
 from video_dit.cli import main as cli
 from video_dit.media import write_video
 from video_dit.models import hunyuan15_encoders as H
-from video_dit.models.families import FAMILIES, HUNYUAN15, WAN, identify
+from video_dit.families import FAMILIES, HUNYUAN15, WAN, identify
 from video_dit.models.hunyuan15_convert import hy15_config_to_diffusers, hy15_to_comfy, hy15_to_diffusers
 from video_dit.models.hunyuan15_convert_vae import hy15_vae_config_to_diffusers
 from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from video_dit.diffusion.experts import EXPERTS, check_boundary
+from video_dit.families import WAN, Family, family_of, get_family, identify, wan_natural_i2v
 from video_dit.models.dit import DiTConfig
-from video_dit.models.families import WAN, Family, family_of, get_family, identify, wan_natural_i2v
 from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError
@@ -210,26 +210,6 @@ def check_dataset_i2v(preset: Preset, do_i2v: bool, key: str) -> None:
         kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
         raise ConfigError(key, f"preset {preset.name!r} is an image-to-video model{kind}: every dataset needs "
                                "do_i2v: true")
-
-
-def stills_skipped(i2v_mode: str | None) -> bool:
-    """What a still (a one-frame item: an image) of a `do_i2v` dataset does, for every trainer: True:
-    skipped, with one warning per dataset (`skipped_stills`), for a concat model (Wan I2V, in_dim =
-    out_dim + 4 + z_dim): it is conditioned on a first frame in every step and has no unconditioned
-    input, and a still has no frame after its first to generate. False: trained unconditioned, as
-    t2v (replace mode, as ai-toolkit's Wan 2.2 5B does; `DataItem.conditioned` is False for it)."""
-    return i2v_mode == "concat"
-
-
-def skipped_stills(folder, names: list[str], every: bool = False) -> str:
-    """The one warning about the stills `names` of the `do_i2v` dataset `folder` a concat model skips
-    (`stills_skipped`); `every`: they are all its items (an image dataset, num_frames: 1)."""
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return (f"{folder}: {len(names)} still image(s) of this do_i2v dataset are skipped"
-            + (" (every item of it: it trains nothing)" if every else "") + f" ({shown}): an image-to-video "
-            "DiT with i2v_mode concat is conditioned on a first frame in every step, and a still has no frame "
-            "after its first to generate (Wan's I2V has no unconditioned input); to train them, move them to "
-            "a t2v job (or a replace-mode i2v job, which trains stills unconditioned)")
 
 
 def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:

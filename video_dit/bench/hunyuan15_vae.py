@@ -29,7 +29,9 @@ import time
 
 import torch
 
-from video_dit.bench.common import cuda_peak, median, run_json_subprocess, sync
+from video_dit.bench.common import median, run_json_subprocess
+from video_dit.devices import sync
+from video_dit.parallel.memory import cuda_peak
 from video_dit.bench.vae import MALLOC_ENV, peak_rss_delta
 
 CPU_SHAPE = dict(widths=(32, 64, 128, 256, 256), frames=17, height=64, width=64, dtype="float32")

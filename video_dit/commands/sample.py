@@ -42,14 +42,17 @@ import torch
 
 from video_dit.devices import resolve_device
 from video_dit.diffusion.experts import EXPERTS, HIGH, LOW, TwoExperts
-from video_dit.diffusion.sampling_settings import (SchedulerConfig, read_guider_config, read_scheduler_config,
-                                                  resolve_sampling)
+from video_dit.diffusion.sampling_settings import (
+    SchedulerConfig,
+    read_guider_config,
+    read_scheduler_config,
+    resolve_sampling,
+)
 from video_dit.lora import load_lora, read_lora
 from video_dit.media import load_image, write_video
 from video_dit.models.attention import BACKENDS, available, missing_backend
 from video_dit.models.dit import cast_dit
 from video_dit.models.layouts import SOURCES_FILE
-from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
 from video_dit.models.presets import PRESETS
 from video_dit.spec import CLI_KEYS, ModelSpec, Request, check_sources, resolve
 
@@ -186,13 +189,13 @@ def load_models(spec: ModelSpec, args, dtype, device):
     """The DiT (+ LoRA), or both experts (`TwoExperts`, + each one's LoRA; offloaded experts on the
     CPU, moved in for their steps)."""
     if spec.experts is None:
-        dit = load_dit(spec.dit, dtype=dtype, device=device, family=spec.family_name).eval()
+        dit = spec.family.load_dit(spec.dit, dtype=dtype, device=device).eval()
         if args.lora:
             load_lora(args.lora, dit)
             cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
         return dit
     where = "cpu" if args.offload_inactive_expert else device
-    high, low = (load_dit(src, dtype=dtype, device=where, seed=seed).eval()
+    high, low = (spec.family.load_dit(src, dtype=dtype, device=where, seed=seed).eval()
                  for src, seed in (spec.experts.sources[e] for e in EXPERTS))
     for path, expert in ((args.lora, high), (args.lora_2, low)):
         if path:
@@ -275,24 +278,24 @@ def main(args: argparse.Namespace) -> int:
     print(settings.describe(), flush=True)
 
     # 1. prompts -> embeds, then the text encoder is freed
-    te = load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
-                           tokenizer=spec.tokenizer, family=spec.family_name)
+    family = spec.family  # its loaders and pipeline (video_dit/families.py)
+    te = family.load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
+                                  tokenizer=spec.tokenizer)
     guided = settings.guided
     embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
     del te
     # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
-    family = spec.family
     image_embeds = None
     if spec.image_encoder is not None and image is not None:
-        encoder = load_image_encoder(spec.image_encoder, dtype=dtype, device=device,
-                                     quantize=args.quantize_image_encoder, family=family.name)
+        encoder = family.load_image_encoder(spec.image_encoder, dtype=dtype, device=device,
+                                            quantize=args.quantize_image_encoder)
         image_embeds = family.image_embeds(encoder, image, last, size["height"], size["width"])
         del encoder
     # 2. the DiT (+ LoRA) or both experts (+ each one's LoRA), and the VAE
     dit = load_models(spec, args, dtype, device)
     for expert in (dit.high, dit.low) if isinstance(dit, TwoExperts) else (dit,):
         expert.set_attention_backend(args.attention_backend)
-    vae = load_vae(spec.vae, dtype=vae_dtype, device=device, family=family.name).eval()
+    vae = family.load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
     pipe = family.pipeline(dit, vae)  # Wan: VideoPipeline (replace-mode i2v with per-token timesteps)
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(size["seed"])

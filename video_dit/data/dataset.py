@@ -25,7 +25,7 @@ Stills in a `do_i2v` dataset train unconditioned (as t2v, as ai-toolkit does): a
 no frame after the first to generate. `DataItem.conditioned` is the one definition of "this item
 is trained on its first frame". A concat i2v model (in_dim 36) has no unconditioned input, so
 `scan_datasets(..., i2v_mode="concat")` skips the stills of `do_i2v` datasets with one warning per
-dataset naming how many and why (`video_dit.spec.stills_skipped`, the rule the ai-toolkit arch
+dataset naming how many and why (`video_dit.diffusion.conditioning.stills_skipped`, the rule the ai-toolkit arch
 follows too, in the same words).
 """
 
@@ -45,7 +45,7 @@ from PIL import Image, UnidentifiedImageError
 from video_dit import media
 from video_dit.data import frames as frames_mod
 from video_dit.data.buckets import fitted_bucket
-from video_dit.spec import skipped_stills, stills_skipped
+from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.typed_config import ConfigError
 
 VIDEO_EXTS = media.VIDEO_EXTS
@@ -416,8 +416,8 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
     threads (default min(8, cpus); PyAV releases the GIL while it reads). `files`: read these files
     with `cfg`'s settings instead of listing the folder (validation items). `skip_stills`
-    (`spec.stills_skipped` of the job's i2v mode): the stills of a `do_i2v` dataset are skipped,
-    with ONE warning (`spec.skipped_stills`) rather than one per file. Raises `DataError` if no item
+    (`diffusion.conditioning.stills_skipped` of the job's i2v mode): the stills of a `do_i2v` dataset are skipped,
+    with ONE warning (`diffusion.conditioning.skipped_stills`) rather than one per file. Raises `DataError` if no item
     is usable, or if it is a video dataset whose every clip is too short for `num_frames`."""
     if not cfg.validated or isinstance(cfg.resolution, int):
         cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
@@ -500,7 +500,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
 
 
 def _skip_stills(items: list[DataItem], skipped: list, folder: Path, verbose: bool) -> list[DataItem]:
-    """`items` without the stills (`spec.stills_skipped`), each added to `skipped` (path, reason),
+    """`items` without the stills (`diffusion.conditioning.stills_skipped`), each added to `skipped` (path, reason),
     with one warning for all of them naming how many and why."""
     stills = sorted({it.path for it in items if not it.conditioned})
     if not stills:
@@ -549,7 +549,7 @@ def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool
                   i2v_mode: str | None = None) -> ScanResult:
     """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index).
     `i2v_mode`: the job's first-frame conditioning; "concat" (an in_dim 36 model, which conditions
-    every item) skips the stills of `do_i2v` datasets, one warning per dataset (`spec.stills_skipped`:
+    every item) skips the stills of `do_i2v` datasets, one warning per dataset (`diffusion.conditioning.stills_skipped`:
     the ai-toolkit arch skips them too, in the same words)."""
     skip = stills_skipped(i2v_mode)
     return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose, skip_stills=skip)

@@ -249,3 +249,23 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
     if count == 0:
         raise ValueError("loss mask is all zeros: nothing to train on")
     return (err * mask).sum() / count
+
+
+def stills_skipped(i2v_mode: str | None) -> bool:
+    """What a still (a one-frame item: an image) of a `do_i2v` dataset does, for every trainer: True:
+    skipped, with one warning per dataset (`skipped_stills`), for a concat model (Wan I2V, in_dim =
+    out_dim + 4 + z_dim): it is conditioned on a first frame in every step and has no unconditioned
+    input, and a still has no frame after its first to generate. False: trained unconditioned, as
+    t2v (replace mode, as ai-toolkit's Wan 2.2 5B does; `DataItem.conditioned` is False for it)."""
+    return i2v_mode == "concat"
+
+
+def skipped_stills(folder, names: list[str], every: bool = False) -> str:
+    """The one warning about the stills `names` of the `do_i2v` dataset `folder` a concat model skips
+    (`stills_skipped`); `every`: they are all its items (an image dataset, num_frames: 1)."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (f"{folder}: {len(names)} still image(s) of this do_i2v dataset are skipped"
+            + (" (every item of it: it trains nothing)" if every else "") + f" ({shown}): an image-to-video "
+            "DiT with i2v_mode concat is conditioned on a first frame in every step, and a still has no frame "
+            "after its first to generate (Wan's I2V has no unconditioned input); to train them, move them to "
+            "a t2v job (or a replace-mode i2v job, which trains stills unconditioned)")

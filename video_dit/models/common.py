@@ -58,3 +58,22 @@ class EncoderWrapper(nn.Module):
     def dtype(self) -> torch.dtype:
         """The activation dtype (a quantized model reports its non-quantized parameters' dtype)."""
         return module_dtype_device(self.model)[0]
+
+
+ENCODER_QUANTIZE = ("qfloat8", "qint8")  # optimum-quanto weight types of a frozen encoder (text, image)
+
+
+def check_quantize(quantize: str | None) -> None:
+    if quantize is not None and quantize not in ENCODER_QUANTIZE:
+        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(ENCODER_QUANTIZE)}")
+
+
+def quantize_encoder(model: nn.Module, quantize: str | None) -> None:
+    """Quantize a frozen encoder's weights in place (optimum-quanto, `quantize` from ENCODER_QUANTIZE)
+    and freeze them; None leaves it as it is."""
+    if quantize is None:
+        return
+    from optimum import quanto
+
+    quanto.quantize(model, weights=getattr(quanto, quantize))
+    quanto.freeze(model)

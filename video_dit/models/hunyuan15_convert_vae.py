@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
+from video_dit.models.weights import WeightsError, materialize, read_state_dict
 
 # ---------------------------------------------------------------- key names
 
@@ -250,8 +251,6 @@ def load_hy15_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, d
       a file                 `.safetensors` / `.pth` in any of `LAYOUTS`, detected from the key names.
     The config: `config`, else the config.json of the folder or beside the file (diffusers', Tencent's
     or our field names), else inferred from the weight shapes. dtype None keeps the stored dtype."""
-    from video_dit.models.loading import WeightsError, materialize, read_state_dict
-
     src = str(source)
     if src.startswith("preset:"):
         name = src[len("preset:"):]

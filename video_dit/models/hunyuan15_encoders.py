@@ -39,7 +39,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from video_dit.models.common import EncoderWrapper, build_transformers_model
+from video_dit.models.common import EncoderWrapper, build_transformers_model, check_quantize, quantize_encoder
+from video_dit.models.weights import WeightsError
 
 TEXT_LEN = 1000  # prompt tokens kept after the template crop (Tencent inference / diffusers `tokenizer_max_length`)
 GLYPH_LEN = 256  # ByT5 tokens per glyph prompt (`byt5_max_length` / `tokenizer_2_max_length`)
@@ -467,8 +468,6 @@ def _download(repo: str, parts: tuple[str, ...]) -> str:
 def _parts(source: str | os.PathLike, parts: dict[str, str], repo: str) -> dict[str, Path]:
     """The component folders `parts` ({folder: what it holds}) of the diffusers pipeline folder
     `source`; a `WeightsError` naming the path, the missing folders and the download otherwise."""
-    from video_dit.models.loading import WeightsError
-
     path = Path(source)
     download = _download(repo, tuple(parts))
     if not path.is_dir():
@@ -489,15 +488,13 @@ def load_hy15_text_encoder(path: str | os.PathLike, dtype: torch.dtype | None = 
     dtype; quantize None, "qfloat8" or "qint8" (optimum-quanto weights, frozen)."""
     from transformers import AutoTokenizer, Qwen2_5_VLTextModel
 
-    from video_dit.models.loading import _check_quantize, _quantize_frozen
-
-    _check_quantize(quantize)
+    check_quantize(quantize)
     parts = _parts(path, {"text_encoder": "Qwen2.5-VL-7B's language model", "tokenizer": "its tokenizer"}, REPO_T2V)
     model = Qwen2_5_VLTextModel.from_pretrained(str(parts["text_encoder"]), local_files_only=True,
                                                 dtype=dtype if dtype is not None else "auto")
     tokenizer = AutoTokenizer.from_pretrained(str(parts["tokenizer"]), local_files_only=True, padding_side="right")
     encoder = HY15TextEncoder(model.to(device), tokenizer, text_len, template)
-    _quantize_frozen(encoder.model, quantize)
+    quantize_encoder(encoder.model, quantize)
     return encoder
 
 
@@ -508,16 +505,14 @@ def load_hy15_glyph_encoder(path: str | os.PathLike, dtype: torch.dtype | None =
     colour and font tokens)."""
     from transformers import AutoTokenizer, T5EncoderModel
 
-    from video_dit.models.loading import _check_quantize, _quantize_frozen
-
-    _check_quantize(quantize)
+    check_quantize(quantize)
     parts = _parts(path, {"text_encoder_2": "the Glyph-SDXL-v2 ByT5 encoder", "tokenizer_2": "its ByT5 tokenizer"},
                    REPO_T2V)
     model = T5EncoderModel.from_pretrained(str(parts["text_encoder_2"]), local_files_only=True,
                                            dtype=dtype if dtype is not None else "auto")
     tokenizer = AutoTokenizer.from_pretrained(str(parts["tokenizer_2"]), local_files_only=True)
     encoder = HY15GlyphEncoder(model.to(device), tokenizer)
-    _quantize_frozen(encoder.model, quantize)
+    quantize_encoder(encoder.model, quantize)
     return encoder
 
 
@@ -528,9 +523,7 @@ def load_hy15_image_encoder(path: str | os.PathLike, dtype: torch.dtype | None =
     size, resample, mean and std; without it, SigLIP's defaults at the model's image size)."""
     from transformers import SiglipImageProcessorPil, SiglipVisionModel
 
-    from video_dit.models.loading import _check_quantize, _quantize_frozen
-
-    _check_quantize(quantize)
+    check_quantize(quantize)
     parts = _parts(path, {"image_encoder": "the SigLIP vision model of FLUX.1-Redux"}, REPO_I2V)
     model = SiglipVisionModel.from_pretrained(str(parts["image_encoder"]), local_files_only=True,
                                               dtype=dtype if dtype is not None else "auto")
@@ -540,7 +533,7 @@ def load_hy15_image_encoder(path: str | os.PathLike, dtype: torch.dtype | None =
     else:
         processor = siglip_processor(int(model.config.image_size))
     encoder = HY15ImageEncoder(model.to(device), processor)
-    _quantize_frozen(encoder.model, quantize)
+    quantize_encoder(encoder.model, quantize)
     return encoder
 
 

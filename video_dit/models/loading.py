@@ -1,10 +1,9 @@
-"""The model components in, one loader each: `load_dit`, `load_vae`, `load_text_encoder`,
-`load_image_encoder`, each dispatching to its model family's (`families.py`: `family=`, else a
-`preset:NAME` source's preset's, else Wan). Wan's are here (`load_wan_*`): from a preset's seeded
-random init, diffusers folders, original Wan files or single safetensors files (ComfyUI's among them);
-HunyuanVideo 1.5's are `hunyuan15_loading.py`, `hunyuan15_convert_vae.py`, `hunyuan15_encoders.py`.
-Kept apart from the network math; the tensor files are read through `weights.py`, the folder
-conventions are `layouts.py`'s.
+"""The Wan family's components in, one loader each: `load_dit`, `load_vae`, `load_text_encoder`,
+`load_image_encoder`, from a preset's seeded random init, diffusers folders, original Wan files or
+single safetensors files (ComfyUI's among them). HunyuanVideo 1.5's are `hunyuan15_loading.py`,
+`hunyuan15_convert_vae.py` and `hunyuan15_encoders.py`; `video_dit/families.py` says which family
+loads what. Kept apart from the network math; the tensor files are read through `weights.py`, the
+folder conventions are `layouts.py`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from video_dit.models.common import seeded_cpu_rng
+from video_dit.models.common import check_quantize, quantize_encoder, seeded_cpu_rng
 from video_dit.models.convert import (
     clip_vision_from_transformers,
     clip_vision_from_wan,
@@ -45,50 +43,6 @@ from video_dit.models.presets import PRESETS, VAE_PRESETS, VIT_H_14, Preset, get
 from video_dit.models.text_encoder import TextEncoder, TextEncoderConfig, build_umt5, byte_tokenizer
 from video_dit.models.vae import CausalVideoVAE, VAEConfig
 from video_dit.models.weights import WeightsError, check_state_dict, materialize, open_weights, read_state_dict
-
-# ---------------------------------------------------------------- by family
-
-
-def _family(source, family: str | None):
-    """The `Family` that loads `source`: `family`, else a `preset:NAME` model preset's, else Wan's."""
-    # families.py imports this module's Wan loaders, so the registry is imported when first asked
-    from video_dit.models.families import get_family
-
-    name = preset_name(source)
-    if family is None and name is not None and name in PRESETS:
-        family = PRESETS[name].family
-    return get_family(family or "wan")
-
-
-def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0,
-             family: str | None = None):
-    """The DiT of `source` through its family's loader (`load_wan_dit`, `hunyuan15_loading.load_hy15_dit`)."""
-    return _family(source, family).load_dit(source, dtype=dtype, device=device, config=config, seed=seed)
-
-
-def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None, seed: int = 0,
-             family: str | None = None):
-    """The VAE of `source` through its family's loader (`load_wan_vae`, `load_hy15_vae`). A `preset:NAME`
-    VAE source names a VAE preset (Wan: `VAE_PRESETS`, HunyuanVideo 1.5: hy15, hy15-tiny): pass `family`."""
-    return _family(source, family).load_vae(source, dtype=dtype, device=device, config=config, seed=seed)
-
-
-def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
-                      quantize: str | None = None, tokenizer: str | os.PathLike | None = None,
-                      family: str | None = None):
-    """The text encoder(s) of `source` through its family's loader: Wan's umT5 `TextEncoder`
-    (`load_wan_text_encoder`), HunyuanVideo 1.5's `HY15PromptEncoder` (Qwen2.5-VL + ByT5); each has
-    `encode(prompts) -> [per-prompt embeds]`, what its pipeline reads."""
-    return _family(source, family).load_text_encoder(source, dtype=dtype, device=device, quantize=quantize,
-                                                      tokenizer=tokenizer)
-
-
-def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
-                       quantize: str | None = None, family: str | None = None):
-    """The image encoder of `source` through its family's loader: Wan 2.1's CLIP (`load_wan_image_encoder`),
-    HunyuanVideo 1.5's SigLIP."""
-    return _family(source, family).load_image_encoder(source, dtype=dtype, device=device, quantize=quantize)
-
 
 # ---------------------------------------------------------------- DiT
 
@@ -207,7 +161,7 @@ def open_dit(source: str | os.PathLike, config=None):
     return weights, config, f"{path} ({layout} layout)"
 
 
-def load_wan_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
+def load_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
                  seed: int = 0):
     """A `VideoDiT` from
       `preset:NAME`                 seeded random init (`seed`) of the preset's DiT config;
@@ -240,7 +194,7 @@ def load_wan_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, de
 
 # ---------------------------------------------------------------- VAE
 
-def load_wan_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
+def load_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None, config=None,
                  seed: int = 0):
     """A `CausalVideoVAE` from
       `preset:NAME`                 seeded random init (`seed`) of `VAE_PRESETS[NAME]` (tiny, wan2.1, wan2.2);
@@ -307,25 +261,6 @@ TEXT_ENCODER_DOWNLOAD = (
     "  huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'text_encoder/*' 'tokenizer/*' "
     "--local-dir MODELS/wan2.1\n"
     "and pass MODELS/wan2.1 (the folder holding text_encoder/ and tokenizer/)")
-TEXT_ENCODER_QUANTIZE = ("qfloat8", "qint8")  # optimum-quanto weight types of a frozen encoder (text, image)
-
-
-def _check_quantize(quantize: str | None) -> None:
-    if quantize is not None and quantize not in TEXT_ENCODER_QUANTIZE:
-        raise ValueError(f"quantize={quantize!r}; accepted: None, {', '.join(TEXT_ENCODER_QUANTIZE)}")
-
-
-def _quantize_frozen(model: nn.Module, quantize: str | None) -> None:
-    """Quantize a frozen encoder's weights in place (optimum-quanto, `quantize` from
-    TEXT_ENCODER_QUANTIZE) and freeze them; None leaves it as it is."""
-    if quantize is None:
-        return
-    from optimum import quanto
-
-    quanto.quantize(model, weights=getattr(quanto, quantize))
-    quanto.freeze(model)
-
-
 def te_quantization(model_config) -> str | None:
     """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
     `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
@@ -334,7 +269,7 @@ def te_quantization(model_config) -> str | None:
     return "qfloat8" if model_config.qtype_te == "float8" else model_config.qtype_te
 
 
-def load_wan_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
                           quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
     """A `TextEncoder` (umT5 encoder + tokenizer), from local files only; nothing is fetched.
 
@@ -348,7 +283,7 @@ def load_wan_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None =
     """
     from transformers import AutoTokenizer, UMT5EncoderModel
 
-    _check_quantize(quantize)
+    check_quantize(quantize)
     text_len = 512
     src = str(source)
     name = preset_name(src)
@@ -380,7 +315,7 @@ def load_wan_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None =
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
-    _quantize_frozen(model, quantize)
+    quantize_encoder(model, quantize)
     return TextEncoder(model, tok, text_len)
 
 
@@ -448,7 +383,7 @@ def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
                               num_heads=known[(hidden, inter)], image_size=side * patch, patch_size=patch)
 
 
-def load_wan_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
+def load_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
                            quantize: str | None = None):
     """A frozen `ImageEncoder` (transformers `CLIPVisionModel`, penultimate-block features), from
       `preset:NAME`       seeded random init of the preset's image encoder (tiny presets only: a random
@@ -464,7 +399,7 @@ def load_wan_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None 
     "qfloat8" or "qint8" (optimum-quanto weights). A mismatch raises `WeightsError` naming the file.
     """
 
-    _check_quantize(quantize)
+    check_quantize(quantize)
     src = str(source)
     mean, std = CLIP_MEAN, CLIP_STD
     name = preset_name(src)
@@ -510,7 +445,7 @@ def load_wan_image_encoder(source: str | os.PathLike, dtype: torch.dtype | None 
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     encoder = ImageEncoder(model, mean=mean, std=std).to(device)
-    _quantize_frozen(encoder.model, quantize)
+    quantize_encoder(encoder.model, quantize)
     return encoder
 
 

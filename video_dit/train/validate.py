@@ -8,7 +8,7 @@ folders (exist, hold media), control images of previews, weights paths, the resu
 the output folder is writable; then it scans the data as the trainer will (container headers only,
 seconds for hundreds of clips): no usable item and `num_frames` longer than every clip (naming the
 longest) exit 2 here rather than after the ranks start (stills in a concat i2v job are skipped,
-with the one warning the trainer prints at start-up: `spec.stills_skipped`). The temp
+with the one warning the trainer prints at start-up: `diffusion.conditioning.stills_skipped`). The temp
 files of cache writes that a killed run left behind are removed here (no rank runs yet). `--plan`
 (train.sh applies it with its launcher arguments) then prints the memory plan of the
 ranks about to start and applies `deepspeed.memory_check` (`memory_check`).

@@ -17,7 +17,7 @@ It refuses, skips and warns as our DeepSpeed trainer does, through the same func
 a LoRA on a preset's random init (`check_lora`) when ai-toolkit attaches its network (the `network`
 setter: ai-toolkit builds the model from the `model` block alone, then the network right after
 `load_model()`, before it reads any data); the stills of a `do_i2v` dataset on a concat model
-(`stills_skipped`) with one warning per dataset at its first batch of them (ai-toolkit shows a model
+(`diffusion.conditioning.stills_skipped`) with one warning per dataset at its first batch of them (ai-toolkit shows a model
 its datasets no earlier), and a loss of exactly 0 that no weight gets a gradient from (ai-toolkit
 cannot drop an item from a batch). Both read a dataset folder alike (`dataset.list_media`).
 
@@ -51,7 +51,7 @@ import yaml
 from video_dit.data.cache import latent_space, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.data.frames import snap_num_frames as snap_frame_count
-from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning
+from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning, skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
 from video_dit.lora import from_comfy, to_comfy
@@ -63,14 +63,12 @@ from video_dit.models.presets import PRESETS, Preset
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.pipeline import VideoPipeline
 from video_dit.spec import (
-                            AITK_KEYS,
-                            Request,
-                            check_dataset_i2v,
-                            check_lora,
-                            i2v_mode_of,
-                            resolve,
-                            skipped_stills,
-                            stills_skipped,
+    AITK_KEYS,
+    Request,
+    check_dataset_i2v,
+    check_lora,
+    i2v_mode_of,
+    resolve,
 )
 from video_dit.typed_config import ConfigError, parse
 
@@ -205,7 +203,7 @@ class VideoDiTModel(BaseModel):
         self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
         self._skip_loss = False  # set by get_noise_prediction for a batch it skips, consumed by scale_loss
-        self.skipped_stills = 0  # still items skipped (`spec.stills_skipped`), counted over the run
+        self.skipped_stills = 0  # still items skipped (`diffusion.conditioning.stills_skipped`), counted over the run
         self._stills_warned: set[str] = set()  # the datasets whose skipped stills were warned about
         self._configure_experts()
 
@@ -427,7 +425,7 @@ class VideoDiTModel(BaseModel):
     # ---------------------------------------------------------------- training step
 
     def _skips_stills(self, batch, x: torch.Tensor) -> bool:
-        """Whether this batch is stills of a `do_i2v` dataset that the model skips (`spec.stills_skipped`:
+        """Whether this batch is stills of a `do_i2v` dataset that the model skips (`diffusion.conditioning.stills_skipped`:
         a concat model), as our trainer does; the first such batch of a dataset warns once, naming how
         many stills its folder holds (listed as both trainers list a folder) and why. ai-toolkit keys
         its buckets by frame count, so a batch of one latent frame holds stills only."""

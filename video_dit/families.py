@@ -122,8 +122,8 @@ def _wan_pipeline(dit, vae, *, image_encoder=None):
 
 WAN = Family(
     name="wan", title="Wan 2.1 / 2.2", trains=True,
-    load_dit=wan_load.load_wan_dit, load_vae=wan_load.load_wan_vae, load_text_encoder=wan_load.load_wan_text_encoder,
-    load_image_encoder=wan_load.load_wan_image_encoder, dit_config=lambda source: wan_load.open_dit(source)[1],
+    load_dit=wan_load.load_dit, load_vae=wan_load.load_vae, load_text_encoder=wan_load.load_text_encoder,
+    load_image_encoder=wan_load.load_image_encoder, dit_config=lambda source: wan_load.open_dit(source)[1],
     claims=_wan_claims,
     classes=("WanPipeline", "WanImageToVideoPipeline", "WanVideoToVideoPipeline", "WanVACEPipeline",
              "WanTransformer3DModel", "WanModel"),
