@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
+from video_dit.models.layouts import preset_name
 from video_dit.models.weights import WeightsError, materialize, read_state_dict
 
 # ---------------------------------------------------------------- key names
@@ -252,8 +253,8 @@ def load_hy15_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, d
     The config: `config`, else the config.json of the folder or beside the file (diffusers', Tencent's
     or our field names), else inferred from the weight shapes. dtype None keeps the stored dtype."""
     src = str(source)
-    if src.startswith("preset:"):
-        name = src[len("preset:"):]
+    name = preset_name(src)
+    if name is not None:
         if config is None and name not in PRESETS:
             raise WeightsError(f"{src}: unknown HunyuanVideo 1.5 VAE preset {name!r}; valid: {', '.join(PRESETS)}")
         model = HunyuanVideo15VAE(config or PRESETS[name], seed=seed).to(device)
