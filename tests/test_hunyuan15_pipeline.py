@@ -23,10 +23,10 @@ from transformers import ByT5Tokenizer
 from video_dit.cli import main as cli
 from video_dit.media import write_video
 from video_dit.models import hunyuan15_encoders as H
-from video_dit.families import FAMILIES, HUNYUAN15, WAN, identify
+from video_dit.families import FAMILIES, HUNYUAN15, WAN, get_family, identify
 from video_dit.models.hunyuan15_convert import hy15_config_to_diffusers, hy15_to_comfy, hy15_to_diffusers
 from video_dit.models.hunyuan15_convert_vae import hy15_vae_config_to_diffusers
-from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
+from video_dit.models.loading import load_dit
 from video_dit.models.presets import PRESETS, TINY_HY15_DIT, get_preset
 from video_dit.pipeline_hunyuan15 import HunyuanVideo15Pipeline, fit_image
 from video_dit.spec import CLI_KEYS, JOB_KEYS, Request, resolve
@@ -100,11 +100,11 @@ def _latents(seed: int = 9) -> torch.Tensor:
 
 def _ours(folder, kind: str):
     """Our pipeline and prompt embeds, everything read from the diffusers folder."""
-    te = load_text_encoder(folder, family="hunyuan15")
+    te = HUNYUAN15.load_text_encoder(folder)
     prompt, negative = te.encode([PROMPT, NEGATIVE])
     assert prompt.glyph.shape[0] > 0 and negative.glyph.shape[0] == 0  # the glyph path is exercised
-    image_encoder = load_image_encoder(folder, family="hunyuan15") if kind == "i2v" else None
-    pipe = HunyuanVideo15Pipeline(load_dit(folder, family="hunyuan15").eval(), load_vae(folder, family="hunyuan15").eval(),
+    image_encoder = HUNYUAN15.load_image_encoder(folder) if kind == "i2v" else None
+    pipe = HunyuanVideo15Pipeline(HUNYUAN15.load_dit(folder).eval(), HUNYUAN15.load_vae(folder).eval(),
                                   image_encoder=image_encoder)
     return pipe, prompt, negative
 
@@ -139,7 +139,7 @@ def test_step_distilled_i2v_latents_equal_diffusers(folders, tmp_path):
     meanflow = _transformer(replace(TINY_HY15_DIT, use_meanflow=True), 5)
     meanflow.save_pretrained(tmp_path / "transformer")
     ours, prompt, negative = _ours(folder, "i2v")
-    ours.dit = load_dit(tmp_path, family="hunyuan15").eval()
+    ours.dit = HUNYUAN15.load_dit(tmp_path).eval()
     ours.dit_config = ours.dit.config
     assert ours.dit_config.use_meanflow
     saved, pipe.transformer = pipe.transformer, meanflow
@@ -193,7 +193,7 @@ def test_conditioning_object_conditions_some_samples_of_a_batch():
     in its input (zero condition, mask 0) and through the DiT (its SigLIP rows masked out)."""
     from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning
 
-    dit = _randomized(load_dit("preset:tiny-hy15-i2v"))
+    dit = _randomized(HUNYUAN15.load_dit("preset:tiny-hy15-i2v"))
     g = torch.Generator().manual_seed(0)
     noisy, t = torch.randn(2, 4, 2, 2, 3, generator=g), torch.tensor([700.0, 300.0])
     cond = {"first_frame_latents": torch.randn(2, 4, 1, 2, 3, generator=g), "image_embeds": torch.randn(2, 16, 32, generator=g)}
@@ -283,10 +283,11 @@ def test_registry_every_preset_has_a_family_and_dispatches(tmp_path):
     assert set(FAMILIES) == {"wan", "hunyuan15"} and all(p.family in FAMILIES for p in PRESETS.values())
     assert {n for n in PRESETS if PRESETS[n].family == "hunyuan15"} >= {"tiny-hy15-t2v", "tiny-hy15-i2v",
                                                                         "hunyuan15-480p-t2v", "hunyuan15-480p-i2v"}
-    assert type(load_dit("preset:tiny-hy15-t2v")).__name__ == "HunyuanVideo15DiT"  # by the preset
+    assert type(get_family(get_preset("tiny-hy15-t2v").family).load_dit("preset:tiny-hy15-t2v")).__name__ \
+        == "HunyuanVideo15DiT"  # by the preset's family
     assert type(load_dit("preset:tiny")).__name__ == "VideoDiT"
     # a checkpoint's family from its tensor names, in every layout; Wan's stays Wan's
-    sd = {k: v.contiguous() for k, v in load_dit("preset:tiny-hy15-t2v").state_dict().items()}
+    sd = {k: v.contiguous() for k, v in HUNYUAN15.load_dit("preset:tiny-hy15-t2v").state_dict().items()}
     for name, layout in (("native", sd), ("diffusers", hy15_to_diffusers(sd)),
                          ("comfy", hy15_to_comfy(sd, "model.diffusion_model."))):
         save_file(layout, tmp_path / f"{name}.safetensors")
@@ -315,13 +316,14 @@ def test_a_diffusers_folder_resolves_to_its_family_and_task(folders):
 @pytest.fixture
 def no_loading(monkeypatch):
     """Any model load is a test failure (an AssertionError is no user error: it is not turned into exit 2)."""
-    import video_dit.commands.sample as sample
+    import dataclasses
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was refused")
 
-    for name in ("load_text_encoder", "load_image_encoder", "load_dit", "load_vae"):
-        monkeypatch.setattr(sample, name, refuse)
+    for name, family in list(FAMILIES.items()):  # every family's loaders, as the front ends reach them
+        monkeypatch.setitem(FAMILIES, name, dataclasses.replace(
+            family, load_text_encoder=refuse, load_image_encoder=refuse, load_dit=refuse, load_vae=refuse))
 
 
 def _wrong_width_siglip(tmp_path):
