@@ -164,7 +164,7 @@ def _run_sp(module, device: str, repeats: int, small: bool, threads: int | None)
 # suites whose run() does not take (device, repeats, small, threads)
 ADAPTERS: dict[str, Callable] = {"sp": _run_sp}
 # suite -> its run() keywords that `video-dit bench` options set (passed only when given)
-OPTIONS = {"dit": ("budget_s",), "train": ("steps", "budget_s")}
+OPTIONS = {"dit": ("budget_s",), "train": ("steps", "budget_s"), "plan": ("budget_s",)}
 
 
 def run_suite(name: str, device: str, repeats: int, small: bool, threads: int | None, **options) -> dict:
