@@ -415,6 +415,13 @@ def test_train_job_row_median_after_warmup_outliers_and_plan():
     assert row["mfu"] == pytest.approx(flops / 3.34 / 989e12)
     assert row["outliers"] == [{"step": 1, "s": 53.2}] and row["step_s_all"] == rec["step_s_all"]
     assert row["planned_over_measured"] == pytest.approx(13.73 / 13.17, rel=1e-6)
+    counts = [dict.fromkeys(train_bench.ALLOCATOR_COUNTS, 0) for _ in range(4)]
+    counts[1].update(num_alloc_retries=3, num_device_alloc=41, num_device_free=40, num_sync_all_streams=3)
+    with_counts = train_bench.job_row(job, {**rec, "allocator": counts}, small=False, peak_flops=989e12)
+    assert with_counts["outliers"] == [{"step": 1, "s": 53.2, "allocator": counts[1]}]
+    assert train_bench.outlier_text(with_counts["outliers"][0]) == \
+        "step 1 (allocator: 3 retries, 41 cudaMalloc, 40 cudaFree, 3 syncs)"
+    assert train_bench.outlier_text(row["outliers"][0]) == "step 1"
     failed = train_bench.job_row(job, {"step_s_all": [6.0], "error": "timed out after 40 s, during steps"}, False, None)
     assert "step_s" not in failed and failed["error"].startswith("timed out")
 
@@ -482,6 +489,13 @@ def test_bench_passes_steps_and_budget_to_the_suites_that_take_them(fake_suites,
     assert _bench(["--suite", "train", "--steps", "3", "--budget", "100"]) == 0
     assert seen == {"steps": 3, "budget_s": 100.0}
     assert _bench(["--suite", "vae", "--steps", "3"]) == 0  # the vae suite does not take it
+    plan = types.ModuleType("fake_bench_plan")
+    plan.run = lambda device="cpu", repeats=3, small=False, threads=None, budget_s=None: \
+        seen.update(plan_budget_s=budget_s) or {"configs": []}
+    monkeypatch.setitem(sys.modules, plan.__name__, plan)
+    monkeypatch.setitem(cmd.SUITES, "plan", plan.__name__)
+    assert _bench(["--suite", "plan", "--steps", "3", "--budget", "50"]) == 0  # the budget only
+    assert seen["plan_budget_s"] == 50.0
     assert _bench(["--suite", "train", "--steps", "1"]) == 2
     assert "--steps must be >= 2" in capsys.readouterr().err
 

@@ -34,7 +34,9 @@ Parts: "zero", "activations", "cache" (1-3, the default on CPU) and "jobs" (4, t
    `make_trainable`, `engine.initialize`; the real 1.3B shape with random weights (the head given
    small weights, so every gradient is non-zero), the trainer's dtype (bf16 on a GPU), batch 1, a
    512-token text context, `flow_matching_loss` on random latents. Every step is timed and recorded
-   (outliers show: one ZeRO-3 step once took 53 s between 6 s and 3.3 s); the figure is the median
+   (outliers show: one ZeRO-3 step once took 53 s between 6 s and 3.3 s; on CUDA each step's allocator
+   counters are recorded beside it, `allocator_counts`, so an outlier says whether the caching allocator
+   retried, i.e. freed its cache and synchronised); the figure is the median
    after the first (warm-up) step. Peak = `torch.cuda.max_memory_allocated` over the steps after the
    first (on CPU the allocation tracker's), beside the memory plan's prediction for the same job
    (`planned_peak`). MFU: 3x the analytic forward FLOPs (`dit_flops`) per second over the device's
@@ -486,6 +488,19 @@ def planned_peak(cfg, grid, job, dtype: torch.dtype, cuda: bool, ds: dict) -> di
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
+ALLOCATOR_COUNTS = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+def allocator_counts(device: torch.device) -> dict[str, int]:
+    """The CUDA caching allocator's counters (`torch.cuda.memory_stats`): retries after a failed cudaMalloc
+    (each one frees the cache and synchronises), cudaMalloc / cudaFree calls, whole-device syncs. Empty on
+    the CPU."""
+    if device.type != "cuda":
+        return {}
+    stats = torch.cuda.memory_stats(device)
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
+
+
 def _job_main(spec: dict) -> int:
     """One job in this fresh process (world size 1): build, set up, `spec["steps"]` timed steps. The
     record is rewritten to `spec["out"]` after each phase and step, so a job stopped by its timeout
@@ -543,8 +558,12 @@ def _job_main(spec: dict) -> int:
         losses.append(loss.detach())
 
     for i in range(spec["steps"]):
+        before = allocator_counts(device)
         rec["step_s_all"].append(timed(step, device))
         rec["loss"].append(float(losses[-1]))
+        if cuda:  # what the caching allocator did in this step: a slow step with retries was the allocator's
+            after = allocator_counts(device)
+            rec.setdefault("allocator", []).append({k: after[k] - before[k] for k in after})
         if i == 0:  # the peak over the steps after the first, from what lives now (as the H200 rows)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
@@ -589,6 +608,15 @@ def _run_job_process(spec: dict, workdir: Path, timeout: float, threads: int | N
     return rec, wall
 
 
+def outlier_text(o: dict) -> str:
+    """`step 2 (allocator: 3 retries, 41 cudaMalloc, 40 cudaFree, 3 syncs)`; the step alone on the CPU."""
+    a = o.get("allocator")
+    if not a:
+        return f"step {o['step']}"
+    return (f"step {o['step']} (allocator: {a['num_alloc_retries']} retries, {a['num_device_alloc']} cudaMalloc, "
+            f"{a['num_device_free']} cudaFree, {a['num_sync_all_streams']} syncs)")
+
+
 def job_row(job: dict, rec: dict, small: bool, peak_flops: float | None) -> dict:
     """The figures of one job from its process's record: median step after the first, tokens/s, MFU,
     measured and planned peak, and every step's time with the outliers (> 2x the median) named."""
@@ -597,14 +625,17 @@ def job_row(job: dict, rec: dict, small: bool, peak_flops: float | None) -> dict
     row = {"name": job["name"], "lora_rank": job["lora"], "zero_stage": job["zero"], "checkpointing": job["ckpt"],
            "pixels": js["pixels"], "latent_grid": list(js["grid"]), "tokens": js["tokens"], "flops_per_step": flops,
            **{k: rec[k] for k in ("step_s_all", "loss", "build_s", "setup_s", "trainable_params", "dtype", "planned",
-                                  "peak_bytes", "allocated_after_bytes", "error", "wall_s") if k in rec}}
+                                  "peak_bytes", "allocated_after_bytes", "allocator", "error", "wall_s")
+                                  if k in rec}}
     steps = rec.get("step_s_all", [])
     if len(steps) >= 2:
         step_s = median(steps[1:])
         row.update(step_s=step_s, tokens_per_s=js["tokens"] / step_s, tflops=flops / step_s / 1e12)
         if peak_flops:  # the job process's own (the datasheet's on a known GPU; a matmul it measured on CPU)
             row.update(peak_flops=peak_flops, mfu=mfu(flops, step_s, peak_flops))
-        row["outliers"] = [{"step": i, "s": s} for i, s in enumerate(steps) if i > 0 and s > 2 * step_s]
+        per_step = rec.get("allocator", [])
+        row["outliers"] = [{"step": i, "s": s, **({"allocator": per_step[i]} if i < len(per_step) else {})}
+                           for i, s in enumerate(steps) if i > 0 and s > 2 * step_s]
     planned = rec.get("planned", {})
     if "peak_bytes" in rec and "bytes" in planned:
         row["planned_over_measured"] = planned["bytes"] / rec["peak_bytes"]
@@ -664,7 +695,7 @@ def print_jobs(res: dict) -> None:
         mf = f"{r['mfu']:7.1%}" if "mfu" in r else f"{'-':>7}"
         steps = ", ".join(f"{s:.2f}" for s in r["step_s_all"])
         print(f"{r['name']:46}{r['tokens']:8d}{r['step_s']:9.3f}{r['tokens_per_s']:9.0f}{mf}{pl}{me}{pm}   {steps}"
-              + (f"  outliers: {', '.join(str(o['step']) for o in r['outliers'])}" if r["outliers"] else "")
+              + (f"  outliers: {', '.join(outlier_text(o) for o in r['outliers'])}" if r["outliers"] else "")
               + (f"  ({r['error'].splitlines()[0][:80]})" if "error" in r else ""))
         if "error" in planned:
             print(f"{'':46}plan: {planned['error']}")
