@@ -97,7 +97,8 @@ def test_dit_init_draws_on_the_cpu_under_any_default_device():
     """Each DiT parameter's initial values are drawn on the CPU (`init_parameter`) and copied to where
     the parameter lives, so a build under a GPU's device context gets the CPU build's weights (meta
     stands in for cuda here: values drawn on the default device would be lost and the copy fail)."""
-    from video_dit.models.dit import init_parameter, parameter_generator
+    from video_dit.models.common import parameter_generator
+    from video_dit.models.dit import init_parameter
     from video_dit.models.presets import get_preset
 
     cfg = get_preset("tiny").dit

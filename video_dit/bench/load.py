@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from video_dit.bench.common import launch_ranks, write_json
 from video_dit.data.demo import make_demo_data
-from video_dit.models.dit import VideoDiT, init_parameter, parameter_generator
+from video_dit.models.common import parameter_generator
+from video_dit.models.dit import VideoDiT, init_parameter
 from video_dit.models.loading import check_matches_preset, load_dit
 from video_dit.models.presets import get_preset
 from video_dit.models.weights import module_groups

@@ -1,5 +1,6 @@
-"""What the wrappers of transformers' networks (the text and image encoders) share: building one
-seeded or on the meta device, and asking it for its device and activation dtype.
+"""What the networks share: the seeded, device-independent initialisation of our own DiTs (one
+generator per parameter name), and for the wrappers of transformers' networks (the text and image
+encoders) building one seeded or on the meta device and asking it for its device and activation dtype.
 
 `module_dtype_device` reads the first floating-point parameter, so a quantized model (optimum-quanto's
 integer / float8 weights) reports the dtype of its non-quantized parameters, the one its activations use.
@@ -7,10 +8,30 @@ integer / float8 weights) reports the dtype of its non-quantized parameters, the
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 from torch import nn
+
+
+def parameter_generator(seed: int, name: str) -> torch.Generator:
+    """The CPU generator of one parameter's initial values: seeded by (seed, parameter name)."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
+
+
+def initialize_by_name(module: nn.Module, init: Callable, config, seed: int | None) -> None:
+    """`init(config, name, parameter, generator)` for every materialised parameter of `module`, each
+    generator seeded by (`seed`, name) (`parameter_generator`): the same values whatever order or device
+    the parameters are made in. `seed=None` draws the seed from torch's global CPU RNG, so
+    `torch.manual_seed(s); Model(cfg)` stays reproducible. A no-op on the meta device."""
+    params = [(n, p) for n, p in module.named_parameters() if p.device.type != "meta"]
+    if params and seed is None:
+        seed = int(torch.randint(0, 2 ** 62, (), device="cpu").item())
+    for name, p in params:
+        init(config, name, p, parameter_generator(seed, name))
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:

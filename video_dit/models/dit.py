@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import hashlib
 import logging
 import math
 import time
@@ -47,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
+from video_dit.models.common import initialize_by_name
 from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
 
 log = logging.getLogger(__name__)
@@ -128,12 +128,6 @@ class DiTConfig:
 # ---------------------------------------------------------------- initialisation
 
 
-def parameter_generator(seed: int, name: str) -> torch.Generator:
-    """The CPU generator of one parameter's initial values: seeded by (seed, parameter name)."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
-
-
 @torch.no_grad()
 def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Wan's initial value of the parameter called `name` (native names), written into `t` in place.
@@ -208,11 +202,7 @@ class VideoDiT(nn.Module):
         are made in (a ZeRO-3 build materialises them one module at a time). `seed=None` draws the
         seed from torch's global RNG, so `torch.manual_seed(s); VideoDiT(cfg)` stays reproducible.
         A no-op on the meta device."""
-        params = [(n, p) for n, p in self.named_parameters() if p.device.type != "meta"]
-        if params and seed is None:
-            seed = int(torch.randint(0, 2 ** 62, (), device="cpu").item())
-        for name, p in params:
-            init_parameter(self.config, name, p, parameter_generator(seed, name))
+        initialize_by_name(self, init_parameter, self.config, seed)
 
     @property
     def device(self) -> torch.device:

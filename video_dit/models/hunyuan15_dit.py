@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.dit import parameter_generator
+from video_dit.models.common import initialize_by_name
 from video_dit.models.dit_layers import RMSNorm, compute_dtype_of, f32
 from video_dit.models.hunyuan15_layers import (ByT5Mapper, DoubleStreamBlock, FinalLayer, SingleTokenRefiner,
                                                TimestepEmbedder, VisionProjection, hy15_rope_tables)
@@ -258,11 +258,7 @@ class HunyuanVideo15DiT(nn.Module):
         """Tencent's initialisation, one parameter at a time by name (`init_parameter`), each from its own
         CPU generator seeded by (`seed`, name): the same values whatever order or device the parameters are
         made in. `seed=None` draws the seed from torch's global RNG. A no-op on the meta device."""
-        params = [(n, p) for n, p in self.named_parameters() if p.device.type != "meta"]
-        if params and seed is None:
-            seed = int(torch.randint(0, 2 ** 62, (), device="cpu").item())
-        for name, p in params:
-            init_parameter(self.config, name, p, parameter_generator(seed, name))
+        initialize_by_name(self, init_parameter, self.config, seed)
 
     @property
     def device(self) -> torch.device:

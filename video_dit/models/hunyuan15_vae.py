@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from video_dit.models.dit import parameter_generator
+from video_dit.models.common import parameter_generator
 from video_dit.models.vae import DiagonalGaussian
 from video_dit.models.vae_layers import CausalCache, RMS_norm, _conv, _empty_cl, _inplace
 

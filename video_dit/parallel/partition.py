@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from video_dit.models.dit import VideoDiT, cast_dit, init_parameter, param_dtypes, parameter_generator
+from video_dit.models.common import parameter_generator
+from video_dit.models.dit import VideoDiT, cast_dit, init_parameter, param_dtypes
 from video_dit.models.layouts import preset_name
 from video_dit.models.loading import check_matches_preset, open_dit
 from video_dit.models.presets import get_preset
