@@ -161,6 +161,22 @@ def test_plan_bad_input_names_the_option(job, capsys, tmp_path):
     assert code == 2 and "sequence_parallel_size" in out and "heads" in out
 
 
+def test_plan_splits_a_global_batch_over_the_ranks_it_plans(job, capsys, tmp_path):
+    """`train.global_batch_size: 16` at `batch_size: 8`: on 8 GPUs each rank holds micro-batches of 2, so its
+    plan is the plan of `batch_size: 2` (and not of 8); 3 GPUs cannot split it (exit 2, naming the key)."""
+    def plan_of(name, train, gpus):
+        path = helpers.write_job(tmp_path, name, helpers.train_process(job.parent, train=train))
+        code, out = run_plan(capsys, str(path), "--gpus", str(gpus), "--gpu-mem", "80", "--bucket", "9x32x32")
+        return code, out[out.find("memory plan:"):] if code == 0 else out  # the table (not an import's warning)
+
+    code, global16 = plan_of("g16", {"batch_size": 8, "global_batch_size": 16}, 8)
+    assert code == 0
+    assert global16.replace("g16", "?") == plan_of("b2", {"batch_size": 2}, 8)[1].replace("b2", "?")
+    assert global16.replace("g16", "?") != plan_of("b8", {"batch_size": 8}, 8)[1].replace("b8", "?")
+    code, out = plan_of("g16", {"batch_size": 8, "global_batch_size": 16}, 3)
+    assert code == 2 and "train.global_batch_size" in out and "over 3 data-parallel ranks" in out
+
+
 def test_train_sh_check_refuses_warns_or_stays_off(job, tmp_path, capsys):
     from video_dit.train import validate
 

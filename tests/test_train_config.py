@@ -162,6 +162,48 @@ def test_train_sh_refuses_a_bad_config_before_any_rank(folder, tmp_path):
     assert "launch.py" not in proc.stderr and not (tmp_path / "out").exists()  # no launcher, no rank
 
 
+@pytest.mark.parametrize("dp, batch, accumulation", [(1, 8, 2), (2, 8, 1), (4, 4, 1), (8, 2, 1), (16, 1, 1)])
+def test_global_batch_size_splits_over_the_ranks(folder, tmp_path, dp, batch, accumulation):
+    """16 at `batch_size: 8`: micro-batch x accumulation x data-parallel ranks is 16 on every rank count,
+    the micro-batch the largest <= 8; DeepSpeed's train_batch_size says the same (SP 2: twice the ranks)."""
+    from video_dit.parallel.zero import ds_config
+
+    job = with_key(base_job(folder, tmp_path), "train.batch_size", 8)
+    job = parse_job(with_key(job, "train.global_batch_size", 16))
+    t = job.for_ranks(dp).process.train
+    assert (t.batch_size, t.gradient_accumulation) == (batch, accumulation)
+    assert t.batch_size * t.gradient_accumulation * dp == 16
+    assert job.process.train.batch_size == 8  # the parsed job is left as written
+    sp = parse_job(with_key(with_key(job.raw, "deepspeed", {"sequence_parallel_size": 2}),
+                            "train.global_batch_size", 16))
+    cfg = ds_config(sp.for_ranks(2 * dp), world_size=2 * dp)
+    assert (cfg["train_batch_size"], cfg["gradient_accumulation_steps"]) == (16, accumulation)
+    plain = parse_job(base_job(folder, tmp_path))
+    assert plain.for_ranks(3) is plain  # without it, nothing changes
+
+
+def test_global_batch_size_refusals_name_the_key(folder, tmp_path, monkeypatch, capsys):
+    job = with_key(base_job(folder, tmp_path), "train.global_batch_size", 16)
+    msg = error_of(with_key(job, "train.gradient_accumulation", 2))
+    assert "train.global_batch_size" in msg and "give only one of them" in msg
+    assert "must be >= 1" in error_of(with_key(job, "train.global_batch_size", 0))
+    with pytest.raises(ConfigError) as exc:
+        parse_job(job).for_ranks(3)
+    msg = str(exc.value)
+    assert "config.process[0].train.global_batch_size" in msg
+    assert "16 does not split evenly over 3 data-parallel ranks" in msg and "1, 2, 4, 8, 16" in msg
+    # train.sh: 2 CPU ranks and a global batch of 3 exit 2 before any rank starts
+    from video_dit.train import launcher
+
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(with_key(job, "train.global_batch_size", 3)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert launcher.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "train.global_batch_size: 3 does not split evenly over 2 data-parallel ranks" in err
+    assert not (tmp_path / "out").exists()
+
+
 def readme_example_table() -> dict[str, dict[str, str]]:
     """The README's table of example configs: {file name: {column: cell}}."""
     lines = (ROOT / "README.md").read_text().splitlines()

@@ -148,6 +148,8 @@ def launch_c(world):
     both = {"offload_optimizer": True, "offload_param": True}
     for name, zero, train, ds, save_every in (("b2z2", 2, {"batch_size": 2}, {}, 4),
                                               ("accz2", 2, {"batch_size": 1, "gradient_accumulation": 2}, {}, 2),
+                                              # 4 over 2 ranks at micro-batches of at most 1: 1 x 2 each
+                                              ("gz2", 2, {"batch_size": 1, "global_batch_size": 4}, {}, 2),
                                               ("offz2", 2, {"batch_size": 2}, {"offload_optimizer": True}, 2),
                                               ("b2z3", 3, {"batch_size": 2}, {}, 4),
                                               ("accoffz3", 3, {"batch_size": 1, "gradient_accumulation": 2}, both, 2)):
@@ -292,14 +294,15 @@ def _same_training(world, name, ref, what):
 def test_gradient_accumulation_equals_one_batch_k_times_larger(launch_c):
     """batch 1 x gradient_accumulation 2 == batch 2, within fp32 tolerance (ZeRO-2; ZeRO-3 together
     with offload, see launch_c): losses, gradient norms, the trained LoRA; the LR schedule, save_every
-    and the step counters count optimizer steps."""
+    and the step counters count optimizer steps. `train.global_batch_size: 4` at `batch_size: 1` on
+    the 2 ranks resolves to that same accumulation, and trains the same."""
     from video_dit.train.engine import lr_lambda
 
     world = launch_c
     lr = helpers.train_process(world)["train"]["lr"]
     expected_lr = [lr * lr_lambda(2, 4, "cosine")(s) for s in range(4)]  # warmup 2, cosine over 4 steps
     assert expected_lr == [lr / 2, lr, lr, lr / 2]
-    for name, ref in (("accz2", "b2z2"), ("accoffz3", "b2z3")):
+    for name, ref in (("accz2", "b2z2"), ("gz2", "b2z2"), ("accoffz3", "b2z3")):
         acc, big = _same_training(world, name, ref, "accumulation")
         assert [r["lr"] for r in acc] == pytest.approx(expected_lr, rel=1e-9) == [r["lr"] for r in big]
         assert len({r["loss"] for r in big}) == 4  # the steps differ (noise), not one batch repeated

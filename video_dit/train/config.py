@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -198,12 +198,17 @@ class TrainConfig:
     `VideoDiT.set_checkpointed_blocks`), or "auto": per bucket, the fewest checkpointed blocks whose planned
     peak fits the device with `plan.AUTO_MARGIN` to spare (`plan.checkpoint_blocks`; on CPU ranks against
     the host's memory). The losses are the same whatever is checkpointed.
+    `global_batch_size` (ours; ai-toolkit's trainer ignores it): the samples of one optimizer step over
+    all data-parallel ranks; `batch_size` is then the largest micro-batch per rank and the accumulation
+    follows from the rank count (`for_ranks`), so a recipe trains alike on 1, 2 or 8 GPUs.
     `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
 
     batch_size: int = 1
     steps: int = 1000
     gradient_accumulation: int = 1
     gradient_accumulation_steps: int | None = None  # ai-toolkit's older name for the same thing
+    # ours: the batch of one optimizer step over all data-parallel ranks, whatever their number (`for_ranks`)
+    global_batch_size: int | None = None
     gradient_checkpointing: Any = False  # true | false | N blocks | "auto" (`check_checkpointing`)
     compile: bool | str = "auto"  # ours: torch.compile of each block; auto = on GPU ranks under ZeRO 0-2 without SP
     lr: float = 1e-4
@@ -251,6 +256,13 @@ class TrainConfig:
                 raise ConfigError(f"{path}.gradient_accumulation_steps",
                                   "conflicts with gradient_accumulation; give only one of them")
             self.gradient_accumulation = self.gradient_accumulation_steps
+        if self.global_batch_size is not None:
+            if self.global_batch_size < 1:
+                raise ConfigError(f"{path}.global_batch_size", f"must be >= 1, got {self.global_batch_size}")
+            if self.gradient_accumulation != 1:
+                raise ConfigError(f"{path}.global_batch_size", "conflicts with gradient_accumulation (it sets "
+                                                                "the accumulation from the rank count); give only "
+                                                                "one of them")
         if not self.lr > 0:
             raise ConfigError(f"{path}.lr", f"must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
@@ -265,6 +277,24 @@ class TrainConfig:
             raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
         if self.compile not in (True, False, "auto"):
             raise ConfigError(f"{path}.compile", f"{self.compile!r}; accepted: auto, true, false")
+
+    def for_ranks(self, dp_ranks: int, path: str = "train") -> TrainConfig:
+        """This config on `dp_ranks` data-parallel ranks. With `global_batch_size` G: G / dp_ranks samples
+        per rank and step, as micro-batches of the largest size <= `batch_size` that divides them, and
+        the accumulation that makes up the rest (G 16, batch_size 8: 1 rank 8 x 2, 2 ranks 8 x 1, 8 ranks
+        2 x 1); so a recipe trains the same batch on any number of GPUs. Without it, unchanged."""
+        g = self.global_batch_size
+        if g is None:
+            return self
+        if g % dp_ranks:
+            fits = [n for n in range(1, g + 1) if g % n == 0]
+            raise ConfigError(f"{path}.global_batch_size", f"{g} does not split evenly over {dp_ranks} data-parallel "
+                                                           f"ranks; accepted: a multiple of {dp_ranks}, or run on "
+                                                           f"{', '.join(map(str, fits))} ranks (CUDA_VISIBLE_DEVICES, "
+                                                           "--num_gpus)")
+        per_rank = g // dp_ranks
+        micro = max(b for b in range(1, min(self.batch_size, per_rank) + 1) if per_rank % b == 0)
+        return replace(self, batch_size=micro, gradient_accumulation=per_rank // micro)
 
 
 CHECKPOINTING_WORDS = ("auto",)
@@ -747,6 +777,13 @@ class TrainJob:
     @property
     def out_dir(self) -> Path:
         return Path(self.process.training_folder) / self.name
+
+    def for_ranks(self, world: int) -> TrainJob:
+        """This job on `world` ranks: `train.global_batch_size` resolved over its data-parallel ranks
+        (`TrainConfig.for_ranks`); the job itself when it has none."""
+        p = self.process
+        train = p.train.for_ranks(world // p.deepspeed.sequence_parallel_size, "config.process[0].train")
+        return self if train is p.train else replace(self, process=replace(p, train=train))
 
     def config_hash(self) -> str:
         """Hash of what decides the training trajectory (model, network, data, train, deepspeed), not

@@ -233,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:  # 1. before any rank: a bad job exits 2 naming the key
         job = validate_file(config, do_prepare=True, log=log)
+        job.for_ranks(place.ranks)  # train.global_batch_size splits over the ranks about to start
         memory_check(job, argv, log=log)
     except (ConfigError, DataError) as exc:
         log(f"config error in {config}: {exc}")

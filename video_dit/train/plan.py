@@ -991,6 +991,11 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
                         f"accepted: {', '.join(map(str, valid))}")
     if machine.ranks % sp:
         raise PlanError(f"deepspeed.sequence_parallel_size={sp} does not divide the {machine.ranks} ranks")
+    try:  # train.global_batch_size: each rank's micro-batch follows from the rank count
+        job = job.for_ranks(machine.ranks)
+    except ConfigError as exc:
+        raise PlanError(str(exc)) from exc
+    p = job.process
     cuda = machine.device == "cuda"
     dtype = planned_dtype(job, machine.device)
     lora = p.network.linear if p.network is not None else None

@@ -112,9 +112,10 @@ class Trainer:
     def _join(self) -> None:
         """The process group and what each rank needs to know of its place: device, training dtype,
         the ZeRO layout, the sequence groups, the output folders and the per-rank seeds."""
-        p = self.p
-        self.rank, self.world = init_distributed(p.deepspeed.timeout_s)
+        self.rank, self.world = init_distributed(self.p.deepspeed.timeout_s)
         self.rank0 = self.rank == 0
+        self.job = self.job.for_ranks(self.world)  # train.global_batch_size over the data-parallel ranks
+        self.p = p = self.job.process
         self.device = local_device()
         self.dtype = train_dtype(p.train.dtype, p.train.cpu_bf16)
         self.dist = Distribution.of(self.job, self.world)
@@ -133,6 +134,10 @@ class Trainer:
         # batch and its noise, so data and noise follow the data-parallel rank; ZeRO still spans all ranks
         self.sp_info = init_sequence_parallel(self.sp)
         self.dp_world, self.dp_rank = self.sp_info.dp_size, self.sp_info.dp_rank
+        t = p.train
+        if t.global_batch_size is not None:
+            self.log(f"train.global_batch_size {t.global_batch_size} on {self.dp_world} data-parallel rank(s): "
+                     f"micro-batches of {t.batch_size} x {t.gradient_accumulation} per step and rank")
         notice = cpu_fp32_notice(p.train.dtype, self.dtype)
         if notice:
             self.log(notice)
