@@ -9,7 +9,7 @@ integer / float8 weights) reports the dtype of its non-quantized parameters, the
 from __future__ import annotations
 
 import hashlib
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 import torch
@@ -32,6 +32,40 @@ def initialize_by_name(module: nn.Module, init: Callable, config, seed: int | No
         seed = int(torch.randint(0, 2 ** 62, (), device="cpu").item())
     for name, p in params:
         init(config, name, p, parameter_generator(seed, name))
+
+
+class IslandCast:
+    """What a DiT with float32 islands (norms, modulation tables, embeddings kept float32 while the bulk
+    computes in bf16) adds to `nn.Module` (first in its bases): `to(dtype)` that keeps the islands, and
+    `precision`, the forward's autocast. The class names its cast (`cast_dit`, `cast_hy15_dit`) in `cast`
+    and keeps `compute_dtype` (None: the bulk weights' dtype) and a `dtype` property."""
+
+    def cast(self, dtype: torch.dtype):
+        raise NotImplementedError
+
+    def to(self, *args, **kwargs):
+        """`nn.Module.to`, except that a floating dtype casts as `self.cast(dtype)` does: the float32
+        islands stay float32 and the bulk computes in `dtype`. Why: code that owns the model casts it
+        whole (ai-toolkit's trainer calls `unet.to(device, dtype=train_dtype)` after `load_model` and
+        after each preview), which would make the islands bf16. Every parameter is cast as a frozen one
+        (the trainer's float32 masters come from the cast's `masters=True`); the pure cast is
+        `nn.Module.to(model, dtype)`."""
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if dtype is None or not dtype.is_floating_point:
+            return super().to(*args, **kwargs)
+        if device is not None:
+            super().to(device, non_blocking=non_blocking)
+        return self.cast(dtype)
+
+    def precision(self, device_type: str):
+        """The forward's context: a bf16 / fp16 model (`compute_dtype`, else its bulk weights' dtype) runs
+        under torch autocast in that dtype, as Wan and Tencent run theirs; its weight cache is off (each
+        weight is used once per forward; the cache would keep a low-precision copy of every weight until
+        the forward ends). A float32 / float64 model adds nothing: a caller's autocast applies."""
+        dtype = self.compute_dtype or self.dtype
+        if dtype in (torch.bfloat16, torch.float16):
+            return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
+        return nullcontext()
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:

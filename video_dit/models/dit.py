@@ -46,7 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import initialize_by_name
+from video_dit.models.common import IslandCast, initialize_by_name
 from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: tor
 # ---------------------------------------------------------------- network
 
 
-class VideoDiT(nn.Module):
+class VideoDiT(IslandCast, nn.Module):
     """The Wan 2.x DiT. Build on the meta device and materialise with
     `load_state_dict(sd, assign=True)` (see `video_dit.models.loading.load_dit`).
 
@@ -213,29 +213,9 @@ class VideoDiT(nn.Module):
         """The bulk weights' storage dtype (the float32 islands aside; see `cast_dit`)."""
         return self.patch_embedding.weight.dtype
 
-    def to(self, *args, **kwargs):
-        """`nn.Module.to`, except that a floating dtype casts as `cast_dit(self, dtype)` does: the
-        float32 islands stay float32 and the bulk computes in `dtype`. Why: code that owns the model
-        casts it whole (ai-toolkit's trainer calls `unet.to(device, dtype=train_dtype)` after
-        `load_model` and after each preview), which would make the islands bf16. Every parameter is
-        cast as a frozen one (the trainer's float32 masters come from `cast_dit(masters=True)`); the
-        pure cast is `nn.Module.to(model, dtype)`."""
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        if dtype is None or not dtype.is_floating_point:
-            return super().to(*args, **kwargs)
-        if device is not None:
-            super().to(device, non_blocking=non_blocking)
+    def cast(self, dtype: torch.dtype) -> VideoDiT:
+        """`to(dtype)` (`IslandCast`): `cast_dit`."""
         return cast_dit(self, dtype)
-
-    def precision(self, device_type: str):
-        """The forward's context: a bf16 / fp16 DiT (`compute_dtype`, else its bulk weights' dtype)
-        runs under torch autocast in that dtype, as Wan runs its model; its weight cache is off (each
-        weight is used once per forward; the cache would keep a low-precision copy of every weight
-        until the forward ends). A float32 / float64 DiT adds nothing: a caller's autocast applies."""
-        dtype = self.compute_dtype or self.dtype
-        if dtype in (torch.bfloat16, torch.float16):
-            return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
-        return contextlib.nullcontext()
 
     def enable_gradient_checkpointing(self, offload: bool = False, blocks=None) -> None:
         """Re-run blocks in backward (when grad is enabled): every block, or `blocks` (as

@@ -56,7 +56,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import initialize_by_name
+from video_dit.models.common import IslandCast, initialize_by_name
 from video_dit.models.dit_layers import RMSNorm, compute_dtype_of, f32
 from video_dit.models.hunyuan15_layers import (ByT5Mapper, DoubleStreamBlock, FinalLayer, SingleTokenRefiner,
                                                TimestepEmbedder, VisionProjection, hy15_rope_tables)
@@ -207,7 +207,7 @@ def init_parameter(config: HY15DiTConfig, name: str, t: torch.Tensor, generator:
 # ---------------------------------------------------------------- network
 
 
-class HunyuanVideo15DiT(nn.Module):
+class HunyuanVideo15DiT(IslandCast, nn.Module):
     """The HunyuanVideo 1.5 DiT. Build on the meta device and materialise with `load_state_dict(sd,
     assign=True)`, or with `to_empty(device=...)` and `initialize_weights(seed)`.
 
@@ -269,23 +269,9 @@ class HunyuanVideo15DiT(nn.Module):
         """The bulk weights' storage dtype (the float32 islands aside; see `cast_hy15_dit`)."""
         return self.img_in.proj.weight.dtype
 
-    def to(self, *args, **kwargs):
-        """`nn.Module.to`, except that a floating dtype casts as `cast_hy15_dit(self, dtype)` does (the float32
-        islands stay float32), as `VideoDiT.to`; the pure cast is `nn.Module.to(model, dtype)`."""
-        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
-        if dtype is None or not dtype.is_floating_point:
-            return super().to(*args, **kwargs)
-        if device is not None:
-            super().to(device, non_blocking=non_blocking)
+    def cast(self, dtype: torch.dtype) -> HunyuanVideo15DiT:
+        """`to(dtype)` (`IslandCast`): `cast_hy15_dit`."""
         return cast_hy15_dit(self, dtype)
-
-    def precision(self, device_type: str):
-        """The forward's context: a bf16 / fp16 model runs under torch autocast in that dtype (as Tencent
-        runs its model), weight cache off; a float32 / float64 model adds nothing (a caller's autocast applies)."""
-        dtype = self.compute_dtype or self.dtype
-        if dtype in (torch.bfloat16, torch.float16):
-            return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
-        return contextlib.nullcontext()
 
     def enable_gradient_checkpointing(self, offload: bool = False) -> None:
         """Re-run each double block in backward (when grad is enabled). `offload`: keep the saved block
