@@ -169,6 +169,9 @@ def test_batch_of_prompts_and_snapping(models):
                                generator=_gen())
     assert len(videos) == 2 and all(len(v) == 5 and v[0].size == (32, 16) for v in videos)
     assert pipe.snap(17, 480, 832) == (17, 480, 832)
+    with pytest.warns(UserWarning, match="frames must be 4k \\+ 1 and sides multiples of 16") as caught:
+        assert pipe.snap(7, 20, 40) == (5, 16, 32)
+    assert caught[0].filename == __file__  # the warning names the caller of snap
     with pytest.raises(ValueError, match="2D"):
         pipe.generate(torch.randn(1, 3, 64), steps=1, guidance_scale=1.0)
     with pytest.raises(ValueError, match="i2v_mode 'concat'"):

@@ -16,14 +16,13 @@ generate.py ones (UniPC on Wan's grid, 50 steps, shift 5, guidance 5); `Preset` 
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F_
 from PIL import Image
 from torch import nn
 
-from video_dit.data.frames import snap_num_frames
+from video_dit.data.frames import snap_size
 from video_dit.diffusion.conditioning import (
     I2V_MODES,
     MASK_CHANNELS,
@@ -95,14 +94,7 @@ class VideoPipeline:
     def snap(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
         """`num_frames` down to 4k + 1 and height/width down to the divisibility (VAE x patch), with a
         warning when anything changed; never below one latent frame / one patch."""
-        t, d = self.temporal, self.divisibility
-        if min(num_frames, height, width) < 1:
-            raise ValueError(f"num_frames, height and width must be >= 1, got {num_frames}, {height}, {width}")
-        snapped = (snap_num_frames(num_frames, t), max(d, height // d * d), max(d, width // d * d))
-        if snapped != (num_frames, height, width):
-            warnings.warn(f"snapped (frames, height, width) {(num_frames, height, width)} -> {snapped}: "
-                          f"frames must be {t}k + 1 and sides multiples of {d}", stacklevel=2)
-        return snapped
+        return snap_size(num_frames, height, width, self.temporal, self.divisibility, stacklevel=2)
 
     # ---------------------------------------------------------------- sampling
     @torch.no_grad()

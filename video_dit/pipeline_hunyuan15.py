@@ -26,14 +26,12 @@ The step-distilled model (`use_meanflow`) is told the next timestep too (0 at th
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 from PIL import Image
 from torch import nn
 from tqdm.auto import tqdm
 
-from video_dit.data.frames import snap_num_frames
+from video_dit.data.frames import snap_size
 from video_dit.diffusion.flow import sampling_schedule
 from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning, encode_hy15_conditioning
 from video_dit.diffusion.sampler import module_dtype_device
@@ -80,14 +78,7 @@ class HunyuanVideo15Pipeline:
     def snap(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
         """`num_frames` down to 4k + 1 and height/width down to the divisibility (VAE x patch), with a
         warning when anything changed; never below one latent frame / one patch."""
-        t, d = self.temporal, self.divisibility
-        if min(num_frames, height, width) < 1:
-            raise ValueError(f"num_frames, height and width must be >= 1, got {num_frames}, {height}, {width}")
-        snapped = (snap_num_frames(num_frames, t), max(d, height // d * d), max(d, width // d * d))
-        if snapped != (num_frames, height, width):
-            warnings.warn(f"snapped (frames, height, width) {(num_frames, height, width)} -> {snapped}: "
-                          f"frames must be {t}k + 1 and sides multiples of {d}", stacklevel=2)
-        return snapped
+        return snap_size(num_frames, height, width, self.temporal, self.divisibility, stacklevel=2)
 
     @torch.no_grad()
     def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,

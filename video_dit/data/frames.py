@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import numpy as np
 import torch
@@ -39,6 +40,21 @@ def snap_num_frames(n: int, temporal: int = TEMPORAL_FACTOR) -> int:
     if n < 1:
         raise ValueError(f"num_frames must be >= 1, got {n}")
     return (int(n) - 1) // temporal * temporal + 1
+
+
+def snap_size(num_frames: int, height: int, width: int, temporal: int, divisibility: int,
+              stacklevel: int = 1) -> tuple[int, int, int]:
+    """(frames, height, width) down to `temporal`k + 1 frames and sides that are multiples of
+    `divisibility` (the VAE's spatial factor x the DiT's patch), with a warning when anything changed
+    (`stacklevel` as the caller would give `warnings.warn`); never below one latent frame or one patch. The pipelines' `snap`."""
+    t, d = temporal, divisibility
+    if min(num_frames, height, width) < 1:
+        raise ValueError(f"num_frames, height and width must be >= 1, got {num_frames}, {height}, {width}")
+    snapped = (snap_num_frames(num_frames, t), max(d, height // d * d), max(d, width // d * d))
+    if snapped != (num_frames, height, width):
+        warnings.warn(f"snapped (frames, height, width) {(num_frames, height, width)} -> {snapped}: "
+                      f"frames must be {t}k + 1 and sides multiples of {d}", stacklevel=stacklevel + 1)
+    return snapped
 
 
 def select_frames(total: int, num_frames: int, *, shrink: bool = True, src_fps: float = 0.0,
