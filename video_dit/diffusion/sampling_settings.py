@@ -80,19 +80,28 @@ class SchedulerConfig:
     path: Path
 
 
+def _folder_json(model, name: str) -> tuple[Path, dict] | None:
+    """(path, contents) of the JSON file `name` inside the model folder `model`; None when `model` is
+    not a folder holding one (a preset, a single weights file); an unreadable one is a `ValueError`."""
+    if model is None or preset_name(model) is not None:
+        return None
+    path = Path(model) / name
+    if not path.is_file():
+        return None
+    try:
+        return path, json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+
+
 def read_scheduler_config(model) -> SchedulerConfig | None:
     """`<model>/scheduler/scheduler_config.json` as a `SchedulerConfig`; None when `model` is not a
     folder holding one. A scheduler we cannot sample exactly is a `ValueError` naming the file, the key,
     its value and what is accepted (pass the solver and shift explicitly to sample without it)."""
-    if model is None or preset_name(model) is not None:
+    found = _folder_json(model, SCHEDULER_CONFIG)
+    if found is None:
         return None
-    path = Path(model) / SCHEDULER_CONFIG
-    if not path.is_file():
-        return None
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    path, cfg = found
     name = cfg.get("_class_name")
     if name not in _SCHEDULERS:
         raise ValueError(f"{path}: scheduler class {name!r} is not one we sample; accepted: "
@@ -122,15 +131,10 @@ def read_guider_config(model) -> GuiderConfig | None:
     folders carry it: 6.0, 1.0 for the distilled models) as a `GuiderConfig`; None when `model` is not a
     folder holding one. Another guider, or one we do not sample exactly, is a `ValueError` naming the
     file, the key and what is accepted (pass the guidance scale explicitly to sample without it)."""
-    if model is None or preset_name(model) is not None:
+    found = _folder_json(model, GUIDER_CONFIG)
+    if found is None:
         return None
-    path = Path(model) / GUIDER_CONFIG
-    if not path.is_file():
-        return None
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
+    path, cfg = found
     if cfg.get("_class_name") != "ClassifierFreeGuidance":
         raise ValueError(f"{path}: guider class {cfg.get('_class_name')!r} is not one we sample; accepted: "
                          "ClassifierFreeGuidance (or give the guidance scale explicitly)")
