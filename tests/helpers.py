@@ -22,7 +22,8 @@ TINY_DIT = dict(in_dim=4, out_dim=4, dim=32, ffn_dim=64, freq_dim=16, text_dim=2
 def tiny_dit(seed: int = 0, head_std: float = 0.1, **changes):
     """A small random VideoDiT (`TINY_DIT` with `changes`), every weight non-trivial: the zero-initialised
     output layer is drawn N(0, head_std) after the seeded init (torch's global RNG, seeded here)."""
-    from video_dit.models.dit import DiTConfig, VideoDiT
+    from video_dit.models.dit import VideoDiT
+    from video_dit.models.dit_config import DiTConfig
 
     torch.manual_seed(seed)
     model = VideoDiT(DiTConfig(**{**TINY_DIT, **changes}))

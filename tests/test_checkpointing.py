@@ -19,7 +19,8 @@ import ranks
 import torch
 
 from video_dit.devices import Machine
-from video_dit.models.dit import DiTConfig, VideoDiT
+from video_dit.models.dit import VideoDiT
+from video_dit.models.dit_config import DiTConfig
 from video_dit.train import plan
 from video_dit.train.plan import GiB
 

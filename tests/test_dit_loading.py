@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
-from video_dit.models.dit import DiTConfig
+from video_dit.models.dit_config import DiTConfig
 from video_dit.models.loading import infer_dit_config, load_dit
 from video_dit.models.weights import WeightsError
 from video_dit.models.presets import get_preset

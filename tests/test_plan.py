@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from video_dit.commands import plan as plan_cmd
-from video_dit.models.dit import DiTConfig, VideoDiT
+from video_dit.models.dit import VideoDiT
+from video_dit.models.dit_config import DiTConfig
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.train.plan import Setting, activation_bytes
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from video_dit.bench import plan as bench
-from video_dit.models.dit import DiTConfig
+from video_dit.models.dit_config import DiTConfig
 
 
 def test_gpu_configurations_cover_the_issue(tmp_path):

@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit
+from video_dit.models.dit import VideoDiT, cast_dit
+from video_dit.models.dit_config import DiTConfig
 
 CFG = DiTConfig(dim=64, ffn_dim=128, freq_dim=32, text_dim=48, num_heads=4, num_layers=2, text_len=16)
 

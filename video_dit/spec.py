@@ -33,7 +33,7 @@ from pathlib import Path
 
 from video_dit.diffusion.experts import EXPERTS, check_boundary
 from video_dit.families import WAN, Family, family_of, get_family, identify, wan_natural_i2v
-from video_dit.models.dit import DiTConfig
+from video_dit.models.dit_config import DiTConfig
 from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError

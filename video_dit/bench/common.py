@@ -29,7 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from video_dit.devices import free_port, timed
 from video_dit.models.convert import dit_from_diffusers
-from video_dit.models.dit import DiTConfig, VideoDiT
+from video_dit.models.dit import VideoDiT
+from video_dit.models.dit_config import DiTConfig
 
 
 def time_side_by_side(fns: dict[str, Callable[[], object]], repeats: int, device="cpu",

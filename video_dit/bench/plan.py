@@ -60,7 +60,7 @@ import torch.distributed as dist
 from video_dit.bench.common import launch_ranks, write_json
 from video_dit.data.demo import make_demo_data
 from video_dit.devices import Machine, host_ram, local_device
-from video_dit.models.dit import DiTConfig
+from video_dit.models.dit_config import DiTConfig
 from video_dit.models.presets import get_preset
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.parallel.sequence import init_sequence_parallel

@@ -79,7 +79,8 @@ from video_dit.devices import device_peak, free_port, local_device, timed
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise, velocity_target
 from video_dit.diffusion.objective import flow_matching_loss
-from video_dit.models.dit import DiTConfig, VideoDiT, dit_flops
+from video_dit.models.dit import VideoDiT, dit_flops
+from video_dit.models.dit_config import DiTConfig
 from video_dit.models.loading import load_text_encoder
 from video_dit.models.presets import get_preset
 from video_dit.models.vae import CausalVideoVAE

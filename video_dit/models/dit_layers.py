@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from video_dit.kernels import ln_modulate, rms_norm_rope, use_fused
 from video_dit.models.attention import attention
-
-if TYPE_CHECKING:
-    from video_dit.models.dit import DiTConfig
+from video_dit.models.dit_config import DiTConfig
 
 
 # ---------------------------------------------------------------- embeddings and RoPE

@@ -19,7 +19,6 @@ adjacent-pair RoPE). No distributed code here.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,9 +26,7 @@ from torch import nn
 
 from video_dit.models.attention import attention
 from video_dit.models.dit_layers import RMSNorm, apply_rope, f32, gated_add, modulate, norm_to
-
-if TYPE_CHECKING:
-    from video_dit.models.hunyuan15_dit import HY15DiTConfig
+from video_dit.models.hunyuan15_config import HY15DiTConfig
 
 EPS = 1e-6  # every LayerNorm / RMSNorm of the blocks, refiner and final layer (Tencent)
 REFINER_MLP_RATIO = 4.0  # Tencent's SingleTokenRefiner default, whatever the main blocks' ratio

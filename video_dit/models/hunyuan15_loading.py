@@ -24,7 +24,8 @@ import torch
 
 from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_key_layout, hy15_to_native,
                                                 infer_hy15_config)
-from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, HY15DiTConfig, cast_hy15_dit, param_dtypes
+from video_dit.models.hunyuan15_config import HY15DiTConfig
+from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import get_preset
 from video_dit.models.weights import WeightsError, materialize, open_weights

@@ -29,7 +29,8 @@ from video_dit.models.convert import (
     vae_from_diffusers,
     vae_key_layout,
 )
-from video_dit.models.dit import DiTConfig, VideoDiT, cast_dit, param_dtypes
+from video_dit.models.dit import VideoDiT, cast_dit, param_dtypes
+from video_dit.models.dit_config import DiTConfig
 from video_dit.models.image_encoder import (
     CLIP_MEAN,
     CLIP_STD,

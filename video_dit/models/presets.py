@@ -10,8 +10,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, replace
 
-from video_dit.models.dit import DiTConfig
-from video_dit.models.hunyuan15_dit import HY15_DIT_CONFIGS, HY15DiTConfig
+from video_dit.models.dit_config import DiTConfig
+from video_dit.models.hunyuan15_config import HY15DiTConfig, HY15_DIT_CONFIGS
 from video_dit.models.hunyuan15_encoders import (HY15_SIGLIP, HY15_TEXT, TINY_HY15_SIGLIP, TINY_HY15_TEXT,
                                                  HY15ImageEncoderConfig, HY15TextEncoderConfig)
 from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HY15VAEConfig
