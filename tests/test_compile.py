@@ -13,7 +13,8 @@ import kernel_cases as kc
 import pytest
 import torch
 
-from video_dit.models.dit import COMPILE_OPTIONS, cast_dit
+from video_dit.models.common import COMPILE_OPTIONS
+from video_dit.models.dit import cast_dit
 
 
 def long_inputs(per_token: bool, seed: int = 1, device: str = "cpu"):

@@ -9,11 +9,24 @@ integer / float8 weights) reports the dtype of its non-quantized parameters, the
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from contextlib import contextmanager, nullcontext
 from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+log = logging.getLogger(__name__)
+
+# Inductor options every compiled block gets. Mix-order reduction fuses the LayerNorm-backward row
+# reduction with the adaLN modulation's reduction over tokens into one kernel; for this model's
+# scale/shift tables it returns a wrongly shaped gradient ("CompiledFunctionBackward returned an invalid
+# gradient ... got [1536] but expected shape compatible with [1, 1, 1536]", pytorch#178080) or, for the
+# chained modulated norms of a Wan block at long sequences, silently wrong ones (pytorch#193061: torch
+# 2.10+, workaround TORCHINDUCTOR_MIX_ORDER_REDUCTION=0). It only exists in Inductor's Triton backend.
+COMPILE_OPTIONS = {"triton.mix_order_reduction": False}
 
 
 def parameter_generator(seed: int, name: str) -> torch.Generator:
@@ -66,6 +79,109 @@ class IslandCast:
         if dtype in (torch.bfloat16, torch.float16):
             return torch.autocast(device_type, dtype=dtype, cache_enabled=False)
         return nullcontext()
+
+
+class BlockTraining:
+    """What a DiT made of a `blocks` list of transformer blocks adds for training (a base before
+    `nn.Module`): block checkpointing of all, none or the first n blocks (`set_checkpointed_blocks`,
+    `run_block` in the forward), the sequence-parallel seam's recompute flag kept in step with it, and
+    regional compilation (`compile_blocks`). The class sets, in its constructor, `checkpointed_blocks =
+    frozenset()`, `offload_checkpoints = False`, `recompute_saved = True`, `blocks_compiled = False`,
+    `seq_parallel = None`; `_set_block_recompute` is its hook for what its blocks store in forward."""
+
+    def enable_gradient_checkpointing(self, offload: bool = False, blocks=None) -> None:
+        """Re-run blocks in backward (when grad is enabled): every block, or `blocks` (as
+        `set_checkpointed_blocks` takes them). `offload`: keep the saved block inputs in CPU memory
+        (pinned on CUDA) instead of on the device, for long videos."""
+        self.offload_checkpoints = offload
+        self.set_checkpointed_blocks(len(self.blocks) if blocks is None else blocks)
+
+    def disable_gradient_checkpointing(self) -> None:
+        self.offload_checkpoints = False
+        self.set_checkpointed_blocks(0)
+
+    def set_checkpointed_blocks(self, blocks) -> None:
+        """Checkpoint only some blocks: an int n is the first n (0: none, len(blocks): all), else an
+        iterable of block indices. The first blocks rather than spread ones: a step's peak is in the
+        backward of the last block, so leaving the last blocks whole keeps a re-run block out of it
+        (the memory plan counts it so); the compute is the same either way. Whichever blocks, the
+        forward and backward compute the same numbers."""
+        n = len(self.blocks)
+        if isinstance(blocks, bool) or not isinstance(blocks, int):
+            chosen = frozenset(int(i) for i in blocks)
+        elif 0 <= blocks <= n:
+            chosen = frozenset(range(blocks))
+        else:
+            raise ValueError(f"checkpointed blocks: {blocks} is not a number of blocks in 0..{n}")
+        if any(not 0 <= i < n for i in chosen):
+            raise ValueError(f"checkpointed blocks {sorted(chosen)}: indices must be in 0..{n - 1}")
+        self.checkpointed_blocks = chosen
+        # the sequence-parallel seam's flag (`seq_parallel.recompute`): it recomputes its exchange in backward
+        # unless every block is checkpointed (a checkpointed block keeps nothing inside anyway)
+        if self.seq_parallel is not None and hasattr(self.seq_parallel, "recompute"):
+            self.seq_parallel.recompute = not self.gradient_checkpointing
+        self._set_block_recompute()
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Every block checkpointed (`checkpointed_blocks` says which when only some are)."""
+        return len(self.checkpointed_blocks) == len(self.blocks) > 0
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:  # diffusers' attribute, for code that sets it
+        self.set_checkpointed_blocks(len(self.blocks) if on else 0)
+
+    def set_recompute_saved(self, on: bool) -> None:
+        """Without block checkpointing: whether the blocks store cheap elementwise results as recipes
+        recomputed in backward (on, the default) or keep them (`_set_block_recompute` applies it)."""
+        self.recompute_saved = on
+        self._set_block_recompute()
+
+    def _set_block_recompute(self) -> None:
+        """The class's hook: tell each block what to store (nothing to tell by default)."""
+
+    def run_block(self, i: int, block: nn.Module, *args):
+        """Block i of the forward on `args`: checkpointed (re-run in backward) when it is one of
+        `checkpointed_blocks` and grad is on, its saved inputs in host memory with `offload_checkpoints`."""
+        if i not in self.checkpointed_blocks or not torch.is_grad_enabled():
+            return block(*args)
+        # save_on_cpu moves the checkpoint's saved inputs (this block's activations in) to host memory
+        pinned = next((a.is_cuda for a in args if isinstance(a, torch.Tensor)), False)
+        offload = torch.autograd.graph.save_on_cpu(pin_memory=pinned) if self.offload_checkpoints else nullcontext()
+        with offload:
+            return checkpoint(block, *args, use_reentrant=False)
+
+    def compile_blocks(self, example: tuple | None = None, **compile_kwargs) -> float | None:
+        """torch.compile each block in place (regional compilation: the blocks share one graph per
+        input shape; module names and the state dict are unchanged), with `COMPILE_OPTIONS` under any
+        `options` given; `compile_kwargs` go to torch.compile as they are (its default dynamic=None
+        compiles a graph with symbolic token counts once a second count appears: bucketed training
+        does not recompile per bucket). `_set_block_recompute` sees `blocks_compiled` (Inductor chooses
+        what to save). Compilation happens on the first call. With `example` (the forward's positional
+        arguments), one step compiles now (forward + backward when a parameter requires grad; before
+        DeepSpeed wraps the model, whose grad hooks would see it), every .grad is left as it was, and
+        the seconds it took (the compile time) are logged and returned; else None."""
+        options = {**COMPILE_OPTIONS, **compile_kwargs.pop("options", {})}
+        self.blocks_compiled = True
+        self._set_block_recompute()
+        for block in self.blocks:
+            block.compile(options=options, **compile_kwargs)
+        if example is None:
+            return None
+        stashed = {p: p.grad for p in self.parameters()}  # backward makes new .grad tensors, these stay as they are
+        for p in stashed:
+            p.grad = None
+        train = any(p.requires_grad for p in stashed)
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(train):
+            out = self(*example)
+            if train:
+                out.float().square().mean().backward()
+        seconds = time.perf_counter() - t0
+        for p, g in stashed.items():
+            p.grad = g
+        log.info("compiled %d DiT blocks (forward + backward) in %.1f s", len(self.blocks), seconds)
+        return seconds
 
 
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:

@@ -32,31 +32,21 @@ whole, with the shapes of its forward), the float32 islands and `dit_flops`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import IslandCast, initialize_by_name
+from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
 from video_dit.models.dit_config import DiTConfig
 from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
 
 log = logging.getLogger(__name__)
 
-# Inductor options every compiled block gets. Mix-order reduction fuses the LayerNorm-backward row
-# reduction with the adaLN modulation's reduction over tokens into one kernel; for this model's
-# scale/shift tables it returns a wrongly shaped gradient ("CompiledFunctionBackward returned an invalid
-# gradient ... got [1536] but expected shape compatible with [1, 1, 1536]", pytorch#178080) or, for the
-# chained modulated norms of a Wan block at long sequences, silently wrong ones (pytorch#193061: torch
-# 2.10+, workaround TORCHINDUCTOR_MIX_ORDER_REDUCTION=0). It only exists in Inductor's Triton backend.
-COMPILE_OPTIONS = {"triton.mix_order_reduction": False}
 
 
 # ---------------------------------------------------------------- initialisation
@@ -92,7 +82,7 @@ def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: tor
 # ---------------------------------------------------------------- network
 
 
-class VideoDiT(IslandCast, nn.Module):
+class VideoDiT(IslandCast, BlockTraining, nn.Module):
     """The Wan 2.x DiT. Build on the meta device and materialise with
     `load_state_dict(sd, assign=True)` (see `video_dit.models.loading.load_dit`).
 
@@ -151,55 +141,6 @@ class VideoDiT(IslandCast, nn.Module):
         """`to(dtype)` (`IslandCast`): `cast_dit`."""
         return cast_dit(self, dtype)
 
-    def enable_gradient_checkpointing(self, offload: bool = False, blocks=None) -> None:
-        """Re-run blocks in backward (when grad is enabled): every block, or `blocks` (as
-        `set_checkpointed_blocks` takes them). `offload`: keep the saved block inputs in CPU memory
-        (pinned on CUDA) instead of on the device, for long videos."""
-        self.offload_checkpoints = offload
-        self.set_checkpointed_blocks(len(self.blocks) if blocks is None else blocks)
-
-    def disable_gradient_checkpointing(self) -> None:
-        self.offload_checkpoints = False
-        self.set_checkpointed_blocks(0)
-
-    def set_checkpointed_blocks(self, blocks) -> None:
-        """Checkpoint only some blocks: an int n is the first n (0: none, len(blocks): all), else an
-        iterable of block indices. The first blocks rather than spread ones: a step's peak is in the
-        backward of the last block, so leaving the last blocks whole keeps a re-run block out of it
-        (the memory plan counts it so); the compute is the same either way. Whichever blocks, the
-        forward and backward compute the same numbers."""
-        n = len(self.blocks)
-        if isinstance(blocks, bool) or not isinstance(blocks, int):
-            chosen = frozenset(int(i) for i in blocks)
-        elif 0 <= blocks <= n:
-            chosen = frozenset(range(blocks))
-        else:
-            raise ValueError(f"checkpointed blocks: {blocks} is not a number of blocks in 0..{n}")
-        if any(not 0 <= i < n for i in chosen):
-            raise ValueError(f"checkpointed blocks {sorted(chosen)}: indices must be in 0..{n - 1}")
-        self.checkpointed_blocks = chosen
-        # the sequence-parallel seam's flag (`seq_parallel.recompute`): it recomputes its exchange in backward
-        # unless every block is checkpointed (a checkpointed block keeps nothing inside anyway)
-        if self.seq_parallel is not None and hasattr(self.seq_parallel, "recompute"):
-            self.seq_parallel.recompute = not self.gradient_checkpointing
-        self._set_block_recompute()
-
-    @property
-    def gradient_checkpointing(self) -> bool:
-        """Every block checkpointed (`checkpointed_blocks` says which when only some are)."""
-        return len(self.checkpointed_blocks) == len(self.blocks) > 0
-
-    @gradient_checkpointing.setter
-    def gradient_checkpointing(self, on: bool) -> None:  # diffusers' attribute, for code that sets it
-        self.set_checkpointed_blocks(len(self.blocks) if on else 0)
-
-    def set_recompute_saved(self, on: bool) -> None:
-        """Without block checkpointing: the blocks store cheap elementwise results as recipes recomputed
-        in backward (`RecomputeSaved`; on, the default: less activation memory), or keep them (off:
-        each block keeps what a checkpointed block's re-run keeps; CPU steps ~10% faster)."""
-        self.recompute_saved = on
-        self._set_block_recompute()
-
     def _set_block_recompute(self) -> None:
         # a checkpointed block stores nothing inside, so nothing to recompute; a compiled block leaves
         # the choice of what to save to Inductor's partitioner (the hooks would break its graph)
@@ -216,40 +157,6 @@ class VideoDiT(IslandCast, nn.Module):
         ops on CUDA when triton imports, else the torch path), "triton" (the fused ops, always) or
         "torch" (the torch path). See `video_dit.kernels`."""
         return set_kernels(self, kernels)
-
-    def compile_blocks(self, example: tuple | None = None, **compile_kwargs) -> float | None:
-        """torch.compile each Block in place (regional compilation: the blocks share one graph per
-        input shape; module names and the state dict are unchanged), with `COMPILE_OPTIONS` under any
-        `options` given; `compile_kwargs` go to torch.compile as they are (its default dynamic=None
-        compiles a graph with symbolic token counts once a second count appears: bucketed training
-        does not recompile per bucket). RecomputeSaved is off in compiled blocks (Inductor chooses
-        what to save; on CPU that peak was ~1.4x). The fused kernels stay opaque custom ops inside.
-
-        Compilation happens on the first call. With `example` = (x, timestep, context), one step
-        compiles now (forward + backward when a parameter requires grad; before DeepSpeed wraps the
-        model, whose grad hooks would see it), every .grad is left as it was, and the seconds it took
-        (the compile time) are logged and returned; else None."""
-        options = {**COMPILE_OPTIONS, **compile_kwargs.pop("options", {})}
-        self.blocks_compiled = True
-        self._set_block_recompute()
-        for block in self.blocks:
-            block.compile(options=options, **compile_kwargs)
-        if example is None:
-            return None
-        stashed = {p: p.grad for p in self.parameters()}  # backward makes new .grad tensors, these stay as they are
-        for p in stashed:
-            p.grad = None
-        train = any(p.requires_grad for p in stashed)
-        t0 = time.perf_counter()
-        with torch.set_grad_enabled(train):
-            out = self(*example)
-            if train:
-                out.float().square().mean().backward()
-        seconds = time.perf_counter() - t0
-        for p, g in stashed.items():
-            p.grad = g
-        log.info("compiled %d DiT blocks (forward + backward) in %.1f s", len(self.blocks), seconds)
-        return seconds
 
     # -------------------------------------------------------------- forward
 
@@ -341,14 +248,7 @@ class VideoDiT(IslandCast, nn.Module):
 
         for i, block in enumerate(self.blocks):
             args = (x, e0, context, rope, context_mask, sp, image_context)
-            if i in self.checkpointed_blocks and torch.is_grad_enabled():
-                # save_on_cpu moves the checkpoint's saved inputs (this block's x) to host memory.
-                offload = torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda) if self.offload_checkpoints \
-                    else contextlib.nullcontext()
-                with offload:
-                    x = checkpoint(block, *args, use_reentrant=False)
-            else:
-                x = block(*args)
+            x = self.run_block(i, block, *args)  # (B, L_local, D), checkpointed or not
 
         x = self.head(x, e)  # (B, L_local, out_dim * pt*ph*pw)
         if sp is not None:

@@ -44,16 +44,14 @@ in through `HunyuanVideo15DiT.seq_parallel`; this file holds no distributed code
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import IslandCast, initialize_by_name
+from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
 from video_dit.models.dit_layers import RMSNorm, compute_dtype_of, f32
 from video_dit.models.hunyuan15_config import HY15DiTConfig
 from video_dit.models.hunyuan15_layers import (ByT5Mapper, DoubleStreamBlock, FinalLayer, SingleTokenRefiner,
@@ -101,7 +99,7 @@ def init_parameter(config: HY15DiTConfig, name: str, t: torch.Tensor, generator:
 # ---------------------------------------------------------------- network
 
 
-class HunyuanVideo15DiT(IslandCast, nn.Module):
+class HunyuanVideo15DiT(IslandCast, BlockTraining, nn.Module):
     """The HunyuanVideo 1.5 DiT. Build on the meta device and materialise with `load_state_dict(sd,
     assign=True)`, or with `to_empty(device=...)` and `initialize_weights(seed)`.
 
@@ -138,8 +136,10 @@ class HunyuanVideo15DiT(IslandCast, nn.Module):
         self.final_layer = FinalLayer(cfg)
         # 0: the MLLM text, 1: the ByT5 glyph text, 2: the SigLIP image tokens
         self.cond_type_embedding = nn.Embedding(3, D) if cfg.use_cond_type_embedding else None
-        self.gradient_checkpointing = False
+        self.checkpointed_blocks: frozenset[int] = frozenset()  # set_checkpointed_blocks (BlockTraining)
         self.offload_checkpoints = False
+        self.recompute_saved = True  # nothing to recompute: the double blocks keep what autograd saves
+        self.blocks_compiled = False  # compile_blocks
         self.seq_parallel = None  # set from outside (video_dit/parallel); see the class docstring
         self.compute_dtype: torch.dtype | None = None  # None: the bulk weights' dtype; set by cast_hy15_dit
         self._rope_cache: dict = {}
@@ -167,13 +167,10 @@ class HunyuanVideo15DiT(IslandCast, nn.Module):
         """`to(dtype)` (`IslandCast`): `cast_hy15_dit`."""
         return cast_hy15_dit(self, dtype)
 
-    def enable_gradient_checkpointing(self, offload: bool = False) -> None:
-        """Re-run each double block in backward (when grad is enabled). `offload`: keep the saved block
-        inputs in CPU memory (pinned on CUDA) instead of on the device."""
-        self.gradient_checkpointing, self.offload_checkpoints = True, offload
-
-    def disable_gradient_checkpointing(self) -> None:
-        self.gradient_checkpointing, self.offload_checkpoints = False, False
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The blocks that checkpointing, compilation and the memory plan count (`BlockTraining`)."""
+        return self.double_blocks
 
     def set_attention_backend(self, backend: str) -> "HunyuanVideo15DiT":
         """"native" (torch SDPA) or "flash" (flash-attn; attention with padded text keys always uses SDPA)."""
@@ -278,15 +275,8 @@ class HunyuanVideo15DiT(IslandCast, nn.Module):
             img = sp.split(img, dim=1)  # (B, L_local, D)
             rope = tuple(sp.split(r, dim=1) for r in rope)
 
-        for block in self.double_blocks:
-            args = (img, txt, vec, rope, txt_mask, cdt, sp)
-            if self.gradient_checkpointing and torch.is_grad_enabled():
-                offload = torch.autograd.graph.save_on_cpu(pin_memory=img.is_cuda) if self.offload_checkpoints \
-                    else contextlib.nullcontext()
-                with offload:
-                    img, txt = checkpoint(block, *args, use_reentrant=False)
-            else:
-                img, txt = block(*args)
+        for i, block in enumerate(self.double_blocks):
+            img, txt = self.run_block(i, block, img, txt, vec, rope, txt_mask, cdt, sp)  # (B, L_local, D), (B, Lt', D)
 
         out = self.final_layer(img, vec)  # (B, L_local, C_out * pt*ph*pw)
         if sp is not None:
