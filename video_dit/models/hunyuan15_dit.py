@@ -114,11 +114,11 @@ class HunyuanVideo15DiT(IslandCast, BlockTraining, nn.Module):
     and everything per-token (modulation, MLPs) stay local. What the parallel layer must do (Ulysses, as
     Tencent's sequence_parallel_attention): all-to-all q/k/v (scatter heads, gather tokens; padded video
     keys masked), take this rank's H/N heads of the text q/k/v, attend over [all video | text] with
-    the text key mask, all-to-all the video output back and all-gather the text output's heads. The
-    text stream is computed on every rank as a replica: its backward must give each rank the full
-    gradient of the replicated text q/k/v (the head slicing's adjoint sums the ranks' head slices,
-    all-gather for the forward's narrow, reduce-scatter for the forward's all-gather), so the text
-    parameters' gradients equal the unsplit model's, like the video ones after the output gather.
+    the text key mask, all-to-all the video output back and all-gather the text output's heads. Every
+    collective's backward is its forward's exact adjoint (the head slice's: zero-padding to all heads;
+    the all-gather's: sum over ranks, then this rank's slice), so the ranks' gradients of every
+    parameter, text ones included, add up to N x the unsplit model's, as Wan's do, and the data-parallel
+    average equals the unsplit gradient (tests/test_hunyuan15_sequence_parallel.py).
     """
 
     def __init__(self, config: HY15DiTConfig, init_seed: int | None = None):

@@ -18,6 +18,15 @@ backward SUMS the N ranks' output gradients for this rank's rows (the adjoint of
 a rank's parameter gradient is N x the part its tokens contribute; DeepSpeed is handed no mpu and
 averages over all W ranks, which divides that N back out: the update equals the data-parallel
 (W/N ranks) update of the unsplit model. ZeRO partitions over all W ranks as before.
+
+The replicated text of the HunyuanVideo 1.5 seam follows the same rule: every collective's backward is
+its exact adjoint, so the N ranks' gradients of any parameter sum to N x the unsplit model's (the sum
+over ranks of N identical losses). The head slice of the text q/k/v is a local narrow (adjoint: its
+gradient zero-padded back to all heads, autograd's own), the text output's all-gather of heads has
+all-reduce + narrow as backward (`_GatherTokens`). So rank r's text gradient holds only what flows
+through its heads (times N, like its video tokens'), and DeepSpeed's average over the ranks is the
+unsplit gradient. Giving each rank the *whole* text q/k/v gradient instead (an all-gather of the head
+gradients as the narrow's backward) would count the text parameters N times over in that average.
 """
 
 from __future__ import annotations
@@ -30,6 +39,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from video_dit.models.attention import attention
+from video_dit.models.hunyuan15_layers import joint_attention
+
+
+def model_heads(config) -> int:
+    """The attention head count of a DiT config: Wan's `num_heads`, HunyuanVideo 1.5's `heads_num`."""
+    heads = getattr(config, "num_heads", None) or getattr(config, "heads_num", None)
+    if heads is None:
+        raise ValueError(f"{type(config).__name__} has neither num_heads nor heads_num: cannot split its heads")
+    return heads
 
 
 def valid_sizes(num_heads: int) -> list[int]:
@@ -103,6 +121,28 @@ class _GatherTokens(torch.autograd.Function):
         return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None, None, None
 
 
+def _all_to_all(x: torch.Tensor, scatter: int, gather: int, group, size: int) -> torch.Tensor:
+    """x cut into N equal chunks along `scatter`, chunk j sent to rank j; the N chunks received (rank j's
+    j-th) concatenated along `gather`. E.g. (B, Lp/N, H, Dh), scatter 2, gather 1 -> (B, Lp, H/N, Dh)."""
+    send = torch.stack(x.chunk(size, dim=scatter))  # (N, *chunk): row j goes to rank j
+    recv = torch.empty_like(send)  # (N, *chunk): row j comes from rank j
+    dist.all_to_all_single(recv, send, group=group)
+    return torch.cat(recv.unbind(0), dim=gather)  # gather dim N x the chunk's
+
+
+class _Exchange(torch.autograd.Function):
+    """The Ulysses all-to-all (`_all_to_all`); backward: the reverse all-to-all (its exact adjoint)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scatter: int, gather: int, group, size: int) -> torch.Tensor:
+        ctx.scatter, ctx.gather, ctx.group, ctx.size = scatter, gather, group, size
+        return _all_to_all(x, scatter, gather, group, size)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_to_all(grad.contiguous(), ctx.gather, ctx.scatter, ctx.group, ctx.size), None, None, None, None
+
+
 class _RecomputedExchange(torch.autograd.Function):
     """exchange -> attention -> exchange back, saving only this rank's q, k, v for backward.
 
@@ -169,10 +209,7 @@ class UlyssesSequenceParallel:
         """q, k, v (B, L_local, H, Dh) of this rank's tokens -> (B, L_local, H, Dh), attending over all L."""
         B, local, H, _ = q.shape
         check_heads(H, self.size)
-        if local not in self._valid:
-            raise RuntimeError(f"sequence-parallel attention on {local} local tokens, but no split of that "
-                               "length ran in this forward (the seam is used outside VideoDiT.forward?)")
-        L = self._valid[local]
+        L = self._true_length(local)
         key_mask = None
         if L < local * self.size:  # padded tokens are never attended to
             key_mask = (torch.arange(local * self.size, device=q.device) < L).unsqueeze(0)  # (1, Lp)
@@ -182,6 +219,40 @@ class UlyssesSequenceParallel:
 
     def _exchange(self, q, k, v, key_mask):
         return self._attn(q, k, v, 0, None, key_mask)
+
+    def _true_length(self, local: int) -> int:
+        """The token count L of the split that gave `local` tokens per rank (this forward's)."""
+        if local not in self._valid:
+            raise RuntimeError(f"sequence-parallel attention on {local} local tokens, but no split of that "
+                               "length ran in this forward (the seam is used outside the DiT's forward?)")
+        return self._valid[local]
+
+    def joint_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, txt_q: torch.Tensor,
+                        txt_k: torch.Tensor, txt_v: torch.Tensor, txt_key_mask: torch.Tensor | None):
+        """The HunyuanVideo 1.5 double blocks' seam (see `HunyuanVideo15DiT`): one attention over [all video |
+        text] tokens. q, k, v (B, L_local, H, Dh) this rank's video tokens; txt_q, txt_k, txt_v (B, Lt, H, Dh)
+        the text, the same on every rank; txt_key_mask (B, Lt) bool or None (all real) -> out (B, L_local, H, Dh),
+        txt_out (B, Lt, H, Dh), the same on every rank. The local attention is the model's own
+        (`hunyuan15_layers.joint_attention`: its softmax scale, key order and backend), over the true L
+        video tokens: the split's padded rows are dropped before it rather than masked (the same result).
+        `recompute` does not apply: the block saves no q/k recipes, so nothing is kept twice."""
+        B, local, H, Dh = q.shape
+        check_heads(H, self.size)
+        if txt_q.shape[2] != H:
+            raise ValueError(f"joint_attention: the text has {txt_q.shape[2]} heads, the video {H}")
+        L = self._true_length(local)
+        h = H // self.size
+        # scatter heads, gather tokens: rank r gets heads [r*h, (r+1)*h) of every token
+        q, k, v = (_Exchange.apply(t, 2, 1, self.group, self.size)[:, :L] for t in (q, k, v))  # (B, L, h, Dh)
+        # the same heads of the replicated text; a local narrow, whose adjoint (zero-padding the head
+        # gradient back to all H heads) is autograd's: see the module docstring for why not an all-gather
+        txt_q, txt_k, txt_v = (t.narrow(2, self.rank * h, h) for t in (txt_q, txt_k, txt_v))  # (B, Lt, h, Dh)
+        out, txt_out = joint_attention(q, k, v, txt_q, txt_k, txt_v, txt_key_mask,
+                                       self.backend)  # (B, L, h, Dh), (B, Lt, h, Dh)
+        out = F.pad(out, [0, 0, 0, 0, 0, local * self.size - L])  # padded rows back (zero) -> (B, Lp, h, Dh)
+        out = _Exchange.apply(out, 1, 2, self.group, self.size)  # scatter tokens, gather heads -> (B, L_local, H, Dh)
+        txt_out = _GatherTokens.apply(txt_out, 2, self.group, self.rank, self.size)  # all heads -> (B, Lt, H, Dh)
+        return out, txt_out
 
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """All ranks' chunks of x concatenated along `dim`, the padding dropped (autograd-correct)."""
@@ -197,7 +268,7 @@ def attach(model, info: SPInfo, backend: str | None = None):
     if info.sp_size == 1:
         model.seq_parallel = None
         return model
-    check_heads(model.config.num_heads, info.sp_size)
+    check_heads(model_heads(model.config), info.sp_size)
     if backend is None:
         backend = next((m.attention_backend for m in model.modules() if hasattr(m, "attention_backend")), "native")
     model.seq_parallel = UlyssesSequenceParallel(info.group, backend=backend,
