@@ -97,6 +97,26 @@ def write_base(path: Path, preset: str = "tiny", seed: int = 0, **dit_changes) -
     return Path(path)
 
 
+def write_hy15_base(path: Path, preset: str = "tiny-hy15-t2v", seed: int = 0, std: float = 0.05) -> Path:
+    """'Pretrained' HunyuanVideo 1.5 weights (Tencent's names, one safetensors file): the preset's seeded
+    init with every parameter Tencent starts at zero (adaLN, gates, output Linear, condition channels,
+    biases) drawn N(0, std) from its own generator; at zero the blocks are the identity and a LoRA on
+    them gets no gradient."""
+    from safetensors.torch import save_file
+
+    from video_dit.models.hunyuan15_loading import load_hy15_dit
+
+    dit = load_hy15_dit(f"preset:{preset}", seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for _, p in sorted(dit.named_parameters()):
+            zero = p == 0
+            if zero.any():
+                p.copy_(torch.where(zero, torch.randn(p.shape, generator=g) * std, p))
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    return Path(path)
+
+
 def make_world(root: Path, count: int = 2, frames: int = 9, size: int = 32, holdout: int = 1) -> Path:
     """`root/data` (demo clips; `holdout` held-out clips and first frames beside it, in `root/data_holdout`)
     and `root/base.safetensors`."""

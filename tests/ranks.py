@@ -146,10 +146,16 @@ def full_state(trainer) -> dict:
 
 
 class _Calls:
-    """Counts calls of a class's method (patched on the class: the trainer builds its own instances)."""
+    """Counts calls of a method of some classes (patched on each class: the trainer builds its own
+    instances; one count for all of them, e.g. both families' VAEs)."""
 
-    def __init__(self, cls, name: str):
-        self.n, original = 0, getattr(cls, name)
+    def __init__(self, classes, name: str):
+        self.n = 0
+        for cls in classes:
+            self._patch(cls, name)
+
+    def _patch(self, cls, name: str) -> None:
+        original = getattr(cls, name)
 
         def counted(obj, *a, **kw):
             self.n += 1
@@ -243,6 +249,8 @@ def _predict(trainer, out: Path) -> None:
 def worker(spec_path: str) -> int:
     import torch
 
+    from video_dit.models.hunyuan15_encoders import HY15ImageEncoder, HY15PromptEncoder
+    from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE
     from video_dit.models.image_encoder import ImageEncoder
     from video_dit.models.text_encoder import TextEncoder
     from video_dit.models.vae import CausalVideoVAE
@@ -255,8 +263,9 @@ def worker(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     for preset in spec.get("presets", []):
         register_preset(**preset)
-    vae_calls, text_calls = _Calls(CausalVideoVAE, "encode"), _Calls(TextEncoder, "encode")
-    image_calls = _Calls(ImageEncoder, "encode")
+    vae_calls, text_calls = _Calls([CausalVideoVAE, HunyuanVideo15VAE], "encode"), \
+        _Calls([TextEncoder, HY15PromptEncoder], "encode")
+    image_calls = _Calls([ImageEncoder, HY15ImageEncoder], "encode")
     for item in spec["jobs"]:
         job = load_job(item["config"])
         vae0, text0, image0 = vae_calls.n, text_calls.n, image_calls.n
@@ -273,7 +282,9 @@ def worker(spec_path: str) -> int:
         out = job.out_dir
         res = {"vae_encode_calls_at_start": vae_calls.n - vae0, "text_encode_calls_at_start": text_calls.n - text0,
                "image_encode_calls_at_start": image_calls.n - image0}
-        base = getattr(trainer.module.blocks[0].ffn[0], "base_layer", None)
+        first_linear = next(m for m in trainer.module.blocks[0].modules() if hasattr(m, "base_layer")
+                            or type(m) is torch.nn.Linear)
+        base = getattr(first_linear, "base_layer", None)
         res["quantized"] = type(base).__name__ if base is not None else None
         res["dtype"] = str(trainer.dtype)  # the compute dtype the trainer chose
         res["param_dtypes"] = sorted({str(p.dtype) for p in trainer.module.parameters()})

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import aitk_standin
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise
+from video_dit.families import WAN
 from video_dit.lora import add_lora, lora_state_dict, save_lora
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.typed_config import ConfigError
@@ -505,6 +506,7 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
     ctx = sd.get_prompt_embeds(["a shape"])
     trainer = Trainer.__new__(Trainer)  # only what loss_at reads
     trainer.device, trainer.engine, trainer.conditioning = torch.device("cpu"), sd.model, sd.conditioning
+    trainer.family = WAN
     trainer.timesteps = types.SimpleNamespace(loss_weight=torch.ones_like)  # plain "shift": weight 1
     t = torch.tensor([640.0])
     for item in scan.items:

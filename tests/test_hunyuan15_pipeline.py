@@ -29,7 +29,7 @@ from video_dit.models.hunyuan15_convert_vae import hy15_vae_config_to_diffusers
 from video_dit.models.loading import load_dit
 from video_dit.models.presets import PRESETS, TINY_HY15_DIT, get_preset
 from video_dit.pipeline_hunyuan15 import HunyuanVideo15Pipeline, fit_image
-from video_dit.spec import CLI_KEYS, JOB_KEYS, Request, resolve
+from video_dit.spec import AITK_KEYS, CLI_KEYS, JOB_KEYS, Request, resolve
 from video_dit.typed_config import ConfigError
 
 diffusers = pytest.importorskip("diffusers")
@@ -380,13 +380,14 @@ def test_bad_input_exits_2_naming_file_key_and_accepted(folders, tmp_path, capsy
     assert "Traceback" not in err
 
 
-def test_trainers_refuse_a_sampling_only_family(tmp_path, capsys):
+def test_the_aitk_arch_refuses_hunyuan15_and_our_trainer_takes_it(tmp_path, capsys):
     import helpers
 
-    with pytest.raises(ConfigError) as e:
-        resolve(Request("preset:tiny-hy15-t2v"), JOB_KEYS)
-    assert e.value.path == "config.process[0].model.name_or_path" and "does not train yet; accepted: tiny," in str(e.value)
-    # our trainer's check before any rank starts: exit 2 naming the key
+    with pytest.raises(ConfigError) as e:  # the ai-toolkit arch: Wan only (Family.trains)
+        resolve(Request("preset:tiny-hy15-t2v"), AITK_KEYS)
+    assert e.value.path == "model.name_or_path" and "does not train in ai-toolkit yet; accepted: tiny," in str(e.value)
+    assert resolve(Request("preset:tiny-hy15-t2v"), JOB_KEYS).family is HUNYUAN15  # our trainer takes it
+    # our trainer's checks before any rank starts pass; the plan says it does not model this DiT
     (tmp_path / "data").mkdir()
     _image().save(tmp_path / "data" / "a.png")
     (tmp_path / "data" / "a.txt").write_text("a red square")
@@ -395,8 +396,11 @@ def test_trainers_refuse_a_sampling_only_family(tmp_path, capsys):
         "datasets": [{"folder_path": str(tmp_path / "data"), "resolution": [32]}],
         "model": {"arch": "video_dit", "name_or_path": "preset:tiny-hy15-i2v"}}]}}
     rc, err = helpers.validate(tmp_path, job, capsys)
+    assert rc == 0 and "OK (j: preset:tiny-hy15-i2v, full fine-tune" in err, err
+    job["config"]["process"][0]["train"]["gradient_checkpointing"] = "auto"  # auto needs the plan
+    rc, err = helpers.validate(tmp_path, job, capsys)
     line = err.strip().splitlines()[-1]
-    assert rc == 2 and "config.process[0].model.preset" in line and "does not train yet" in line, err
+    assert rc == 2 and "train.gradient_checkpointing" in line and "does not model HunyuanVideo 1.5" in line, err
     spec = resolve(Request("preset:tiny-hy15-t2v", preset_required=False), CLI_KEYS)  # sampling takes it
     assert spec.family is HUNYUAN15 and spec.text_encoder == "preset:tiny-hy15-t2v"
     assert json.dumps(spec.sources())  # what an export would record

@@ -3,7 +3,8 @@
     preset.family ("wan" | "hunyuan15") or a checkpoint's metadata / key names (`identify`)
       -> Family: its loaders (DiT, VAE, text encoder(s), image encoder), the pipeline that samples it,
          how its parts are found and described, its sampling conventions (solvers, schedule grid,
-         defaults when no preset is known), and for training later its LoRA targets and FLOP count
+         defaults when no preset is known), and for training (`Training`, `DiTArch`): what it caches, its
+         conditioning and text arguments, its module-by-module build, LoRA targets and keys, FLOP count
 
 Front ends (`spec.resolve`, `video-dit sample`, `loading.load_*`) ask the family; none tests a model's
 class or name. A new family is one `Family(...)` here and its presets in presets.py.
@@ -16,19 +17,59 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from video_dit.diffusion.conditioning import MASK_CHANNELS
+import torch
+
+from video_dit.devices import to_device
+from video_dit.diffusion import hunyuan15_conditioning as hy15_cond
+from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
 from video_dit.lora import lora_targets as wan_lora_targets
+from video_dit.lora import to_comfy
 from video_dit.models import hunyuan15_encoders as hy15_enc
 from video_dit.models import hunyuan15_loading as hy15_load
 from video_dit.models import loading as wan_load
 from video_dit.models.convert import dit_key_layout
-from video_dit.models.dit import dit_flops
+from video_dit.models import dit as wan_dit
+from video_dit.models import hunyuan15_dit as hy15_dit
+from video_dit.models.dit import VideoDiT, dit_flops
+from video_dit.models.hunyuan15_convert import hy15_lora_to_comfy
 from video_dit.models.hunyuan15_convert_vae import load_hy15_vae
 from video_dit.models.hunyuan15_dit import LORA_TARGETS as HY15_LORA_TARGETS
-from video_dit.models.hunyuan15_dit import hy15_dit_flops
+from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, hy15_dit_flops
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError, open_weights
+
+
+@dataclass(frozen=True)
+class DiTArch:
+    """A family's DiT class and what a build that makes it one module group at a time needs (the
+    ZeRO-3 build, `parallel/partition.py`; the preset check of `train/build.py`)."""
+
+    cls: type                   # (config) -> the DiT (built on the meta device there)
+    init_parameter: Callable    # (config, name, tensor, generator) -> a preset's initial values of one parameter
+    param_dtypes: Callable      # (model, dtype) -> {name: storage dtype} (the float32 islands kept)
+    cast: Callable              # (model, dtype) -> the model computing in dtype
+    open: Callable              # (source, config) -> (weights under native names, config, description)
+
+
+@dataclass(frozen=True)
+class Training:
+    """What the trainer asks of a family, beside its loaders: how a clip and a caption are cached, what
+    conditions the DiT, and how a batch's cached text becomes the DiT's arguments.
+
+      conditioning(process, dit_config) -> the job's conditioning object (`apply`, `dit_kwargs`), or None
+      cache_item(vae, video (1, 3, F, H, W) in [-1, 1], process, image_encoder) -> {key: (1, ...)}: what an
+          i2v clip caches beside its latents (the first frame's latents, the image encoder's embeds)
+      cond_keys: the cached keys the conditioning object reads
+      text_entry(one prompt's `encode` result) -> {key: (L, D) float32}: what a caption caches
+      text_inputs(batch, device) -> (context, {DiT keyword: tensor}): a batch's cached text as the DiT takes it
+    """
+
+    conditioning: Callable
+    cache_item: Callable
+    cond_keys: tuple[str, ...]
+    text_entry: Callable
+    text_inputs: Callable
 
 
 @dataclass(frozen=True)
@@ -38,7 +79,8 @@ class Family:
 
     name: str
     title: str
-    trains: bool  # our trainer and the ai-toolkit arch take it (HunyuanVideo 1.5: sampling only, for now)
+    trains: tuple[str, ...]  # the trainers that take it: "video_dit" (ours), "ai-toolkit" (the arch)
+    planned: bool  # the memory plan (train/plan.py) models its DiT (HunyuanVideo 1.5: not yet)
     load_dit: Callable          # (source, dtype, device, config, seed) -> DiT module
     load_vae: Callable          # (source, dtype, device, config, seed) -> VAE module
     load_text_encoder: Callable  # (source, dtype, device, quantize, tokenizer) -> object with encode(prompts)
@@ -55,8 +97,11 @@ class Family:
     natural_i2v: Callable       # (dit_config, task) -> a DiT's i2v mode known by its weights: replace, concat, None
     reads_images: Callable      # (ModelSpec) -> whether the DiT reads an image encoder's embeds
     last_frame: Callable        # (dit_config) -> a first-last-frame DiT
-    lora_targets: str           # peft target_modules regex of its DiT (for training, later)
+    lora_targets: Callable      # (network.include_img_emb) -> peft target_modules regex of its DiT
+    lora_to_comfy: Callable     # (native adapter keys, alpha) -> the LoRA file's ComfyUI keys
+    arch: DiTArch               # its DiT class and module-by-module build
     flops: Callable             # (dit_config, num_tokens, text_len, batch) -> forward FLOPs
+    training: Training          # what the trainer asks of it (caches, conditioning, text arguments)
     # (source) -> (task, where it is said) of a checkpoint whose t2v and i2v models share one architecture;
     # None: the DiT's shape says (Wan: its input width)
     task_of: Callable | None = None
@@ -114,14 +159,35 @@ def _wan_image_embeds(encoder, image, last, height, width):
     return image_features(encoder, image, last)  # CLIP sees the image as given, as in Wan
 
 
-def _wan_pipeline(dit, vae, *, image_encoder=None):
+def _wan_pipeline(dit, vae, *, image_encoder=None, i2v_mode=None):
     from video_dit.pipeline import VideoPipeline
 
-    return VideoPipeline(dit, vae, image_encoder=image_encoder)
+    return VideoPipeline(dit, vae, image_encoder=image_encoder, i2v_mode=i2v_mode)
+
+
+def wan_conditioning(process, dit_config):
+    """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
+    patch, `model.mask_first_frame_loss` (None: the mode's default) and the datasets' `do_flf2v`."""
+    if not any(d.do_i2v for d in process.datasets):
+        return None
+    return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
+                                  mask_first_frame_loss=process.model.mask_first_frame_loss,
+                                  last_frame=process.flf2v)
+
+
+WAN_TRAINING = Training(
+    conditioning=wan_conditioning,
+    cache_item=lambda vae, video, process, image_encoder: encode_conditioning(
+        vae, video, process.i2v_mode, video.shape[2], image_encoder=image_encoder,
+        last_frame=video[:, :, -1] if process.flf2v else None),
+    cond_keys=("first_frame_latents", "cond_latents", "clip_features"),
+    text_entry=lambda e: {"text_embeds": e.float()},
+    text_inputs=lambda batch, device: ([to_device(e, device) for e in batch["text_embeds"]], {}),
+)
 
 
 WAN = Family(
-    name="wan", title="Wan 2.1 / 2.2", trains=True,
+    name="wan", title="Wan 2.1 / 2.2", trains=("video_dit", "ai-toolkit"), planned=True,
     load_dit=wan_load.load_dit, load_vae=wan_load.load_vae, load_text_encoder=wan_load.load_text_encoder,
     load_image_encoder=wan_load.load_image_encoder, dit_config=lambda source: wan_load.open_dit(source)[1],
     claims=_wan_claims,
@@ -139,8 +205,9 @@ WAN = Family(
            "text_folder": "no text_encoder/ folder in it", "no_images": "has no CLIP image branch"},
     natural_i2v=lambda cfg, task: wan_natural_i2v(cfg), reads_images=lambda spec: spec.dit_shape.image_dim is not None,
     last_frame=lambda cfg: cfg.image_dim is not None and cfg.num_images == 2,
-    lora_targets=wan_lora_targets(False),  # (+ the image branch's img_emb with lora_targets(True))
-    flops=dit_flops,
+    lora_targets=wan_lora_targets, lora_to_comfy=to_comfy,  # (targets True: + the image branch's img_emb)
+    arch=DiTArch(VideoDiT, wan_dit.init_parameter, wan_dit.param_dtypes, wan_dit.cast_dit, wan_load.open_dit),
+    flops=dit_flops, training=WAN_TRAINING,
 )
 
 
@@ -218,14 +285,32 @@ def _hy15_image_embeds(encoder, image, last, height, width):
     return encoder.encode(fit_image(image, max(d, height // d * d), max(d, width // d * d))).float()
 
 
-def _hy15_pipeline(dit, vae, *, image_encoder=None):
+def _hy15_pipeline(dit, vae, *, image_encoder=None, i2v_mode=None):
     from video_dit.pipeline_hunyuan15 import HunyuanVideo15Pipeline
 
-    return HunyuanVideo15Pipeline(dit, vae, image_encoder=image_encoder)
+    return HunyuanVideo15Pipeline(dit, vae, image_encoder=image_encoder)  # (its i2v is the first frame's alone)
+
+
+def _hy15_text_inputs(batch, device):
+    args = hy15_cond.text_inputs(batch["text_embeds"], batch["glyph_embeds"], device=device, dtype=torch.float32,
+                                 always_glyph=True)  # every rank runs the ByT5 branch (ZeRO-3 gathers it)
+    return args.pop("context"), args
+
+
+# Tencent's train.py trains t2v and i2v samples through one DiT input ([noisy | cond | mask], zeros for t2v):
+# the conditioning object is the job's whatever its datasets (`HY15Conditioning`).
+HY15_TRAINING = Training(
+    conditioning=lambda process, dit_config: hy15_cond.HY15Conditioning(),
+    cache_item=lambda vae, video, process, image_encoder: hy15_cond.encode_hy15_conditioning(
+        vae, video[:, :, 0], image_encoder),  # SigLIP reads the first frame as uint8, as Tencent's train.py
+    cond_keys=("first_frame_latents", "image_embeds"),
+    text_entry=lambda e: {"text_embeds": e.text.float(), "glyph_embeds": e.glyph.float()},
+    text_inputs=_hy15_text_inputs,
+)
 
 
 HUNYUAN15 = Family(
-    name="hunyuan15", title="HunyuanVideo 1.5", trains=False,
+    name="hunyuan15", title="HunyuanVideo 1.5", trains=("video_dit",), planned=False,
     load_dit=hy15_load.load_hy15_dit, load_vae=load_hy15_vae, load_text_encoder=_hy15_text_encoder,
     load_image_encoder=_hy15_image_encoder, dit_config=hy15_load.dit_config, claims=hy15_load.claims,
     classes=(*hy15_load.PIPELINE_TASKS, *hy15_load.DIT_CLASSES),
@@ -245,14 +330,17 @@ HUNYUAN15 = Family(
     reads_images=lambda spec: spec.i2v_mode is not None, last_frame=lambda cfg: False,
     task_of=hy15_load.task_of, image_encoder_width=hy15_image_encoder_width,
     dit_image_width=lambda cfg: cfg.vision_states_dim,
-    lora_targets=HY15_LORA_TARGETS, flops=hy15_dit_flops,
+    lora_targets=lambda include_img_emb: HY15_LORA_TARGETS,  # (its SigLIP projection trains in full jobs only)
+    lora_to_comfy=hy15_lora_to_comfy,  # q / k / v fused as ComfyUI's HunyuanVideo LoRA keys name them
+    arch=DiTArch(HunyuanVideo15DiT, hy15_dit.init_parameter, hy15_dit.param_dtypes, hy15_dit.cast_hy15_dit,
+                 hy15_load.open_hy15_dit),
+    flops=hy15_dit_flops, training=HY15_TRAINING,
     solvers=("euler",), grid="hunyuan",
     # hyvideo/pipelines/hunyuan_video_pipeline.py lines 99-101 (flow_shift 7, guidance 6, 50 steps are the
     # class defaults; a diffusers folder's scheduler and guider configs then give its shift and guidance)
     sampling_defaults=dict(solver="euler", steps=50, shift=7.0, guidance=6.0, negative=""),
     sampling_origin="Tencent's HunyuanVideo 1.5 pipeline defaults (no preset known)", fps=24,  # generate.py line 48
-    refused_flags={"--lora": "LoRA on HunyuanVideo 1.5 is not supported yet (sampling only)",
-                   "--last-image": "HunyuanVideo 1.5 takes a first frame only",
+    refused_flags={"--last-image": "HunyuanVideo 1.5 takes a first frame only",
                    "--tokenizer": "HunyuanVideo 1.5's text encoders load from a diffusers folder"},
 )
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from video_dit.models.hunyuan15_convert import hy15_lora_split
 from video_dit.models.weights import WeightsError, read_state_dict
 
 # The blocks' attention and FFN Linears (native Wan names), with the image branch's k_img / v_img of
@@ -117,8 +118,9 @@ def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[
     return native, (alphas.pop() if alphas else float(rank)), rank
 
 
-def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None) -> Path:
-    """Write the adapters of `model_or_sd` as a ComfyUI-keyed safetensors file (atomic rename)."""
+def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None, comfy=to_comfy) -> Path:
+    """Write the adapters of `model_or_sd` as a ComfyUI-keyed safetensors file (atomic rename); `comfy`:
+    the family's native -> ComfyUI key conversion (`Family.lora_to_comfy`; Wan's `to_comfy` by default)."""
     from safetensors.torch import save_file
 
     native = lora_state_dict(model_or_sd)
@@ -130,7 +132,7 @@ def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None) -> 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in to_comfy(native, alpha).items()}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in comfy(native, alpha).items()}
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, path)
     return path
@@ -145,18 +147,32 @@ def read_lora(path) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]
     if str(path).endswith(".safetensors"):
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
+    if any("_attn_qkv.lora_" in k for k in sd):  # HunyuanVideo 1.5's fused q/k/v, back to our split Linears
+        try:
+            sd = hy15_lora_split({_strip(k): v for k, v in sd.items()}, str(path))
+        except ValueError as exc:
+            raise WeightsError(str(exc)) from exc
     native, alpha, rank = from_comfy(sd, source=str(path))
     return native, alpha, rank, metadata
 
 
-def load_lora(path, model: nn.Module) -> nn.Module:
-    """Load a LoRA file into `model`, adding adapters of the file's rank/alpha when it has none.
+def _strip(key: str) -> str:
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def load_lora(path, model: nn.Module, targets: str | None = None) -> nn.Module:
+    """Load a LoRA file into `model`, adding adapters of the file's rank/alpha when it has none, on
+    `targets` (the family's peft regex, `Family.lora_targets`; None: Wan's, with img_emb when the file
+    has it).
 
     A file made for another model (other modules or shapes) raises `WeightsError` naming the file
     and the first mismatching keys."""
     native, alpha, rank, _ = read_lora(path)
     if not has_lora(model):
-        add_lora(model, rank, alpha, targets=lora_targets(any(k.startswith("img_emb.") for k in native)))
+        add_lora(model, rank, alpha, targets=targets or lora_targets(any(k.startswith("img_emb.") for k in native)))
     elif (model._lora_rank, model._lora_alpha) != (rank, alpha):
         raise WeightsError(f"{path}: rank/alpha {rank}/{alpha} differ from the model's adapters "
                            f"{model._lora_rank}/{model._lora_alpha}")

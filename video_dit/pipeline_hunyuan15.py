@@ -33,10 +33,10 @@ from tqdm.auto import tqdm
 
 from video_dit.data.frames import snap_size
 from video_dit.diffusion.flow import sampling_schedule
-from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning, encode_hy15_conditioning
+from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning, encode_hy15_conditioning, text_inputs
 from video_dit.diffusion.sampler import module_dtype_device
 from video_dit.media import pil_to_tensor
-from video_dit.models.hunyuan15_encoders import HY15PromptEmbeds, pad_embeds
+from video_dit.models.hunyuan15_encoders import HY15PromptEmbeds
 from video_dit.pipeline import _config_of, decode_videos, fit_frame
 
 
@@ -138,16 +138,12 @@ class HunyuanVideo15Pipeline:
                 cond["image_embeds"] = cond["image_embeds"].expand(B, -1, -1)
             cond = {k: v.to(device) for k, v in cond.items()}
         # 3. the text stream, padded and masked: [prompts | negatives] under guidance
-        text, text_mask = _padded([p.text for p in prompts] + ([n.text for n in negatives] if guided else []))
         glyphs = [p.glyph for p in prompts] + ([p.glyph[:0] for p in prompts] if guided else [])  # negatives: none
-        glyph, glyph_mask = _padded(glyphs) if any(g.shape[0] for g in glyphs) else (None, None)
         pair = 2 if guided else 1
         extra = {k: torch.cat([v] * pair) for k, v in conditioning.dit_kwargs(cond).items()}
-        to = dict(device=device, dtype=dtype)
-        kwargs = dict(context=text.to(**to), context_mask=text_mask.to(device),
-                      glyph=None if glyph is None else glyph.to(**to),
-                      glyph_mask=None if glyph_mask is None else glyph_mask.to(device),
-                      **{k: v.to(**to) for k, v in extra.items()})
+        kwargs = dict(**text_inputs([p.text for p in prompts] + ([n.text for n in negatives] if guided else []),
+                                    glyphs, device=device, dtype=dtype),
+                      **{k: v.to(device=device, dtype=dtype) for k, v in extra.items()})
         steps_ = tqdm(range(schedule.steps), desc="sampling", unit="step") if progress else range(schedule.steps)
         sigmas, timesteps = schedule.sigmas, schedule.timesteps
         for i in steps_:
@@ -210,13 +206,6 @@ def _as_prompts(embeds, name: str) -> list[HY15PromptEmbeds]:
                              f"tensor, got {type(e).__name__}")
         out.append(HY15PromptEmbeds(*e))
     return out
-
-
-def _padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[(L_i, D)] -> (N, max L_i, D) zero-padded and its (N, max L_i) mask (the DiT masks the padding)."""
-    width = max(r.shape[1] for r in rows)
-    rows = [r if r.shape[0] else r.new_zeros(0, width) for r in rows]  # an empty glyph row has no width
-    return pad_embeds(rows, max(1, max(r.shape[0] for r in rows)))
 
 
 def _first_frames(images, batch: int, height: int, width: int):

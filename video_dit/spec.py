@@ -58,6 +58,7 @@ class Keys:
     experts: str  # where train_high_noise / train_low_noise sit
     network: str = "network"
     flags: bool = False  # a command line: errors read "--model PATH: ...", and say "pass" rather than "set"
+    trainer: str = "video_dit"  # the trainer whose settings these are (`Family.trains`): "video_dit", "ai-toolkit"
 
     def error(self, key: str, value, message: str) -> ConfigError:
         """The error about `key` (given `value`): "KEY: VALUE: message", or "--flag VALUE: message"."""
@@ -80,7 +81,7 @@ CLI_KEYS = Keys("--model", "--preset", "--vae", "--text-encoder", "--tokenizer",
                 "--boundary-ratio", "--model", flags=True)
 AITK_KEYS = Keys("model.name_or_path", "model.model_kwargs.preset", "model.vae_path", "model.te_name_or_path",
                  "model.tokenizer_path", "model.model_kwargs.image_encoder_path", "model.model_kwargs.i2v_mode",
-                 "model.model_kwargs.boundary_ratio", "model.model_kwargs", "network")
+                 "model.model_kwargs.boundary_ratio", "model.model_kwargs", "network", trainer="ai-toolkit")
 
 
 @dataclass(frozen=True)
@@ -206,7 +207,7 @@ def check_lora(name_or_path: str, lora: bool, keys: Keys = JOB_KEYS) -> None:
 def check_dataset_i2v(preset: Preset, do_i2v: bool, key: str) -> None:
     """An image-to-video-only DiT (its input wider than its output: concat, Wan I2V) trains on `do_i2v`
     datasets only: `ConfigError` naming `key` (the dataset's `do_i2v`) otherwise."""
-    if preset.dit.in_dim != preset.dit.out_dim and not do_i2v:
+    if preset.dit.i2v_only and not do_i2v:
         kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
         raise ConfigError(key, f"preset {preset.name!r} is an image-to-video model{kind}: every dataset needs "
                                "do_i2v: true")
@@ -224,8 +225,8 @@ def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
                                                        "file/folder")
     dit = req.name_or_path if name is not None else _dit_source(Path(req.name_or_path), keys)
     family = _family(req, preset, dit, keys)
-    if req.preset_required and not family.trains:
-        check_trains(preset, keys.preset if name is None else keys.model)
+    if req.preset_required and keys.trainer not in family.trains:
+        check_trains(preset, keys.preset if name is None else keys.model, keys.trainer)
     task = _task(req, preset, dit, family, keys)
     i2v = i2v_mode_of(preset, req.i2v_mode, keys.i2v_mode) if preset is not None else None
     spec = ModelSpec(req, preset, dit, i2v, experts_of(req, preset, keys), keys, recorded, family.name, task)
@@ -234,14 +235,16 @@ def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
     return spec
 
 
-def check_trains(preset: Preset, key: str) -> None:
-    """A preset of a family our trainers do not take yet (HunyuanVideo 1.5: sampling only) is a
-    `ConfigError` naming `key`; every trainer front end asks this of its preset."""
+def check_trains(preset: Preset, key: str, trainer: str = "video_dit") -> None:
+    """A preset of a family `trainer` does not take (`Family.trains`: HunyuanVideo 1.5 trains in our
+    trainer, not yet as the ai-toolkit arch) is a `ConfigError` naming `key`; every trainer front end
+    asks this of its preset."""
     family = family_of(preset)
-    if not family.trains:
-        trainable = [n for n, p in PRESETS.items() if get_family(p.family).trains]
-        raise ConfigError(key, f"{preset.name!r} is a {family.title} preset: {family.title} samples here (video-dit "
-                               f"sample --model PATH) but does not train yet; accepted: {', '.join(trainable)}")
+    if trainer not in family.trains:
+        trainable = [n for n, p in PRESETS.items() if trainer in get_family(p.family).trains]
+        other = "our trainer (./launch/train.sh)" if "video_dit" in family.trains else "video-dit sample --model PATH"
+        raise ConfigError(key, f"{preset.name!r} is a {family.title} preset: {family.title} trains or samples with "
+                               f"{other} but does not train in {trainer} yet; accepted: {', '.join(trainable)}")
 
 
 def _family(req: Request, preset: Preset | None, dit: str, keys: Keys) -> Family:
@@ -458,7 +461,7 @@ def requested(model, preset: Preset, keys: Keys = JOB_KEYS) -> tuple[str, ...]:
     command line's `Request`, which samples) of a family that does not train yet is refused here too:
     this is the first question every trainer asks of its preset (train/config.py, the ai-toolkit arch)."""
     if getattr(model, "preset_required", True):
-        check_trains(preset, keys.preset)
+        check_trains(preset, keys.preset, keys.trainer)
     asked = {"high_noise": model.train_high_noise, "low_noise": model.train_low_noise}
     if not preset.two_experts:
         for e, value in asked.items():

@@ -185,14 +185,19 @@ def spec_of_args(args: argparse.Namespace) -> ModelSpec:
                                          boundary=args.boundary_ratio, preset_required=False), CLI_KEYS))
 
 
+def _lora_targets(family, path: str) -> str:
+    """The family's LoRA targets for the file at `path` (Wan's with its image branch when the file has it)."""
+    return family.lora_targets(any(k.startswith("img_emb.") for k in read_lora(path)[0]))
+
+
 def load_models(spec: ModelSpec, args, dtype, device):
     """The DiT (+ LoRA), or both experts (`TwoExperts`, + each one's LoRA; offloaded experts on the
     CPU, moved in for their steps)."""
     if spec.experts is None:
         dit = spec.family.load_dit(spec.dit, dtype=dtype, device=device).eval()
         if args.lora:
-            load_lora(args.lora, dit)
-            cast_dit(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
+            load_lora(args.lora, dit, targets=_lora_targets(spec.family, args.lora))
+            spec.family.arch.cast(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
         return dit
     where = "cpu" if args.offload_inactive_expert else device
     high, low = (spec.family.load_dit(src, dtype=dtype, device=where, seed=seed).eval()

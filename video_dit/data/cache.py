@@ -46,6 +46,11 @@ LATENT_DIR = "_latent_cache"
 TEXT_DIR = "_text_cache"
 
 
+# What a caption's text cache entry may hold: every family's `text_embeds` (Lt, D); HunyuanVideo 1.5's
+# ByT5 `glyph_embeds` (Lg, Dg), Lg = 0 for a caption that quotes no text.
+TEXT_KEYS = ("text_embeds", "glyph_embeds")
+
+
 def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -234,7 +239,8 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
     `encode_fn(video)`: `video` is `(1, 3, F, H, W)` float32 in [-1, 1] on CPU; returns a dict of
     tensors with a leading batch dim of 1 (e.g. `latents` `(1, C, F', h, w)`, and with `do_i2v`
     `first_frame_latents`); every key is stored, without the batch dim. `text_fn(captions)` returns
-    one `(Lt, D)` tensor per caption. `cache_dir` overrides every dataset's own cache root. A file
+    per caption one `(Lt, D)` tensor (stored as `text_embeds`) or a dict of such tensors named by
+    TEXT_KEYS (HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `cache_dir` overrides every dataset's own cache root. A file
     that fails to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
     other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
     that every rank sees every entry before building its `CachedDataset`.
@@ -287,10 +293,14 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
         if len(embeds) != len(chunk):
             raise ValueError(f"text_fn returned {len(embeds)} embeddings for {len(chunk)} captions")
         for (path, caption), e in zip(chunk, embeds):
-            if not isinstance(e, torch.Tensor) or e.ndim != 2:
-                raise ValueError(f"text_fn must return (Lt, D) tensors, got shape {getattr(e, 'shape', None)}")
-            _atomic_save({"text_embeds": e}, path, {"caption": caption, "space_version": text_space_version,
-                                                    "format": "video_dit.text.v1"})
+            entry = {"text_embeds": e} if isinstance(e, torch.Tensor) else e
+            bad = [k for k, t in entry.items() if k not in TEXT_KEYS or not isinstance(t, torch.Tensor) or t.ndim != 2] \
+                if isinstance(entry, dict) else ["?"]
+            if bad or "text_embeds" not in entry:
+                raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a dict of them with keys in "
+                                 f"{TEXT_KEYS} (text_embeds required), got {type(e).__name__} ({bad or sorted(entry)})")
+            _atomic_save({k: t.contiguous() for k, t in entry.items()}, path,
+                         {"caption": caption, "space_version": text_space_version, "format": "video_dit.text.v1"})
         report.text_misses += len(chunk)
     if verbose:
         print(f"cache: rank {rank}/{world_size}: latents {report.hits} hit, {report.misses} computed, "
@@ -364,14 +374,14 @@ class CachedDataset(torch.utils.data.Dataset):
         dropped = self.caption_dropped(index)
         caption = "" if dropped else item.caption
         tp = text_path(cache_root_of(item, self.cache_dir), caption, self.text_space_version)
-        out["text_embeds"] = load_file(str(tp))["text_embeds"]
+        out.update(load_file(str(tp)))  # text_embeds (+ glyph_embeds): TEXT_KEYS
         out.update(caption=caption, caption_dropped=dropped, index=index)
         return out
 
 
 def collate(samples: list[dict]) -> dict:
-    """Stack a batch from one bucket: cached tensors -> `(B, ...)`; `text_embeds` stay a list of
-    `(Lt, D)` (lengths may differ); `caption` a list; `index` and `caption_dropped` 1D tensors."""
+    """Stack a batch from one bucket: cached tensors -> `(B, ...)`; the text keys (TEXT_KEYS) stay lists
+    of `(Lt, D)` (lengths may differ); `caption` a list; `index` and `caption_dropped` 1D tensors."""
     keys = list(samples[0])
     for s in samples[1:]:
         if list(s) != keys:
@@ -381,7 +391,7 @@ def collate(samples: list[dict]) -> dict:
     batch: dict = {}
     for key in keys:
         values = [s[key] for s in samples]
-        if key in ("text_embeds", "caption"):
+        if key in TEXT_KEYS or key == "caption":
             batch[key] = values
         elif key == "index":
             batch[key] = torch.tensor(values, dtype=torch.long)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from video_dit.models.hunyuan15_encoders import pad_embeds
+
 
 class HY15Conditioning:
     """Apply HunyuanVideo 1.5's first-frame conditioning (module docstring)."""
@@ -36,7 +38,7 @@ class HY15Conditioning:
             raise ValueError(f"t must have shape (B,) = ({B},), got {tuple(t.shape)}")
         latents = noisy.new_zeros(B, C, Fl, h, w)
         mask = noisy.new_zeros(B, 1, Fl, h, w)
-        if cond is not None:
+        if cond:  # None or {}: text-to-video
             first = cond.get("first_frame_latents")
             if first is None or tuple(first.shape) != (B, C, 1, h, w):
                 got = None if first is None else tuple(first.shape)
@@ -84,4 +86,30 @@ def encode_hy15_conditioning(vae, first_frame: torch.Tensor, image_encoder=None,
     out = {"first_frame_latents": vae.normalize(z).float()}
     if image_encoder is not None:
         out["image_embeds"] = image_encoder.encode(first_frame if images is None else images).float()  # (B, Li, D)
+    return out
+
+
+def padded(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(L_i, D)] -> (N, max L_i, D) zero-padded and its (N, max L_i) mask (the DiT masks the padding);
+    an empty row (a prompt without glyphs: (0, D) or (0, 0)) is all padding."""
+    width = max(r.shape[1] for r in rows)
+    rows = [r if r.shape[0] else r.new_zeros(0, width) for r in rows]  # an empty glyph row has no width
+    return pad_embeds(rows, max(1, max(r.shape[0] for r in rows)))
+
+
+def text_inputs(texts: list[torch.Tensor], glyphs: list[torch.Tensor] | None = None, device=None,
+                dtype=None, always_glyph: bool = False) -> dict[str, torch.Tensor | None]:
+    """The DiT's text arguments of B prompts, as both the trainer and the pipeline give them: texts
+    [(Lt_i, D)] Qwen2.5-VL states, glyphs [(Lg_i, Dg)] ByT5 states (Lg_i = 0 without quoted text) ->
+    {"context": (B, Lt, D), "context_mask": (B, Lt), "glyph": (B, Lg, Dg) or None (no prompt quotes
+    text), "glyph_mask": (B, Lg) or None}, the tensors on `device` and the embeds in `dtype`.
+    `always_glyph`: glyph rows even when no prompt quotes text (one masked-out row each: the same output
+    as None), so the DiT's ByT5 branch runs in every forward; ZeRO-3 gathers a module's parameters on
+    every rank together, and a rank whose batch quotes nothing would otherwise skip the gather."""
+    to = dict(device=device, dtype=dtype)
+    text, text_mask = padded(texts)
+    out = {"context": text.to(**to), "context_mask": text_mask.to(device), "glyph": None, "glyph_mask": None}
+    if glyphs is not None and (always_glyph or any(g.shape[0] for g in glyphs)):
+        glyph, glyph_mask = padded(glyphs)
+        out.update(glyph=glyph.to(**to), glyph_mask=glyph_mask.to(device))
     return out

@@ -48,15 +48,17 @@ def weighted_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor |
 
 def flow_matching_loss(model: Callable, x0: torch.Tensor, context, t: torch.Tensor, noise: torch.Tensor, *,
                        conditioning: FirstFrameConditioning | None = None, cond: dict | None = None,
-                       active: torch.Tensor | None = None, weight: torch.Tensor | None = None) -> torch.Tensor:
+                       active: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                       text_kwargs: dict | None = None) -> torch.Tensor:
     """The training loss of one batch at given timesteps and noise: `model(model_in, timestep, context,
-    **conditioning.dit_kwargs(cond))` (a VideoDiT or a DeepSpeed engine) on `training_inputs`, reduced
-    by `weighted_loss`.
+    **text_kwargs, **conditioning.dit_kwargs(cond, active))` (a DiT or a DeepSpeed engine) on
+    `training_inputs`, reduced by `weighted_loss`.
 
-    x0: (B, C, F', h, w) float32; context: B text embeddings (Lt_i, D); t: (B,); noise: like x0;
+    x0: (B, C, F', h, w) float32; context: the DiT's text argument (Wan: B embeddings (Lt_i, D);
+    HunyuanVideo 1.5: (B, Lt, D) padded, its mask and glyphs in `text_kwargs`); t: (B,); noise: like x0;
     weight: (B,) per-sample loss weights (`TimestepSampler.loss_weight(t)`) or None.
     """
     model_in, timestep, target, mask = training_inputs(x0, t, noise, conditioning, cond, active)
-    extra = conditioning.dit_kwargs(cond) if conditioning is not None else {}  # CLIP features (image branch)
-    pred = model(model_in, timestep, context, **extra)  # (B, C, F', h, w)
+    extra = conditioning.dit_kwargs(cond, active) if conditioning is not None else {}  # the image branch's embeds
+    pred = model(model_in, timestep, context, **(text_kwargs or {}), **extra)  # (B, C, F', h, w)
     return weighted_loss(pred, target, mask, weight)

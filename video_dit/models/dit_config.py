@@ -53,6 +53,12 @@ class DiTConfig:
         return self.dim // self.num_heads
 
     @property
+    def i2v_only(self) -> bool:
+        """Whether the DiT takes image-to-video samples only: its input wider than its output (concat
+        i2v: the mask and first-frame latents in extra channels, Wan 2.1 / 2.2 I2V)."""
+        return self.in_dim != self.out_dim
+
+    @property
     def image_context_len(self) -> int:
         """Li, the image tokens the image branch attends to: 257 (I2V) or 514 (FLF2V); 0 without a branch."""
         return self.num_images * self.image_tokens if self.image_dim is not None else 0

@@ -314,3 +314,67 @@ def hy15_config_to_diffusers(config: HY15DiTConfig) -> dict:
                 text_embed_dim=config.text_states_dim, text_embed_2_dim=config.byt5_states_dim,
                 image_embed_dim=config.vision_states_dim, rope_theta=config.rope_theta,
                 rope_axes_dim=tuple(config.rope_dim_list), use_meanflow=config.use_meanflow)
+
+
+# ---------------------------------------------------------------- LoRA files
+
+# A LoRA on the split q / k / v Linears of a double block (our native modules) as the fused `<stream>_attn_qkv`
+# Linear of Tencent's original and ComfyUI's repackaged checkpoints, the names ComfyUI maps for its
+# HunyuanVideo models (comfy/lora.py `model_lora_keys_unet`: `diffusion_model.double_blocks.N.img_attn_qkv`,
+# "diffusion-pipe lora format"). W_qkv = [W_q; W_k; W_v], so the fused update [B_q A_q; B_k A_k; B_v A_v] is
+# exactly blockdiag(B_q, B_k, B_v) @ [A_q; A_k; A_v]: rank 3r, and alpha 3a keeps the scale a / r.
+_LORA_SPLIT = re.compile(r"(?P<stream>double_blocks\.\d+\.(?:img|txt))_attn_(?P<part>[qkv])\.(?P<kind>lora_[AB])\.weight")
+_LORA_FUSED = re.compile(r"(?P<stream>double_blocks\.\d+\.(?:img|txt))_attn_qkv\.(?P<kind>lora_[AB])\.weight")
+
+
+def hy15_lora_to_comfy(native: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
+    """Native adapter keys (`<module>.lora_A.weight` / `.lora_B.weight`, one rank r, alpha a) -> ComfyUI's
+    HunyuanVideo keys with one `.alpha` per module: q / k / v fused into `<stream>_attn_qkv` (A (3r, D),
+    B (3D, 3r) block-diagonal, alpha 3a), every other module as it is."""
+    out, fused = {}, {}
+    for key, value in native.items():
+        m = _LORA_SPLIT.fullmatch(key)
+        if m:
+            fused.setdefault(m["stream"], {})[(m["part"], m["kind"])] = value
+            continue
+        module = key.rsplit(".", 2)[0]
+        out[f"diffusion_model.{key}"] = value
+        out[f"diffusion_model.{module}.alpha"] = torch.tensor(float(alpha))
+    for stream, parts in fused.items():
+        if len(parts) != 6:
+            raise ValueError(f"{stream}: a LoRA on {sorted(p for p, _ in parts)} of q / k / v; the fused qkv "
+                             "needs adapters on all three")
+        a = torch.cat([parts[(p, "lora_A")] for p in "qkv"])  # (3r, D)
+        b = torch.block_diag(*(parts[(p, "lora_B")] for p in "qkv"))  # (3 D_out, 3r)
+        out[f"diffusion_model.{stream}_attn_qkv.lora_A.weight"] = a
+        out[f"diffusion_model.{stream}_attn_qkv.lora_B.weight"] = b
+        out[f"diffusion_model.{stream}_attn_qkv.alpha"] = torch.tensor(3.0 * float(alpha))
+    return out
+
+
+def hy15_lora_split(sd: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """The inverse of `hy15_lora_to_comfy` on prefix-stripped keys: each fused `<stream>_attn_qkv` adapter
+    back to q / k / v ones of rank r (its alpha / 3). Only a block-diagonal B splits exactly at rank r; a
+    fused LoRA trained elsewhere (B mixing q, k and v) is a ValueError naming `source` and the module."""
+    out = {k: v for k, v in sd.items() if not (_LORA_FUSED.fullmatch(k) or k.endswith("_attn_qkv.alpha"))}
+    for key, a in sd.items():
+        m = _LORA_FUSED.fullmatch(key)
+        if not m or m["kind"] != "lora_A":
+            continue
+        stream = m["stream"]
+        b = sd[f"{stream}_attn_qkv.lora_B.weight"]
+        r, d_out = a.shape[0] // 3, b.shape[0] // 3
+        blocks = [b[i * d_out:(i + 1) * d_out, j * r:(j + 1) * r] for i in range(3) for j in range(3)]
+        if a.shape[0] % 3 or b.shape[0] % 3 or any(blocks[i * 3 + j].abs().max() > 0
+                                                   for i in range(3) for j in range(3) if i != j):
+            raise ValueError(f"{source}: {stream}_attn_qkv: a fused q/k/v LoRA whose B mixes q, k and v (not this "
+                             "trainer's block-diagonal export); only a block-diagonal one maps onto the split "
+                             "q / k / v Linears at its rank")
+        for i, part in enumerate("qkv"):
+            out[f"{stream}_attn_{part}.lora_A.weight"] = a[i * r:(i + 1) * r]
+            out[f"{stream}_attn_{part}.lora_B.weight"] = blocks[i * 3 + i]
+        alpha = sd.get(f"{stream}_attn_qkv.alpha")
+        if alpha is not None:
+            for part in "qkv":
+                out[f"{stream}_attn_{part}.alpha"] = alpha / 3.0
+    return out

@@ -300,6 +300,15 @@ class HY15PromptEncoder(nn.Module):
         super().__init__()
         self.text, self.glyph = text, glyph
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The Qwen2.5-VL text model's activation dtype (what a cache of its states records)."""
+        return self.text.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.text.device
+
     def encode(self, prompts: list[str] | str) -> list[HY15PromptEmbeds]:
         prompts = _check_prompts(prompts)
         return [HY15PromptEmbeds(t, g) for t, g in zip(self.text.encode(prompts), self.glyph.encode(prompts))]

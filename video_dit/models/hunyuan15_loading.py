@@ -24,11 +24,12 @@ import torch
 
 from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_key_layout, hy15_to_native,
                                                 infer_hy15_config)
+from video_dit.models.convert import strip_dit_prefix
 from video_dit.models.hunyuan15_config import HY15DiTConfig
 from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import get_preset
-from video_dit.models.weights import WeightsError, materialize, open_weights
+from video_dit.models.weights import HeldWeights, WeightsError, materialize, open_weights
 
 DIT_CLASSES = ("HunyuanVideo15Transformer3DModel", "HunyuanVideo_1_5_DiffusionTransformer")
 PIPELINE_TASKS = {"HunyuanVideo15Pipeline": "t2v", "HunyuanVideo15ImageToVideoPipeline": "i2v"}
@@ -156,6 +157,28 @@ def load_hy15_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, d
         raise WeightsError(f"{path}: {exc}") from exc
     model = materialize(HunyuanVideo15DiT, config, sd, description, dtype, device, storage=param_dtypes)
     return cast_hy15_dit(model, dtype) if dtype is not None else model
+
+
+def open_hy15_dit(source: str | os.PathLike, config: HY15DiTConfig | None = None):
+    """(weights under native names, config, description) of a DiT source, for a build that reads one
+    module group at a time (ZeRO-3, `parallel/partition.py`): Tencent's layout stays on disk until each
+    group is read (`LazyWeights`); diffusers' and ComfyUI's fuse or split tensors, so they are read whole
+    once and converted (`HeldWeights`: on the rank that reads them, the model's size in host memory)."""
+    path = dit_path(source)
+    weights = open_weights(path)
+    layout = _layout(weights.meta(), path)
+    description = f"{path} ({layout} layout)"
+    if config is None and _config_json(path).is_file():
+        config = config_from_json(_config_json(path))
+    try:
+        if layout == "Tencent":  # native names, perhaps under a `diffusion_model.` prefix
+            weights = weights.renamed(strip_dit_prefix({k: k for k in weights.keys()}))
+        else:
+            weights = HeldWeights(hy15_to_native(weights.read_all()), description)
+        config = config or infer_hy15_config(weights.meta())
+    except ValueError as exc:
+        raise WeightsError(f"{path}: {exc}") from exc
+    return weights, config, description
 
 
 def _layout(meta: dict, path: Path) -> str:

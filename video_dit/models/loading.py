@@ -484,13 +484,14 @@ def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
     return int(width), side * side + 1
 
 
-def check_matches_preset(dit, preset: Preset, source: str) -> None:
+def check_matches_preset(dit, preset: Preset, source: str, cls=VideoDiT) -> None:
     """`WeightsError` naming `source` and the first mismatching keys when `dit` (a model or a
     {name: tensor} mapping, meta tensors and ZeRO-3 parameters included) is not shaped like
-    `preset`'s DiT (weights of another preset would otherwise meet the wrong VAE / text encoder)."""
+    `preset`'s DiT (weights of another preset would otherwise meet the wrong VAE / text encoder).
+    `cls`: the preset family's DiT class (`families.DiTArch.cls`)."""
     shapes = dit if isinstance(dit, dict) else {n: _FullShape(p) for n, p in dit.state_dict(keep_vars=True).items()}
     with torch.device("meta"):
-        expected = VideoDiT(preset.dit)
+        expected = cls(preset.dit)
     check_state_dict(expected, shapes, f"{source} (model.preset: {preset.name})")
 
 

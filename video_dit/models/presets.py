@@ -138,7 +138,7 @@ TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, s
 #   solver: Euler, the only one of Tencent's FlowMatchDiscreteScheduler (scheduling_flow_match_discrete.py
 #     lines 79-83), on its grid (flow.sampling_schedule grid "hunyuan");
 #   negative prompt: "" (generate.py line 282, --negative_prompt default); fps 24 (generate.py line 48);
-#   train shift 3.0: Tencent's train.py line 140 (train_timestep_shift; used once training is integrated).
+#   train shift 3.0: Tencent's train.py line 140 (train_timestep_shift, the training timesteps of `train.timestep_type: shift`).
 # i2v_mode "concat": the i2v models read the first frame's latent and a mask in extra input channels (and
 # SigLIP tokens), frame 0 is generated (nothing replaces it): Wan I2V's "concat" semantics. t2v: None.
 # The 720p sparse-attention variant (720p_i2v_distilled_sparse) needs Tencent's SSTA kernel: not a preset.

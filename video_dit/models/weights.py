@@ -115,6 +115,27 @@ class LazyWeights:
         return self.read(list(self.entries))
 
 
+class HeldWeights:
+    """Tensors already in memory behind `LazyWeights`' reading interface (`keys`, `meta`, `read`): a
+    layout whose tensors must be fused or split before they are the model's (read whole, converted,
+    then handed out group by group; each tensor is let go once it has been read)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
+        self.tensors, self.source = dict(tensors), source
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def meta(self) -> dict[str, torch.Tensor]:
+        return {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in self.tensors.items()}
+
+    def read(self, names) -> dict[str, torch.Tensor]:
+        return {n: self.tensors.pop(n) for n in names}
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        return self.read(list(self.tensors))
+
+
 def _safetensors_error(path: Path, exc: Exception) -> WeightsError:
     return WeightsError(f"{path}: not a readable safetensors file ({exc})")
 

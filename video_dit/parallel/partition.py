@@ -28,18 +28,18 @@ import torch.distributed as dist
 from torch import nn
 
 from video_dit.models.common import parameter_generator
-from video_dit.models.dit import VideoDiT, cast_dit, init_parameter, param_dtypes
 from video_dit.models.layouts import preset_name
-from video_dit.models.loading import check_matches_preset, open_dit
+from video_dit.models.loading import check_matches_preset
 from video_dit.models.presets import get_preset
 from video_dit.models.weights import check_state_dict, module_groups, stored_dtype
 from video_dit.parallel.memory import release_freed_memory
 
 
-def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, config=None) -> VideoDiT:
-    """The `VideoDiT` of `source` (as `load_dit` reads it) built straight into ZeRO-3 partitions
+def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, config, arch):
+    """The DiT of `source` (as its family's loader reads it) built straight into ZeRO-3 partitions
     (module docstring); every rank calls, with torch.distributed initialised and `ds_config` the
-    job's DeepSpeed JSON (it carries the parameter offload and persistence settings)."""
+    job's DeepSpeed JSON (it carries the parameter offload and persistence settings). `arch`: the
+    family's DiT class and build functions (`families.DiTArch`)."""
     import deepspeed
 
     if not dist.is_initialized():
@@ -50,11 +50,11 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
     if name is not None:
         config = config or get_preset(name).dit
     else:
-        weights, config, description = open_dit(source, config)
+        weights, config, description = arch.open(source, config)
     with torch.device("meta"):
-        model = VideoDiT(config)
+        model = arch.cls(config)
     if next(model.buffers(), None) is not None:
-        raise RuntimeError("build_dit(zero_stage=3): VideoDiT has buffers; they need materialising here too")
+        raise RuntimeError(f"build_dit(zero_stage=3): {arch.cls.__name__} has buffers; they need materialising here too")
     if weights is not None:  # 1. names and shapes, before any tensor is read
         shapes = weights.meta()
         check_state_dict(model, shapes, description)
@@ -62,9 +62,9 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
             dtype = stored_dtype(shapes, description)
     dtype = dtype or torch.float32
     if preset is not None:
-        check_matches_preset(dict(model.state_dict(keep_vars=True)), preset, source)
+        check_matches_preset(dict(model.state_dict(keep_vars=True)), preset, source, arch.cls)
 
-    dtypes = param_dtypes(model, dtype)  # as load_dit(dtype=) stores them
+    dtypes = arch.param_dtypes(model, dtype)  # as load_dit(dtype=) stores them
     owners = {}  # parameter name -> (module, attribute)
     for mname, module in model.named_modules():
         for pname, _ in module.named_parameters(recurse=False):
@@ -81,9 +81,9 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
                 full = torch.empty(meta.shape, dtype=target)
             elif weights is not None:
                 full = tensors.pop(name).to(dtype=target, copy=True)
-            else:  # a preset: Wan's init of this parameter, by name (as `VideoDiT.initialize_weights`)
-                full = init_parameter(config, name, torch.empty(meta.shape, dtype=target),
-                                      parameter_generator(seed, name))
+            else:  # a preset: the family's init of this parameter, by name (as the DiT's `initialize_weights`)
+                full = arch.init_parameter(config, name, torch.empty(meta.shape, dtype=target),
+                                           parameter_generator(seed, name))
             param = nn.Parameter(full, requires_grad=meta.requires_grad)
             setattr(module, attr, param)
             if convert is None:  # the first parameter sets up DeepSpeed's converter (the job's config)
@@ -95,4 +95,4 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
         if rank0:
             del tensors
         release_freed_memory()
-    return cast_dit(model, dtype)  # the compute dtype; every parameter already has its dtype
+    return arch.cast(model, dtype)  # the compute dtype; every parameter already has its dtype

@@ -3,7 +3,7 @@
 
     build_dit(source, preset=, zero_stage=, dtype=, device=, seed=, ds_config=) -> VideoDiT
 
-ZeRO 0-2: `load_dit` (every rank holds the whole model; its tensors read one module at a time).
+ZeRO 0-2: the family's `load_dit` (every rank holds the whole model; its tensors read one module at a time).
 ZeRO-3: `parallel/partition.py` (no rank ever holds the whole model; partitioned module by module).
 Either way the weights are checked against the job's preset before any tensor is read.
 """
@@ -14,8 +14,9 @@ import os
 
 import torch
 
-from video_dit.lora import add_lora, lora_targets
-from video_dit.models.loading import check_matches_preset, load_dit
+from video_dit.families import WAN, family_of
+from video_dit.lora import add_lora
+from video_dit.models.loading import check_matches_preset
 from video_dit.parallel.partition import build_partitioned
 from video_dit.parallel.sequence import attach
 from video_dit.parallel.zero import partitioned
@@ -24,9 +25,10 @@ from video_dit.train.precision import cast_for_training
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
-              device=None, seed: int = 0, ds_config: dict | None = None, config=None):
-    """The `VideoDiT` of `source` (`preset:NAME`, a diffusers / original Wan / ComfyUI folder or file,
-    as `load_dit` reads), checked against `preset` (a `Preset`: the job's `model.preset`) when given.
+              device=None, seed: int = 0, ds_config: dict | None = None, config=None, family=WAN):
+    """The DiT of `source` (`preset:NAME`, a diffusers / original / ComfyUI folder or file, as the
+    family's `load_dit` reads), checked against `preset` (a `Preset`: the job's `model.preset`) when
+    given. `family`: the model family (`families.Family`; the preset's, when a preset is given).
 
     zero_stage 3 builds it partitioned (`parallel/partition.py`): every rank must call, with
     torch.distributed initialised and `ds_config` the job's DeepSpeed JSON (the dict that
@@ -34,17 +36,18 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
     dtype None keeps the stored dtype (uniform), as `load_dit`. Raises `WeightsError` naming the
     source and the first mismatching keys before any tensor is read.
     """
+    family = family_of(preset) if preset is not None else family
     if not partitioned(zero_stage):
-        dit = load_dit(source, dtype=dtype, device=device, config=config, seed=seed)
+        dit = family.load_dit(source, dtype=dtype, device=device, config=config, seed=seed)
         if preset is not None:
-            check_matches_preset(dit, preset, str(source))
+            check_matches_preset(dit, preset, str(source), family.arch.cls)
         return dit
     if ds_config is None:
         raise ValueError("build_dit(zero_stage=3) needs ds_config, the job's DeepSpeed JSON")
-    return build_partitioned(str(source), preset, dtype, seed, ds_config, config)
+    return build_partitioned(str(source), preset, dtype, seed, ds_config, config, family.arch)
 
 
-def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
+def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, family=WAN):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
     attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
@@ -52,11 +55,12 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None):
     block, none, the first N, or for "auto" every block until the trainer sets each bucket's choice,
     `plan.checkpoint_blocks`); then sequence parallelism (after checkpointing: the seam recomputes
     attention in backward unless every block is checkpointed); then compilation of each block
-    (`train.compile`; last, as torchtitan orders it: checkpointing, then compile)."""
+    (`train.compile`; last, as torchtitan orders it: checkpointing, then compile). `family`: the
+    model family, whose LoRA targets the adapters go on."""
     dit.set_attention_backend(process.model.attention_backend)
     if process.network is not None:
         add_lora(dit, process.network.linear, process.network.alpha, dropout=process.network.dropout,
-                 targets=lora_targets(process.network.include_img_emb))
+                 targets=family.lora_targets(process.network.include_img_emb))
     else:
         dit.requires_grad_(True)
     cast_for_training(dit, dtype)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from video_dit.lora import lora_state_dict, save_lora
+from video_dit.lora import lora_state_dict, save_lora, to_comfy
 from video_dit.models.dit import param_dtypes
 from video_dit.models.layouts import write_sources
 from video_dit.parallel.zero import gathered
@@ -32,19 +32,22 @@ def lora_export_state(module, zero_stage: int) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in lora_state_dict(module).items()}
 
 
-def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.dtype, metadata: dict) -> Path | None:
-    """Write the LoRA of `module` to `path` (rank 0); every rank must call. Returns the path on rank 0."""
+def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.dtype, metadata: dict,
+                comfy=to_comfy) -> Path | None:
+    """Write the LoRA of `module` to `path` (rank 0) in the family's ComfyUI keys (`comfy`: its
+    `lora_to_comfy`); every rank must call. Returns the path on rank 0."""
     sd = lora_export_state(module, zero_stage)
     if dist.get_rank() != 0:
         return None
-    return save_lora(path, {k: v.to(dtype) for k, v in sd.items()}, alpha, metadata)
+    return save_lora(path, {k: v.to(dtype) for k, v in sd.items()}, alpha, metadata, comfy=comfy)
 
 
-def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
+def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage=param_dtypes):
     """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a
-    time, each at the dtype a DiT stored in `dtype` holds it (`param_dtypes`: a bf16 / fp16 file
-    keeps the float32 islands float32, so a trained time MLP or modulation table is not rounded)."""
-    dtypes = param_dtypes(module, dtype)
+    time, each at the dtype a DiT stored in `dtype` holds it (`storage`, the family's `param_dtypes`:
+    a bf16 / fp16 file keeps the float32 islands float32, so a trained time MLP or modulation table is
+    not rounded)."""
+    dtypes = storage(module, dtype)
 
     def out(key, t):
         return t.detach().to("cpu", dtype=dtypes.get(key, dtype), copy=True)
@@ -67,11 +70,11 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype):
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
-                shard_bytes: int = SHARD_BYTES, sources: dict | None = None) -> Path | None:
-    """Native (original Wan key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
+                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, storage=param_dtypes) -> Path | None:
+    """Native (original Wan / Tencent key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
     through `<folder>.tmp` and a rename); every rank must call. `sources` (preset, VAE, text encoder,
     the previews' sampling settings) goes to `video_dit_sources.json` beside them, so `video-dit sample
-    --model FOLDER` needs no other flag."""
+    --model FOLDER` needs no other flag. `storage`: the family's `param_dtypes` (Wan's by default)."""
     from safetensors.torch import save_file
 
     rank0 = dist.get_rank() == 0
@@ -81,7 +84,7 @@ def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metad
         tmp.mkdir(parents=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for key, tensor in _gathered_state(module, zero_stage, dtype):
+    for key, tensor in _gathered_state(module, zero_stage, dtype, storage):
         if not rank0:
             continue
         nbytes = tensor.numel() * tensor.element_size()

@@ -26,13 +26,14 @@ def peak_memory_gb() -> float:
     return rss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
 
 
-def step_flops(dit_config, latent_shape, text_len: int) -> tuple[float, int]:
+def step_flops(dit_config, latent_shape, text_len: int, flops=dit_flops) -> tuple[float, int]:
     """(model FLOPs of one forward+backward of a micro-batch, tokens per sample): the analytic DiT
-    forward count x 3 (backward ~ 2x forward). latent_shape: (B, C, F', h, w)."""
+    forward count x 3 (backward ~ 2x forward). latent_shape: (B, C, F', h, w); `flops`: the family's
+    forward count (`Family.flops`; Wan's by default)."""
     B, _, Fl, h, w = latent_shape
     pt, ph, pw = dit_config.patch_size
     tokens = (Fl // pt) * (h // ph) * (w // pw)
-    return 3.0 * dit_flops(dit_config, tokens, text_len, B), tokens
+    return 3.0 * flops(dit_config, tokens, text_len, B), tokens
 
 
 class MetricsLog:

@@ -170,6 +170,7 @@ from video_dit.lora import add_lora, lora_targets
 from video_dit.models.dit import VideoDiT, param_dtypes
 from video_dit.models.image_encoder import build_clip_vision
 from video_dit.models.layouts import expert_sources, preset_name
+from video_dit.families import family_of
 from video_dit.models.presets import get_preset
 from video_dit.models.text_encoder import build_umt5
 from video_dit.models.vae import CausalVideoVAE
@@ -974,6 +975,17 @@ def candidate_settings(job, heads: int, world: int):
                               recompute=base.recompute or sp > 1)  # see train.recompute_saved
 
 
+def unplanned(preset) -> str:
+    """Why a preset of a family the plan does not model gets no plan."""
+    return (f"preset {preset.name!r} is {family_of(preset).title}, whose DiT the memory plan does not model yet "
+            "(its activations, its LoRA targets); the plan covers the Wan presets")
+
+
+def planned(job) -> bool:
+    """Whether the plan models the job's DiT (`Family.planned`)."""
+    return family_of(get_preset(job.process.model.preset)).planned
+
+
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
     """Per-bucket predictions of `job` on `machine`, the settings that fit, host RAM per node."""
     if machine.ranks < 1:
@@ -982,6 +994,8 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
         raise PlanError(f"--nodes {machine.nodes} must be >= 1 and divide the {machine.ranks} ranks")
     p = job.process
     preset = get_preset(p.model.preset)
+    if not family_of(preset).planned:
+        raise PlanError(unplanned(preset))
     cfg = preset.dit
     heads = cfg.num_heads
     sp = p.deepspeed.sequence_parallel_size

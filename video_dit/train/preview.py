@@ -25,17 +25,18 @@ import torch
 import torch.distributed as dist
 
 from video_dit.diffusion.experts import TwoExperts
+from video_dit.families import family_of
 from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
 from video_dit.media import MediaError, contact_sheet, load_image, write_video
-from video_dit.pipeline import VideoPipeline, image_features
+from video_dit.pipeline import VideoPipeline
 
 
 @dataclass
 class PreviewJob:
     index: int
     prompt: str
-    embeds: torch.Tensor            # (Lt, D)
-    negative: torch.Tensor | None   # (Lt, D) when the guidance scale != 1
+    embeds: torch.Tensor            # (Lt, D), or the family's tuple of them (HunyuanVideo 1.5: text, glyph)
+    negative: torch.Tensor | None   # the same for the negative prompt, when the guidance scale != 1
     ctrl_img: str | None
     seed: int
     settings: SamplingSettings      # solver, steps, shift, guidance, negative prompt, grid (+ their sources)
@@ -44,7 +45,7 @@ class PreviewJob:
     height: int
     fps: int
     ctrl_img_2: str | None = None        # the last frame (first-last-frame models)
-    clip_features: torch.Tensor | None = None  # (1, Li, C) of ctrl_img [| ctrl_img_2], CPU
+    clip_features: torch.Tensor | None = None  # (1, Li, C) image embeds of ctrl_img [| ctrl_img_2], CPU
 
 
 # `sample.sampler` names that pick a solver; any other (ai-toolkit's "ddpm", "lms", ...) leaves the default
@@ -67,7 +68,7 @@ def sample_settings(sample_cfg, index: int, preset=None, scheduler=None) -> Samp
             if value is not None:
                 given[name] = (value, where)
                 break
-    return resolve_sampling(preset, scheduler, given)
+    return resolve_sampling(preset, scheduler, given, family=family_of(preset) if preset is not None else None)
 
 
 def job_scheduler(process):
@@ -92,11 +93,22 @@ def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> lis
             embeds = text_encoder.encode([s.prompt] + ([settings.negative] if guided else []))
         seed = s.seed if s.seed is not None else sample_cfg.seed + (i if sample_cfg.walk_seed else 0)
         jobs.append(PreviewJob(
-            index=i, prompt=s.prompt, embeds=embeds[0].float().cpu(),
-            negative=embeds[1].float().cpu() if guided else None, ctrl_img=s.ctrl_img, seed=seed,
+            index=i, prompt=s.prompt, embeds=_cpu_float(embeds[0]),
+            negative=_cpu_float(embeds[1]) if guided else None, ctrl_img=s.ctrl_img, seed=seed,
             settings=settings, num_frames=s.num_frames or sample_cfg.num_frames, width=s.width or sample_cfg.width,
             height=s.height or sample_cfg.height, fps=s.fps or sample_cfg.fps, ctrl_img_2=s.ctrl_img_2))
     return jobs
+
+
+def _cpu_float(embeds):
+    """A prompt's embeds (a tensor, or a tuple of them) in float32 on the CPU."""
+    if isinstance(embeds, torch.Tensor):
+        return embeds.float().cpu()
+    return type(embeds)(*(t.float().cpu() for t in embeds))
+
+
+def _to(embeds, device):
+    return embeds.to(device) if isinstance(embeds, torch.Tensor) else type(embeds)(*(t.to(device) for t in embeds))
 
 
 def describe(jobs: list[PreviewJob]) -> list[str]:
@@ -109,10 +121,12 @@ def describe(jobs: list[PreviewJob]) -> list[str]:
     return [f"previews {', '.join(map(str, idx))}: {line}" for line, idx in lines.items()]
 
 
-def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
-    """Each job's CLIP features (`clip_features`, on CPU) from its control images, when the model has
-    a CLIP image branch (`image_encoder` not None). An image that cannot be read leaves them None: that
-    preview then fails at render time with the file named, and training goes on."""
+def encode_preview_images(jobs: list[PreviewJob], image_encoder, embeds_fn, log) -> None:
+    """Each job's image embeds (`clip_features`, on CPU) from its control images, when the model has
+    an image branch (`image_encoder` not None): `embeds_fn(encoder, first, last, height, width)`, the
+    family's (`Family.image_embeds`: Wan's CLIP of the image as given, HunyuanVideo 1.5's SigLIP of it
+    fitted to the video). An image that cannot be read leaves them None: that preview then fails at
+    render time with the file named, and training goes on."""
     if image_encoder is None:
         return
     for job in jobs:
@@ -124,7 +138,7 @@ def encode_preview_images(jobs: list[PreviewJob], image_encoder, log) -> None:
         except MediaError as exc:
             log(f"preview {job.index}: {exc}; its CLIP features are not computed")
             continue
-        job.clip_features = image_features(image_encoder, first, last).cpu()
+        job.clip_features = embeds_fn(image_encoder, first, last, job.height, job.width).cpu()
 
 
 def renderer_of(k: int, world: int, every_rank: bool, share: bool) -> int | None:
@@ -136,7 +150,7 @@ def renderer_of(k: int, world: int, every_rank: bool, share: bool) -> int | None
 
 
 def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_rank: bool, i2v_mode: str,
-           log, share: bool = True) -> list[Path]:
+           log, share: bool = True, pipeline=None) -> list[Path]:
     """Render every preview of `step`; returns the MP4 paths written (rank 0).
 
     `every_rank`: a forward is a collective (ZeRO-3's gathers, sequence-parallel attention), so every
@@ -145,10 +159,11 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
     beyond its own share (a rank idle at a barrier for the whole preview would hit the collective
     timeout with a big model and many prompts); the frames are gathered to rank 0, which writes every
     file and logs which rank rendered what. `share` False: rank 0 renders alone (a model only rank 0
-    holds). A preview that fails is logged with its rank and training continues."""
+    holds). A preview that fails is logged with its rank and training continues. `pipeline(dit, vae,
+    i2v_mode=)`: the family's (`Family.pipeline`; Wan's `VideoPipeline` by default)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = [j for k, j in enumerate(jobs) if renderer_of(k, world, every_rank, share) in (None, rank)]
-    results = _render_jobs(dit, vae, mine, i2v_mode) if mine else {}
+    results = _render_jobs(dit, vae, mine, i2v_mode, pipeline or VideoPipeline) if mine else {}
     if every_rank or world == 1:
         gathered = [results]
     else:  # a collective: every rank sends its share (rank 0 also its own)
@@ -177,32 +192,35 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
     return sorted(written)
 
 
-def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str) -> dict[int, tuple[list | None, str | None]]:
+def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> dict[int, tuple[list | None, str | None]]:
     """{preview index: (frames, None) or (None, the error)} of `jobs` rendered on this rank."""
     models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
     param = next(p for p in dit.parameters())
-    pipe = VideoPipeline(dit, vae, i2v_mode=i2v_mode)
+    pipe = pipeline(dit, vae, i2v_mode=i2v_mode)
     out = {}
     try:
         for job in jobs:
             try:
                 first = load_image(job.ctrl_img) if job.ctrl_img else None
                 last = load_image(job.ctrl_img_2) if job.ctrl_img_2 else None
-                if first is None and pipe.i2v_mode == "concat":
+                if first is None and getattr(pipe, "i2v_mode", i2v_mode) == "concat":
                     raise ValueError(f"sample {job.index} has no ctrl_img, but this model is image-to-video")
                 gen = torch.Generator("cpu").manual_seed(job.seed)
                 st = job.settings
-                frames = pipe.generate(job.embeds.to(param.device), job.negative.to(param.device)
+                # Wan's only (first-last frame, two experts): given to the pipeline when set
+                wan_only = {"last_frame": last,
+                            "guidance_scale_2": st.guidance_2 if isinstance(dit, TwoExperts) else None}
+                frames = pipe.generate(_to(job.embeds, param.device), _to(job.negative, param.device)
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
                                        steps=st.steps, guidance_scale=st.guidance, shift=st.shift, solver=st.solver,
-                                       guidance_scale_2=st.guidance_2 if isinstance(dit, TwoExperts) else None,
-                                       grid=st.grid, generator=gen, first_frame=first, last_frame=last,
+                                       grid=st.grid, generator=gen, first_frame=first,
                                        image_embeds=None if job.clip_features is None
-                                       else job.clip_features.to(param.device))
+                                       else job.clip_features.to(param.device),
+                                       **{k: v for k, v in wan_only.items() if v is not None})
                 out[job.index] = (frames, None)
             except Exception as exc:  # a preview must never stop a training run: it is reported, training goes on
                 out[job.index] = (None, f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]))

@@ -44,12 +44,11 @@ from tqdm import tqdm
 from video_dit.data import BucketBatchSampler, CachedDataset, DataError, ScanResult, build_cache, collate, scan_datasets
 from video_dit.data.demo import preview_steps, report
 from video_dit.devices import device_peak_flops, local_device, pin_memory, to_device
-from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
 from video_dit.diffusion.flow import TimestepSampler
 from video_dit.diffusion.objective import flow_matching_loss
 from video_dit.models.layouts import EXPERT_FOLDERS, write_sources
-from video_dit.models.loading import load_image_encoder, load_text_encoder, load_vae, te_quantization
+from video_dit.models.loading import te_quantization
 from video_dit.models.weights import WeightsError
 from video_dit.parallel.memory import ActivationPeak, release_heap_per_block
 from video_dit.parallel.process import init_distributed
@@ -98,6 +97,7 @@ class Trainer:
         self._join()                       # the process group, this rank's device, dtype, ZeRO and sequence groups
         self.spec = spec_of_job(self.p)    # which files make up the model, resolved once
         self.preset = self.spec.preset
+        self.family = self.spec.family     # its loaders and what the trainer asks of it (`Family.training`)
         self.i2v_mode = self.spec.i2v_mode
         self.any_i2v = any(d.do_i2v for d in self.p.datasets)
         self._encode()                     # 1. caches and preview prompts; the encoders are freed after
@@ -147,19 +147,20 @@ class Trainer:
         encoders are freed: training reads cached tensors only. The VAE runs in model.vae_dtype (float32
         by default, as Wan runs it), the text and image encoders in the training dtype (Wan's umT5 runs
         in bf16)."""
-        p, spec = self.p, self.spec
+        p, spec, family = self.p, self.spec, self.family
         vae_dtype, _ = encoder_dtypes(p)
-        self.vae = load_vae(spec.vae, dtype=vae_dtype, device=self.device).eval().requires_grad_(False)
-        text_encoder = load_text_encoder(spec.text_encoder, dtype=self.dtype, device=self.device,
-                                         quantize=te_quantization(p.model), tokenizer=spec.tokenizer)
+        self.vae = family.load_vae(spec.vae, dtype=vae_dtype, device=self.device).eval().requires_grad_(False)
+        text_encoder = family.load_text_encoder(spec.text_encoder, dtype=self.dtype, device=self.device,
+                                                quantize=te_quantization(p.model), tokenizer=spec.tokenizer)
         image_encoder = None
         if spec.image_encoder is not None:
-            image_encoder = load_image_encoder(spec.image_encoder, dtype=self.dtype, device=self.device,
-                                               quantize="qfloat8" if p.model.quantize_image_encoder else None)
+            image_encoder = family.load_image_encoder(spec.image_encoder, dtype=self.dtype, device=self.device,
+                                                      quantize="qfloat8" if p.model.quantize_image_encoder else None)
         self._build_data(text_encoder, image_encoder)
         self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
                          if self._sampling_enabled() else [])
-        encode_preview_images(self.previews, image_encoder, log=self.log)  # CLIP once per preview image
+        # the image encoder once per preview image (Wan's CLIP, HunyuanVideo 1.5's SigLIP)
+        encode_preview_images(self.previews, image_encoder, family.image_embeds, log=self.log)
         for line in describe(self.previews):
             self.log(line)
         del text_encoder, image_encoder
@@ -198,7 +199,7 @@ class Trainer:
         self.activate(trained[0])
         self.dit_config = self.module.config
         self.frozen_experts = self._build_preview_experts()
-        self.conditioning = build_conditioning(p, self.dit_config)
+        self.conditioning = self.family.training.conditioning(p, self.dit_config)
         self.ema = None
         if p.train.ema_config.use_ema:
             # a two-expert job: one average over both trained experts' weights, updated after every
@@ -249,12 +250,12 @@ class Trainer:
         # (its master weights); bf16 keeps the float32 islands either way
         dtype = build_dtype(self.dtype, lora=p.network is not None) if trainable else self.dtype
         dit = build_dit(source, self.preset, zero_stage=self.zero_stage, dtype=dtype, device=device or self.device,
-                        seed=seed, ds_config=self.dist.config)
+                        seed=seed, ds_config=self.dist.config, family=self.family)
         if self.dist.partitioned and self.device.type == "cpu":  # host-memory gathers, block by block
             release_heap_per_block(dit)
         if trainable:
             # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
-            return make_trainable(dit, p, self.dtype, self.sp_info).train()
+            return make_trainable(dit, p, self.dtype, self.sp_info, self.family).train()
         dit.set_attention_backend(p.model.attention_backend)
         attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
         return dit.requires_grad_(False).eval()
@@ -321,21 +322,19 @@ class Trainer:
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0,
                              i2v_mode=self.i2v_mode if self.any_i2v else None)
         scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
-        flf2v = p.flf2v
         space, text_space = cache_spaces(p, self.preset, spec.vae, spec.text_encoder, next(self.vae.parameters()).dtype,
                                          text_encoder.dtype, spec.image_encoder, image_encoder)
-        vae, mode = self.vae, self.i2v_mode
+        vae, training = self.vae, self.family.training
 
         def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
             video = video.to(self.device, vae.dtype if hasattr(vae, "dtype") else torch.float32)
             out = {"latents": vae.normalize(vae.encode(video).mode()).float()}
-            if self.any_i2v:
-                out.update(encode_conditioning(vae, video, mode, video.shape[2], image_encoder=image_encoder,
-                                               last_frame=video[:, :, -1] if flf2v else None))
+            if self.any_i2v:  # the first frame's latents, the image encoder's embeds (`Training.cache_item`)
+                out.update(training.cache_item(vae, video, p, image_encoder))
             return out
 
-        def text_fn(captions):
-            return [e.float() for e in text_encoder.encode(captions)]
+        def text_fn(captions):  # {key: (L, D)} per caption (`Training.text_entry`)
+            return [training.text_entry(e) for e in text_encoder.encode(captions)]
 
         t0 = time.perf_counter()
         everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
@@ -390,17 +389,16 @@ class Trainer:
         t, noise = to_device(t, dev, torch.float32), to_device(noise, dev, torch.float32)
         cond = active = None
         if self.conditioning is not None:
-            cond = {k: to_device(batch[k], dev) for k in ("first_frame_latents", "cond_latents", "clip_features")
-                    if k in batch}
+            cond = {k: to_device(batch[k], dev) for k in self.family.training.cond_keys if k in batch}
             # per sample (DataItem.conditioned): clips of do_i2v datasets; stills and t2v datasets train
             # unconditioned, as t2v (concat mode refuses unconditioned items at the scan); a validation
             # batch says it itself: its indices are the validation set's
             active = to_device(batch["do_i2v"], dev) if "do_i2v" in batch else torch.tensor(
                 [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=dev)
-        context = [to_device(e, dev) for e in batch["text_embeds"]]
+        context, text_kwargs = self.family.training.text_inputs(batch, dev)
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,
-                                  weight=self.timesteps.loss_weight(t))
+                                  weight=self.timesteps.loss_weight(t), text_kwargs=text_kwargs)
 
     def _checkpoint_for(self, batch: dict) -> None:
         """`gradient_checkpointing: auto`: the plan's blocks for this batch's bucket, the most any rank needs
@@ -415,6 +413,12 @@ class Trainer:
             for e in self.experts.values():
                 e.module.set_checkpointed_blocks(self._ckpt_blocks)
             self.log(f"step {self.step + 1}: {choice.describe()}; {self._ckpt_blocks} checkpointed on every rank")
+
+    def _text_len(self, batch: dict) -> int:
+        """The text tokens the DiT attends to in this batch: its config's fixed length (Wan pads to
+        text_len), else the batch's longest caption (HunyuanVideo 1.5 pads to the batch)."""
+        fixed = getattr(self.dit_config, "text_len", None)
+        return fixed if fixed is not None else max(e.shape[0] for e in batch["text_embeds"])
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
@@ -459,7 +463,7 @@ class Trainer:
             self.engine.backward(loss)
             boundary = self.engine.is_gradient_accumulation_boundary()
             self.engine.step()
-            f, L = step_flops(self.dit_config, tuple(batch["latents"].shape), self.dit_config.text_len)
+            f, L = step_flops(self.dit_config, tuple(batch["latents"].shape), self._text_len(batch), self.family.flops)
             flops += f
             tokens_seen += L * batch["latents"].shape[0]
             samples_seen += batch["latents"].shape[0]
@@ -578,7 +582,7 @@ class Trainer:
             share = not (frozen and self.dist.frozen_on_host)
             paths = render(self._preview_model(), self.vae, self.previews, self.out_dir, self.step,
                            every_rank=self.dist.collective_forward, i2v_mode=self.i2v_mode, log=self.log,
-                           share=share)
+                           share=share, pipeline=self.family.pipeline)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     @contextmanager
@@ -654,13 +658,15 @@ class Trainer:
             if p.network is not None:
                 meta_e.update(rank=p.network.linear)
                 path = self.out_dir / f"{name}_{self.step:09d}{suffix}.safetensors"
-                out = export.export_lora(e.module, self.zero_stage, path, p.network.alpha, dtype, meta_e)
+                out = export.export_lora(e.module, self.zero_stage, path, p.network.alpha, dtype, meta_e,
+                                         comfy=self.family.lora_to_comfy)
                 if out is not None:
                     export.point_latest(self.out_dir / f"{name}{suffix}.safetensors", out)
             else:  # one model: its sources beside its weights; two experts: beside both expert folders
                 out = export.export_full(e.module, self.zero_stage,
                                          folder / EXPERT_FOLDERS["wan"][expert] if expert else folder, dtype, meta_e,
-                                         sources=None if expert else self._sources())
+                                         sources=None if expert else self._sources(),
+                                         storage=self.family.arch.param_dtypes)
         if self.rank0:
             if p.network is None:
                 if self.expert_plan is not None:
@@ -723,16 +729,6 @@ def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None
     return TimestepSampler(t.timestep_type, shift=shift, min_t=lo, max_t=hi)
 
 
-def build_conditioning(process, dit_config):
-    """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
-    patch, `model.mask_first_frame_loss` (None: the mode's default) and the datasets' `do_flf2v`."""
-    if not any(d.do_i2v for d in process.datasets):
-        return None
-    return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
-                                  mask_first_frame_loss=process.model.mask_first_frame_loss,
-                                  last_frame=process.flf2v)
-
-
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> "bfloat16" (`video-dit sample --dtype`'s spelling)."""
     return str(dtype).removeprefix("torch.")
@@ -779,5 +775,5 @@ def run(job, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "build_conditioning",
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer",
            "cache_spaces", "run", "timestep_sampler"]

@@ -34,12 +34,13 @@ from video_dit.models.layouts import preset_name
 from video_dit.models.loading import image_encoder_shape
 from video_dit.models.presets import VAE_PRESETS, get_preset
 from video_dit.models.weights import WeightsError
+from video_dit.spec import check_image_encoder as check_family_image_encoder
 from video_dit.spec import check_sources, spec_of_job
 from video_dit.train import checkpoint as ckpt
 from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
 from video_dit.train.engine import schedule_change
 from video_dit.train.experts import plan_experts
-from video_dit.train.plan import PlanError, preflight
+from video_dit.train.plan import PlanError, planned, preflight, unplanned
 from video_dit.train.preview import job_scheduler
 from video_dit.train.vae_stage import train_tiny_vae
 from video_dit.typed_config import ConfigError, parse
@@ -135,7 +136,7 @@ def check_paths(job) -> None:
         for i, s in enumerate(p.sample.samples):
             for key in ("ctrl_img", "ctrl_img_2"):
                 _check_image(getattr(s, key), f"{PROCESS}.sample.samples[{i}].{key}")
-            if s.ctrl_img is None and preset.dit.in_dim != preset.dit.out_dim:
+            if s.ctrl_img is None and preset.dit.i2v_only:
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
                                   f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
             if flf2v and s.ctrl_img_2 is None:
@@ -194,6 +195,8 @@ def check_image_encoder(spec) -> None:
     DiT's image branch reads (width, tokens per image), from its config / headers only."""
     if spec.image_encoder is None:
         return
+    if spec.family.image_encoder_width is not None:  # the family's own check (HunyuanVideo 1.5's SigLIP width)
+        return check_family_image_encoder(spec)
     key, preset = spec.keys.image_encoder, spec.preset
     try:
         width, tokens = image_encoder_shape(spec.image_encoder)
@@ -259,6 +262,9 @@ def memory_check(job, launcher_args: list[str], log=print) -> None:
         return
 
     key = f"{PROCESS}.deepspeed.memory_check"
+    if not planned(job):
+        log(f"[video_dit] no memory plan: {unplanned(get_preset(job.process.model.preset))}; starting without one")
+        return
     try:
         table, failures = preflight(job, launcher_args)
     except PlanError as exc:

@@ -1,0 +1,131 @@
+"""HunyuanVideo 1.5 in the DeepSpeed trainer, on 2 CPU ranks over gloo (the tiny seeded presets, 9-frame
+32x32 demo clips). One launch of tests/ranks.py's worker runs every job in one process group:
+  A  t2v, ZeRO-2 LoRA, 24 steps (checkpoints every 8, a preview at the end): the loss falls; a caption
+     that quotes text caches its ByT5 glyph tokens (and one without quotes none);
+  B  A resumed from its step-16 checkpoint: steps 17..24 give A's losses exactly;
+  C  i2v, ZeRO-3 full fine-tune (first-frame latents and SigLIP embeds cached), a preview from the held-out
+     first frame, the export (Tencent's names) loads as a HunyuanVideo 1.5 DiT;
+  D  C's data again, ZeRO-2 LoRA: every cache entry is there, so no VAE, text or image encoder runs.
+Then A's LoRA file (ComfyUI's fused qkv keys) equals the trained adapters, and `video-dit sample --lora`
+renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import helpers
+import pytest
+import ranks
+import torch
+from safetensors.torch import load_file
+
+from video_dit.data.demo import make_demo_data
+from video_dit.lora import read_lora
+from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT
+from video_dit.models.hunyuan15_loading import load_hy15_dit
+
+pytestmark = pytest.mark.multirank
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hy15_job(root: Path, name: str, preset: str, *, do_i2v: bool, **kw) -> Path:
+    dataset = {"folder_path": str(root / "data"), "num_frames": 9, "resolution": [32], "do_i2v": do_i2v,
+               "caption_ext": "txt"}
+    return helpers.write_job(root, name, datasets=[dataset], model={"preset": preset, **kw.pop("model", {})}, **kw)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hy15")
+    make_demo_data(root / "data", count=2, frames=9, size=32, seed=0, holdout=1)
+    captions = sorted((root / "data").glob("*.txt"))
+    captions[0].write_text(captions[0].read_text().strip() + ' with a sign that says "HELLO"')
+    t2v = helpers.write_hy15_base(root / "t2v.safetensors", "tiny-hy15-t2v")
+    i2v = helpers.write_hy15_base(root / "i2v.safetensors", "tiny-hy15-i2v")
+    preview = {"prompt": 'a sign that says "HI"'}
+    a = hy15_job(root, "a", "tiny-hy15-t2v", do_i2v=False, zero=2, steps=24, save_every=8, lr=3e-2,
+                 samples=[preview], sample_every=24, model={"name_or_path": str(t2v)})
+    b = hy15_job(root, "b", "tiny-hy15-t2v", do_i2v=False, zero=2, steps=24, save_every=8, lr=3e-2,
+                 model={"name_or_path": str(t2v)})
+    c = hy15_job(root, "c", "tiny-hy15-i2v", do_i2v=True, zero=3, network=None, steps=4, save_every=4, lr=1e-3,
+                 samples=[helpers.holdout_sample(root / "data")], sample_every=4,
+                 model={"name_or_path": str(i2v)})
+    d = hy15_job(root, "d", "tiny-hy15-i2v", do_i2v=True, zero=2, steps=2, save_every=2,
+                 model={"name_or_path": str(i2v)})
+    ranks.run_jobs(root, [{"config": str(a), "resume": "none"},
+                          {"config": str(b), "resume": str(root / "out/a/checkpoints/step_000000016")},
+                          {"config": str(c), "resume": "none"},
+                          {"config": str(d), "resume": "none"}], timeout=900)
+    return root
+
+
+def test_t2v_lora_loss_falls_and_glyphs_are_cached(runs):
+    la = helpers.losses(runs / "out" / "a")
+    assert sorted(la) == list(range(1, 25))
+    first, last = sum(la[s] for s in range(1, 7)) / 6, sum(la[s] for s in range(19, 25)) / 6
+    assert last < 0.8 * first, la
+    texts = [load_file(str(p)) for p in (runs / "data").rglob("*.safetensors") if "text_embeds" in load_file(str(p))]
+    glyph_rows = sorted(t["glyph_embeds"].shape[0] for t in texts)
+    assert glyph_rows[0] == 0 and glyph_rows[-1] > 0, glyph_rows  # the quoting caption has glyph tokens
+    assert all(t["text_embeds"].shape[1] == 32 and t["glyph_embeds"].shape[1] in (0, 32) for t in texts)
+    assert (runs / "out/a/samples/000000024_0.mp4").stat().st_size > 0
+
+
+def test_t2v_resume_gives_the_uninterrupted_losses(runs):
+    la, lb = helpers.losses(runs / "out" / "a"), helpers.losses(runs / "out" / "b")
+    assert sorted(lb) == list(range(17, 25))
+    assert all(lb[s] == la[s] for s in lb), (la, lb)
+
+
+def test_i2v_zero3_full_fine_tune_previews_and_exports(runs):
+    lc = helpers.losses(runs / "out" / "c")
+    assert sorted(lc) == [1, 2, 3, 4] and all(v == v for v in lc.values())
+    assert (runs / "out/c/samples/000000004_0.mp4").stat().st_size > 0
+    export = runs / "out/c/c"
+    dit = load_hy15_dit(export)
+    assert isinstance(dit, HunyuanVideo15DiT)
+    base = load_file(str(runs / "i2v.safetensors"))
+    trained = dit.state_dict()
+    assert sorted(trained) == sorted(base)
+    assert any(not torch.equal(trained[k], base[k]) for k in base)  # it trained
+    cached = [load_file(str(p)) for p in (runs / "data").rglob("*.safetensors") if "latents" in load_file(str(p))]
+    i2v = [t for t in cached if "first_frame_latents" in t]
+    assert i2v and all(t["first_frame_latents"].shape[1] == 1 and t["image_embeds"].ndim == 2 for t in i2v)
+
+
+def test_second_run_calls_no_encoder(runs):
+    r = ranks.result(runs / "out" / "d")
+    assert (r["vae_encode_calls_at_start"], r["text_encode_calls_at_start"], r["image_encode_calls_at_start"]) == (0, 0, 0)
+    assert (r["vae_encode_calls"], r["text_encode_calls"], r["image_encode_calls"]) == (0, 0, 0)
+    first = ranks.result(runs / "out" / "c")
+    assert first["vae_encode_calls_at_start"] > 0 and first["image_encode_calls_at_start"] > 0  # C computed them
+
+
+def test_lora_file_fuses_qkv_and_samples(runs):
+    path = runs / "out/a/a.safetensors"
+    raw = load_file(str(path))
+    fused = [k for k in raw if "_attn_qkv.lora_A" in k]
+    assert fused and not any("_attn_q.lora" in k for k in raw)  # ComfyUI's HunyuanVideo keys
+    a, b = raw[fused[0]], raw[fused[0].replace("lora_A", "lora_B")]
+    assert a.shape[0] == 3 * 4 and b.shape[1] == 3 * 4
+    native, alpha, rank, _ = read_lora(path)  # split back: the trained rank-4 adapters
+    assert (rank, alpha) == (4, 4.0)
+    stream = fused[0].removeprefix("diffusion_model.").removesuffix("_attn_qkv.lora_A.weight")
+    delta = b @ a  # the fused update ComfyUI applies (alpha 3a over rank 3r: the same scale)
+    for i, part in enumerate("qkv"):
+        own = native[f"{stream}_attn_{part}.lora_B.weight"] @ native[f"{stream}_attn_{part}.lora_A.weight"]
+        rows = delta[i * own.shape[0]:(i + 1) * own.shape[0]]
+        torch.testing.assert_close(rows, own)
+    out = runs / "lora.mp4"
+    cmd = [sys.executable, "-m", "video_dit.cli", "sample", "--model", str(runs / "t2v.safetensors"),
+           "--preset", "tiny-hy15-t2v", "--lora", str(path), "--prompt", "a sign", "--frames", "5", "--height", "32",
+           "--width", "32", "--steps", "2", "--out", str(out)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert out.stat().st_size > 0
+    assert json.dumps(native["double_blocks.0.img_attn_q.lora_A.weight"].shape)  # a real tensor came back
