@@ -5,7 +5,9 @@
   B  A resumed from its step-16 checkpoint: steps 17..24 give A's losses exactly;
   C  i2v, ZeRO-3 full fine-tune (first-frame latents and SigLIP embeds cached), a preview from the held-out
      first frame, the export (Tencent's names) loads as a HunyuanVideo 1.5 DiT;
-  D  C's data again, ZeRO-2 LoRA: every cache entry is there, so no VAE, text or image encoder runs.
+  D  C's data again, ZeRO-2 LoRA: every cache entry is there, so no VAE, text or image encoder runs;
+  E  an i2v and a t2v dataset in one ZeRO-3 LoRA job: steps where one rank trains an i2v sample and the
+     other a t2v one (recorded) run the same modules on both (a skipped ZeRO-3 gather would hang the job).
 Then A's LoRA file (ComfyUI's fused qkv keys) equals the trained adapters, and `video-dit sample --lora`
 renders it.
 """
@@ -57,10 +59,16 @@ def runs(tmp_path_factory):
                  model={"name_or_path": str(i2v)})
     d = hy15_job(root, "d", "tiny-hy15-i2v", do_i2v=True, zero=2, steps=2, save_every=2,
                  model={"name_or_path": str(i2v)})
+    make_demo_data(root / "data_t2v", count=2, frames=9, size=32, seed=1)
+    mixed = [{"folder_path": str(root / name), "num_frames": 9, "resolution": [32], "do_i2v": i2v, "caption_ext": "txt"}
+             for name, i2v in (("data", True), ("data_t2v", False))]
+    e = helpers.write_job(root, "e", datasets=mixed, zero=3, steps=6, save_every=6,
+                          model={"preset": "tiny-hy15-i2v", "name_or_path": str(i2v)})
     ranks.run_jobs(root, [{"config": str(a), "resume": "none"},
                           {"config": str(b), "resume": str(root / "out/a/checkpoints/step_000000016")},
                           {"config": str(c), "resume": "none"},
-                          {"config": str(d), "resume": "none"}], timeout=900)
+                          {"config": str(d), "resume": "none"},
+                          {"config": str(e), "resume": "none", "record": True}], timeout=900)
     return root
 
 
@@ -106,6 +114,18 @@ def test_second_run_calls_no_encoder(runs):
     assert first["vae_encode_calls_at_start"] > 0 and first["image_encode_calls_at_start"] > 0  # C computed them
 
 
+def test_ranks_training_i2v_and_t2v_samples_in_one_zero3_step(runs):
+    drawn = {}  # step -> {rank: "i2v" / "t2v"}: dataset 0 (indices 0, 1) is the i2v one
+    for r in (0, 1):
+        for line in (runs / "out/e" / f"items_rank{r}.jsonl").read_text().splitlines():
+            step, rank, indices = json.loads(line)
+            drawn.setdefault(step, {})[rank] = "i2v" if indices[0] < 2 else "t2v"
+    assert sorted(drawn) == list(range(1, 7))
+    assert any(len(set(kinds.values())) == 2 for kinds in drawn.values()), drawn  # a step of both kinds ran
+    le = helpers.losses(runs / "out" / "e")
+    assert sorted(le) == list(range(1, 7)) and all(v == v for v in le.values())
+
+
 def test_lora_file_fuses_qkv_and_samples(runs):
     path = runs / "out/a/a.safetensors"
     raw = load_file(str(path))
@@ -129,3 +149,15 @@ def test_lora_file_fuses_qkv_and_samples(runs):
     assert done.returncode == 0, done.stderr[-3000:]
     assert out.stat().st_size > 0
     assert json.dumps(native["double_blocks.0.img_attn_q.lora_A.weight"].shape)  # a real tensor came back
+
+
+def test_weights_of_the_other_family_are_refused_before_any_rank(runs, tmp_path, capsys):
+    """HunyuanVideo 1.5 weights under a Wan preset, and Wan weights under a HunyuanVideo 1.5 preset: exit 2
+    naming the key and the file, from the headers (no rank, no tensor read)."""
+    wan = helpers.write_base(tmp_path / "wan.safetensors")
+    for weights, preset in ((runs / "t2v.safetensors", "tiny"), (wan, "tiny-hy15-t2v")):
+        process = helpers.train_process(runs, model={"name_or_path": str(weights), "preset": preset})
+        job = {"job": "extension", "config": {"name": "j", "process": [process]}}
+        rc, err = helpers.validate(tmp_path, job, capsys)
+        line = err.strip().splitlines()[-1]
+        assert rc == 2 and "config.process[0].model" in line and str(weights) in line, err

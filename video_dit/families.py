@@ -62,7 +62,8 @@ class Training:
           i2v clip caches beside its latents (the first frame's latents, the image encoder's embeds)
       cond_keys: the cached keys the conditioning object reads
       text_entry(one prompt's `encode` result) -> {key: (L, D) float32}: what a caption caches
-      text_inputs(batch, device) -> (context, {DiT keyword: tensor}): a batch's cached text as the DiT takes it
+      text_inputs(batch, device, dit_config) -> (context, {DiT keyword: tensor}): a batch's cached text as the
+          DiT takes it (with what keeps every rank's forward running the same modules, for ZeRO-3)
     """
 
     conditioning: Callable
@@ -182,7 +183,7 @@ WAN_TRAINING = Training(
         last_frame=video[:, :, -1] if process.flf2v else None),
     cond_keys=("first_frame_latents", "cond_latents", "clip_features"),
     text_entry=lambda e: {"text_embeds": e.float()},
-    text_inputs=lambda batch, device: ([to_device(e, device) for e in batch["text_embeds"]], {}),
+    text_inputs=lambda batch, device, dit_config: ([to_device(e, device) for e in batch["text_embeds"]], {}),
 )
 
 
@@ -291,9 +292,18 @@ def _hy15_pipeline(dit, vae, *, image_encoder=None, i2v_mode=None):
     return HunyuanVideo15Pipeline(dit, vae, image_encoder=image_encoder)  # (its i2v is the first frame's alone)
 
 
-def _hy15_text_inputs(batch, device):
+def _hy15_text_inputs(batch, device, dit_config):
+    """The DiT's text arguments of a batch, and for a DiT with the SigLIP branch and a batch without image
+    embeds (text-to-video samples) one masked-out zero image token per sample: the same output as none
+    (Tencent and diffusers pass zeros and mask them), and the branch runs in every forward as the ByT5 one
+    does (`always_glyph`): ZeRO-3 gathers a module's parameters on every rank together, and a rank whose
+    batch holds no glyph or no image would otherwise skip a gather the others wait in."""
     args = hy15_cond.text_inputs(batch["text_embeds"], batch["glyph_embeds"], device=device, dtype=torch.float32,
-                                 always_glyph=True)  # every rank runs the ByT5 branch (ZeRO-3 gathers it)
+                                 always_glyph=True)
+    if dit_config.vision_projection != "none" and "image_embeds" not in batch:
+        B = len(batch["text_embeds"])
+        args.update(image_embeds=torch.zeros(B, 1, dit_config.vision_states_dim, device=device),
+                    image_mask=torch.zeros(B, 1, dtype=torch.bool, device=device))
     return args.pop("context"), args
 
 

@@ -395,7 +395,7 @@ class Trainer:
             # batch says it itself: its indices are the validation set's
             active = to_device(batch["do_i2v"], dev) if "do_i2v" in batch else torch.tensor(
                 [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=dev)
-        context, text_kwargs = self.family.training.text_inputs(batch, dev)
+        context, text_kwargs = self.family.training.text_inputs(batch, dev, self.dit_config)
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,
                                   weight=self.timesteps.loss_weight(t), text_kwargs=text_kwargs)
