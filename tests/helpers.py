@@ -106,15 +106,20 @@ def write_hy15_base(path: Path, preset: str = "tiny-hy15-t2v", seed: int = 0, st
 
     from video_dit.models.hunyuan15_loading import load_hy15_dit
 
-    dit = load_hy15_dit(f"preset:{preset}", seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
+    dit = randomize_zeros(load_hy15_dit(f"preset:{preset}", seed=seed), seed + 1, std)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    return Path(path)
+
+
+def randomize_zeros(dit, seed: int = 1, std: float = 0.05):
+    """Every zero entry of `dit`'s parameters drawn N(0, std) from its own generator (in their dtypes)."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(dit.named_parameters()):
             zero = p == 0
             if zero.any():
-                p.copy_(torch.where(zero, torch.randn(p.shape, generator=g) * std, p))
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
-    return Path(path)
+                p.copy_(torch.where(zero, (torch.randn(p.shape, generator=g) * std).to(p.dtype), p))
+    return dit
 
 
 def make_world(root: Path, count: int = 2, frames: int = 9, size: int = 32, holdout: int = 1) -> Path:

@@ -161,3 +161,39 @@ def test_weights_of_the_other_family_are_refused_before_any_rank(runs, tmp_path,
         rc, err = helpers.validate(tmp_path, job, capsys)
         line = err.strip().splitlines()[-1]
         assert rc == 2 and "config.process[0].model" in line and str(weights) in line, err
+
+
+def test_bf16_lora_storage_keeps_the_hunyuan15_float32_islands(tmp_path):
+    """The trainer's build for a bf16 LoRA job (`make_trainable`, the family's cast): the frozen bulk in bf16,
+    the adapters float32 masters, and HunyuanVideo 1.5's own islands (final layer, time embedders, norms)
+    float32 (Wan's island names match none of them); a bf16 step then trains the adapters."""
+    from video_dit.families import HUNYUAN15
+    from video_dit.models.presets import get_preset
+    from video_dit.train.build import build_dit, make_trainable
+    from video_dit.train.config import parse_job
+
+    from PIL import Image
+
+    (tmp_path / "data").mkdir()
+    Image.new("RGB", (32, 32)).save(tmp_path / "data" / "a.png")
+    base = str(helpers.write_hy15_base(tmp_path / "base.safetensors"))
+    process = helpers.train_process(tmp_path, model={"name_or_path": base, "preset": "tiny-hy15-t2v"})
+    process = parse_job({"job": "extension", "config": {"name": "j", "process": [process]}}).process
+    preset = get_preset("tiny-hy15-t2v")
+    dit = build_dit(base, preset, dtype=torch.bfloat16)
+    make_trainable(dit, process, torch.bfloat16, family=HUNYUAN15)
+    dtypes = {n: p.dtype for n, p in dit.named_parameters()}
+    block = "double_blocks.0."
+    assert dtypes[block + "img_attn_q.base_layer.weight"] == torch.bfloat16
+    assert dtypes[block + "img_attn_q.lora_A.default.weight"] == torch.float32
+    for island in ("final_layer.linear.weight", "time_in.mlp.0.weight", block + "img_attn_q_norm.weight",
+                   "cond_type_embedding.weight"):
+        assert dtypes[island] == torch.float32, island
+    B, C = 1, 2 * preset.dit.in_channels + 1
+    x, t = torch.randn(B, C, 2, 4, 4), torch.tensor([500.0])
+    text = torch.randn(B, 5, preset.dit.text_states_dim)
+    dit(x, t, text).float().square().mean().backward()
+    # the video stream's adapters (the last block's text stream feeds nothing: no gradient there)
+    grads = [p.grad for n, p in dit.named_parameters() if ".lora_B" in n and ".img_" in n]
+    assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)
+    assert any(g.abs().max() > 0 for g in grads)

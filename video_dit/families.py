@@ -48,7 +48,8 @@ class DiTArch:
     cls: type                   # (config) -> the DiT (built on the meta device there)
     init_parameter: Callable    # (config, name, tensor, generator) -> a preset's initial values of one parameter
     param_dtypes: Callable      # (model, dtype) -> {name: storage dtype} (the float32 islands kept)
-    cast: Callable              # (model, dtype) -> the model computing in dtype
+    cast: Callable              # (model, dtype, masters=False) -> the model computing in dtype (masters: trainables float32)
+    float32_modules: tuple[str, ...]  # its float32 islands' module names (never quantized)
     open: Callable              # (source, config) -> (weights under native names, config, description)
 
 
@@ -207,7 +208,8 @@ WAN = Family(
     natural_i2v=lambda cfg, task: wan_natural_i2v(cfg), reads_images=lambda spec: spec.dit_shape.image_dim is not None,
     last_frame=lambda cfg: cfg.image_dim is not None and cfg.num_images == 2,
     lora_targets=wan_lora_targets, lora_to_comfy=to_comfy,  # (targets True: + the image branch's img_emb)
-    arch=DiTArch(VideoDiT, wan_dit.init_parameter, wan_dit.param_dtypes, wan_dit.cast_dit, wan_load.open_dit),
+    arch=DiTArch(VideoDiT, wan_dit.init_parameter, wan_dit.param_dtypes, wan_dit.cast_dit, wan_load.open_dit,
+                 wan_dit.FLOAT32_MODULES),
     flops=dit_flops, training=WAN_TRAINING,
 )
 
@@ -343,7 +345,7 @@ HUNYUAN15 = Family(
     lora_targets=lambda include_img_emb: HY15_LORA_TARGETS,  # (its SigLIP projection trains in full jobs only)
     lora_to_comfy=hy15_lora_to_comfy,  # q / k / v fused as ComfyUI's HunyuanVideo LoRA keys name them
     arch=DiTArch(HunyuanVideo15DiT, hy15_dit.init_parameter, hy15_dit.param_dtypes, hy15_dit.cast_hy15_dit,
-                 hy15_load.open_hy15_dit),
+                 hy15_load.open_hy15_dit, hy15_dit.FLOAT32_MODULES),
     flops=hy15_dit_flops, training=HY15_TRAINING,
     solvers=("euler",), grid="hunyuan",
     # hyvideo/pipelines/hunyuan_video_pipeline.py lines 99-101 (flow_shift 7, guidance 6, 50 steps are the

@@ -63,7 +63,7 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, family=WAN):
                  targets=family.lora_targets(process.network.include_img_emb))
     else:
         dit.requires_grad_(True)
-    cast_for_training(dit, dtype)
+    cast_for_training(dit, dtype, family.arch)
     dit.set_recompute_saved(process.train.recompute_saved)
     blocks = checkpointed_blocks_of(process.train, len(dit.blocks))
     if blocks != 0:

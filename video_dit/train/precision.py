@@ -5,7 +5,7 @@ the quantization of a LoRA job's frozen base.
                      unless `train.cpu_bf16` forces bf16 (to test that path on CPU)
   the build          a LoRA job's frozen base in the training dtype (its float32 islands float32),
                      a full fine-tune in float32 (every parameter is trainable: float32 masters)
-  the storage        `cast_dit(model, dtype, masters=True)`: trainable parameters float32 (the
+  the storage        the family's cast (Wan's `cast_dit`) with masters=True: trainable parameters float32 (the
                      optimizer's master weights, updated in place by AdamW), the frozen bulk in the
                      training dtype except the float32 islands; the forward under bf16 autocast with
                      its float32 islands, as Wan runs its float32 weights. DeepSpeed's own bf16 mode
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from video_dit.devices import on_gpu
-from video_dit.models.dit import FLOAT32_MODULES, cast_dit, param_dtypes
+from video_dit.families import WAN
 
 
 def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:
@@ -46,23 +46,24 @@ def build_dtype(dtype: torch.dtype, lora: bool) -> torch.dtype:
     return dtype if lora else torch.float32
 
 
-def cast_for_training(model, dtype: torch.dtype):
-    """The DiT's storage for training in `dtype`, set after its trainable parameters are chosen:
-    `cast_dit(model, dtype, masters=True)` (module docstring). ZeRO-3 parameters, already
-    partitioned, must have their dtype from the build (`build_dtype`): a partition is never cast here."""
-    want = param_dtypes(model, dtype, masters=True)
+def cast_for_training(model, dtype: torch.dtype, arch=WAN.arch):
+    """The DiT's storage for training in `dtype`, set after its trainable parameters are chosen: its
+    family's cast (`arch`: `families.DiTArch`; Wan's `cast_dit`) with `masters=True` (module docstring).
+    ZeRO-3 parameters, already partitioned, must have their dtype from the build (`build_dtype`): a
+    partition is never cast here."""
+    want = arch.param_dtypes(model, dtype, masters=True)
     wrong = [n for n, p in model.named_parameters() if hasattr(p, "ds_tensor") and p.dtype != want[n]]
     if wrong:
         raise RuntimeError(f"ZeRO-3 parameters {', '.join(wrong[:3])} are {dict(model.named_parameters())[wrong[0]].dtype}, "
                            f"not their training dtype {want[wrong[0]]}: build the DiT at build_dtype()")
-    return cast_dit(model, dtype, masters=True)
+    return arch.cast(model, dtype, masters=True)
 
 
-def quantize_frozen(model, qtype: str) -> None:
+def quantize_frozen(model, qtype: str, arch=WAN.arch) -> None:
     """optimum-quanto weights for the frozen Linears of the blocks; the LoRA adapters and the float32
-    islands (time MLPs, head: `FLOAT32_MODULES`) stay in full precision."""
+    islands (time MLPs, head: the family's `float32_modules`) stay in full precision."""
     from optimum import quanto
 
-    exclude = ["*lora_A*", "*lora_B*", *(f"{name}*" for name in FLOAT32_MODULES)]
+    exclude = ["*lora_A*", "*lora_B*", *(f"{name}*" for name in arch.float32_modules)]
     quanto.quantize(model, weights=getattr(quanto, qtype), exclude=exclude)
     quanto.freeze(model)

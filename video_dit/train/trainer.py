@@ -193,7 +193,7 @@ class Trainer:
                 dit, self.job, self.world, load_universal=plan is not None and plan.universal, schedule=self.schedule,
                 steps=steps, distribution=self.dist)
             if p.model.quantize:
-                quantize_frozen(engine.module, p.model.qtype_name)
+                quantize_frozen(engine.module, p.model.qtype_name, self.family.arch)
             t_range = expert_range(name, self.expert_plan.boundary, p.train.min_t, p.train.max_t) if name else None
             self.experts[name] = Expert(name, engine, optimizer, scheduler, timestep_sampler(p, self.preset, t_range))
         self.activate(trained[0])
