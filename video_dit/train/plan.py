@@ -831,14 +831,22 @@ def oom_message(job, grid, measured_peak: int, machine: Machine, step: int | Non
     """The one line an out-of-memory step reports: the step, the bucket, the planned and the measured peak
     (`torch.cuda.max_memory_allocated` when it failed), and what would lower it with the plan's figures
     (block checkpointing, ZeRO-3, sequence parallelism, optimizer offload). `grid`: the batch's latent grid
-    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says)."""
+    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says). A family
+    the plan does not model gets the levers without figures."""
+    where = f"step {step}, " if step is not None else ""
+    if not planned(job):
+        preset = get_preset(job.process.model.preset)
+        return (f"out of memory: {where}latents {'x'.join(str(int(v)) for v in grid)}: measured peak "
+                f"{measured_peak / GiB:.2f} GiB; {unplanned(preset)}; what would lower it: "
+                "train.gradient_checkpointing: true, deepspeed.zero_stage: 3, deepspeed.sequence_parallel_size > 1, "
+                "deepspeed.offload_optimizer: true")
     chooser = AutoCheckpointing(job, machine)
     grid = tuple(int(v) for v in grid)
     cfg, preset = chooser.cfg, chooser.preset
     setting = chooser.setting
     if checkpointed is not None:
         setting = replace(setting, checkpointing=checkpointed > 0, checkpoint_blocks=checkpointed)
-    planned = chooser.predict(grid, setting)
+    predicted = chooser.predict(grid, setting)
     t, sp = preset.vae.temporal_compression, preset.vae_spatial
     bucket = f"{(grid[0] - 1) * t + 1}x{grid[1] * sp}x{grid[2] * sp}"
     levers = []
@@ -856,11 +864,10 @@ def oom_message(job, grid, measured_peak: int, machine: Machine, step: int | Non
     if shards_optimizer(setting.zero_stage) and not setting.offload_optimizer:
         levers.append(("deepspeed.offload_optimizer: true", replace(setting_ck, offload_optimizer=True)))
     lower = [(key, chooser.predict(grid, s).device_bytes) for key, s in levers]
-    fixes = "; ".join(f"{key} -> {b / GiB:.1f} GiB" for key, b in lower if b < planned.device_bytes)
-    where = f"step {step}, " if step is not None else ""
-    return (f"out of memory: {where}bucket {bucket} ({grid[0]}x{grid[1]}x{grid[2]} latents, {planned.tokens} tokens), "
-            f"{planned.setting.describe()}: measured peak {measured_peak / GiB:.2f} GiB, planned "
-            f"{planned.device_bytes / GiB:.2f} GiB of {chooser.capacity / GiB:.1f} GiB per rank; what would lower "
+    fixes = "; ".join(f"{key} -> {b / GiB:.1f} GiB" for key, b in lower if b < predicted.device_bytes)
+    return (f"out of memory: {where}bucket {bucket} ({grid[0]}x{grid[1]}x{grid[2]} latents, {predicted.tokens} tokens), "
+            f"{predicted.setting.describe()}: measured peak {measured_peak / GiB:.2f} GiB, planned "
+            f"{predicted.device_bytes / GiB:.2f} GiB of {chooser.capacity / GiB:.1f} GiB per rank; what would lower "
             f"it (planned peak): {fixes or 'nothing the plan knows of'}")
 
 
