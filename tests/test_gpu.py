@@ -3,7 +3,8 @@ VAE equal diffusers' on CUDA (float32; in bf16 no further from a float32 run tha
 bf16), the trainer on one GPU (a ZeRO-2 LoRA and a ZeRO-3 full fine-tune in bf16: the loss falls,
 a resume gives the uninterrupted losses exactly, the exports load and render), `video-dit sample
 --device cuda`, the embedded default end to end with its preview checker, and with two GPUs or more
-sequence parallelism SP=2 against SP=1 and ZeRO-3 over NCCL."""
+sequence parallelism SP=2 against SP=1 and ZeRO-3 over NCCL; HunyuanVideo 1.5 trained in bf16 (ZeRO-2 LoRA
+resumed exactly, ZeRO-3 full fine-tune with a preview)."""
 
 from __future__ import annotations
 
@@ -89,11 +90,14 @@ def test_vae_equals_diffusers_on_cuda_and_bf16_no_worse_than_diffusers(layout):
 @pytest.fixture(scope="module")
 def one_gpu_runs(tmp_path_factory):
     """The ZeRO-2 LoRA and the ZeRO-3 full fine-tune of tests/test_train_bf16.py, on GPU 0 (bf16 on a
-    GPU without train.cpu_bf16), each uninterrupted and resumed from its step-4 checkpoint."""
+    GPU without train.cpu_bf16), each uninterrupted and resumed from its step-4 checkpoint; and in the same
+    launch the HunyuanVideo 1.5 jobs (`_hy15_jobs`, under hy15/)."""
     from test_train_bf16 import CI, _jobs
 
     world = helpers.make_world(tmp_path_factory.mktemp("gpu_bf16"))
-    ranks.run_jobs(world, _jobs(world, CI), world=1, env={"CUDA_VISIBLE_DEVICES": "0"}, timeout=1200)
+    (world / "hy15").mkdir()
+    ranks.run_jobs(world, _jobs(world, CI) + _hy15_jobs(world / "hy15"), world=1, env={"CUDA_VISIBLE_DEVICES": "0"},
+                   timeout=1200)
     return world
 
 
@@ -103,6 +107,39 @@ def test_one_gpu_bf16_trains_resumes_exactly_and_exports_render(one_gpu_runs):
     _computes_in_bf16_and_the_loss_falls(one_gpu_runs, CI, world=1)
     _resumes_exactly(one_gpu_runs, CI)
     _exports_load_and_render(one_gpu_runs, CI)
+
+
+def _hy15_jobs(root: Path) -> list[dict]:
+    """HunyuanVideo 1.5 on the GPU in bf16 (tests/test_train_hunyuan15.py's tiny presets and data, under
+    `root`): a ZeRO-2 t2v LoRA, the same job resumed from its step-6 checkpoint, and a ZeRO-3 i2v full
+    fine-tune with a preview. Run in `one_gpu_runs`' launch (a launch costs more than these steps)."""
+    from test_train_hunyuan15 import hy15_job
+
+    from video_dit.data.demo import make_demo_data
+
+    make_demo_data(root / "data", count=2, frames=9, size=32, seed=0, holdout=1)
+    t2v = helpers.write_hy15_base(root / "t2v.safetensors", "tiny-hy15-t2v")
+    i2v = helpers.write_hy15_base(root / "i2v.safetensors", "tiny-hy15-i2v")
+    bf16 = {"dtype": "bf16"}
+    a, b = (hy15_job(root, name, "tiny-hy15-t2v", do_i2v=False, zero=2, steps=12, save_every=6, lr=3e-2, train=bf16,
+                     model={"name_or_path": str(t2v)}) for name in ("a", "b"))
+    c = hy15_job(root, "c", "tiny-hy15-i2v", do_i2v=True, zero=3, network=None, steps=4, save_every=4, lr=1e-3,
+                 train=bf16, samples=[helpers.holdout_sample(root / "data")], sample_every=4,
+                 model={"name_or_path": str(i2v)})
+    return [{"config": str(a), "resume": "none"},
+            {"config": str(b), "resume": str(root / "out/a/checkpoints/step_000000006")},
+            {"config": str(c), "resume": "none"}]
+
+
+def test_hunyuan15_bf16_trains_resumes_exactly_and_previews(one_gpu_runs):
+    root = one_gpu_runs / "hy15"
+    for name in ("a", "c"):
+        res = ranks.result(root / "out" / name)
+        assert res["dtype"] == "torch.bfloat16" and res["linear_output_dtypes"] == ["torch.bfloat16"], (name, res)
+    la, lb = helpers.losses(root / "out/a"), helpers.losses(root / "out/b")
+    assert sorted(la) == list(range(1, 13)) and sum(la[s] for s in (10, 11, 12)) < sum(la[s] for s in (1, 2, 3)), la
+    assert all(lb[s] == la[s] for s in range(7, 13)), (la, lb)  # the resume draws and computes what A did
+    assert (root / "out/c/samples/000000004_0.mp4").stat().st_size > 0
 
 
 def test_sample_on_cuda(tmp_path):

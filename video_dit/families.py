@@ -49,8 +49,8 @@ class DiTArch:
     init_parameter: Callable    # (config, name, tensor, generator) -> a preset's initial values of one parameter
     param_dtypes: Callable      # (model, dtype) -> {name: storage dtype} (the float32 islands kept)
     cast: Callable              # (model, dtype, masters=False) -> the model computing in dtype (masters: trainables float32)
-    float32_modules: tuple[str, ...]  # its float32 islands' module names (never quantized)
     open: Callable              # (source, config) -> (weights under native names, config, description)
+    float32_modules: tuple[str, ...]  # its float32 islands' module names (never quantized)
 
 
 @dataclass(frozen=True)
