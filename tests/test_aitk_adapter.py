@@ -506,7 +506,7 @@ def test_a_mixed_i2v_folder_trains_stills_unconditioned_in_both_trainers(sd, tmp
     ctx = sd.get_prompt_embeds(["a shape"])
     trainer = Trainer.__new__(Trainer)  # only what loss_at reads
     trainer.device, trainer.engine, trainer.conditioning = torch.device("cpu"), sd.model, sd.conditioning
-    trainer.family = WAN
+    trainer.family, trainer.dit_config = WAN, sd.model.config
     trainer.timesteps = types.SimpleNamespace(loss_weight=torch.ones_like)  # plain "shift": weight 1
     t = torch.tensor([640.0])
     for item in scan.items:

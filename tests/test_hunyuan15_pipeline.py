@@ -380,13 +380,15 @@ def test_bad_input_exits_2_naming_file_key_and_accepted(folders, tmp_path, capsy
     assert "Traceback" not in err
 
 
-def test_the_aitk_arch_refuses_hunyuan15_and_our_trainer_takes_it(tmp_path, capsys):
+def test_both_trainers_take_hunyuan15_but_not_its_step_distilled_model(tmp_path, capsys):
     import helpers
 
-    with pytest.raises(ConfigError) as e:  # the ai-toolkit arch: Wan only (Family.trains)
-        resolve(Request("preset:tiny-hy15-t2v"), AITK_KEYS)
-    assert e.value.path == "model.name_or_path" and "does not train in ai-toolkit yet; accepted: tiny," in str(e.value)
-    assert resolve(Request("preset:tiny-hy15-t2v"), JOB_KEYS).family is HUNYUAN15  # our trainer takes it
+    for keys in (JOB_KEYS, AITK_KEYS):  # our trainer and the ai-toolkit arch
+        assert resolve(Request("preset:tiny-hy15-t2v"), keys).family is HUNYUAN15
+        with pytest.raises(ConfigError) as e:  # it reads the next timestep too: not the flow-matching objective
+            resolve(Request("preset:hunyuan15-480p-i2v-step-distilled"), keys)
+        assert e.value.path == keys.model and "step-distilled" in str(e.value) and "accepted: tiny," in str(e.value)
+    assert resolve(Request("preset:hunyuan15-480p-i2v-step-distilled", preset_required=False), CLI_KEYS)  # samples
     # our trainer's checks before any rank starts pass; the plan says it does not model this DiT
     (tmp_path / "data").mkdir()
     _image().save(tmp_path / "data" / "a.png")

@@ -102,15 +102,15 @@ def trainer(sd, folder, preset: str, timestep_type: str = "uniform", **model):
     only these attributes; the conditioning and sampler come from the trainer's own builders)."""
     from video_dit.train.config import parse_job
     from video_dit.families import WAN
-    from video_dit.train.trainer import Trainer, timestep_sampler
+    from video_dit.train.trainer import Trainer, job_conditioning, timestep_sampler
 
     job = parse_job({"job": "extension", "config": {"name": "j", "process": [{
         "datasets": [{"folder_path": str(folder), "do_i2v": True}], "train": {"timestep_type": timestep_type},
         "model": {"name_or_path": f"preset:{preset}", **model}}]}})
     tr = Trainer.__new__(Trainer)
     tr.device, tr.engine = torch.device("cpu"), sd.model
-    tr.family = WAN
-    tr.conditioning = WAN.training.conditioning(job.process, sd.model.dit.config)
+    tr.family, tr.dit_config = WAN, sd.model.dit.config
+    tr.conditioning = job_conditioning(job.process, sd.model.dit.config, WAN.training)
     tr.timesteps = timestep_sampler(job.process, get_preset(preset))
     tr.dataset = types.SimpleNamespace(item=lambda i: types.SimpleNamespace(do_i2v=True, conditioned=True))
     return tr

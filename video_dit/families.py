@@ -51,6 +51,8 @@ class DiTArch:
     cast: Callable              # (model, dtype, masters=False) -> the model computing in dtype (masters: trainables float32)
     open: Callable              # (source, config) -> (weights under native names, config, description)
     float32_modules: tuple[str, ...]  # its float32 islands' module names (never quantized)
+    embedders: tuple[str, ...]  # its input embedders (kept in the training dtype when the blocks are quantized)
+    block_list: str             # the attribute (and state-dict prefix) of its blocks' ModuleList
 
 
 @dataclass(frozen=True)
@@ -58,20 +60,25 @@ class Training:
     """What the trainer asks of a family, beside its loaders: how a clip and a caption are cached, what
     conditions the DiT, and how a batch's cached text becomes the DiT's arguments.
 
-      conditioning(process, dit_config) -> the job's conditioning object (`apply`, `dit_kwargs`), or None
-      cache_item(vae, video (1, 3, F, H, W) in [-1, 1], process, image_encoder) -> {key: (1, ...)}: what an
-          i2v clip caches beside its latents (the first frame's latents, the image encoder's embeds)
+      conditioning(i2v_mode, patch_size, mask_first_frame_loss, last_frame) -> the conditioning object
+          (`apply`, `dit_kwargs`); a ValueError names a setting it cannot take
+      conditions_t2v: whether text-to-video jobs run through it too (the DiT always reads its channels)
+      cache_item(vae, video (B, 3, F, H, W) in [-1, 1], i2v_mode, last_frame, image_encoder) -> {key: (B, ...)}:
+          what an i2v clip conditions on beside its latents (the first frame's latents, the image embeds)
       cond_keys: the cached keys the conditioning object reads
       text_entry(one prompt's `encode` result) -> {key: (L, D) float32}: what a caption caches
+      prompt({key: (L, D)}) -> one prompt's embeds as the family's pipeline takes them
       text_inputs(batch, device, dit_config) -> (context, {DiT keyword: tensor}): a batch's cached text as the
           DiT takes it (with what keeps every rank's forward running the same modules, for ZeRO-3)
     """
 
     conditioning: Callable
+    conditions_t2v: bool
     cache_item: Callable
     cond_keys: tuple[str, ...]
     text_entry: Callable
     text_inputs: Callable
+    prompt: Callable
 
 
 @dataclass(frozen=True)
@@ -167,24 +174,18 @@ def _wan_pipeline(dit, vae, *, image_encoder=None, i2v_mode=None):
     return VideoPipeline(dit, vae, image_encoder=image_encoder, i2v_mode=i2v_mode)
 
 
-def wan_conditioning(process, dit_config):
-    """The job's `FirstFrameConditioning` (None without a `do_i2v` dataset): its i2v mode, the DiT's
-    patch, `model.mask_first_frame_loss` (None: the mode's default) and the datasets' `do_flf2v`."""
-    if not any(d.do_i2v for d in process.datasets):
-        return None
-    return FirstFrameConditioning(process.i2v_mode, patch_size=tuple(dit_config.patch_size),
-                                  mask_first_frame_loss=process.model.mask_first_frame_loss,
-                                  last_frame=process.flf2v)
-
-
 WAN_TRAINING = Training(
-    conditioning=wan_conditioning,
-    cache_item=lambda vae, video, process, image_encoder: encode_conditioning(
-        vae, video, process.i2v_mode, video.shape[2], image_encoder=image_encoder,
-        last_frame=video[:, :, -1] if process.flf2v else None),
+    # the i2v mode, the DiT's patch, `mask_first_frame_loss` (None: the mode's default), a first-last-frame job
+    conditioning=lambda i2v_mode, patch_size, mask_first_frame_loss, last_frame: FirstFrameConditioning(
+        i2v_mode, patch_size=tuple(patch_size), mask_first_frame_loss=mask_first_frame_loss, last_frame=last_frame),
+    conditions_t2v=False,
+    cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: encode_conditioning(
+        vae, video, i2v_mode, video.shape[2], image_encoder=image_encoder,
+        last_frame=video[:, :, -1] if last_frame else None),
     cond_keys=("first_frame_latents", "cond_latents", "clip_features"),
     text_entry=lambda e: {"text_embeds": e.float()},
     text_inputs=lambda batch, device, dit_config: ([to_device(e, device) for e in batch["text_embeds"]], {}),
+    prompt=lambda entry: entry["text_embeds"],
 )
 
 
@@ -209,7 +210,7 @@ WAN = Family(
     last_frame=lambda cfg: cfg.image_dim is not None and cfg.num_images == 2,
     lora_targets=wan_lora_targets, lora_to_comfy=to_comfy,  # (targets True: + the image branch's img_emb)
     arch=DiTArch(VideoDiT, wan_dit.init_parameter, wan_dit.param_dtypes, wan_dit.cast_dit, wan_load.open_dit,
-                 wan_dit.FLOAT32_MODULES),
+                 wan_dit.FLOAT32_MODULES, embedders=("patch_embedding", "text_embedding"), block_list="blocks"),
     flops=dit_flops, training=WAN_TRAINING,
 )
 
@@ -312,17 +313,19 @@ def _hy15_text_inputs(batch, device, dit_config):
 # Tencent's train.py trains t2v and i2v samples through one DiT input ([noisy | cond | mask], zeros for t2v):
 # the conditioning object is the job's whatever its datasets (`HY15Conditioning`).
 HY15_TRAINING = Training(
-    conditioning=lambda process, dit_config: hy15_cond.HY15Conditioning(),
-    cache_item=lambda vae, video, process, image_encoder: hy15_cond.encode_hy15_conditioning(
+    conditioning=lambda i2v_mode, patch_size, mask_first_frame_loss, last_frame: hy15_cond.HY15Conditioning(),
+    conditions_t2v=True,
+    cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: hy15_cond.encode_hy15_conditioning(
         vae, video[:, :, 0], image_encoder),  # SigLIP reads the first frame as uint8, as Tencent's train.py
     cond_keys=("first_frame_latents", "image_embeds"),
     text_entry=lambda e: {"text_embeds": e.text.float(), "glyph_embeds": e.glyph.float()},
     text_inputs=_hy15_text_inputs,
+    prompt=lambda entry: hy15_enc.HY15PromptEmbeds(entry["text_embeds"], entry["glyph_embeds"]),
 )
 
 
 HUNYUAN15 = Family(
-    name="hunyuan15", title="HunyuanVideo 1.5", trains=("video_dit",), planned=False,
+    name="hunyuan15", title="HunyuanVideo 1.5", trains=("video_dit", "ai-toolkit"), planned=False,
     load_dit=hy15_load.load_hy15_dit, load_vae=load_hy15_vae, load_text_encoder=_hy15_text_encoder,
     load_image_encoder=_hy15_image_encoder, dit_config=hy15_load.dit_config, claims=hy15_load.claims,
     classes=(*hy15_load.PIPELINE_TASKS, *hy15_load.DIT_CLASSES),
@@ -345,7 +348,8 @@ HUNYUAN15 = Family(
     lora_targets=lambda include_img_emb: HY15_LORA_TARGETS,  # (its SigLIP projection trains in full jobs only)
     lora_to_comfy=hy15_lora_to_comfy,  # q / k / v fused as ComfyUI's HunyuanVideo LoRA keys name them
     arch=DiTArch(HunyuanVideo15DiT, hy15_dit.init_parameter, hy15_dit.param_dtypes, hy15_dit.cast_hy15_dit,
-                 hy15_load.open_hy15_dit, hy15_dit.FLOAT32_MODULES),
+                 hy15_load.open_hy15_dit, hy15_dit.FLOAT32_MODULES,
+                 embedders=("img_in", "txt_in", "byt5_in", "vision_in"), block_list="double_blocks"),
     flops=hy15_dit_flops, training=HY15_TRAINING,
     solvers=("euler",), grid="hunyuan",
     # hyvideo/pipelines/hunyuan_video_pipeline.py lines 99-101 (flow_shift 7, guidance 6, 50 steps are the

@@ -95,13 +95,17 @@ def to_comfy(sd: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tenso
 
 def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[str, torch.Tensor], float, int]:
     """ComfyUI (`diffusion_model.`), ai-toolkit/peft (`transformer.`, `base_model.model.`) keys ->
-    (native adapter keys, alpha, rank). Files without `.alpha` (peft format) mean alpha = rank."""
+    (native adapter keys, alpha, rank). Files without `.alpha` (peft format) mean alpha = rank.
+    HunyuanVideo 1.5's fused `<stream>_attn_qkv` adapters (ComfyUI's keys) come back as the split q / k / v
+    ones (`hy15_lora_split`)."""
+    sd = {_strip(k): v for k, v in sd.items()}
+    if any("_attn_qkv.lora_" in k for k in sd):
+        try:
+            sd = hy15_lora_split(sd, source)
+        except ValueError as exc:
+            raise WeightsError(str(exc)) from exc
     native, alphas = {}, set()
     for key, value in sd.items():
-        for prefix in _PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-                break
         if key.endswith(".alpha"):
             alphas.add(float(value))
             continue
@@ -147,11 +151,6 @@ def read_lora(path) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]
     if str(path).endswith(".safetensors"):
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
-    if any("_attn_qkv.lora_" in k for k in sd):  # HunyuanVideo 1.5's fused q/k/v, back to our split Linears
-        try:
-            sd = hy15_lora_split({_strip(k): v for k, v in sd.items()}, str(path))
-        except ValueError as exc:
-            raise WeightsError(str(exc)) from exc
     native, alpha, rank = from_comfy(sd, source=str(path))
     return native, alpha, rank, metadata
 

@@ -225,7 +225,7 @@ def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
                                                        "file/folder")
     dit = req.name_or_path if name is not None else _dit_source(Path(req.name_or_path), keys)
     family = _family(req, preset, dit, keys)
-    if req.preset_required and keys.trainer not in family.trains:
+    if req.preset_required and preset is not None:
         check_trains(preset, keys.preset if name is None else keys.model, keys.trainer)
     task = _task(req, preset, dit, family, keys)
     i2v = i2v_mode_of(preset, req.i2v_mode, keys.i2v_mode) if preset is not None else None
@@ -235,16 +235,27 @@ def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
     return spec
 
 
-def check_trains(preset: Preset, key: str, trainer: str = "video_dit") -> None:
-    """A preset of a family `trainer` does not take (`Family.trains`: HunyuanVideo 1.5 trains in our
-    trainer, not yet as the ai-toolkit arch) is a `ConfigError` naming `key`; every trainer front end
-    asks this of its preset."""
+def untrainable(preset: Preset, trainer: str = "video_dit") -> str | None:
+    """Why `trainer` ("video_dit", "ai-toolkit": `Family.trains`) cannot train `preset`, or None."""
     family = family_of(preset)
     if trainer not in family.trains:
-        trainable = [n for n, p in PRESETS.items() if trainer in get_family(p.family).trains]
         other = "our trainer (./launch/train.sh)" if "video_dit" in family.trains else "video-dit sample --model PATH"
-        raise ConfigError(key, f"{preset.name!r} is a {family.title} preset: {family.title} trains or samples with "
-                               f"{other} but does not train in {trainer} yet; accepted: {', '.join(trainable)}")
+        return (f"{preset.name!r} is a {family.title} preset: {family.title} trains or samples with {other} but does "
+                f"not train in {trainer} yet")
+    if getattr(preset.dit, "use_meanflow", False):
+        return (f"{preset.name!r} is step-distilled (its DiT reads the next timestep too, `use_meanflow`): it samples "
+                "(video-dit sample) but is not trained with the flow-matching objective; train the model it was "
+                "distilled from")
+    return None
+
+
+def check_trains(preset: Preset, key: str, trainer: str = "video_dit") -> None:
+    """A preset `trainer` cannot train (`untrainable`) is a `ConfigError` naming `key` and the presets it
+    can; every trainer front end asks this of its preset."""
+    why = untrainable(preset, trainer)
+    if why is not None:
+        trainable = [n for n, p in PRESETS.items() if untrainable(p, trainer) is None]
+        raise ConfigError(key, f"{why}; accepted: {', '.join(trainable)}")
 
 
 def _family(req: Request, preset: Preset | None, dit: str, keys: Keys) -> Family:

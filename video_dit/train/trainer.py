@@ -199,7 +199,7 @@ class Trainer:
         self.activate(trained[0])
         self.dit_config = self.module.config
         self.frozen_experts = self._build_preview_experts()
-        self.conditioning = self.family.training.conditioning(p, self.dit_config)
+        self.conditioning = job_conditioning(p, self.dit_config, self.family.training)
         self.ema = None
         if p.train.ema_config.use_ema:
             # a two-expert job: one average over both trained experts' weights, updated after every
@@ -330,7 +330,7 @@ class Trainer:
             video = video.to(self.device, vae.dtype if hasattr(vae, "dtype") else torch.float32)
             out = {"latents": vae.normalize(vae.encode(video).mode()).float()}
             if self.any_i2v:  # the first frame's latents, the image encoder's embeds (`Training.cache_item`)
-                out.update(training.cache_item(vae, video, p, image_encoder))
+                out.update(training.cache_item(vae, video, p.i2v_mode, p.flf2v, image_encoder))
             return out
 
         def text_fn(captions):  # {key: (L, D)} per caption (`Training.text_entry`)
@@ -729,6 +729,16 @@ def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None
     return TimestepSampler(t.timestep_type, shift=shift, min_t=lo, max_t=hi)
 
 
+def job_conditioning(process, dit_config, training):
+    """The job's conditioning object (`Training.conditioning`: its i2v mode, the DiT's patch,
+    `model.mask_first_frame_loss`, the datasets' `do_flf2v`), or None: a Wan job without a `do_i2v`
+    dataset (HunyuanVideo 1.5's DiT reads its condition channels in every job: `conditions_t2v`)."""
+    if not (training.conditions_t2v or any(d.do_i2v for d in process.datasets)):
+        return None
+    return training.conditioning(process.i2v_mode, dit_config.patch_size, process.model.mask_first_frame_loss,
+                                 process.flf2v)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> "bfloat16" (`video-dit sample --dtype`'s spelling)."""
     return str(dtype).removeprefix("torch.")
@@ -775,5 +785,5 @@ def run(job, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer",
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "job_conditioning",
            "cache_spaces", "run", "timestep_sampler"]

@@ -51,17 +51,15 @@ import yaml
 from video_dit.data.cache import latent_space, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.data.frames import snap_num_frames as snap_frame_count
-from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning, skipped_stills, stills_skipped
+from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
-from video_dit.lora import from_comfy, to_comfy
+from video_dit.lora import from_comfy
 from video_dit.media import load_image, write_video
-from video_dit.models.dit import FLOAT32_MODULES, param_dtypes
 from video_dit.models.layouts import EXPERT_FOLDERS, SOURCES_FILE, write_sources
-from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae, te_quantization
+from video_dit.models.loading import te_quantization
 from video_dit.models.presets import PRESETS, Preset
 from video_dit.models.weights import WeightsError, read_state_dict
-from video_dit.pipeline import VideoPipeline
 from video_dit.spec import (
     AITK_KEYS,
     Request,
@@ -196,10 +194,11 @@ class VideoDiTModel(BaseModel):
         # BaseModel.__init__ assigns these as instance attributes, so they are set here, after it.
         self.is_flow_matching = True  # target noise - x0; timestep weighting
         self.is_transformer = True  # LoRA keys `transformer.<path>.lora_A/B.weight`, peft format (scale 1)
-        self.target_lora_modules = ["VideoDiT"]  # compared with type(module).__name__
         self.use_old_lokr_format = False
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
         self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
+        self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (families.py)
+        self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
         self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
         self._skip_loss = False  # set by get_noise_prediction for a batch it skips, consumed by scale_loss
@@ -243,10 +242,9 @@ class VideoDiTModel(BaseModel):
         # a first-last-frame DiT (Wan 2.1 FLF2V: two images in its CLIP branch) is conditioned on the last
         # frame of every clip too (ai-toolkit's dataset config has no such key, so the model decides)
         self.last_frame = preset.dit.image_dim is not None and preset.dit.num_images == 2
-        try:
-            self.conditioning = FirstFrameConditioning(self.i2v_mode, patch_size=tuple(preset.dit.patch_size),
-                                                       mask_first_frame_loss=self.options.mask_first_frame_loss,
-                                                       last_frame=self.last_frame)
+        try:  # the family's (`Training.conditioning`): Wan's FirstFrameConditioning, HunyuanVideo 1.5's HY15Conditioning
+            self.conditioning = self.family.training.conditioning(self.i2v_mode, preset.dit.patch_size,
+                                                                  self.options.mask_first_frame_loss, self.last_frame)
         except ValueError as exc:
             raise ConfigError("model.model_kwargs.mask_first_frame_loss", str(exc)) from exc
 
@@ -308,13 +306,13 @@ class VideoDiTModel(BaseModel):
         return f"{ARCH}:{self.preset.name}"
 
     def get_transformer_block_names(self) -> list[str]:
-        return ["blocks"]
+        return [self.family.arch.block_list]
 
     def get_quantization_exclude_modules(self) -> list[str]:
         # the embedders and the head feed every modulation: the float32 islands stay float32, the
-        # patch and text embeddings in the training dtype
-
-        return ["patch_embedding*", "text_embedding*", *(f"{name}*" for name in FLOAT32_MODULES)]
+        # input embedders in the training dtype
+        arch = self.family.arch
+        return [f"{name}*" for name in (*arch.embedders, *arch.float32_modules)]
 
     def get_model_has_grad(self) -> bool:
         return any(p.requires_grad for n, p in self.model.named_parameters() if ".lora_" not in n)
@@ -331,12 +329,12 @@ class VideoDiTModel(BaseModel):
         self.print_and_status_update(f"Loading video_dit DiT ({self.preset.name}) from {dit_src}")
         if self.experts:  # a two-expert model: each loadable expert (both, or one expert's own weights)
 
-            parts = {e: load_dit(src, dtype=self.torch_dtype, device="cpu", seed=seed)
+            parts = {e: self.family.load_dit(src, dtype=self.torch_dtype, device="cpu", seed=seed)
                      for e, (src, seed) in self.expert_sources.items()}
             dits = [parts[e] for e in EXPERTS if e in parts]
             dit = TwoExperts(*dits, self.boundary) if len(dits) == 2 else dits[0]
         else:
-            dits = [dit := load_dit(dit_src, dtype=self.torch_dtype, device="cpu")]
+            dits = [dit := self.family.load_dit(dit_src, dtype=self.torch_dtype, device="cpu")]
         self._configure(dataclasses.replace(self.preset, dit=dit.config))  # a weights path may differ in depth
         for part in dits:
             part.set_attention_backend(self.options.attention_backend)
@@ -347,23 +345,24 @@ class VideoDiTModel(BaseModel):
         dit.to("cpu" if cfg.low_vram else self.device_torch)
 
         self.print_and_status_update(f"Loading video_dit VAE from {vae_src}")
-        vae = load_vae(vae_src, dtype=self.vae_torch_dtype, device=self.vae_device_torch)
+        vae = self.family.load_vae(vae_src, dtype=self.vae_torch_dtype, device=self.vae_device_torch)
         vae.eval().requires_grad_(False)
 
         self.print_and_status_update(f"Loading video_dit text encoder from {te_src}")
-        te = load_text_encoder(te_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
-                               quantize=te_quantization(cfg))  # qfloat8 | qint8
+        te = self.family.load_text_encoder(te_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
+                                           quantize=te_quantization(cfg))  # qfloat8 | qint8
         te.eval().requires_grad_(False)
 
         self.image_encoder, clip_src = None, spec.image_encoder
         if clip_src is not None:  # frozen, like the text encoder; features computed per batch from pixels
-            self.print_and_status_update(f"Loading video_dit CLIP image encoder from {clip_src}")
-            self.image_encoder = load_image_encoder(clip_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
-                                                    quantize="qfloat8" if self.options.quantize_image_encoder else None)
+            self.print_and_status_update(f"Loading video_dit image encoder from {clip_src}")
+            self.image_encoder = self.family.load_image_encoder(
+                clip_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
+                quantize="qfloat8" if self.options.quantize_image_encoder else None)
 
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
-        self.tokenizer = te.tokenizer
+        self.tokenizer = getattr(te, "tokenizer", None)  # (HunyuanVideo 1.5's two encoders: each its own)
         self.sources = spec.sources(absolute=False)
         # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
         # everything that changes what they hold, as our trainer's caches do (data/cache.py)
@@ -412,15 +411,18 @@ class VideoDiTModel(BaseModel):
     @torch.no_grad()
     def get_prompt_embeds(self, prompt) -> AdvancedPromptEmbeds:
         """Prompts -> `text_embeds`: one 2D (Lt_i, D) tensor per prompt at its natural length, so
-        ai-toolkit caches stay small and any prompts share a batch (padding happens in the DiT).
+        ai-toolkit caches stay small and any prompts share a batch (padding happens in the DiT or, for
+        HunyuanVideo 1.5, in `Training.text_inputs`); HunyuanVideo 1.5 adds `glyph_embeds`, the ByT5
+        states of each prompt's quoted text ((0, D) without quotes): what our trainer caches per caption.
 
         A prompt of None or False is the empty prompt: ai-toolkit's `sample.neg` defaults to False
         and reaches here as the negative prompt of every preview."""
         prompts = [_prompt_text(p) for p in ([prompt] if isinstance(prompt, (str, bool)) or prompt is None
                                              else prompt)]
         _ensure_on(self.text_encoder, self.te_device_torch)
-        embeds = self.text_encoder.encode(prompts)
-        return AdvancedPromptEmbeds(text_embeds=[e.to(self.te_device_torch, self.torch_dtype) for e in embeds])
+        entries = [self.family.training.text_entry(e) for e in self.text_encoder.encode(prompts)]
+        return AdvancedPromptEmbeds(**{key: [e[key].to(self.te_device_torch, self.torch_dtype) for e in entries]
+                                       for key in entries[0]})
 
     # ---------------------------------------------------------------- training step
 
@@ -462,29 +464,31 @@ class VideoDiTModel(BaseModel):
             folder = getattr(batch.dataset_config, "folder_path", None)
             check_dataset_i2v(self.preset, False, f"datasets[].do_i2v ({folder})")  # as our trainer's check
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
-            if self.i2v_mode == "concat":
+            if self.preset.dit.i2v_only:
                 raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it has "
                                  "no unconditioned input, so every prediction needs a batch of video items of a "
                                  "`do_i2v: true` dataset")
             return None
         B, num_frames = x.shape[0], (x.shape[2] - 1) * TEMPORAL + 1
-        if self.i2v_mode == "replace" and batch.first_frame_latents is not None:
+        if self.i2v_mode == "replace" and batch.first_frame_latents is not None:  # Wan, replace mode
             cond = {"first_frame_latents": batch.first_frame_latents}
         else:
             frames = batch.tensor
             if frames is None or frames.ndim != 5:
-                need = ("VAE(first frame + zero frames) and CLIP features, from pixels" if self.image_encoder
-                        else "VAE(first frame + zero frames), from pixels" if self.i2v_mode == "concat"
-                        else "the first frame's latent or pixels")
+                need = ("the first frame's conditioning latents and image-encoder embeds, from pixels"
+                        if self.image_encoder else "VAE(first frame + zero frames), from pixels"
+                        if self.i2v_mode == "concat" else "the first frame's latent or pixels")
                 raise ValueError(f"i2v_mode {self.i2v_mode!r} needs {need}, but this batch has neither "
                                  "first_frame_latents nor video pixels: set datasets[].cache_tensors_to_disk: true "
                                  "or load_image_when_caching_latents: true (or turn off cache_latents_to_disk)")
             _ensure_on(self.vae, self.vae_device_torch)
             if self.image_encoder is not None:
                 _ensure_on(self.image_encoder, self.te_device_torch)
-            last = frames[:, -1].to(self.vae_device_torch) if self.last_frame else None
-            cond = encode_conditioning(self.vae, frames[:, 0].to(self.vae_device_torch), self.i2v_mode, num_frames,
-                                       last_frame=last, image_encoder=self.image_encoder)
+            if frames.shape[1] != num_frames:
+                raise ValueError(f"a batch of {frames.shape[1]} frames for latents of {num_frames}")
+            # the family's (`Training.cache_item`): what our trainer caches for a clip, from its pixels
+            cond = self.family.training.cache_item(self.vae, frames.permute(0, 2, 1, 3, 4).to(self.vae_device_torch),
+                                                   self.i2v_mode, self.last_frame, self.image_encoder)
         cond = {k: v.to(x.device, torch.float32) for k, v in cond.items()}
         n = next(iter(cond.values())).shape[0]
         if n * 2 == B:  # predict_noise doubles the latents for CFG (uncond, cond)
@@ -518,16 +522,21 @@ class VideoDiTModel(BaseModel):
 
         if isinstance(model, TwoExperts):  # the expert of the batch's timesteps (ai-toolkit draws one stage's)
             model = model.expert(expert_at(float(t.mean()), self.boundary))
-        te = text_embeddings.text_embeds
-        context = [e.to(self.device_torch, self.torch_dtype) for e in te] if isinstance(te, (list, tuple)) \
-            else te.to(self.device_torch, self.torch_dtype)
+        # the cached text as the DiT takes it (`Training.text_inputs`: Wan's list of (Lt_i, D), HunyuanVideo
+        # 1.5's padded text, glyphs and masks), in the training dtype
+        text = {k: [e.to(self.device_torch, self.torch_dtype) for e in text_embeddings[k]]
+                for k in text_embeddings.keys()}
         cond = self._first_frame_condition(batch, x)
+        # (the conditioning's tensors beside the text: HunyuanVideo 1.5 adds a masked image token only without)
+        context, text_kwargs = self.family.training.text_inputs({**text, **(cond or {})}, self.device_torch,
+                                                                self.preset.dit)
         extra = {}
-        if cond is not None:
+        if cond is not None or self.family.training.conditions_t2v:  # (HunyuanVideo 1.5: zeros for t2v)
             x, t, mask = self.conditioning.apply(x, t, cond)  # t: per token (B, L) in replace, (B,) in concat
-            self._i2v_loss_mask = mask if self.conditioning.mask_first_frame_loss else None
-            extra = self.conditioning.dit_kwargs(cond)  # the CLIP features of a Wan 2.1 I2V / FLF2V DiT
-        return model(x, t, context, **{k: v.to(self.torch_dtype) for k, v in extra.items()})  # (B, C, F', h, w)
+            self._i2v_loss_mask = mask if getattr(self.conditioning, "mask_first_frame_loss", False) else None
+            extra = self.conditioning.dit_kwargs(cond)  # the image branch's embeds (CLIP, SigLIP)
+        extra = {k: v.to(self.torch_dtype) if v.is_floating_point() else v for k, v in extra.items()}
+        return model(x, t, context, **text_kwargs, **extra)  # (B, C, F', h, w)
 
     def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
         return velocity_target(batch.latents, noise).detach()
@@ -552,8 +561,8 @@ class VideoDiTModel(BaseModel):
     # ---------------------------------------------------------------- previews
 
     def get_generation_pipeline(self):
-        return VideoPipeline(self.model, self.vae, i2v_mode=self.i2v_mode, dit_config=self.preset.dit,
-                             image_encoder=getattr(self, "image_encoder", None))
+        return self.family.pipeline(self.model, self.vae, image_encoder=getattr(self, "image_encoder", None),
+                                    i2v_mode=self.i2v_mode)
 
     def generate_single_image(self, pipeline, gen_config, conditional_embeds, unconditional_embeds, generator,
                               extra):
@@ -586,13 +595,14 @@ class VideoDiTModel(BaseModel):
         _ensure_on(self.vae, self.vae_device_torch)
         if self.image_encoder is not None:
             _ensure_on(self.image_encoder, self.te_device_torch)
-        negative = unconditional_embeds.text_embeds if unconditional_embeds is not None else None
+        prompts, negative = (None if e is None else self._pipeline_prompts(e)
+                             for e in (conditional_embeds, unconditional_embeds))
         frames = pipeline.generate(
-            list(conditional_embeds.text_embeds), negative, num_frames=gen_config.num_frames,
+            prompts, negative, num_frames=gen_config.num_frames,
             height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
             guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
-            first_frame=first_frame, i2v_mode=self.i2v_mode, solver=self.preset.sample_solver,
-            last_frame=last_frame)[0]
+            first_frame=first_frame, solver=self.preset.sample_solver,
+            **({"last_frame": last_frame} if last_frame is not None else {}))[0]
         if gen_config.num_frames == 1:
             return frames[0]
         # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does
@@ -600,6 +610,12 @@ class VideoDiTModel(BaseModel):
         gen_config.save_image = functools.partial(_save_video, gen_config)
         gen_config.log_image = functools.partial(_skip_log, gen_config)
         return frames
+
+    def _pipeline_prompts(self, embeds) -> list:
+        """ai-toolkit's prompt embeds -> one prompt per item as the family's pipeline takes them
+        (`Training.prompt`: Wan's (Lt, D), HunyuanVideo 1.5's text and glyph states)."""
+        keys = embeds.keys()
+        return [self.family.training.prompt({k: embeds[k][i] for k in keys}) for i in range(len(embeds.text_embeds))]
 
     # ---------------------------------------------------------------- saving
 
@@ -612,7 +628,7 @@ class VideoDiTModel(BaseModel):
                 raise WeightsError(f"ai-toolkit LoRA key {key!r}: video_dit's LoRA file holds plain LoRA "
                                    f"(network.type: lora) under {PEFT_PREFIX}<module>.lora_A/lora_B.weight")
         native, _, rank = from_comfy(state_dict, source="ai-toolkit LoRA state dict")
-        return to_comfy(native, alpha=float(rank))
+        return self.family.lora_to_comfy(native, float(rank))  # (HunyuanVideo 1.5: q / k / v fused)
 
     def convert_lora_weights_before_load(self, state_dict: dict) -> dict:
         """Our LoRA file (or a ComfyUI / peft one) -> ai-toolkit's peft keys. ai-toolkit applies B @ A
@@ -692,7 +708,7 @@ class VideoDiTModel(BaseModel):
         os.makedirs(output_path, exist_ok=True)
         for folder, dit in parts:
             os.makedirs(folder, exist_ok=True)
-            dtypes = param_dtypes(dit, save_dtype)  # the float32 islands stay float32, as our trainer's export
+            dtypes = self.family.arch.param_dtypes(dit, save_dtype)  # the float32 islands stay float32, as our export
             sd = {k: v.detach().to("cpu", dtypes.get(k, save_dtype)).contiguous() for k, v in dit.state_dict().items()
                   if ".lora_" not in k}
             save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})

@@ -7,7 +7,7 @@
 //   ...videoDitModelArchs,            // inside `export const modelArchs: ModelArch[] = [`
 // `name` is `video_dit:<preset>`: ModelConfig strips the `:tag`, so every entry runs `arch: video_dit`.
 // A `preset:NAME` path builds that preset (random weights; only the `tiny*` presets need no files).
-// For a real model, give the local folder of the Wan weights (diffusers layout: transformer/, vae/,
+// For a real model, give the local folder of the weights (Wan or HunyuanVideo 1.5) (diffusers layout: transformer/, vae/,
 // text_encoder/, tokenizer/; Wan 2.1 I2V / FLF2V also image_encoder/ + image_processor/) and keep
 // `model_kwargs.preset`: nothing is downloaded from a hub.
 import type { ModelArch } from './options';
@@ -130,5 +130,59 @@ export const videoDitModelArchs: ModelArch[] = [
     label: 'video_dit tiny CLIP flf2v (CPU smoke test, Wan 2.1 FLF2V layout)',
     ...video,
     defaults: presetDefaults('tiny-clip-flf2v', { frames: 17, fps: 16, size: 64, quantize: false, i2v: true }),
+  },
+  {
+    name: 'video_dit:hunyuan15-480p-t2v',
+    label: 'video_dit HunyuanVideo 1.5 480p T2V',
+    ...video,
+    defaults: presetDefaults('hunyuan15-480p-t2v', { frames: 61, fps: 24, size: 480, quantize: true, i2v: false }),
+  },
+  {
+    name: 'video_dit:hunyuan15-480p-i2v',
+    label: 'video_dit HunyuanVideo 1.5 480p I2V (first frame + SigLIP)',
+    ...video,
+    defaults: presetDefaults('hunyuan15-480p-i2v', { frames: 61, fps: 24, size: 480, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:hunyuan15-720p-t2v',
+    label: 'video_dit HunyuanVideo 1.5 720p T2V',
+    ...video,
+    defaults: presetDefaults('hunyuan15-720p-t2v', { frames: 61, fps: 24, size: 720, quantize: true, i2v: false }),
+  },
+  {
+    name: 'video_dit:hunyuan15-720p-i2v',
+    label: 'video_dit HunyuanVideo 1.5 720p I2V (first frame + SigLIP)',
+    ...video,
+    defaults: presetDefaults('hunyuan15-720p-i2v', { frames: 61, fps: 24, size: 720, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:hunyuan15-480p-t2v-cfg-distilled',
+    label: 'video_dit HunyuanVideo 1.5 480p T2V CFG-distilled',
+    ...video,
+    defaults: presetDefaults('hunyuan15-480p-t2v-cfg-distilled', { frames: 61, fps: 24, size: 480, quantize: true, i2v: false }),
+  },
+  {
+    name: 'video_dit:hunyuan15-480p-i2v-cfg-distilled',
+    label: 'video_dit HunyuanVideo 1.5 480p I2V CFG-distilled',
+    ...video,
+    defaults: presetDefaults('hunyuan15-480p-i2v-cfg-distilled', { frames: 61, fps: 24, size: 480, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:hunyuan15-720p-i2v-cfg-distilled',
+    label: 'video_dit HunyuanVideo 1.5 720p I2V CFG-distilled',
+    ...video,
+    defaults: presetDefaults('hunyuan15-720p-i2v-cfg-distilled', { frames: 61, fps: 24, size: 720, quantize: true, i2v: true }),
+  },
+  {
+    name: 'video_dit:tiny-hy15-t2v',
+    label: 'video_dit tiny HunyuanVideo 1.5 t2v (CPU smoke test)',
+    ...video,
+    defaults: presetDefaults('tiny-hy15-t2v', { frames: 17, fps: 24, size: 64, quantize: false, i2v: false }),
+  },
+  {
+    name: 'video_dit:tiny-hy15-i2v',
+    label: 'video_dit tiny HunyuanVideo 1.5 i2v (CPU smoke test)',
+    ...video,
+    defaults: presetDefaults('tiny-hy15-i2v', { frames: 17, fps: 24, size: 64, quantize: false, i2v: true }),
   },
 ];
