@@ -167,12 +167,12 @@ def test_bf16_lora_storage_keeps_the_hunyuan15_float32_islands(tmp_path):
     """The trainer's build for a bf16 LoRA job (`make_trainable`, the family's cast): the frozen bulk in bf16,
     the adapters float32 masters, and HunyuanVideo 1.5's own islands (final layer, time embedders, norms)
     float32 (Wan's island names match none of them); a bf16 step then trains the adapters."""
+    from PIL import Image
+
     from video_dit.families import HUNYUAN15
     from video_dit.models.presets import get_preset
     from video_dit.train.build import build_dit, make_trainable
     from video_dit.train.config import parse_job
-
-    from PIL import Image
 
     (tmp_path / "data").mkdir()
     Image.new("RGB", (32, 32)).save(tmp_path / "data" / "a.png")

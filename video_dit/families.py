@@ -24,12 +24,12 @@ from video_dit.diffusion import hunyuan15_conditioning as hy15_cond
 from video_dit.diffusion.conditioning import MASK_CHANNELS, FirstFrameConditioning, encode_conditioning
 from video_dit.lora import lora_targets as wan_lora_targets
 from video_dit.lora import to_comfy
+from video_dit.models import dit as wan_dit
+from video_dit.models import hunyuan15_dit as hy15_dit
 from video_dit.models import hunyuan15_encoders as hy15_enc
 from video_dit.models import hunyuan15_loading as hy15_load
 from video_dit.models import loading as wan_load
 from video_dit.models.convert import dit_key_layout
-from video_dit.models import dit as wan_dit
-from video_dit.models import hunyuan15_dit as hy15_dit
 from video_dit.models.dit import VideoDiT, dit_flops
 from video_dit.models.hunyuan15_convert import hy15_lora_to_comfy
 from video_dit.models.hunyuan15_convert_vae import load_hy15_vae

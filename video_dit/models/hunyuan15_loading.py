@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_key_layout, hy15_to_native,
-                                                infer_hy15_config)
 from video_dit.models.convert import strip_dit_prefix
 from video_dit.models.hunyuan15_config import HY15DiTConfig
+from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_key_layout, hy15_to_native,
+                                                infer_hy15_config)
 from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import get_preset

@@ -30,8 +30,8 @@ import torch
 import yaml
 
 from video_dit.data import DatasetConfig
-from video_dit.models.layouts import preset_name
 from video_dit.families import family_of
+from video_dit.models.layouts import preset_name
 from video_dit.models.presets import PRESETS, get_preset
 from video_dit.parallel.zero import partitioned, shards_optimizer
 from video_dit.spec import boundary_of, check_dataset_i2v, check_lora, i2v_mode_of, job_keys, requested

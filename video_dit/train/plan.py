@@ -166,11 +166,11 @@ from PIL import Image
 from video_dit.data import DataError, scan_dataset
 from video_dit.data.buckets import candidate_buckets
 from video_dit.devices import DeviceError, Machine, host_ram, machine_of, placement
+from video_dit.families import family_of
 from video_dit.lora import add_lora, lora_targets
 from video_dit.models.dit import VideoDiT, param_dtypes
 from video_dit.models.image_encoder import build_clip_vision
 from video_dit.models.layouts import expert_sources, preset_name
-from video_dit.families import family_of
 from video_dit.models.presets import get_preset
 from video_dit.models.text_encoder import build_umt5
 from video_dit.models.vae import CausalVideoVAE

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from video_dit.diffusion.experts import TwoExperts
-from video_dit.families import family_of
 from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
+from video_dit.families import family_of
 from video_dit.media import MediaError, contact_sheet, load_image, write_video
 from video_dit.pipeline import VideoPipeline
 
