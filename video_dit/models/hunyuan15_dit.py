@@ -261,7 +261,9 @@ class HunyuanVideo15DiT(IslandCast, BlockTraining, nn.Module):
                              f"use_meanflow={cfg.use_meanflow}, got {got}")
         grid = (Fr // pt, H // ph, W // pw)
 
-        img = self.img_in.proj(x.to(self.dtype)).flatten(2).transpose(1, 2)  # (B, L, D)
+        # contiguous: a compiled block given the transposed (strided) tokens returned gradients off by ~5% on
+        # CPU Inductor (torch 2.13; tests/test_compile.py); Wan's DiT makes its patch tokens contiguous too
+        img = self.img_in.proj(x.to(self.dtype)).flatten(2).transpose(1, 2).contiguous()  # (B, L, D)
         cdt = compute_dtype_of(img)  # the Linears' dtype: bf16 under a bf16 model's autocast
         rope = self._rope(grid, img.device)  # (cos, sin), each (1, L, 1, Dh/2)
         vec = f32(self.time_in(timestep))  # (B, D)
