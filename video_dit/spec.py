@@ -469,8 +469,8 @@ def requested(model, preset: Preset, keys: Keys = JOB_KEYS) -> tuple[str, ...]:
     """The experts `model` (anything with `train_high_noise` / `train_low_noise`: a `Request`, a job's
     model block, the ai-toolkit arch's model_kwargs) asks to train, checked (None = true, as in
     ai-toolkit); () for a one-model preset, which refuses the keys. A trainer's model (anything but a
-    command line's `Request`, which samples) of a family that does not train yet is refused here too:
-    this is the first question every trainer asks of its preset (train/config.py, the ai-toolkit arch)."""
+    command line's `Request`, which samples) that its trainer cannot train (`untrainable`) is refused here
+    too: this is the first question every trainer asks of its preset (train/config.py, the ai-toolkit arch)."""
     if getattr(model, "preset_required", True):
         check_trains(preset, keys.preset, keys.trainer)
     asked = {"high_noise": model.train_high_noise, "low_noise": model.train_low_noise}
