@@ -111,6 +111,23 @@ def write_hy15_base(path: Path, preset: str = "tiny-hy15-t2v", seed: int = 0, st
     return Path(path)
 
 
+def randomize_all(model, seed: int = 0, norm_std: float = 0.2, vector_std: float = 0.1):
+    """Every parameter of `model` random and non-trivial, from one generator (the same on every rank):
+    matrices N(0, 1/fan_in), norm scales 1 + N(0, norm_std), other vectors N(0, vector_std). Seeded inits
+    zero the adaLN, output and gate layers, which would hide the blocks from a parity test."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if p.dim() > 1:
+                p.copy_(noise * p[0].numel() ** -0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1 + norm_std * noise)
+            else:
+                p.copy_(vector_std * noise)
+    return model
+
+
 def randomize_zeros(dit, seed: int = 1, std: float = 0.05):
     """Every zero entry of `dit`'s parameters drawn N(0, std) from its own generator (in their dtypes)."""
     g = torch.Generator().manual_seed(seed)

@@ -4,6 +4,7 @@ conversions, config inference, seeded init, gradient checkpointing, bf16, LoRA a
 import copy
 import threading
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
@@ -27,17 +28,7 @@ def reference(cfg: HY15DiTConfig, seed: int = 0):
     output layers and unit norms would hide their weights)."""
     torch.manual_seed(seed)
     ref = diffusers.HunyuanVideo15Transformer3DModel(**hy15_config_to_diffusers(cfg)).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise * (p[0].numel() ** -0.5))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.2 * noise)
-            else:
-                p.copy_(0.1 * noise)
-    return ref
+    return helpers.randomize_all(ref, seed=seed, norm_std=0.2, vector_std=0.1)
 
 
 def ours_from(sd: dict, cfg: HY15DiTConfig) -> HunyuanVideo15DiT:

@@ -14,6 +14,7 @@ glyph path) and the negative prompt does not (the one place Tencent and diffuser
 import json
 from dataclasses import replace
 
+import helpers
 import numpy as np
 import pytest
 import torch
@@ -45,17 +46,7 @@ def _transformer(cfg, seed: int):
     scales 1 + N(0, 0.1)."""
     torch.manual_seed(seed)
     ref = diffusers.HunyuanVideo15Transformer3DModel(**hy15_config_to_diffusers(cfg), target_size=TARGET_SIZE).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in ref.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise * p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * noise)
-            else:
-                p.copy_(0.05 * noise)
-    return ref
+    return helpers.randomize_all(ref, seed=seed, norm_std=0.1, vector_std=0.05)
 
 
 def _pipe(kind: str, transformer=None):
@@ -339,8 +330,6 @@ def _wrong_width_siglip(tmp_path):
 def _wan_file(tmp_path):
     from safetensors.torch import save_file
 
-    import helpers
-
     path = tmp_path / "wan_dit.safetensors"
     save_file({k: v.contiguous() for k, v in helpers.tiny_dit().state_dict().items()}, path)
     return path
@@ -381,8 +370,6 @@ def test_bad_input_exits_2_naming_file_key_and_accepted(folders, tmp_path, capsy
 
 
 def test_both_trainers_take_hunyuan15_but_not_its_step_distilled_model(tmp_path, capsys):
-    import helpers
-
     for keys in (JOB_KEYS, AITK_KEYS):  # our trainer and the ai-toolkit arch
         assert resolve(Request("preset:tiny-hy15-t2v"), keys).family is HUNYUAN15
         with pytest.raises(ConfigError) as e:  # it reads the next timestep too: not the flow-matching objective

@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import helpers
 import pytest
 import ranks
 import torch
@@ -44,18 +45,7 @@ def tiny_model() -> HunyuanVideo15DiT:
     """A tiny HunyuanVideo 1.5 DiT with every weight random and non-trivial (the seeded init zeroes the
     adaLN, output and condition-type layers, which would hide the blocks): matrices N(0, 1/fan_in),
     norm scales 1 + N(0, 0.2), other vectors N(0, 0.1); from one generator, the same on every rank."""
-    model = HunyuanVideo15DiT(CONFIG, init_seed=0)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() > 1:
-                p.copy_(noise * p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.2 * noise)
-            else:
-                p.copy_(0.1 * noise)
-    return model
+    return helpers.randomize_all(HunyuanVideo15DiT(CONFIG, init_seed=0), seed=0, norm_std=0.2, vector_std=0.1)
 
 
 def inputs(mode: str, grid: tuple[int, int, int], text_padded: bool, seed: int = 1):

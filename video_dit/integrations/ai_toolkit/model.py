@@ -486,9 +486,10 @@ class VideoDiTModel(BaseModel):
                 _ensure_on(self.image_encoder, self.te_device_torch)
             if frames.shape[1] != num_frames:
                 raise ValueError(f"a batch of {frames.shape[1]} frames for latents of {num_frames}")
-            # the family's (`Training.cache_item`): what our trainer caches for a clip, from its pixels
-            cond = self.family.training.cache_item(self.vae, frames.permute(0, 2, 1, 3, 4).to(self.vae_device_torch),
-                                                   self.i2v_mode, self.last_frame, self.image_encoder)
+            # the family's (`Training.cache_item`): what our trainer caches for a clip, from its pixels; the clip
+            # stays on the host: only the frames it reads (the first, a last) go to the VAE's / encoder's device
+            cond = self.family.training.cache_item(self.vae, frames.permute(0, 2, 1, 3, 4), self.i2v_mode,
+                                                   self.last_frame, self.image_encoder)
         cond = {k: v.to(x.device, torch.float32) for k, v in cond.items()}
         n = next(iter(cond.values())).shape[0]
         if n * 2 == B:  # predict_noise doubles the latents for CFG (uncond, cond)
