@@ -16,11 +16,10 @@ import os
 import sys
 from pathlib import Path
 
-from video_dit.commands.plot import write_plots
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's video_dit, installed or not
 
-from video_dit.parallel.process import leave_distributed
+from video_dit.commands.plot import write_plots
+from video_dit.parallel.process import end_rank, leave_distributed
 from video_dit.train.config import load_job
 from video_dit.train.trainer import run
 from video_dit.typed_config import ConfigError
@@ -42,10 +41,9 @@ def main() -> int:
     finally:
         leave_distributed()
     if code == 0 and os.environ.get("RANK", "0") == "0":  # loss/throughput/memory PNGs beside metrics.jsonl
-
         write_plots(job.out_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    end_rank(main())  # the group is already left; exits without interpreter finalization

@@ -37,11 +37,11 @@ TESTS = Path(__file__).resolve().parent
 
 def rank_env(**extra) -> dict:
     """The environment of a rank: this checkout and tests/ importable, 1 thread, no GPU, no inherited
-    rank variables or fault injection."""
+    rank variables or fault injection; a rank that aborts prints its threads' Python stacks."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIDEO_DIT_FAULT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(TESTS)]), CUDA_VISIBLE_DEVICES="",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -322,16 +322,20 @@ def worker(spec_path: str) -> int:
     return 0
 
 
-def _worker_main(spec: str) -> int:
-    from video_dit.parallel.process import leave_distributed
+def _worker_main(spec: str):
+    """Run the jobs; a finished rank ends as the product's does (`end_rank`), a failed one leaves the
+    group and raises."""
+    from video_dit.parallel.process import end_rank, leave_distributed
 
     try:
-        return worker(spec)
-    finally:
+        code = worker(spec)
+    except BaseException:
         leave_distributed()
+        raise
+    end_rank(code)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--jobs":
-        sys.exit(_worker_main(sys.argv[2]))
+        _worker_main(sys.argv[2])
     sys.exit(f"usage: {sys.argv[0]} --jobs SPEC.json")

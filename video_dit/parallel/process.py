@@ -4,11 +4,13 @@
                                   with the job's collective timeout; a plain `python launch/train.py`
                                   makes a group of one
     leave_distributed()           end the group locally before the interpreter exits
+    end_rank(code)                leave the group, flush, and exit without interpreter finalization
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -41,6 +43,20 @@ def leave_distributed() -> None:
     aborted a rank that had finished ('terminate called without an active exception', SIGABRT)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def end_rank(code: int):
+    """End a finished rank: leave the group, flush stdout / stderr, `os._exit(code)`. Even with the group
+    ended first, a finished CPU rank still aborted now and then in interpreter finalization (SIGABRT,
+    'terminate called without an active exception', after its last collective: the C++ objects DeepSpeed
+    keeps references to are torn down in no set order; once in ~20 CI runs). Everything a rank writes is
+    written and closed before this (checkpoints, metrics, logs); nothing is left to finalization."""
+    try:
+        leave_distributed()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
 
 
 def cpu_allreduce_buffer_path(rank: int) -> Path:
