@@ -5,6 +5,8 @@ and every parameter's gradient (averaged over the ranks, as DeepSpeed does) equa
 SP on the same inputs: t2v and i2v (SigLIP and ByT5 tokens), padded text tokens, a video token count that
 does not divide 2 (rank 1 holds a padded token) and one that does with no text padding at all, with and
 without block checkpointing. The text stream is replicated: its parameters' gradients included.
+And what an SP=2 rank keeps for backward (`CPUAllocationTracker`) equals the memory plan's
+`hy15_activation_bytes` at sp=2 exactly (full fine-tune and LoRA; the SP=1 cases: test_plan_hunyuan15.py).
 Run this file as a script (`--worker OUT`) to be one rank of a launch.
 """
 
@@ -25,7 +27,10 @@ import torch.distributed as dist
 
 from video_dit.models.hunyuan15_config import HY15_DIT_CONFIGS
 from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT
+from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.parallel.sequence import SPInfo, attach, init_sequence_parallel, model_heads
+from video_dit.train.plan_hunyuan15 import hy15_activation_bytes
+from video_dit.train.plan_terms import Setting
 
 # tiny_i2v with 4 heads (2 per rank: the exchange must keep the heads in order), head dim 16
 CONFIG = replace(HY15_DIT_CONFIGS["tiny_i2v"], heads_num=4, rope_dim_list=(4, 6, 6))
@@ -85,14 +90,17 @@ def test_hunyuan15_sp2_matches_single_process(tmp_path):
     ranks.wait(procs, tmp_path / "hy15", timeout=300)
     results = [json.loads((tmp_path / f"hy15_rank{r}.json").read_text()) for r in range(2)]
     for rank, res in enumerate(results):
-        assert sorted(res) == sorted(CASES), res
-        for name, c in res.items():
+        assert sorted(res) == sorted([*CASES, "memory"]), res
+        for name, c in ((n, c) for n, c in res.items() if n != "memory"):
             assert c["out_err"] < RTOL, (rank, name, c)
             assert c["grad_err"] < RTOL, (rank, name, c["grad_err"], c["worst"])
             # the text k/v Linears (weight, bias) of every block get a gradient through the seam, and the text
             # q of all but the last block (whose text output nothing reads)
             assert c["txt_qkv_grads"] == CONFIG.mm_double_blocks_depth * 6 - 2, (rank, name, c)
             assert c["padded"] == (0 if name.endswith("even_unmasked") else 1), (rank, name, c)
+        for lora in (None, 4):
+            memory = res["memory"][str(lora)]
+            assert memory["saved"] == memory["planned"], (rank, lora, memory)
 
 
 def _worker(out: Path) -> None:
@@ -129,8 +137,31 @@ def _worker(out: Path) -> None:
                          "txt_qkv_grads": sum(1 for n in g_sp if re.search(r"\.txt_attn_[qkv]\.", n)
                                               and g_ref[n].abs().max() > 0),
                          "padded": 2 * local - math.prod(grid)}  # padded video tokens of the split
+    results["memory"] = {str(lora): _saved_under_sp(info, lora) for lora in (None, 4)}
     (out / f"hy15_rank{dist.get_rank()}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
+
+
+def _saved_under_sp(info, lora) -> dict:
+    """What one SP=2 rank keeps after the forward of an i2v batch of 2 (32 video tokens, 16 per rank; 5
+    SigLIP, 3 ByT5 and 6 Qwen tokens), and what the plan says."""
+    from video_dit.lora import add_lora
+    from video_dit.models.hunyuan15_dit import LORA_TARGETS
+
+    model = tiny_model()
+    if lora:
+        add_lora(model, lora, targets=LORA_TARGETS)
+    attach(model, info)
+    grid = (2, 4, 4)
+    x, t, kw, weight = inputs("i2v", grid, True)
+    model(x, t, **kw).sum().backward()  # gradients and RoPE tables exist before the measured step
+    with CPUAllocationTracker() as tracker:
+        loss = (model(x, t, **kw) - weight).square().mean()
+        saved = tracker.live - 4  # 4: the loss itself
+    del loss
+    planned = hy15_activation_bytes(CONFIG, grid, Setting(0, sp=2, micro_batch=2), lora_rank=lora, s=4, text_len=6,
+                                    glyph_len=3, image_len=5)
+    return {"saved": saved, "planned": planned.saved}
 
 
 if __name__ == "__main__" and len(sys.argv) >= 3 and sys.argv[1] == "--worker":

@@ -89,7 +89,6 @@ class Family:
     name: str
     title: str
     trains: tuple[str, ...]  # the trainers that take it: "video_dit" (ours), "ai-toolkit" (the arch)
-    planned: bool  # the memory plan (train/plan.py) models its DiT (HunyuanVideo 1.5: not yet)
     load_dit: Callable          # (source, dtype, device, config, seed) -> DiT module
     load_vae: Callable          # (source, dtype, device, config, seed) -> VAE module
     load_text_encoder: Callable  # (source, dtype, device, quantize, tokenizer) -> object with encode(prompts)
@@ -190,7 +189,7 @@ WAN_TRAINING = Training(
 
 
 WAN = Family(
-    name="wan", title="Wan 2.1 / 2.2", trains=("video_dit", "ai-toolkit"), planned=True,
+    name="wan", title="Wan 2.1 / 2.2", trains=("video_dit", "ai-toolkit"),
     load_dit=wan_load.load_dit, load_vae=wan_load.load_vae, load_text_encoder=wan_load.load_text_encoder,
     load_image_encoder=wan_load.load_image_encoder, dit_config=lambda source: wan_load.open_dit(source)[1],
     claims=_wan_claims,
@@ -325,7 +324,7 @@ HY15_TRAINING = Training(
 
 
 HUNYUAN15 = Family(
-    name="hunyuan15", title="HunyuanVideo 1.5", trains=("video_dit", "ai-toolkit"), planned=False,
+    name="hunyuan15", title="HunyuanVideo 1.5", trains=("video_dit", "ai-toolkit"),
     load_dit=hy15_load.load_hy15_dit, load_vae=load_hy15_vae, load_text_encoder=_hy15_text_encoder,
     load_image_encoder=_hy15_image_encoder, dit_config=hy15_load.dit_config, claims=hy15_load.claims,
     classes=(*hy15_load.PIPELINE_TASKS, *hy15_load.DIT_CLASSES),

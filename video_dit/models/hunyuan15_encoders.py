@@ -462,6 +462,43 @@ def tiny_hy15_image_encoder(seed: int = 0, device=None):
     return HY15ImageEncoder(tiny_siglip(seed, device), siglip_processor(32))
 
 
+# ---------------------------------------------------------------- sizes without files (the memory plan)
+
+# The released encoders' architectures, from their config.json on the Hub: Qwen/Qwen2.5-VL-7B-Instruct's
+# language model (text_config), google/byt5-small's encoder (Glyph-SDXL-v2's ByT5; its few added colour and
+# font tokens aside), google/siglip-so400m-patch14-384's vision tower (FLUX.1-Redux's image encoder).
+QWEN25_VL_7B_TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4)
+BYT5_SMALL_ENCODER = dict(vocab_size=384, d_model=1472, d_ff=3584, d_kv=64, num_layers=12, num_heads=6,
+                          feed_forward_proj="gated-gelu", is_encoder_decoder=False)
+SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                     image_size=384, patch_size=14)
+
+
+def encoder_parameters(text: HY15TextEncoderConfig, image: HY15ImageEncoderConfig | None) -> dict[str, int]:
+    """Parameter counts of a preset's encoders, built on the meta device (the tiny ones as built for
+    tests): {"text_encoder": Qwen2.5-VL's language model + the ByT5 encoder, "image_encoder": SigLIP or 0}."""
+    from transformers import (Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, SiglipVisionConfig, SiglipVisionModel,
+                              T5Config, T5EncoderModel)
+
+    def count(model) -> int:
+        return sum(p.numel() for p in model.parameters())
+
+    if text.tiny:
+        te = count(tiny_qwen_text_model(device="meta")) + count(tiny_t5_encoder(device="meta"))
+    else:
+        with torch.device("meta"):
+            te = (count(Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(**QWEN25_VL_7B_TEXT)))
+                  + count(T5EncoderModel(T5Config(**BYT5_SMALL_ENCODER))))
+    clip = 0
+    if image is not None and image.tiny:
+        clip = count(tiny_siglip(device="meta"))
+    elif image is not None:
+        with torch.device("meta"):
+            clip = count(SiglipVisionModel(SiglipVisionConfig(**SIGLIP_SO400M)))
+    return {"text_encoder": te, "image_encoder": clip}
+
+
 # ---------------------------------------------------------------- loaders (local diffusers folders only)
 
 REPO_T2V = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"

@@ -30,7 +30,6 @@ import torch
 import yaml
 
 from video_dit.data import DatasetConfig
-from video_dit.families import family_of
 from video_dit.models.layouts import preset_name
 from video_dit.models.presets import PRESETS, get_preset
 from video_dit.parallel.zero import partitioned, shards_optimizer
@@ -642,10 +641,6 @@ class ProcessConfig:
         self._check_experts(path, preset)
         check_checkpointing(self.train.gradient_checkpointing, f"{path}.train.gradient_checkpointing",
                             preset.dit.num_layers)
-        if self.train.gradient_checkpointing == "auto" and not family_of(preset).planned:
-            raise ConfigError(f"{path}.train.gradient_checkpointing",
-                              f"auto chooses the blocks from the memory plan, which does not model {family_of(preset).title} "
-                              f"yet; accepted here: true, false or a number of blocks 0..{preset.dit.num_layers}")
         self._check_sequence_parallel(path, preset)
         self._check_i2v(path, preset)
         self._check_image_branch(path, preset)

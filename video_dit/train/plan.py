@@ -166,9 +166,10 @@ from PIL import Image
 from video_dit.data import DataError, scan_dataset
 from video_dit.data.buckets import candidate_buckets
 from video_dit.devices import DeviceError, Machine, host_ram, machine_of, placement
-from video_dit.families import family_of
-from video_dit.lora import add_lora, lora_targets
-from video_dit.models.dit import VideoDiT, param_dtypes
+from video_dit.families import family_of, get_family
+from video_dit.lora import add_lora
+from video_dit.models.hunyuan15_encoders import encoder_parameters
+from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE
 from video_dit.models.image_encoder import build_clip_vision
 from video_dit.models.layouts import expert_sources, preset_name
 from video_dit.models.presets import get_preset
@@ -179,6 +180,8 @@ from video_dit.parallel.zero import ds_config, partitioned, shards_optimizer
 from video_dit.spec import spec_of_job
 from video_dit.train.config import checkpointed_blocks_of, parse_job, raw_process, read_yaml
 from video_dit.train.experts import requested
+from video_dit.train.plan_hunyuan15 import hy15_activation_bytes, hy15_text_tokens
+from video_dit.train.plan_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 from video_dit.typed_config import ConfigError
 
 GiB = 2 ** 30
@@ -198,35 +201,6 @@ class PlanError(ValueError):
     """A plan that cannot be made as asked; the message names the option or the bucket."""
 
 
-# ---------------------------------------------------------------- what the plan varies
-
-
-@dataclass(frozen=True)
-class Setting:
-    """The knobs of one prediction."""
-
-    zero_stage: int
-    sp: int = 1
-    checkpointing: bool = False
-    micro_batch: int = 1
-    offload_optimizer: bool = False
-    offload_param: bool = False
-    recompute: bool = True  # RecomputeSaved without checkpointing (`train.recompute_saved`)
-    checkpoint_blocks: int | None = None  # with `checkpointing`, only the first this many blocks (None: all)
-
-    def describe(self) -> str:
-        ckpt = "no ckpt" if not self.checkpointing else "ckpt" if self.checkpoint_blocks is None else \
-            f"ckpt {self.checkpoint_blocks} blocks"
-        parts = [f"ZeRO-{self.zero_stage}", f"SP {self.sp}", ckpt, f"batch {self.micro_batch}"]
-        if not self.recompute and not self.checkpointing:
-            parts.append("no recompute")
-        if self.offload_optimizer:
-            parts.append("offload optimizer")
-        if self.offload_param:
-            parts.append("offload params")
-        return ", ".join(parts)
-
-
 # ---------------------------------------------------------------- parameter counts (exact)
 
 
@@ -243,18 +217,20 @@ class ModelSizes:
     itemsizes: tuple[int, ...]     # ... and its bytes per element as trained (float32 islands, masters)
     largest_module: int            # the most elements one module owns (ZeRO-3 gathers per module)
     largest_tensor: int
-    ffn_weight: int                # ffn.2's weight (D x F): its new gradient is part of the peak
     frozen_sized: tuple[tuple[int, int], ...] = ()  # (numel, bytes per element) of the DiT's own
     # parameters stored frozen (no master weights): what a frozen expert holds
 
 
-def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False) -> ModelSizes:
-    """Counts of the DiT built on the meta device (and its LoRA adapters, on the trainer's targets:
-    `lora_targets(network.include_img_emb)`): nothing allocated."""
+def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_emb: bool = False,
+                family: str = "wan") -> ModelSizes:
+    """Counts of the family's DiT built on the meta device (and its LoRA adapters, on the trainer's targets:
+    `Family.lora_targets(network.include_img_emb)`): nothing allocated."""
+    fam = get_family(family)
     with torch.device("meta"):
-        model = VideoDiT(dit_config)
+        model = fam.arch.cls(dit_config)
         if lora_rank:
-            add_lora(model, lora_rank, targets=lora_targets(lora_img_emb))
+            add_lora(model, lora_rank, targets=fam.lora_targets(lora_img_emb))
+    param_dtypes = fam.arch.param_dtypes
     # the trainer's storage (`engine.cast_for_training`): trainable float32, frozen bulk in `dtype`,
     # the float32 islands float32
     dtypes = param_dtypes(model, dtype, masters=True)
@@ -281,17 +257,10 @@ def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, lora_img_
     return ModelSizes(base=base, lora=lora, trainable=lora if lora_rank else base, base_bytes=base_bytes,
                       trainable_bytes=train_bytes, numels=tuple(numels), itemsizes=tuple(itemsizes),
                       largest_module=max(per_module.values()), largest_tensor=max(numels),
-                      ffn_weight=dit_config.dim * dit_config.ffn_dim, frozen_sized=tuple(frozen_sized))
+                      frozen_sized=tuple(frozen_sized))
 
 
 # ---------------------------------------------------------------- activations (derived, see docstring)
-
-
-@dataclass(frozen=True)
-class Activations:
-    saved: int      # what the forward leaves for backward
-    peak: int       # the highest activation memory of the step (the last block's FFN backward)
-    parts: dict = field(default_factory=dict)
 
 
 def image_embedding_bytes(cfg, s: int, lora_rank: int | None, lora_img_emb: bool) -> int:
@@ -311,28 +280,6 @@ def image_embedding_bytes(cfg, s: int, lora_rank: int | None, lora_img_emb: bool
     if lora_img_emb:  # the adapters' inputs and lora_A outputs, GELU's input, the last LayerNorm's
         return out + Li * (3 * c * s + D * a + 8 + 2 * r * s) + r * (2 * c + D) * w
     return out  # frozen: nothing inside needs a gradient
-
-
-def float32_bytes(s: int) -> int:
-    """Bytes per element of the float32 islands (the residual stream, the LayerNorms' float32 inputs and
-    outputs, the head): float32, or the compute dtype when it is wider (a float64 model)."""
-    return max(s, 4)
-
-
-def weight_copy_bytes(s: int) -> int:
-    """Bytes per element of the compute-dtype copy that autocast makes of a float32 trainable weight at
-    every call (`VideoDiT.precision`: `cache_enabled=False`) and that its matmul keeps for the input's
-    gradient: s in a bf16 / fp16 job (trainable parameters are float32 masters), 0 in float32 (no copy)."""
-    return s if s < 4 else 0
-
-
-def checkpointed_count(setting: Setting, num_layers: int) -> int:
-    """How many of the `num_layers` blocks `setting` checkpoints (the first ones:
-    `VideoDiT.set_checkpointed_blocks`)."""
-    if not setting.checkpointing:
-        return 0
-    n = num_layers if setting.checkpoint_blocks is None else setting.checkpoint_blocks
-    return max(0, min(num_layers, n))
 
 
 def activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
@@ -610,16 +557,42 @@ def tokens_of(cfg, grid) -> int:
     return (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
 
 
+def family_activations(family: str, cfg, grid, setting: Setting, *, lora_rank: int | None, s: int,
+                       per_token: bool = False, lora_img_emb: bool = False, fused: bool = False,
+                       text_tokens: tuple[int, int, int] | None = None) -> Activations:
+    """The activation model of `family`'s DiT: Wan's (`activation_bytes`, above) or HunyuanVideo 1.5's
+    (`plan_hunyuan15.hy15_activation_bytes`, which needs the job's `text_tokens`: `job_text_tokens`)."""
+    if family == "hunyuan15":
+        if text_tokens is None:
+            raise PlanError("the HunyuanVideo 1.5 plan needs the text stream's tokens (job_text_tokens)")
+        text_len, glyph_len, image_len = text_tokens
+        return hy15_activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, text_len=text_len,
+                                     glyph_len=glyph_len, image_len=image_len)
+    return activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, per_token=per_token,
+                            lora_img_emb=lora_img_emb, fused=fused)
+
+
+def job_text_tokens(job, preset) -> tuple[int, int, int] | None:
+    """The text stream a HunyuanVideo 1.5 job's DiT reads at most (`plan_hunyuan15.hy15_text_tokens`);
+    None for Wan (its text is cross-attention context, `text_len` of its config)."""
+    if family_of(preset).name != "hunyuan15":
+        return None
+    return hy15_text_tokens(preset, any(d.do_i2v for d in job.process.datasets))
+
+
 def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lora_rank: int | None,
             dtype: torch.dtype, ds: dict, cuda: bool, per_token: bool = False,
             sizes: ModelSizes | None = None, lora_img_emb: bool = False, experts: Experts | None = None,
-            fused: bool | None = None) -> Prediction:
+            fused: bool | None = None, family: str = "wan",
+            text_tokens: tuple[int, int, int] | None = None) -> Prediction:
     """The per-rank peak of a training step at latents `grid` (F', h, w) under `setting`; `experts`:
     the DiTs of a two-expert job (None: one model); `fused`: the DiT runs its fused kernels (None: on
-    CUDA, as `kernels: auto` does when triton imports, which CUDA builds of torch ship with)."""
-    sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb)
-    act = activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
-                           lora_img_emb=lora_img_emb, fused=cuda if fused is None else fused)
+    CUDA, as `kernels: auto` does when triton imports, which CUDA builds of torch ship with; Wan's DiT
+    only); `family` / `text_tokens`: see `family_activations`."""
+    sizes = sizes or model_sizes(cfg, lora_rank, dtype, lora_img_emb, family)
+    act = family_activations(family, cfg, grid, setting, lora_rank=lora_rank, s=dtype.itemsize, per_token=per_token,
+                             lora_img_emb=lora_img_emb, fused=cuda if fused is None else fused,
+                             text_tokens=text_tokens)
     res, trans = state_memory(sizes, setting, world, ds, dtype, cuda, experts)
     if not shards_optimizer(setting.zero_stage):
         # ZeRO-0 gradients grow through backward while activations shrink: the peak is at one end
@@ -775,7 +748,9 @@ class AutoCheckpointing:
         self.lora = p.network.linear if p.network is not None else None
         self.img_emb = bool(p.network is not None and p.network.include_img_emb)
         self.ds = ds_config(job, machine.ranks, cuda=self.cuda)
-        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.img_emb)
+        self.family = family_of(self.preset).name
+        self.text_tokens = job_text_tokens(job, self.preset)
+        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.img_emb, self.family)
         self.per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
         self.experts = job_experts(job)
         self.capacity = capacity_of(machine)
@@ -786,7 +761,8 @@ class AutoCheckpointing:
     def predict(self, grid, setting: Setting) -> Prediction:
         return predict(self.cfg, grid, setting, world=self.machine.ranks, lora_rank=self.lora, dtype=self.dtype,
                        ds=self.ds, cuda=self.cuda, per_token=self.per_token, sizes=self.sizes,
-                       lora_img_emb=self.img_emb, experts=self.experts)
+                       lora_img_emb=self.img_emb, experts=self.experts, family=self.family,
+                       text_tokens=self.text_tokens)
 
     def choose(self, grid) -> CheckpointChoice:
         grid = tuple(int(v) for v in grid)
@@ -831,15 +807,8 @@ def oom_message(job, grid, measured_peak: int, machine: Machine, step: int | Non
     """The one line an out-of-memory step reports: the step, the bucket, the planned and the measured peak
     (`torch.cuda.max_memory_allocated` when it failed), and what would lower it with the plan's figures
     (block checkpointing, ZeRO-3, sequence parallelism, optimizer offload). `grid`: the batch's latent grid
-    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says). A family
-    the plan does not model gets the levers without figures."""
+    (F', h, w); `checkpointed`: the blocks checkpointed when it failed (None: as the job says)."""
     where = f"step {step}, " if step is not None else ""
-    if not planned(job):
-        preset = get_preset(job.process.model.preset)
-        return (f"out of memory: {where}latents {'x'.join(str(int(v)) for v in grid)}: measured peak "
-                f"{measured_peak / GiB:.2f} GiB; {unplanned(preset)}; what would lower it: "
-                "train.gradient_checkpointing: true, deepspeed.zero_stage: 3, deepspeed.sequence_parallel_size > 1, "
-                "deepspeed.offload_optimizer: true")
     chooser = AutoCheckpointing(job, machine)
     grid = tuple(int(v) for v in grid)
     cfg, preset = chooser.cfg, chooser.preset
@@ -926,38 +895,49 @@ class JobPlan:
         return out
 
 
+def file_parameters(src: str, sub: str, skip=()) -> int | None:
+    """Parameters in a model's files, from their headers (`sub`: its folder in a diffusers layout, `skip`:
+    key prefixes not loaded); None when `src` is a preset or not on this machine."""
+    path = Path(src)
+    if preset_name(src) is not None or not path.exists():
+        return None
+    path = path / sub if (path / sub).is_dir() else path
+    try:
+        w = open_weights(path)
+    except WeightsError:
+        return None
+    return sum(math.prod(e.shape) for k, e in w.entries.items() if not k.startswith(skip))
+
+
 def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
-    """Parameter bytes, at `dtype`, of the frozen text encoder, VAE (and CLIP) the job loads: counted from
-    their files' headers when they are on this machine (`model_sources`, as the trainer finds them),
-    else from the preset's architectures built on the meta device."""
+    """Parameter bytes, at `dtype`, of the frozen text encoder(s), VAE (and image encoder) the job loads:
+    counted from their files' headers when they are on this machine (`model_sources`, as the trainer finds
+    them), else from the preset's architectures built on the meta device."""
     try:
         spec = spec_of_job(job.process)
         vae_src, te_src, clip_used = spec.vae, spec.text_encoder, spec.image_encoder is not None
+        clip_src = spec.image_encoder
     except ConfigError:  # the model folder is not on this machine (yet): the preset's architectures
-        vae_src = te_src = f"preset:{preset.name}"
+        vae_src = te_src = clip_src = f"preset:{preset.name}"
         clip_used = preset.image_encoder is not None
-
-    def from_files(src: str, sub: str, skip=()):
-        path = Path(src)
-        if preset_name(src) is not None or not path.exists():
-            return None
-        path = path / sub if (path / sub).is_dir() else path
-        try:
-            w = open_weights(path)
-        except WeightsError:
-            return None
-        return sum(math.prod(e.shape) for k, e in w.entries.items() if not k.startswith(skip))
-
-    te = from_files(te_src, "text_encoder", skip=("decoder.", "lm_head."))  # a full umT5: its encoder only
+    vae = file_parameters(vae_src, "vae")
+    if family_of(preset).name == "hunyuan15":  # Qwen2.5-VL's language model + ByT5, SigLIP (i2v)
+        counted = encoder_parameters(preset.text_encoder, preset.image_encoder if clip_used else None)
+        parts = (file_parameters(te_src, "text_encoder"), file_parameters(te_src, "text_encoder_2"))
+        te = sum(parts) if None not in parts else counted["text_encoder"]
+        clip = (file_parameters(clip_src, "image_encoder") or counted["image_encoder"]) if clip_used else 0
+        if vae is None:
+            with torch.device("meta"):
+                vae = sum(p.numel() for p in HunyuanVideo15VAE(preset.vae).parameters())
+        return {"text_encoder": te * dtype.itemsize, "vae": vae * dtype.itemsize, "image_encoder": clip * dtype.itemsize}
+    te = file_parameters(te_src, "text_encoder", skip=("decoder.", "lm_head."))  # a full umT5: its encoder only
     if te is None:
         te = sum(p.numel() for p in build_umt5(preset.text_encoder, device="meta").parameters())
-    vae = from_files(vae_src, "vae")
     if vae is None:
         with torch.device("meta"):
             vae = sum(p.numel() for p in CausalVideoVAE(preset.vae).parameters())
     clip = 0
     if clip_used:  # Wan 2.1 I2V / FLF2V: CLIP while caching, as umT5
-
         # counted at `dtype` whole (an upper bound: the trainer drops its last block, quanto's fp8 halves it)
         clip = sum(p.numel() for p in build_clip_vision(preset.image_encoder, device="meta").parameters())
     return {"text_encoder": te * dtype.itemsize, "vae": vae * dtype.itemsize, "image_encoder": clip * dtype.itemsize}
@@ -982,17 +962,6 @@ def candidate_settings(job, heads: int, world: int):
                               recompute=base.recompute or sp > 1)  # see train.recompute_saved
 
 
-def unplanned(preset) -> str:
-    """Why a preset of a family the plan does not model gets no plan."""
-    return (f"preset {preset.name!r} is {family_of(preset).title}, whose DiT the memory plan does not model yet "
-            "(its activations, its LoRA targets); the plan covers the Wan presets")
-
-
-def planned(job) -> bool:
-    """Whether the plan models the job's DiT (`Family.planned`)."""
-    return family_of(get_preset(job.process.model.preset)).planned
-
-
 def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None = None, missing=()) -> JobPlan:
     """Per-bucket predictions of `job` on `machine`, the settings that fit, host RAM per node."""
     if machine.ranks < 1:
@@ -1001,8 +970,6 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
         raise PlanError(f"--nodes {machine.nodes} must be >= 1 and divide the {machine.ranks} ranks")
     p = job.process
     preset = get_preset(p.model.preset)
-    if not family_of(preset).planned:
-        raise PlanError(unplanned(preset))
     cfg = preset.dit
     heads = cfg.num_heads
     sp = p.deepspeed.sequence_parallel_size
@@ -1016,22 +983,11 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
         job = job.for_ranks(machine.ranks)
     except ConfigError as exc:
         raise PlanError(str(exc)) from exc
-    p = job.process
-    cuda = machine.device == "cuda"
-    dtype = planned_dtype(job, machine.device)
-    lora = p.network.linear if p.network is not None else None
-    ds = ds_config(job, machine.ranks, cuda=cuda)
-    img_emb = bool(p.network is not None and p.network.include_img_emb)
-    sizes = model_sizes(cfg, lora, dtype, img_emb)
-    per_token = any(d.do_i2v for d in p.datasets) and p.i2v_mode == "replace"
-    capacity = capacity_of(machine)
-    setting = setting_of(job)
-    experts = job_experts(job)
-    auto = AutoCheckpointing(job, machine) if auto_checkpointing(job) else None
-
-    def pred(grid, s):
-        return predict(cfg, grid, s, world=machine.ranks, lora_rank=lora, dtype=dtype, ds=ds, cuda=cuda,
-                       per_token=per_token, sizes=sizes, lora_img_emb=img_emb, experts=experts)
+    model = AutoCheckpointing(job, machine)  # the job's predictions (and, with `auto`, its choice per bucket)
+    pred = model.predict
+    dtype, lora, sizes, capacity = model.dtype, model.lora, model.sizes, model.capacity
+    setting, experts, cuda = model.setting, model.experts, model.cuda
+    auto = model if auto_checkpointing(job) else None
 
     for f, h, w in buckets or ():
         t, d = preset.vae.temporal_compression, preset.divisibility
@@ -1079,7 +1035,7 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     n = machine.ranks_per_node
     process = PROCESS_BYTES + (CUDA_HOST_BYTES if cuda else 0)
     with torch.device("meta"):
-        names = dict((k, v.numel()) for k, v in VideoDiT(preset.dit).named_parameters())
+        names = dict((k, v.numel()) for k, v in family_of(preset).arch.cls(preset.dit).named_parameters())
     group = max(sum(names[k] for k in g) for g in module_groups(names)) * dtype.itemsize
     if partitioned(setting.zero_stage):
         dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)

@@ -40,7 +40,7 @@ from video_dit.train import checkpoint as ckpt
 from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
 from video_dit.train.engine import schedule_change
 from video_dit.train.experts import plan_experts
-from video_dit.train.plan import PlanError, planned, preflight, unplanned
+from video_dit.train.plan import PlanError, preflight
 from video_dit.train.preview import job_scheduler
 from video_dit.train.vae_stage import train_tiny_vae
 from video_dit.typed_config import ConfigError, parse
@@ -262,9 +262,6 @@ def memory_check(job, launcher_args: list[str], log=print) -> None:
         return
 
     key = f"{PROCESS}.deepspeed.memory_check"
-    if not planned(job):
-        log(f"[video_dit] no memory plan: {unplanned(get_preset(job.process.model.preset))}; starting without one")
-        return
     try:
         table, failures = preflight(job, launcher_args)
     except PlanError as exc:
