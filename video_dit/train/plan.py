@@ -5,7 +5,9 @@ Everything is counted in bytes from the job's own numbers: parameter counts from
 the meta device (`model_sizes`, exact, LoRA adapters included), DeepSpeed's buffer sizes from the
 job's DeepSpeed JSON (`video_dit.train.engine.ds_config`, read through DeepSpeed's own
 `DeepSpeedZeroConfig`, so its defaults are DeepSpeed's), and the activation model below, which is
-derived from what `video_dit/models/dit.py` makes autograd keep. No constant in it is fitted.
+derived from what `video_dit/models/dit.py` makes autograd keep (HunyuanVideo 1.5's DiT: its own
+activation model, `plan_hunyuan15.py`; `family_activations` picks by the preset's family). No constant
+in it is fitted.
 
 Notation: s = bytes per element of the compute dtype (2 in bf16, 4 in fp32); a = bytes of the float32
 islands, max(s, 4): the residual stream, the LayerNorms' float32 copies, the head (a bf16 DiT keeps
