@@ -157,7 +157,7 @@ def _saved_under_sp(info, lora) -> dict:
     model(x, t, **kw).sum().backward()  # gradients and RoPE tables exist before the measured step
     with CPUAllocationTracker() as tracker:
         loss = (model(x, t, **kw) - weight).square().mean()
-        saved = tracker.live - 4  # 4: the loss itself
+        saved = tracker.settled_live() - 4  # 4: the loss itself
     del loss
     planned = hy15_activation_bytes(CONFIG, grid, Setting(0, sp=2, micro_batch=2), lora_rank=lora, s=4, text_len=6,
                                     glyph_len=3, image_len=5)
