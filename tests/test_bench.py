@@ -509,3 +509,19 @@ def test_bench_cuda_targets_are_the_issues():
     assert {(r["target"], r["met"]) for r in rows.values()} == {("<= 0.8", False), (">= 0.5", False),
                                                                 ("<= 0.643", True), ("<= 0.593", True)}
     assert all(r["suite"] == "dit" for r in rows.values())  # the train suite's targets are its CPU parts'
+
+
+def test_hy15_vae_suite_measures_both_models_on_the_same_weights():
+    """`video-dit bench --suite hy15-vae`: ours and diffusers' HunyuanVideo 1.5 VAE built with the same weights
+    give the same clip (so the times compare the same work), and the summary holds them to 0.7x."""
+    from video_dit.bench import hunyuan15_vae
+    from video_dit.commands import bench as cmd
+
+    res = hunyuan15_vae.measure(dict(widths=(8, 16, 32, 64, 64), frames=5, height=32, width=32, dtype="float32"),
+                                repeats=1, threads=torch.get_num_threads(), memory=False)  # the process's threads kept
+    assert res["max_abs_diff"] <= 1e-4 * res["output_scale"]
+    assert res["time_ratio"] == res["time_s"]["ours"] / res["time_s"]["diffusers"] > 0
+    assert hunyuan15_vae.default_shape("cpu", small=True)["height"] == 64
+    assert cmd.SUITES["hy15-vae"] == hunyuan15_vae.__name__
+    rows = cmd.summarize({"hy15-vae": {"time_ratio": 0.61, "memory_ratio": 0.75}}, "cpu")
+    assert [(r["value"], r["met"]) for r in rows] == [(0.61, True), (0.75, False)]

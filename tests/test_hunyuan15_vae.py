@@ -117,6 +117,33 @@ def test_parity_with_diffusers_in_each_layout(setup, layout):
             assert torch.equal(vae.decode(z), out.clamp(-1, 1))  # decode clamps by default
 
 
+@pytest.mark.parametrize("threshold", [1, 16])
+@torch.no_grad()
+def test_wide_layers_in_ncdhw_on_the_cpu(setup, monkeypatch, threshold):
+    """The convs that run in NCDHW on the CPU (`CPU_BLOCKED_CHANNELS`, 512 input channels as shipped,
+    here every layer or those of 16+ channels, so the formats mix) give diffusers' outputs, through
+    oneDNN and through the im2col matrix product (chunks of one latent frame); the weights' formats
+    follow the rule after a load and after a move (`_apply`)."""
+    from video_dit.models import hunyuan15_vae
+
+    monkeypatch.setattr(hunyuan15_vae, "CPU_BLOCKED_CHANNELS", threshold)
+    cfg, ref, outputs = setup
+    vae = HunyuanVideo15VAE(cfg).eval()
+    vae.load_state_dict(hy15_vae_from_diffusers(ref.state_dict()))
+    vae = vae.to(torch.float64).to(torch.float32)
+    convs = [m.conv.weight for m in vae.modules() if isinstance(m, hunyuan15_vae.HY15CausalConv3d)]
+    blocked = [w.shape[1] >= threshold for w in convs]
+    assert [w.is_contiguous() for w in convs] == blocked
+    assert [w.is_contiguous(memory_format=torch.channels_last_3d) for w in convs] == [not b for b in blocked]
+    assert any(blocked) and (threshold == 1 or not all(blocked))
+    for chunk_cells in (vae.chunk_cells, 1):
+        vae.chunk_cells = chunk_cells
+        for frames, (video, mean, logvar, z, decoded) in outputs.items():
+            post = vae.encode(video)
+            assert _rel(post.mean, mean) <= 1e-4, (chunk_cells, frames)
+            assert _rel(vae.decode(z, clamp=False), decoded) <= 1e-4, (chunk_cells, frames)
+
+
 @torch.no_grad()
 def test_chunked_equals_whole_clip(setup):
     """Chunks of one latent frame (the cache carrying every conv's past and the attention's keys and

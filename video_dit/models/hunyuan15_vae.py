@@ -218,26 +218,41 @@ def _replicate_edges(x: torch.Tensor, p: int) -> None:
 
 
 _CL = torch.channels_last_3d
+# From this many input channels a causal conv runs in NCDHW on the CPU: oneDNN's blocked kernels for a
+# contiguous input and weight ran these convs 1.2-1.6x faster than its channels-last ones (one thread,
+# this project's 2-core CPU: 1024 -> 1024 on a 5 x 16 x 16 output 450 vs 673 ms, 1024 -> 4096 1.75 vs
+# 2.72 s, 512 -> 512 on 2 x 60 x 104 0.91 vs 1.21 s), the same at 256 and 128 channels, where the
+# channels-last window saves oneDNN's reorder (see `_conv`).
+CPU_BLOCKED_CHANNELS = 512
+
+
+def _cpu_blocked(weight: torch.Tensor) -> bool:
+    """Does this causal conv run in NCDHW on the CPU? Its weight says so: `HunyuanVideo15VAE.conv_formats`
+    keeps a wide layer's weight contiguous there (and every other one channels-last)."""
+    return weight.device.type == "cpu" and weight.is_contiguous()
 
 
 def _window_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """conv3d without padding of a causal window (B, C, T + k - 1, H + k - 1, W + k - 1) ->
     (B, C', T, H, W), no autograd. On the CPU, a call with few output positions (B T H W under 256
     and under the output channels: the lowest levels of small frames) is one matrix product over the
-    k^3 shifted copies of the window (im2col, channels-last: (B T H W, k^3 C) x (k^3 C, C')): oneDNN
-    reorders the whole weight on every call, which there costs several times the convolution (a
-    1024 -> 1024 conv on 64 positions: 47 ms instead of 125). Otherwise `_conv` (oneDNN on the CPU)."""
+    k^3 shifted copies of the window (im2col, channels-last: (B T H W, k^3 C) x (k^3 C, C'), or
+    (B T H W, C k^3) x (C k^3, C') for a contiguous weight): oneDNN reorders the whole weight on every
+    call, which there costs several times the convolution (a 1024 -> 1024 conv on 64 positions: 47 ms
+    instead of 125). Otherwise `_conv` (oneDNN on the CPU), in the weight's memory format."""
     B, C, Tw, Hw, Ww = win.shape
     Co, k = weight.shape[0], weight.shape[2:]
     T, H, W = Tw - k[0] + 1, Hw - k[1] + 1, Ww - k[2] + 1
     if win.device.type != "cpu" or B * T * H * W >= min(Co, 256):
-        return _conv(win, weight, bias)
+        return _conv(win.contiguous() if _cpu_blocked(weight) else win, weight, bias)
     src = win.permute(0, 2, 3, 4, 1)  # (B, Tw, Hw, Ww, C), a view of the channels-last window
-    cols = win.new_empty(B, T, H, W, k[0] * k[1] * k[2], C)
-    taps = ((a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2]))
-    for i, (a, b, c) in enumerate(taps):
-        cols[:, :, :, :, i] = src[:, a:a + T, b:b + H, c:c + W]
-    w = weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)  # (C', k^3 C); a view of channels-last weights
+    blocked, taps = _cpu_blocked(weight), k[0] * k[1] * k[2]
+    cols = win.new_empty(B, T, H, W, *((C, taps) if blocked else (taps, C)))
+    for i, (a, b, c) in enumerate((a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2])):
+        tap = cols[..., i] if blocked else cols[:, :, :, :, i]  # (B, T, H, W, C): tap i's columns
+        tap.copy_(src[:, a:a + T, b:b + H, c:c + W])
+    # (C', C k^3) or (C', k^3 C): a view of the weight either way
+    w = weight.view(Co, -1) if blocked else weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)
     y = torch.addmm(bias, cols.view(B * T * H * W, -1), w.t())  # (B T H W, C')
     return y.view(B, T, H, W, Co).permute(0, 4, 1, 2, 3)  # (B, C', T, H, W), channels-last
 
@@ -278,7 +293,8 @@ class HY15CausalConv3d(nn.Module):
                 # and it is alone: the n + 1 taps all see it and fold into one (a third of the work
                 # where the frame is large; where the weight is the larger, summing it costs more;
                 # not in half precision, where the summed weight would be rounded once more)
-                y = _conv(body, sum(w.narrow(2, i, 1) for i in range(n + 1)), b)
+                folded = sum(w.narrow(2, i, 1) for i in range(n + 1))  # (C', C, 1, k, k)
+                y = _conv(body.contiguous() if _cpu_blocked(w) else body, folded, b)
                 cache.keep_or_drop(self, win, n)
                 return y
         y = _window_conv(win, w, b)
@@ -643,19 +659,30 @@ class HunyuanVideo15VAE(nn.Module):
         # for memory; memory is bounded by this, not by the clip's length.
         self.chunk_cells = 4096
         self.initialize_weights(seed)
-        self.weights_channels_last()
+        self.conv_formats()
         self.register_load_state_dict_post_hook(_after_load)
         self.register_state_dict_post_hook(_contiguous_state)
 
     @torch.no_grad()
-    def weights_channels_last(self) -> None:
-        """Give every causal conv weight channels-last strides (same values); done on construction and
-        after each `load_state_dict`."""
+    def conv_formats(self) -> None:
+        """Give each causal conv weight the memory format its convolution runs fastest in (same values):
+        channels-last, except on the CPU for layers of `CPU_BLOCKED_CHANNELS` input channels or more,
+        which keep contiguous weights and run in NCDHW (`_cpu_blocked`). Done on construction, after
+        each `load_state_dict` and after each move (`_apply`)."""
         for m in self.modules():
             if isinstance(m, HY15CausalConv3d):
                 w = m.conv.weight
-                if w.device.type != "meta" and not w.is_contiguous(memory_format=_CL):
-                    w.data = w.data.contiguous(memory_format=_CL)
+                if w.device.type == "meta":
+                    continue
+                blocked = w.device.type == "cpu" and w.shape[1] >= CPU_BLOCKED_CHANNELS
+                fmt = torch.contiguous_format if blocked else _CL
+                if not w.is_contiguous(memory_format=fmt):
+                    w.data = w.data.contiguous(memory_format=fmt)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self.conv_formats()  # a move to or from the CPU changes what runs fastest
+        return out
 
     @torch.no_grad()
     def initialize_weights(self, seed: int | None = None) -> None:
@@ -843,7 +870,7 @@ class HunyuanVideo15VAE(nn.Module):
 
 
 def _after_load(module: HunyuanVideo15VAE, incompatible_keys) -> None:
-    module.weights_channels_last()
+    module.conv_formats()
 
 
 def _contiguous_state(module, state_dict: dict, prefix: str, local_metadata) -> None:
