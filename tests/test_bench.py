@@ -525,3 +525,20 @@ def test_hy15_vae_suite_measures_both_models_on_the_same_weights():
     assert cmd.SUITES["hy15-vae"] == hunyuan15_vae.__name__
     rows = cmd.summarize({"hy15-vae": {"time_ratio": 0.61, "memory_ratio": 0.75}}, "cpu")
     assert [(r["value"], r["met"]) for r in rows] == [(0.61, True), (0.75, False)]
+
+
+def test_hy15_vae_suite_leaves_the_thread_count(monkeypatch):
+    """The suite measures on one CPU thread but hands the process back with its own count (`--suite all`
+    runs other suites after it)."""
+    from video_dit.bench import hunyuan15_vae
+
+    seen = []
+    monkeypatch.setattr(hunyuan15_vae, "measure", lambda *a, **k: seen.append(torch.get_num_threads()) or
+                        torch.set_num_threads(1) or {"time_ratio": 1.0})
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert hunyuan15_vae.run(small=True) == {"time_ratio": 1.0} and seen == [2]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

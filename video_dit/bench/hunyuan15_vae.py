@@ -104,8 +104,13 @@ def _peak_child(which: str, shape: dict, threads: int) -> int:
 
 
 def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None) -> dict:
-    """`video-dit bench --suite hy15-vae`: `measure` at the device's shape (`default_shape`)."""
-    return measure(default_shape(device, small), device, repeats, threads)
+    """`video-dit bench --suite hy15-vae`: `measure` at the device's shape (`default_shape`); the process's
+    thread count is restored for the suites after it."""
+    before = torch.get_num_threads()
+    try:
+        return measure(default_shape(device, small), device, repeats, threads)
+    finally:
+        torch.set_num_threads(before)
 
 
 def measure(shape: dict, device: str = "cpu", repeats: int = 3, threads: int | None = None,
