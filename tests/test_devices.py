@@ -5,6 +5,8 @@ whatever the device context and without touching the global or CUDA generators."
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -151,3 +153,18 @@ def test_compile_auto_is_on_for_gpu_ranks_under_zero_0_2_without_sp(setting, dev
     process = SimpleNamespace(train=SimpleNamespace(compile=setting),
                               deepspeed=SimpleNamespace(zero_stage=zero, sequence_parallel_size=sp))
     assert compiles(process, torch.device(device)) is expected
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free(tmp_path, monkeypatch):
+    """MASTER_PORT comes from below the kernel's ephemeral range (where outgoing connections cannot take it
+    between the check and the bind), is free, and falls back to a kernel-chosen port where that range
+    starts too low to leave room."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    monkeypatch.setattr(devices, "EPHEMERAL_RANGE", ranges)
+    ports = {devices.free_port() for _ in range(20)}
+    assert all(devices.PORTS_BELOW_EPHEMERAL <= p < 32768 for p in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))  # free: binds
+    ranges.write_text("20500 60999\n")
+    assert not devices.PORTS_BELOW_EPHEMERAL <= devices.free_port() < 20500  # no room below: the kernel's choice

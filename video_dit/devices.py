@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import random
 import socket
 import statistics
 import time
@@ -74,8 +75,33 @@ def _cuda_found() -> str:
     return build + (f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else "")
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_BELOW_EPHEMERAL = 20000  # the lowest port `free_port` draws
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a process group's MASTER_PORT)."""
+    """A TCP port free on 127.0.0.1 now, for a process group's MASTER_PORT, drawn below the kernel's
+    ephemeral range: between this check and the store's bind, a port of that range can be taken by any
+    outgoing connection (gloo's pairs among them: a 2-rank launch failed with EADDRINUSE), one below it
+    only by another explicit bind. Where that range is unknown or starts too low, a port the kernel picks."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    rng = random.SystemRandom()
+    for _ in range(64 if low - PORTS_BELOW_EPHEMERAL >= 1000 else 0):
+        port = rng.randrange(PORTS_BELOW_EPHEMERAL, low)
+        if _bindable(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
