@@ -49,7 +49,7 @@ def end_rank(code: int):
     """End a finished rank: leave the group, flush stdout / stderr, `os._exit(code)`. Even with the group
     ended first, a finished CPU rank still aborted now and then in interpreter finalization (SIGABRT,
     'terminate called without an active exception', after its last collective: the C++ objects DeepSpeed
-    keeps references to are torn down in no set order; once in ~20 CI runs). Everything a rank writes is
+    keeps references to are torn down in no set order; seen in a CI run). Everything a rank writes is
     written and closed before this (checkpoints, metrics, logs); nothing is left to finalization."""
     try:
         leave_distributed()

@@ -924,10 +924,13 @@ def encoder_bytes(job, preset, dtype: torch.dtype) -> dict:
         clip_used = preset.image_encoder is not None
     vae = file_parameters(vae_src, "vae")
     if family_of(preset).name == "hunyuan15":  # Qwen2.5-VL's language model + ByT5, SigLIP (i2v)
-        counted = encoder_parameters(preset.text_encoder, preset.image_encoder if clip_used else None)
         parts = (file_parameters(te_src, "text_encoder"), file_parameters(te_src, "text_encoder_2"))
-        te = sum(parts) if None not in parts else counted["text_encoder"]
-        clip = (file_parameters(clip_src, "image_encoder") or counted["image_encoder"]) if clip_used else 0
+        clip = file_parameters(clip_src, "image_encoder") if clip_used else 0
+        if None in parts or clip is None:  # the released architectures on meta (2 s: only when files lack)
+            counted = encoder_parameters(preset.text_encoder, preset.image_encoder if clip_used else None)
+            parts, clip = ((counted["text_encoder"],) if None in parts else parts,
+                           counted["image_encoder"] if clip is None else clip)
+        te = sum(parts)
         if vae is None:
             with torch.device("meta"):
                 vae = sum(p.numel() for p in HunyuanVideo15VAE(preset.vae).parameters())
