@@ -117,25 +117,29 @@ def test_parity_with_diffusers_in_each_layout(setup, layout):
             assert torch.equal(vae.decode(z), out.clamp(-1, 1))  # decode clamps by default
 
 
-@pytest.mark.parametrize("threshold", [1, 16])
+@pytest.mark.parametrize("threshold,min_positions", [(1, 0), (16, 0), (16, 10 ** 9)],
+                         ids=["all-winograd", "mixed-winograd", "mixed-im2col"])
 @torch.no_grad()
-def test_wide_layers_in_ncdhw_on_the_cpu(setup, monkeypatch, threshold):
-    """The convs that run in NCDHW on the CPU (`CPU_BLOCKED_CHANNELS`, 512 input channels as shipped,
-    here every layer or those of 16+ channels, so the formats mix) give diffusers' outputs, through
-    oneDNN and through the im2col matrix product (chunks of one latent frame); the weights' formats
-    follow the rule after a load and after a move (`_apply`)."""
+def test_wide_layers_in_winograd_tap_layout_on_the_cpu(setup, monkeypatch, threshold, min_positions):
+    """The convs that keep Winograd's tap layout on the CPU (`WINOGRAD_CHANNELS`, 256 input channels as
+    shipped; here every layer, or those of 16+ channels so the formats mix) give diffusers' outputs,
+    through Winograd F(4x4, 3x3) (frames whose sides are no multiple of 4 included: 2 x 3 latents) and
+    through the tap layout's im2col product (`MIN_POSITIONS`), in both chunkings; the weights' formats
+    follow the rule after a load and after a move (`_apply`), and a move to float64 and back keeps them."""
+    from video_dit.kernels import winograd
     from video_dit.models import hunyuan15_vae
 
-    monkeypatch.setattr(hunyuan15_vae, "CPU_BLOCKED_CHANNELS", threshold)
+    monkeypatch.setattr(hunyuan15_vae, "WINOGRAD_CHANNELS", threshold)
+    monkeypatch.setattr(winograd, "MIN_POSITIONS", min_positions)
     cfg, ref, outputs = setup
     vae = HunyuanVideo15VAE(cfg).eval()
     vae.load_state_dict(hy15_vae_from_diffusers(ref.state_dict()))
     vae = vae.to(torch.float64).to(torch.float32)
     convs = [m.conv.weight for m in vae.modules() if isinstance(m, hunyuan15_vae.HY15CausalConv3d)]
-    blocked = [w.shape[1] >= threshold for w in convs]
-    assert [w.is_contiguous() for w in convs] == blocked
-    assert [w.is_contiguous(memory_format=torch.channels_last_3d) for w in convs] == [not b for b in blocked]
-    assert any(blocked) and (threshold == 1 or not all(blocked))
+    wide = [w.shape[1] >= threshold for w in convs]
+    assert [winograd.in_tap_layout(w) for w in convs] == wide
+    assert [w.is_contiguous(memory_format=torch.channels_last_3d) for w in convs] == [not b for b in wide]
+    assert any(wide) and (threshold == 1 or not all(wide))
     for chunk_cells in (vae.chunk_cells, 1):
         vae.chunk_cells = chunk_cells
         for frames, (video, mean, logvar, z, decoded) in outputs.items():

@@ -36,7 +36,9 @@ checkpoint names (`encoder.down.0.block.0.conv1.conv.weight`, `encoder.mid.attn_
 
 Shared with the Wan VAE (`vae_layers.py`, the same math): the chunk cache it extends, the channel
 RMS norm, the conv kernel dispatch and the posterior (`vae.py`). What differs lives here: replicate
-padding, pixel-(un)shuffle resampling with parameter-free shortcuts, frame-causal attention.
+padding, pixel-(un)shuffle resampling with parameter-free shortcuts, frame-causal attention. On the
+CPU without autograd, the causal convs of `WINOGRAD_CHANNELS` input channels or more run as Winograd
+F(4x4, 3x3) (`kernels/winograd.py`; the same values within float32 rounding).
 
 Where Tencent's code (hyvideo/models/autoencoders/hunyuanvideo_15_vae.py) and diffusers disagree,
 Tencent's is followed: see the comments at `RMS_norm` use, `enable_tiling` and `normalize`.
@@ -52,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from video_dit.kernels import winograd
 from video_dit.models.common import parameter_generator
 from video_dit.models.vae import DiagonalGaussian
 from video_dit.models.vae_layers import CausalCache, RMS_norm, _conv, _empty_cl, _inplace
@@ -218,41 +221,39 @@ def _replicate_edges(x: torch.Tensor, p: int) -> None:
 
 
 _CL = torch.channels_last_3d
-# From this many input channels a causal conv runs in NCDHW on the CPU: oneDNN's blocked kernels for a
-# contiguous input and weight ran these convs 1.2-1.6x faster than its channels-last ones (one thread,
-# this project's 2-core CPU: 1024 -> 1024 on a 5 x 16 x 16 output 450 vs 673 ms, 1024 -> 4096 1.75 vs
-# 2.72 s, 512 -> 512 on 2 x 60 x 104 0.91 vs 1.21 s), the same at 256 and 128 channels, where the
-# channels-last window saves oneDNN's reorder (see `_conv`).
-CPU_BLOCKED_CHANNELS = 512
+# From this many input channels a causal conv keeps its weight in Winograd's tap layout on the CPU and runs
+# as Winograd F(4x4, 3x3) without autograd (`kernels/winograd.py`): 0.40x oneDNN's time at 1024 channels,
+# 0.46-0.67x at 512, 0.61-0.81x at 256, 1.2-1.3x at 128 (one thread, this project's 2-core CPU).
+# Every other conv keeps a channels-last weight.
+WINOGRAD_CHANNELS = 256
 
 
-def _cpu_blocked(weight: torch.Tensor) -> bool:
-    """Does this causal conv run in NCDHW on the CPU? Its weight says so: `HunyuanVideo15VAE.conv_formats`
-    keeps a wide layer's weight contiguous there (and every other one channels-last)."""
-    return weight.device.type == "cpu" and weight.is_contiguous()
+def _winograd(weight: torch.Tensor) -> bool:
+    """Does this causal conv run as Winograd? Its weight says so: `HunyuanVideo15VAE.conv_formats` keeps
+    a wide layer's weight on the CPU in the tap layout (and every other one channels-last)."""
+    return weight.device.type == "cpu" and winograd.in_tap_layout(weight)
 
 
 def _window_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """conv3d without padding of a causal window (B, C, T + k - 1, H + k - 1, W + k - 1) ->
-    (B, C', T, H, W), no autograd. On the CPU, a call with few output positions (B T H W under 256
-    and under the output channels: the lowest levels of small frames) is one matrix product over the
-    k^3 shifted copies of the window (im2col, channels-last: (B T H W, k^3 C) x (k^3 C, C'), or
-    (B T H W, C k^3) x (C k^3, C') for a contiguous weight): oneDNN reorders the whole weight on every
-    call, which there costs several times the convolution (a 1024 -> 1024 conv on 64 positions: 47 ms
-    instead of 125). Otherwise `_conv` (oneDNN on the CPU), in the weight's memory format."""
+    (B, C', T, H, W), no autograd. A weight in the tap layout runs as Winograd (`winograd.conv3d`).
+    Otherwise on the CPU, a call with few output positions (B T H W under 256 and under the output
+    channels: the lowest levels of small frames) is one matrix product over the k^3 shifted copies of
+    the channels-last window (im2col: (B T H W, k^3 C) x (k^3 C, C')): oneDNN reorders the whole
+    weight on every call, which there costs several times the convolution (a 1024 -> 1024 conv on
+    64 positions: 47 ms instead of 125). Otherwise `_conv` (oneDNN on the CPU)."""
+    if _winograd(weight):
+        return winograd.conv3d(win, winograd.taps(weight), bias)
     B, C, Tw, Hw, Ww = win.shape
     Co, k = weight.shape[0], weight.shape[2:]
     T, H, W = Tw - k[0] + 1, Hw - k[1] + 1, Ww - k[2] + 1
     if win.device.type != "cpu" or B * T * H * W >= min(Co, 256):
-        return _conv(win.contiguous() if _cpu_blocked(weight) else win, weight, bias)
+        return _conv(win, weight, bias)
     src = win.permute(0, 2, 3, 4, 1)  # (B, Tw, Hw, Ww, C), a view of the channels-last window
-    blocked, taps = _cpu_blocked(weight), k[0] * k[1] * k[2]
-    cols = win.new_empty(B, T, H, W, *((C, taps) if blocked else (taps, C)))
+    cols = win.new_empty(B, T, H, W, k[0] * k[1] * k[2], C)
     for i, (a, b, c) in enumerate((a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2])):
-        tap = cols[..., i] if blocked else cols[:, :, :, :, i]  # (B, T, H, W, C): tap i's columns
-        tap.copy_(src[:, a:a + T, b:b + H, c:c + W])
-    # (C', C k^3) or (C', k^3 C): a view of the weight either way
-    w = weight.view(Co, -1) if blocked else weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)
+        cols[:, :, :, :, i].copy_(src[:, a:a + T, b:b + H, c:c + W])  # (B, T, H, W, C): tap i's columns
+    w = weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)  # (C', k^3 C), a view of the channels-last weight
     y = torch.addmm(bias, cols.view(B * T * H * W, -1), w.t())  # (B T H W, C')
     return y.view(B, T, H, W, Co).permute(0, 4, 1, 2, 3)  # (B, C', T, H, W), channels-last
 
@@ -289,12 +290,15 @@ class HY15CausalConv3d(nn.Module):
         _replicate_edges(body, p)
         if seen == 0:  # the clip starts in this chunk: its first frame, repeated, is the past
             win[:, :, :n].copy_(body[:, :, :1].expand(-1, -1, n, -1, -1))
-            if T == 1 and B * H * W >= w.shape[0] and w.dtype in (torch.float32, torch.float64):
+            if T == 1 and w.dtype in (torch.float32, torch.float64) and (_winograd(w) or B * H * W >= w.shape[0]):
                 # and it is alone: the n + 1 taps all see it and fold into one (a third of the work
-                # where the frame is large; where the weight is the larger, summing it costs more;
-                # not in half precision, where the summed weight would be rounded once more)
-                folded = sum(w.narrow(2, i, 1) for i in range(n + 1))  # (C', C, 1, k, k)
-                y = _conv(body.contiguous() if _cpu_blocked(w) else body, folded, b)
+                # where the frame is large; where the weight is the larger, summing it costs more, but
+                # less than Winograd's transform of three taps; not in half precision, where the summed
+                # weight would be rounded once more)
+                if _winograd(w):
+                    y = winograd.conv3d(body, winograd.taps(w).sum(1, keepdim=True), b)  # taps (9, 1, C, C')
+                else:
+                    y = _conv(body, sum(w.narrow(2, i, 1) for i in range(n + 1)), b)  # (C', C, 1, k, k)
                 cache.keep_or_drop(self, win, n)
                 return y
         y = _window_conv(win, w, b)
@@ -666,18 +670,20 @@ class HunyuanVideo15VAE(nn.Module):
     @torch.no_grad()
     def conv_formats(self) -> None:
         """Give each causal conv weight the memory format its convolution runs fastest in (same values):
-        channels-last, except on the CPU for layers of `CPU_BLOCKED_CHANNELS` input channels or more,
-        which keep contiguous weights and run in NCDHW (`_cpu_blocked`). Done on construction, after
+        channels-last, except on the CPU for float32 and float64 layers of `WINOGRAD_CHANNELS` input
+        channels or more, which keep Winograd's tap layout (`_winograd`). Done on construction, after
         each `load_state_dict` and after each move (`_apply`)."""
         for m in self.modules():
             if isinstance(m, HY15CausalConv3d):
                 w = m.conv.weight
                 if w.device.type == "meta":
                     continue
-                blocked = w.device.type == "cpu" and w.shape[1] >= CPU_BLOCKED_CHANNELS
-                fmt = torch.contiguous_format if blocked else _CL
-                if not w.is_contiguous(memory_format=fmt):
-                    w.data = w.data.contiguous(memory_format=fmt)
+                if (w.device.type == "cpu" and w.dtype in (torch.float32, torch.float64)
+                        and w.shape[1] >= WINOGRAD_CHANNELS and w.shape[2:] == (3, 3, 3)):
+                    if not winograd.in_tap_layout(w):
+                        w.data = winograd.to_tap_layout(w.data)
+                elif not w.is_contiguous(memory_format=_CL):
+                    w.data = w.data.contiguous(memory_format=_CL)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -874,7 +880,7 @@ def _after_load(module: HunyuanVideo15VAE, incompatible_keys) -> None:
 
 
 def _contiguous_state(module, state_dict: dict, prefix: str, local_metadata) -> None:
-    """state_dict post-hook: the channels-last conv weights as contiguous tensors (what savers such as
+    """state_dict post-hook: the channels-last and tap-layout conv weights as contiguous tensors (what savers such as
     safetensors' `save_file` require; the values are the same)."""
     for key, value in state_dict.items():
         if key.startswith(prefix) and not value.is_contiguous():
