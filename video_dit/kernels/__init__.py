@@ -8,6 +8,9 @@ kernel (`triton_impl.py`) on CUDA, and its torch implementation elsewhere; `refe
 plain-torch oracle (the DiT's torch path). Triton is optional: this package imports without it
 (`TRITON_AVAILABLE` False, `status()` says why).
 
+`winograd.py` (imported as `video_dit.kernels.winograd`) is the CPU's: Winograd F(4x4, 3x3) for no-grad
+(kt, 3, 3) convolutions, which the HunyuanVideo 1.5 VAE's wide layers run on the CPU.
+
 The DiT chooses per forward through a flag on its modules, as it does for attention (a flag read in
 `forward`, never a swapped module): `set_kernels(model, "auto" | "triton" | "torch")`
 (`VideoDiT.set_kernels`); "auto", the default, is the fused ops on CUDA tensors when triton imports,
