@@ -145,18 +145,25 @@ def _products(V: torch.Tensor, tap: torch.Tensor, out: torch.Tensor) -> None:
                 _combine(_AT[j], h, out[:, :, i, :, j, o:o + ob])
 
 
+def im2col(win: torch.Tensor, kernel, offsets) -> torch.Tensor:
+    """The columns of a conv without padding of `win` (B, C, Tw, Hw, Ww) by a `kernel` (kt, kh, kw) sized
+    kernel: (B T H W, len(offsets) C), where `offsets[n]` = (a, i, j), the tap's offsets in time, height
+    and width, gives columns n C .. (n + 1) C: the order of the weight matrix's rows they will meet."""
+    B, C, Tw, Hw, Ww = win.shape
+    T, H, W = Tw - kernel[0] + 1, Hw - kernel[1] + 1, Ww - kernel[2] + 1
+    src = win.permute(0, 2, 3, 4, 1)  # (B, Tw, Hw, Ww, C), a view of a channels-last window
+    cols = win.new_empty(B, T, H, W, len(offsets), C)
+    for n, (a, i, j) in enumerate(offsets):
+        cols[:, :, :, :, n].copy_(src[:, a:a + T, i:i + H, j:j + W])  # (B, T, H, W, C): tap n's columns
+    return cols.view(B * T * H * W, -1)
+
+
 def _im2col(win: torch.Tensor, tap: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The same conv as one matrix product over the shifted copies of the window, columns ordered as
     the tap layout's rows (i, j, a, C): (B T H W, 9 kt C) x (9 kt C, C') -> (B, C', T, H, W) channels-last."""
     B, C, Tw, Hw, Ww = win.shape
     kt, Co = tap.shape[1], tap.shape[3]
-    T, H, W = Tw - kt + 1, Hw - 2, Ww - 2
-    src = win.permute(0, 2, 3, 4, 1)  # (B, Tw, Hw, Ww, C)
-    cols = win.new_empty(B, T, H, W, 9, kt, C)
-    for i in range(3):
-        for j in range(3):
-            for a in range(kt):
-                cols[:, :, :, :, 3 * i + j, a].copy_(src[:, a:a + T, i:i + H, j:j + W])
-    flat, w = cols.view(B * T * H * W, -1), tap.reshape(9 * kt * C, Co)
-    y = torch.addmm(bias, flat, w) if bias is not None else flat @ w  # (B T H W, C')
-    return y.view(B, T, H, W, Co).permute(0, 4, 1, 2, 3)
+    cols = im2col(win, (kt, 3, 3), [(a, i, j) for i in range(3) for j in range(3) for a in range(kt)])
+    w = tap.reshape(9 * kt * C, Co)
+    y = torch.addmm(bias, cols, w) if bias is not None else cols @ w  # (B T H W, C')
+    return y.view(B, Tw - kt + 1, Hw - 2, Ww - 2, Co).permute(0, 4, 1, 2, 3)

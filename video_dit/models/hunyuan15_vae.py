@@ -249,12 +249,9 @@ def _window_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     T, H, W = Tw - k[0] + 1, Hw - k[1] + 1, Ww - k[2] + 1
     if win.device.type != "cpu" or B * T * H * W >= min(Co, 256):
         return _conv(win, weight, bias)
-    src = win.permute(0, 2, 3, 4, 1)  # (B, Tw, Hw, Ww, C), a view of the channels-last window
-    cols = win.new_empty(B, T, H, W, k[0] * k[1] * k[2], C)
-    for i, (a, b, c) in enumerate((a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2])):
-        cols[:, :, :, :, i].copy_(src[:, a:a + T, b:b + H, c:c + W])  # (B, T, H, W, C): tap i's columns
+    cols = winograd.im2col(win, k, [(a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2])])
     w = weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)  # (C', k^3 C), a view of the channels-last weight
-    y = torch.addmm(bias, cols.view(B * T * H * W, -1), w.t())  # (B T H W, C')
+    y = torch.addmm(bias, cols, w.t())  # (B T H W, C')
     return y.view(B, T, H, W, Co).permute(0, 4, 1, 2, 3)  # (B, C', T, H, W), channels-last
 
 
