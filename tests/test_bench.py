@@ -528,8 +528,8 @@ def test_hy15_vae_suite_measures_both_models_on_the_same_weights():
 
 
 def test_hy15_vae_suite_leaves_the_thread_count(monkeypatch):
-    """The suite measures on one CPU thread but hands the process back with its own count (`--suite all`
-    runs other suites after it)."""
+    """The suite measures on one CPU thread but hands the process back with its own count (whatever the
+    process runs after it keeps its threads)."""
     from video_dit.bench import hunyuan15_vae
 
     seen = []

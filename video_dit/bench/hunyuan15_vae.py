@@ -105,7 +105,7 @@ def _peak_child(which: str, shape: dict, threads: int) -> int:
 
 def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int | None = None) -> dict:
     """`video-dit bench --suite hy15-vae`: `measure` at the device's shape (`default_shape`); the process's
-    thread count is restored for the suites after it."""
+    thread count is restored after it."""
     before = torch.get_num_threads()
     try:
         return measure(default_shape(device, small), device, repeats, threads)

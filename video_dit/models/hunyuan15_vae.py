@@ -287,12 +287,13 @@ class HY15CausalConv3d(nn.Module):
         _replicate_edges(body, p)
         if seen == 0:  # the clip starts in this chunk: its first frame, repeated, is the past
             win[:, :, :n].copy_(body[:, :, :1].expand(-1, -1, n, -1, -1))
-            if T == 1 and w.dtype in (torch.float32, torch.float64) and (_winograd(w) or B * H * W >= w.shape[0]):
+            wino = _winograd(w)
+            if T == 1 and w.dtype in (torch.float32, torch.float64) and (wino or B * H * W >= w.shape[0]):
                 # and it is alone: the n + 1 taps all see it and fold into one (a third of the work
                 # where the frame is large; where the weight is the larger, summing it costs more, but
                 # less than Winograd's transform of three taps; not in half precision, where the summed
                 # weight would be rounded once more)
-                if _winograd(w):
+                if wino:
                     y = winograd.conv3d(body, winograd.taps(w).sum(1, keepdim=True), b)  # taps (9, 1, C, C')
                 else:
                     y = _conv(body, sum(w.narrow(2, i, 1) for i in range(n + 1)), b)  # (C', C, 1, k, k)
