@@ -22,8 +22,8 @@ TINY_DIT = dict(in_dim=4, out_dim=4, dim=32, ffn_dim=64, freq_dim=16, text_dim=2
 def tiny_dit(seed: int = 0, head_std: float = 0.1, **changes):
     """A small random VideoDiT (`TINY_DIT` with `changes`), every weight non-trivial: the zero-initialised
     output layer is drawn N(0, head_std) after the seeded init (torch's global RNG, seeded here)."""
-    from video_dit.models.dit import VideoDiT
-    from video_dit.models.dit_config import DiTConfig
+    from video_dit.families.wan.config import DiTConfig
+    from video_dit.families.wan.dit import VideoDiT
 
     torch.manual_seed(seed)
     model = VideoDiT(DiTConfig(**{**TINY_DIT, **changes}))
@@ -65,8 +65,8 @@ def diffusers_wan(in_dim: int = 4, out_dim: int = 4, seed: int = 0, *, head_dim:
 
 def preset_dit(preset: str = "tiny", seed: int = 0, **changes):
     """A preset-shaped VideoDiT (its DiT config changed by `changes`, e.g. in_dim=36), seeded init."""
-    from video_dit.models.dit import VideoDiT
-    from video_dit.models.presets import get_preset, with_dit
+    from video_dit.families import get_preset, with_dit
+    from video_dit.families.wan.dit import VideoDiT
 
     torch.manual_seed(seed)
     return VideoDiT(with_dit(get_preset(preset), **changes).dit)
@@ -78,7 +78,7 @@ def register_preset(name: str, base: str = "tiny", i2v_mode: str | None = None, 
     `ranks.run_jobs(..., presets=[...])`)."""
     from dataclasses import replace
 
-    from video_dit.models.presets import PRESETS, get_preset, with_dit
+    from video_dit.families import PRESETS, get_preset, with_dit
 
     PRESETS[name] = replace(with_dit(get_preset(base), **dit_changes), name=name, i2v_mode=i2v_mode)
     return PRESETS[name]
@@ -89,7 +89,7 @@ def write_base(path: Path, preset: str = "tiny", seed: int = 0, **dit_changes) -
     or `preset_dit` when `dit_changes` are given) with a non-zero output layer, as one safetensors file."""
     from safetensors.torch import save_file
 
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     dit = preset_dit(preset, seed, **dit_changes) if dit_changes else load_dit(f"preset:{preset}", seed=seed)
     randomize_head(dit)
@@ -104,7 +104,7 @@ def write_hy15_base(path: Path, preset: str = "tiny-hy15-t2v", seed: int = 0, st
     them gets no gradient."""
     from safetensors.torch import save_file
 
-    from video_dit.models.hunyuan15_loading import load_hy15_dit
+    from video_dit.families.hunyuan15.loading import load_hy15_dit
 
     dit = randomize_zeros(load_hy15_dit(f"preset:{preset}", seed=seed), seed + 1, std)
     save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))

@@ -13,8 +13,8 @@ import sys
 
 import torch
 
+from video_dit.families.wan.layers import rope_tables
 from video_dit.kernels import ln_modulate, ln_modulate_reference, rms_norm_rope, rms_norm_rope_reference
-from video_dit.models.dit_layers import rope_tables
 
 RMS_CASES = [(dtype, rope) for dtype in ("float32", "bfloat16") for rope in (True, False)]
 LN_CASES = [(dtype, T) for dtype in ("float32", "bfloat16") for T in ("1", "L")]
@@ -70,7 +70,8 @@ def run_dit(kernels: str, dtype: str, per_token: bool) -> dict:
     """A tiny DiT (tests/helpers.tiny_dit: dim 32, 2 heads, 2 blocks, 12 tokens), trained as the
     trainer stores it (float32 masters computing in `dtype`), one step with `kernels` set."""
     import helpers
-    from video_dit.models.dit import cast_dit
+
+    from video_dit.families.wan.dit import cast_dit
 
     model = flag(cast_dit(helpers.tiny_dit(), getattr(torch, dtype), masters=True), kernels)
     g = torch.Generator().manual_seed(1)

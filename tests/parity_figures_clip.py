@@ -16,8 +16,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import test_dit as td
 import test_dit_loading as tl
 import test_sampling_reference as tsr
-from video_dit.models.loading import load_dit, load_image_encoder, load_vae
-from video_dit.pipeline import VideoPipeline
+
+from video_dit.families.wan.loading import load_dit, load_image_encoder, load_vae
+from video_dit.families.wan.pipeline import VideoPipeline
 
 # 1. DiT image branch vs diffusers WanTransformer3DModel (small widths; Wan sizes in 3 layouts below)
 for image in ("i2v", "flf2v"):
@@ -54,7 +55,7 @@ for kind in ("i2v_clip", "flf2v_clip"):
                    return_dict=False)[0]
         z = ours.generate_latents(prompt, negative, num_frames=5, height=32, width=32, steps=4, guidance_scale=3.0,
                                   shift=tsr.SHIFT, first_frame=image, latents=latents, last_frame=last,
-                                  solver="unipc", grid="wan")
+                                  solver="unipc", grid="reference")
         video = vae.decode(vae.denormalize(z))
     frames = (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).numpy()
     print(f"e2e {kind}: frames max|diff| = {np.abs(frames - ref).max():.2e} (frame values 0..1, std {ref.std():.3f})")

@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import test_hunyuan15_pipeline as T  # noqa: E402
-from video_dit.models.loading import load_dit  # noqa: E402
-from video_dit.models.presets import TINY_HY15_DIT  # noqa: E402
+
+from video_dit.families.hunyuan15.presets import TINY_HY15_DIT
+from video_dit.families.wan.loading import load_dit
 
 
 def show(what, ours, ref):

@@ -230,9 +230,9 @@ def _save_init(trainer, out: Path) -> None:
 
 def _predict(trainer, out: Path) -> None:
     import torch
+    from helpers import probe_inputs, probe_kwargs
     from safetensors.torch import save_file
 
-    from helpers import probe_inputs, probe_kwargs
     from video_dit.parallel.zero import gathered
 
     module = trainer.module
@@ -248,16 +248,15 @@ def _predict(trainer, out: Path) -> None:
 
 def worker(spec_path: str) -> int:
     import torch
+    from helpers import register_preset
 
-    from video_dit.models.hunyuan15_encoders import HY15ImageEncoder, HY15PromptEncoder
-    from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE
-    from video_dit.models.image_encoder import ImageEncoder
-    from video_dit.models.text_encoder import TextEncoder
-    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.families.hunyuan15.encoders import HY15ImageEncoder, HY15PromptEncoder
+    from video_dit.families.hunyuan15.vae import HunyuanVideo15VAE
+    from video_dit.families.wan.image_encoder import ImageEncoder
+    from video_dit.families.wan.text_encoder import TextEncoder
+    from video_dit.families.wan.vae import CausalVideoVAE
     from video_dit.train.config import load_job
     from video_dit.train.trainer import NonFiniteError, Trainer, run
-
-    from helpers import register_preset
 
     torch.set_num_threads(1)
     spec = json.loads(Path(spec_path).read_text())

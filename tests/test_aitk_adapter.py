@@ -10,16 +10,17 @@ import types
 import warnings
 from pathlib import Path
 
+import aitk_standin
 import helpers
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-import aitk_standin
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise
-from video_dit.families import WAN
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 from video_dit.lora import add_lora, lora_state_dict, save_lora
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.typed_config import ConfigError
@@ -122,7 +123,7 @@ def test_training_step_in_contract_order(sd):
     -> scale_loss -> backward, with a peft LoRA on the DiT standing in for ai-toolkit's network."""
     dit = sd.model
     base = copy.deepcopy(dit.state_dict())
-    add_lora(dit, rank=4)
+    add_lora(dit, rank=4, targets=WAN_LORA_TARGETS)
     try:
         batch = video_batch(do_i2v=True)
         # 1. latents from pixels (the uncached path: BaseSDTrainProcess calls encode_images(batch.tensor))
@@ -316,8 +317,8 @@ def test_preview_is_an_mp4_of_snapped_frames_from_the_control_image(sd, tmp_path
     info = probe_video(mp4)
     assert (info.num_frames, info.width, info.height) == (5, 64, 64)
     # i2v: frame 0 is the VAE round trip of the control image (resized to 64x64)
+    from video_dit.diffusion.pipeline_parts import fit_frame
     from video_dit.media import load_image, pil_to_tensor
-    from video_dit.pipeline import fit_frame
 
     pixels = fit_frame(pil_to_tensor(load_image(ctrl))[None], 64, 64)  # (1, 3, 64, 64)
     round_trip = sd.decode_latents(sd.encode_images(pixels))[0, :, 0]  # (3, 64, 64)
@@ -371,7 +372,7 @@ def test_lora_files_are_shared_with_the_deepspeed_trainer(sd, tmp_path):
     # ai-toolkit -> file: the keys are exactly those our trainer exports for the same rank
     ai_sd = aitk_lora_state_dict(sd, dit, rank=4, gen=gen)
     saved = sd.convert_lora_weights_before_save(ai_sd)
-    trainer = add_lora(copy.deepcopy(dit), rank=4, alpha=4)
+    trainer = add_lora(copy.deepcopy(dit), rank=4, alpha=4, targets=WAN_LORA_TARGETS)
     trainer_file = save_lora(tmp_path / "trainer.safetensors", trainer, alpha=4)
     assert set(saved) == set(read_state_dict(trainer_file))
     # ... and our loader reproduces ai-toolkit's model from it
@@ -384,7 +385,7 @@ def test_lora_files_are_shared_with_the_deepspeed_trainer(sd, tmp_path):
 
     # file (trained with alpha != rank) -> ai-toolkit: the same key set ai-toolkit builds, and with
     # ai-toolkit's scale of 1 the same model as our trainer's
-    trained = add_lora(copy.deepcopy(dit), rank=4, alpha=8)
+    trained = add_lora(copy.deepcopy(dit), rank=4, alpha=8, targets=WAN_LORA_TARGETS)
     with torch.no_grad():
         for n, p in trained.named_parameters():
             if "lora_" in n:

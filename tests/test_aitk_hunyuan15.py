@@ -9,18 +9,18 @@ from __future__ import annotations
 import copy
 import types
 
+import aitk_standin
 import helpers
 import pytest
 import torch
 import torch.nn.functional as F
-
-import aitk_standin
 from test_aitk_adapter import aitk_lora_state_dict, merged
+
 from video_dit.diffusion.flow import add_noise
-from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning
-from video_dit.families import HUNYUAN15
+from video_dit.families.hunyuan15 import FAMILY as HUNYUAN15
+from video_dit.families.hunyuan15.conditioning import HY15Conditioning
+from video_dit.families.hunyuan15.loading import load_hy15_dit
 from video_dit.lora import load_lora
-from video_dit.models.hunyuan15_loading import load_hy15_dit
 from video_dit.models.weights import read_state_dict
 
 B, T, H, W = 1, 5, 32, 32  # pixels (1, 5, 3, 32, 32) -> latents (1, 4, 2, 2, 2) with the tiny HunyuanVideo VAE

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aitk_standin
 import pytest
 import yaml
 
-import aitk_standin
 from video_dit.cli import main as cli
 from video_dit.commands.aitk_install import MARKER, SHIM, InstallError, install
-from video_dit.models.presets import PRESETS
+from video_dit.families import PRESETS
 from video_dit.spec import untrainable
 
 REPO = Path(__file__).resolve().parents[1]

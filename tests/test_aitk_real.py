@@ -58,6 +58,7 @@ import json, runpy, sys
 record, jobs = sys.argv[1], sys.argv[2:]
 sys.path.insert(0, ".")
 import video_dit.integrations.ai_toolkit.model as m
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 calls, scale_loss = [], m.VideoDiTModel.scale_loss
 def recording(self, loss):
     mask, skipped = self._i2v_loss_mask, self._skip_loss
@@ -199,9 +200,9 @@ def test_lora_at_linear_alpha_not_linear_samples_at_ai_toolkits_scale(aitk_run):
     import torch
     from safetensors.torch import load_file, save_file
 
+    from video_dit.families.wan.loading import load_dit
     from video_dit.lora import add_lora, save_lora
     from video_dit.media import read_video
-    from video_dit.models.loading import load_dit
     from video_dit.models.weights import read_state_dict
 
     tmp, _, _ = aitk_run
@@ -210,7 +211,7 @@ def test_lora_at_linear_alpha_not_linear_samples_at_ai_toolkits_scale(aitk_run):
     assert lora_file.is_file(), sorted(p.name for p in out.iterdir())
     state = load_file(str(lora_file))
     base = load_dit(str(tmp / "base.safetensors"))
-    reference = save_lora(tmp / "ours.safetensors", add_lora(load_dit(str(tmp / "base.safetensors")), rank=RANK),
+    reference = save_lora(tmp / "ours.safetensors", add_lora(load_dit(str(tmp / "base.safetensors")), rank=RANK, targets=WAN_LORA_TARGETS),
                           alpha=RANK)
     assert set(state) == set(read_state_dict(reference))  # the DeepSpeed trainer's export format
     alphas = [float(v) for k, v in state.items() if k.endswith(".alpha")]
@@ -264,7 +265,7 @@ def test_previews_with_ai_toolkits_default_sample_keys(aitk_run):
 def test_full_fine_tune_saves_and_resumes(aitk_run):
     import torch
 
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     tmp, log, _ = aitk_run
     out = tmp / "out" / "aitk_full"

@@ -28,6 +28,9 @@ import torch
 import yaml
 from PIL import Image
 
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.dit import VideoDiT
+
 ROOT = Path(__file__).resolve().parents[1]
 PROCESS = "config.process[0]"
 
@@ -155,27 +158,26 @@ def _tiny_dit(**changes):
 def test_weights_of_another_model_name_the_file_and_keys(tmp_path):
     from safetensors.torch import save_file
 
-    from video_dit.models.loading import load_dit
-    from video_dit.models.weights import WeightsError
-    from video_dit.models.presets import get_preset
-    from video_dit.models.loading import check_matches_preset
+    from video_dit.families import get_preset
+    from video_dit.families.wan.loading import load_dit
+    from video_dit.models.weights import WeightsError, check_matches_preset
 
     other = tmp_path / "other_model.safetensors"
     save_file({k: v.contiguous() for k, v in _tiny_dit(num_layers=5, ffn_dim=256).state_dict().items()}, str(other))
     dit = load_dit(str(other))  # a consistent checkpoint on its own ...
     with pytest.raises(WeightsError) as err:  # ... but not the preset the job names
-        check_matches_preset(dit, get_preset("tiny"), str(other))
+        check_matches_preset(dit, get_preset("tiny"), str(other), VideoDiT)
     msg = str(err.value)
     assert "other_model.safetensors (model.preset: tiny)" in msg
     assert "unexpected: blocks.4." in msg and re.search(r"wrong shape: blocks\.0\.ffn\.0\.weight: file \(256, 128\) "
                                                         r"vs model \(384, 128\)", msg), msg
-    check_matches_preset(load_dit("preset:tiny"), get_preset("tiny"), "preset:tiny")  # the right one passes
+    check_matches_preset(load_dit("preset:tiny"), get_preset("tiny"), "preset:tiny", VideoDiT)  # the right one passes
 
 
 def test_truncated_safetensors_names_the_file(tmp_path):
     from safetensors.torch import save_file
 
-    from video_dit.models.loading import load_dit, load_vae
+    from video_dit.families.wan.loading import load_dit, load_vae
     from video_dit.models.weights import WeightsError
 
     good = tmp_path / "good.safetensors"
@@ -198,7 +200,7 @@ class _Payload:
 
 
 def test_pth_with_pickled_objects_is_refused_unexecuted(tmp_path):
-    from video_dit.models.loading import load_dit, load_vae
+    from video_dit.families.wan.loading import load_dit, load_vae
     from video_dit.models.weights import WeightsError, read_state_dict
 
     marker = tmp_path / "code_ran"
@@ -214,9 +216,9 @@ def test_lora_for_another_model_names_the_file_and_keys(tmp_path):
     from video_dit.lora import add_lora, load_lora, save_lora
     from video_dit.models.weights import WeightsError
 
-    path = save_lora(tmp_path / "other_lora.safetensors", add_lora(_tiny_dit(ffn_dim=256), 4, 4), 4)
+    path = save_lora(tmp_path / "other_lora.safetensors", add_lora(_tiny_dit(ffn_dim=256), 4, 4, targets=WAN_LORA_TARGETS), 4)
     with pytest.raises(WeightsError) as err:
-        load_lora(path, add_lora(_tiny_dit(), 4, 4))
+        load_lora(path, add_lora(_tiny_dit(), 4, 4, targets=WAN_LORA_TARGETS))
     msg = str(err.value)
     assert "other_lora.safetensors" in msg and "blocks.0.ffn.0.lora_B" in msg, msg
 
@@ -342,7 +344,7 @@ def _corrupt_png(tmp_path) -> str:
 def _wrong_width_clip(tmp_path) -> str:
     from safetensors.torch import save_file
 
-    from video_dit.models.image_encoder import ImageEncoderConfig, build_clip_vision
+    from video_dit.families.wan.image_encoder import ImageEncoderConfig, build_clip_vision
 
     model = build_clip_vision(ImageEncoderConfig(hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2,
                                                  image_size=32, patch_size=8))
@@ -355,9 +357,9 @@ def _wrong_width_clip(tmp_path) -> str:
 @pytest.mark.parametrize("changes, key, accepted", [
     ({"sample.samples[0].ctrl_img": "CORRUPT"}, "sample.samples[0].ctrl_img", "cannot be read as an image"),
     ({"model.image_encoder_path": "WRONG_WIDTH"}, "model.image_encoder_path",
-     "of width 48 with 17 tokens per image; preset 'tiny-clip-i2v''s image branch reads width 32 x 17 tokens"),
+     "of width 48 with 17 tokens per image; the DiT's image branch reads width 32 x 17 tokens"),
     ({"datasets[0].do_flf2v": True}, "datasets[0].do_flf2v", "cannot take a last frame"),
-    ({"datasets[0].do_i2v": False}, "datasets[0].do_i2v", "image-to-video model with the CLIP image branch: every "
+    ({"datasets[0].do_i2v": False}, "datasets[0].do_i2v", "image-to-video model with an image branch: every "
                                                           "dataset needs do_i2v: true"),
     ({"model.name_or_path": "preset:tiny-clip-flf2v"}, "datasets[0].do_flf2v", "its datasets need do_flf2v: true"),
     ({"model.name_or_path": "preset:tiny-clip-flf2v", "datasets[0].do_flf2v": True}, "sample.samples[0].ctrl_img_2",

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from video_dit import devices
 from video_dit.bench import common
 from video_dit.bench import train as train_bench
-from video_dit.models.dit import dit_flops
+from video_dit.families.wan.dit import dit_flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_levers_switch_one_thing_at_a_time_and_leave_the_model_as_shipped():
     """Each lever's off state computes the same step (the lever changes cost, not math), the
     recompute lever lowers the activation peak it exists for, and the model is left as shipped."""
     from video_dit.bench import levers
-    from video_dit.models import dit
+    from video_dit.families.wan import dit
 
     shipped = dit.RMSNorm.forward
     model, inputs = levers.build(levers.SMALL, "cpu", torch.float32)

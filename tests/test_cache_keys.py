@@ -14,10 +14,10 @@ import torch
 
 from video_dit.data.cache import build_cache, source_identity
 from video_dit.data.dataset import scan_datasets
-from video_dit.models.presets import get_preset
-from video_dit.train.config import parse_job
+from video_dit.families import get_preset
 from video_dit.spec import model_sources
 from video_dit.train.caches import cache_spaces
+from video_dit.train.config import parse_job
 
 PRESET = "wan2.1-t2v-1.3b"
 

@@ -19,8 +19,9 @@ import ranks
 import torch
 
 from video_dit.devices import Machine
-from video_dit.models.dit import VideoDiT
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import VideoDiT
 from video_dit.train import plan
 from video_dit.train.plan import GiB
 
@@ -162,9 +163,9 @@ def test_auto_checkpoints_the_fewest_blocks_that_fit_with_the_margin(wan13):
 
 
 def test_plan_prints_the_auto_choice_per_bucket(world, capsys, tmp_path):
-    from video_dit.commands import plan as plan_cmd
-
     import argparse
+
+    from video_dit.commands import plan as plan_cmd
 
     path = helpers.write_job(tmp_path, "auto", helpers.train_process(world, train={"gradient_checkpointing": "auto"}))
     p = argparse.ArgumentParser()
@@ -193,7 +194,7 @@ def test_zero3_gathers_nothing_at_partition_world_size_1(wan13):
     partition (NoGatherHandle): no gathered buffers; 2 ranks gather up to the reuse-distance bound."""
     from video_dit.parallel.zero import ds_config
 
-    sizes = plan.model_sizes(plan.get_preset("wan2.1-t2v-1.3b").dit, 32, torch.bfloat16)
+    sizes = plan.model_sizes(plan.get_preset("wan2.1-t2v-1.3b").dit, 32, torch.bfloat16, WAN)
     one = plan.state_memory(sizes, plan.Setting(3), 1, ds_config(wan13, 1, cuda=True), torch.bfloat16, True)[1]
     two = plan.state_memory(sizes, plan.Setting(3), 2, ds_config(wan13, 2, cuda=True), torch.bfloat16, True)[1]
     assert one.buffers == 0 and two.buffers > 1 * GiB

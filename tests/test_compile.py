@@ -13,8 +13,8 @@ import kernel_cases as kc
 import pytest
 import torch
 
+from video_dit.families.wan.dit import cast_dit
 from video_dit.models.common import COMPILE_OPTIONS
-from video_dit.models.dit import cast_dit
 
 
 def long_inputs(per_token: bool, seed: int = 1, device: str = "cpu"):
@@ -79,7 +79,7 @@ def test_hunyuan15_compiled_blocks_train_like_eager():
     """HunyuanVideo 1.5's double blocks compiled in place (`BlockTraining.compile_blocks`, the same options)
     train like the eager model at 1,024 video tokens with padded text: every gradient. (It found the
     ~5% gradient error Inductor gave for the transposed, non-contiguous patch tokens the blocks once read.)"""
-    from video_dit.models.hunyuan15_loading import load_hy15_dit
+    from video_dit.families.hunyuan15.loading import load_hy15_dit
 
     torch._dynamo.reset()
     eager = helpers.randomize_zeros(load_hy15_dit("preset:tiny-hy15-t2v", seed=0))

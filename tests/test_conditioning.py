@@ -5,10 +5,9 @@ parity), the VAE conditioning latents and the masked loss."""
 import pytest
 import torch
 
-from video_dit.diffusion.conditioning import (FirstFrameConditioning, encode_conditioning, masked_mse,
-                                              pack_frame_mask)
-from video_dit.models.presets import get_preset
-from video_dit.models.vae import CausalVideoVAE
+from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning, masked_mse, pack_frame_mask
+from video_dit.families import get_preset
+from video_dit.families.wan.vae import CausalVideoVAE
 
 B, C, FL, H, W = 2, 16, 3, 4, 6  # latents (B, C, F', h, w)
 
@@ -149,7 +148,7 @@ def test_first_last_frame_and_clip_features(vae):
     """Wan 2.1 FLF2V: the mask gives pixel frames 0 and F-1 (diffusers' construction), the VAE sees
     [first, zeros, last], the CLIP features are [first | last] along tokens and reach the DiT through
     dit_kwargs; replace mode refuses a last frame."""
-    from video_dit.models.loading import load_image_encoder
+    from video_dit.families.wan.loading import load_image_encoder
 
     g = torch.Generator().manual_seed(2)
     first, last = (torch.rand(1, 3, 16, 32, generator=g) * 2 - 1 for _ in range(2))

@@ -8,7 +8,7 @@ from typing import Literal
 import pytest
 
 from video_dit.cli import COMMANDS
-from video_dit.models.presets import PRESETS, get_preset
+from video_dit.families import PRESETS, get_preset
 from video_dit.typed_config import ConfigError, parse
 
 

@@ -6,14 +6,13 @@ import re
 
 import av
 import numpy as np
-
 import torch
 
 from video_dit.cli import main as cli_main
 from video_dit.data.cache import build_cache
 from video_dit.data.dataset import DatasetConfig, scan_dataset
-from video_dit.typed_config import parse
 from video_dit.data.demo import COLORS
+from video_dit.typed_config import parse
 
 
 def _files(d):
@@ -91,10 +90,10 @@ config:
     out = capsys.readouterr().out
     assert "latents: 0 of 3 items cached, 3 not cached\n" in out
     # ... and with the job's own versions (what the trainer computes): 2 cached, 1 not
-    from video_dit.models.presets import get_preset
-    from video_dit.train.config import load_job
+    from video_dit.families import get_preset
     from video_dit.spec import model_sources
     from video_dit.train.caches import cache_spaces
+    from video_dit.train.config import load_job
 
     p = load_job(job).process  # what the trainer keys its caches by on a CPU machine: float32 encoders
     space, text_space = cache_spaces(p, get_preset("tiny"), *model_sources(p), torch.float32, torch.float32)

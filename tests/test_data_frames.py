@@ -53,9 +53,9 @@ def test_snap_num_frames():
 
 
 def test_the_pipeline_snaps_frames_with_the_same_rule():
-    from video_dit.models.presets import get_preset
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.pipeline import VideoPipeline
+    from video_dit.families import get_preset
+    from video_dit.families.wan.pipeline import VideoPipeline
+    from video_dit.families.wan.vae import CausalVideoVAE
 
     preset = get_preset("tiny")
     pipe = VideoPipeline(helpers.preset_dit("tiny"), CausalVideoVAE(preset.vae))

@@ -99,9 +99,9 @@ def test_dit_init_draws_on_the_cpu_under_any_default_device():
     """Each DiT parameter's initial values are drawn on the CPU (`init_parameter`) and copied to where
     the parameter lives, so a build under a GPU's device context gets the CPU build's weights (meta
     stands in for cuda here: values drawn on the default device would be lost and the copy fail)."""
+    from video_dit.families import get_preset
+    from video_dit.families.wan.dit import init_parameter
     from video_dit.models.common import parameter_generator
-    from video_dit.models.dit import init_parameter
-    from video_dit.models.presets import get_preset
 
     cfg = get_preset("tiny").dit
     for name, shape in (("blocks.0.ffn.0.weight", (cfg.ffn_dim, cfg.dim)), ("blocks.0.modulation", (1, 6, cfg.dim))):
@@ -117,7 +117,7 @@ def test_preset_builds_draw_from_their_own_seed_and_leave_every_generator(source
     another seed, the global generator's state unchanged, and the CUDA generators never reseeded
     (`torch.manual_seed` would reseed them: a GPU run would then get another random VAE than the CPU
     run whose latent cache it reuses)."""
-    from video_dit.models.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
+    from video_dit.families.wan.loading import load_dit, load_image_encoder, load_text_encoder, load_vae
 
     reseeded = []
     monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))

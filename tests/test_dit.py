@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from video_dit.bench.common import profiled_peak
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.convert import dit_from_diffusers, dit_to_diffusers
+from video_dit.families.wan.dit import VideoDiT, dit_flops
 from video_dit.models.attention import attention, flash_available, set_attention_backend
-from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
-from video_dit.models.dit import VideoDiT, dit_flops
-from video_dit.models.dit_config import DiTConfig
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from video_dit.models.convert import dit_from_diffusers, dit_to_diffusers
-from video_dit.models.dit_config import DiTConfig
-from video_dit.models.loading import infer_dit_config, load_dit
+from video_dit.families import get_preset
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.convert import dit_from_diffusers, dit_to_diffusers
+from video_dit.families.wan.loading import infer_dit_config, load_dit
 from video_dit.models.weights import WeightsError
-from video_dit.models.presets import get_preset
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -100,7 +100,7 @@ def test_original_wan_folder_with_config_json(tmp_path, tiny):
 def test_infer_config_without_a_matching_preset():
     cfg = DiTConfig(dim=256, ffn_dim=512, freq_dim=32, text_dim=48, num_heads=2, num_layers=3, in_dim=36)
     with torch.device("meta"):
-        from video_dit.models.dit import VideoDiT
+        from video_dit.families.wan.dit import VideoDiT
 
         sd = VideoDiT(cfg).state_dict()
     inferred = infer_dit_config(sd)

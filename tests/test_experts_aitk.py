@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import copy
 
+import aitk_standin
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import aitk_standin
 from video_dit.diffusion.experts import HIGH, LOW
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 from video_dit.lora import add_lora, save_lora
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.typed_config import ConfigError
@@ -93,7 +94,7 @@ def stage_window(sd, stage: int) -> torch.Tensor:
 def test_ai_toolkits_stage_windows_train_that_stages_expert_only(sd):
     model = copy.deepcopy(sd.model)
     for e in (model.high, model.low):
-        add_lora(e, rank=2)
+        add_lora(e, rank=2, targets=WAN_LORA_TARGETS)
     saved, sd.model = sd.model, model
     calls = []
     model.high.register_forward_pre_hook(lambda m, a: calls.append(HIGH))
@@ -145,7 +146,7 @@ def test_lora_saves_one_file_per_expert_and_loads_the_pair(sd, tmp_path):
     files = {e: tmp_path / f"job_000000010_{e}.safetensors" for e in (HIGH, LOW)}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f.name for f in files.values())
     trainer_keys = set(read_state_dict(save_lora(tmp_path / "t.safetensors", add_lora(copy.deepcopy(sd.model.high),
-                                                                                       4, 4), 4)))
+                                                                                       4, 4, targets=WAN_LORA_TARGETS), 4)))
     for e, f in files.items():
         assert set(read_state_dict(f)) == trainer_keys  # the keys our DeepSpeed trainer exports per expert
         with safe_open(str(f), "pt") as h:

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from video_dit.diffusion.experts import HIGH, LOW, expert_at, expert_range
-from video_dit.models.presets import get_preset
+from video_dit.families import get_preset
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 
 PROCESS = "config.process[0]"
 
@@ -46,16 +48,16 @@ def test_a14b_presets_carry_the_release_numbers():
     assert (i2v.boundary_ratio, i2v.sample_shift, i2v.sample_steps, i2v.dit.in_dim, i2v.i2v_mode) == \
         (0.9, 5.0, 40, 36, "concat")
     low, high = 3.0, 4.0  # wan_t2v_A14B.py: sample_guide_scale = (3.0, 4.0)  # low noise, high noise
-    s = resolve_sampling(t2v)
+    s = resolve_sampling(t2v, family=WAN)
     assert (s.guidance, s.guidance_2) == (high, low)
     assert "guidance 4 (high-noise expert) / 3 (low-noise expert)" in s.describe()
-    s = resolve_sampling(t2v, given={"guidance": (6.0, "--cfg")})
+    s = resolve_sampling(t2v, given={"guidance": (6.0, "--cfg")}, family=WAN)
     assert (s.guidance, s.guidance_2) == (6.0, 6.0)
-    s = resolve_sampling(i2v, given={"guidance_2": (2.0, "--cfg-2")})
+    s = resolve_sampling(i2v, given={"guidance_2": (2.0, "--cfg-2")}, family=WAN)
     assert (s.guidance, s.guidance_2) == (3.5, 2.0)
-    assert resolve_sampling(get_preset("wan2.1-t2v-14b")).guidance_2 is None
+    assert resolve_sampling(get_preset("wan2.1-t2v-14b"), family=WAN).guidance_2 is None
     with pytest.raises(ValueError, match="--cfg-2: the low-noise expert's guidance scale is for a two-expert"):
-        resolve_sampling(get_preset("wan2.1-t2v-14b"), given={"guidance_2": (2.0, "--cfg-2")})
+        resolve_sampling(get_preset("wan2.1-t2v-14b"), given={"guidance_2": (2.0, "--cfg-2")}, family=WAN)
     for p in (t2v, i2v):
         assert (p.dit.dim, p.dit.num_layers, p.dit.num_heads, p.vae_name) == (5120, 40, 40, "wan2.1")
     assert not get_preset("wan2.1-t2v-14b").two_experts and get_preset("tiny-a14b").two_experts
@@ -216,11 +218,11 @@ def test_plan_holds_an_engine_per_trained_expert_and_one_experts_activations(wor
     buffers on every rank, the activations of one (one expert trains per step); the frozen expert a
     one-expert job previews with costs its base partitions (ZeRO-3) or host memory (ZeRO-2). The
     parameter and optimizer bytes are counted here from the tiny-a14b DiT built with its LoRA."""
+    from video_dit.families.wan.dit import VideoDiT
     from video_dit.lora import add_lora
-    from video_dit.models.dit import VideoDiT
-    from video_dit.train.config import parse_job
     from video_dit.parallel.zero import ds_config
-    from video_dit.train.plan import job_experts, predict, setting_of
+    from video_dit.train.config import parse_job
+    from video_dit.train.plan import job_experts, job_inputs, predict, setting_of
 
     def plan(kwargs: dict, samples: bool = False):
         process = helpers.train_process(world, base="a14b", zero=zero, model={"preset": "tiny-a14b",
@@ -230,11 +232,11 @@ def test_plan_holds_an_engine_per_trained_expert_and_one_experts_activations(wor
         experts = job_experts(job)
         return experts, predict(get_preset("tiny-a14b").dit, (3, 4, 4), setting_of(job), world=2, lora_rank=4,
                                 dtype=torch.float32, ds=ds_config(job, 2, cuda=False), cuda=False,
-                                experts=experts)
+                                family=WAN, inputs=job_inputs(job, get_preset("tiny-a14b")), experts=experts)
 
     dit = VideoDiT(get_preset("tiny-a14b").dit)
     base = [p.numel() for p in dit.parameters()]
-    add_lora(dit, 4, 4.0)
+    add_lora(dit, 4, 4.0, targets=WAN_LORA_TARGETS)
     lora = sum(p.numel() for n, p in dit.named_parameters() if ".lora_" in n)
     both, p2 = plan({})
     one, p1 = plan({"train_low_noise": False})

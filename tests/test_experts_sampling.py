@@ -11,13 +11,14 @@ import torch
 from PIL import Image
 
 from video_dit.diffusion.experts import HIGH, LOW, TwoExperts, expert_at
-from video_dit.diffusion.flow import sampling_schedule
-from video_dit.models.convert import vae_config_to_diffusers
+from video_dit.families import get_preset
+from video_dit.families.wan.convert import vae_config_to_diffusers
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.loading import load_dit, load_vae
+from video_dit.families.wan.pipeline import VideoPipeline
+from video_dit.families.wan.schedule import wan_schedule as sampling_schedule
+from video_dit.families.wan.vae import VAEConfig
 from video_dit.models.layouts import expert_sources, folder_boundary
-from video_dit.models.loading import load_dit, load_vae
-from video_dit.models.presets import get_preset
-from video_dit.models.vae import VAEConfig
-from video_dit.pipeline import VideoPipeline
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -58,7 +59,7 @@ def folders(tmp_path_factory):
         if kind == "t2v":  # with a (tiny) text encoder, so `video-dit sample` can run on the folder as it is
             from transformers import ByT5Tokenizer
 
-            from video_dit.models.text_encoder import build_umt5
+            from video_dit.families.wan.text_encoder import build_umt5
 
             common.update(tokenizer=ByT5Tokenizer(), text_encoder=build_umt5(get_preset("tiny").text_encoder, seed=4))
         pipe = (diffusers.WanPipeline(**common) if kind == "t2v" else
@@ -141,7 +142,7 @@ def _lora_file(path, module, expert, seed):
     """A LoRA of `module`'s shape with random A and B, written as our trainer exports an expert's."""
     from video_dit.lora import add_lora, save_lora
 
-    add_lora(module, rank=2, alpha=2)
+    add_lora(module, rank=2, alpha=2, targets=WAN_LORA_TARGETS)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in module.named_parameters():
@@ -164,9 +165,9 @@ def test_sample_command_two_experts_with_a_lora_each(folders, tmp_path, capsys):
     each with its LoRA and scale (the folder's boundary), is the MP4 our pipeline renders with them; the
     files swapped, or --lora-2 for a one-model --model, are refused naming the file / option."""
     from video_dit.cli import main as cli
+    from video_dit.families.wan.loading import load_text_encoder
     from video_dit.lora import load_lora
     from video_dit.media import write_video
-    from video_dit.models.loading import load_text_encoder
 
     _, folder = folders["t2v"]
     sources = expert_sources(folder)

@@ -124,10 +124,10 @@ def _render(world, loras: dict, path: Path) -> Path:
     """A's preview settings (tiny-a14b's Euler at the job's 2 steps, guidance 1, seed 42) rendered by the
     pipeline from the base experts with `loras` ({expert: file}) loaded."""
     from video_dit.diffusion.experts import TwoExperts
+    from video_dit.families.wan.loading import load_dit, load_text_encoder, load_vae
+    from video_dit.families.wan.pipeline import VideoPipeline
     from video_dit.lora import load_lora
     from video_dit.media import load_image, write_video
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
-    from video_dit.pipeline import VideoPipeline
 
     experts = {}
     for e, sub in ((HIGH, "high_noise_model"), (LOW, "low_noise_model")):
@@ -194,8 +194,8 @@ def _expected_val_loss(world: Path, sub: str, sigma: float) -> float:
     clip's latents, its noise from seed 5, replace-mode i2v (clean frame 0 at t = 0, masked out)."""
     from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning, masked_mse
     from video_dit.diffusion.flow import add_noise
+    from video_dit.families.wan.loading import load_dit, load_text_encoder, load_vae
     from video_dit.media import read_video
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
 
     dit, vae = load_dit(str(world / "a14b" / sub)).eval(), load_vae("preset:tiny").eval()
     holdout = world / "data_holdout"

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from video_dit.diffusion.flow import (TIMESTEP_KINDS, TimestepSampler, add_noise, aitk_weight, sampling_schedule,
-                                      shift_timesteps, velocity_target)
+from video_dit.diffusion.flow import (
+    TIMESTEP_KINDS,
+    TimestepSampler,
+    add_noise,
+    aitk_weight,
+    shift_timesteps,
+    velocity_target,
+)
 from video_dit.diffusion.sampler import flow_sample
+from video_dit.families.wan.schedule import wan_schedule as sampling_schedule
 
 
 def test_interpolation_endpoints_and_velocity():
@@ -54,8 +61,8 @@ def test_sampling_schedules_follow_the_reference_formulas(steps, shift):
     dif[0] = dif[0] - 1e-6 if abs(dif[0] - 1) < 1e-6 else dif[0]
     s_min = _shifted([0.001], shift)[0]
     eul = _shifted(lin(1.0, s_min, steps), shift)
-    for grid, solver, ref, integer in [("wan", "unipc", wan, True), ("diffusers", "unipc", dif, True),
-                                       ("wan", "euler", eul, False), ("diffusers", "euler", eul, False)]:
+    for grid, solver, ref, integer in [("reference", "unipc", wan, True), ("diffusers", "unipc", dif, True),
+                                       ("reference", "euler", eul, False), ("diffusers", "euler", eul, False)]:
         sched = sampling_schedule(steps, shift, solver, grid)
         assert sched.solver == solver and sched.steps == steps
         assert sched.sigmas.dtype == torch.float32 and sched.timesteps.dtype == torch.float32
@@ -66,7 +73,7 @@ def test_sampling_schedules_follow_the_reference_formulas(steps, shift):
         else:
             torch.testing.assert_close(sched.timesteps, torch.tensor(expected_t), rtol=0, atol=1e-4)
     if steps == 10 and shift == 5.0:  # the numbers the issue quotes
-        assert sampling_schedule(10, 5.0, "unipc", "wan").timesteps[:3].tolist() == [999, 978, 952]
+        assert sampling_schedule(10, 5.0, "unipc", "reference").timesteps[:3].tolist() == [999, 978, 952]
         assert sampling_schedule(10, 5.0, "unipc", "diffusers").timesteps[:4].tolist() == [999, 978, 952, 921]
 
 
@@ -89,7 +96,7 @@ def test_sampling_schedules_equal_diffusers_schedulers():
 
 def test_sampling_schedule_validation():
     for args, message in [((0, 5.0), "steps"), ((4, 0.0), "shift"), ((4, 5.0, "dpm"), "accepted: unipc, euler"),
-                          ((4, 5.0, "unipc", "comfy"), "accepted: wan, diffusers")]:
+                          ((4, 5.0, "unipc", "comfy"), "accepted: reference, diffusers")]:
         with pytest.raises(ValueError, match=message):
             sampling_schedule(*args)
 
@@ -286,7 +293,7 @@ def test_euler_matches_diffusers():
     assert torch.equal(out, ref)  # the same float32 operations in the same order
 
 
-@pytest.mark.parametrize("grid", ["wan", "diffusers"])
+@pytest.mark.parametrize("grid", ["reference", "diffusers"])
 def test_unipc_with_perfect_velocity_recovers_x0(grid):
     g = torch.Generator().manual_seed(0)
     x0, noise = torch.randn(2, 4, 3, 4, 4, generator=g), torch.randn(2, 4, 3, 4, 4, generator=g)

@@ -48,7 +48,7 @@ def test_dit_equals_diffusers_on_cuda_and_bf16_no_worse_than_diffusers():
     from test_dit import inputs, ours_from, reference
 
     from video_dit.bench.common import diffusers_as_loaded
-    from video_dit.models.dit import cast_dit
+    from video_dit.families.wan.dit import cast_dit
 
     ref = reference(in_dim=36, out_dim=16).cuda()
     ours = ours_from(ref.cpu()).cuda()

@@ -41,7 +41,7 @@ def test_freed_heap_pages_are_handed_back():
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_heap_released_before_every_block_and_its_recomputation(monkeypatch, checkpointing):
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     calls = []
     monkeypatch.setattr(memory, "release_freed_memory", lambda: calls.append(1))

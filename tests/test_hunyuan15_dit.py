@@ -9,12 +9,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from video_dit.families.hunyuan15.config import HY15_DIT_CONFIGS, HY15DiTConfig
+from video_dit.families.hunyuan15.convert import (
+    hy15_config_from_diffusers,
+    hy15_config_to_diffusers,
+    hy15_from_comfy,
+    hy15_from_diffusers,
+    hy15_key_layout,
+    hy15_to_comfy,
+    hy15_to_diffusers,
+    hy15_to_native,
+    infer_hy15_config,
+)
+from video_dit.families.hunyuan15.dit import LORA_TARGETS, HunyuanVideo15DiT, cast_hy15_dit, hy15_dit_flops
 from video_dit.models.attention import attention
-from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_config_to_diffusers, hy15_from_comfy,
-                                                hy15_from_diffusers, hy15_key_layout, hy15_to_comfy, hy15_to_diffusers,
-                                                hy15_to_native, infer_hy15_config)
-from video_dit.models.hunyuan15_config import HY15DiTConfig, HY15_DIT_CONFIGS
-from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, LORA_TARGETS, cast_hy15_dit, hy15_dit_flops
 
 diffusers = pytest.importorskip("diffusers")
 

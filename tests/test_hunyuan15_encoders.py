@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 from transformers import ByT5Tokenizer
 
-from video_dit.models import hunyuan15_encoders as H
-from video_dit.models.loading import WeightsError
+from video_dit.families.hunyuan15 import encoders as H
+from video_dit.families.wan.loading import WeightsError
 
 CPU = torch.device("cpu")
 PROMPTS = ["a red fox runs through snow", "",
@@ -55,8 +55,13 @@ def image():
 def pipes(text):
     """diffusers' t2v and i2v pipelines over separately built copies of the same tiny components (our
     wrapper drops the text model's last two blocks, so the reference gets a whole model)."""
-    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
-                           HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Pipeline)
+    from diffusers import (
+        AutoencoderKLHunyuanVideo15,
+        ClassifierFreeGuidance,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideo15ImageToVideoPipeline,
+        HunyuanVideo15Pipeline,
+    )
 
     vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 8), layers_per_block=1,
                                       spatial_compression_ratio=2, temporal_compression_ratio=1)

@@ -22,14 +22,16 @@ from PIL import Image
 from transformers import ByT5Tokenizer
 
 from video_dit.cli import main as cli
+from video_dit.families import FAMILIES, PRESETS, get_family, get_preset, identify
+from video_dit.families.hunyuan15 import FAMILY as HUNYUAN15
+from video_dit.families.hunyuan15 import encoders as H
+from video_dit.families.hunyuan15.convert import hy15_config_to_diffusers, hy15_to_comfy, hy15_to_diffusers
+from video_dit.families.hunyuan15.convert_vae import hy15_vae_config_to_diffusers
+from video_dit.families.hunyuan15.pipeline import HunyuanVideo15Pipeline, fit_image
+from video_dit.families.hunyuan15.presets import TINY_HY15_DIT
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.loading import load_dit
 from video_dit.media import write_video
-from video_dit.models import hunyuan15_encoders as H
-from video_dit.families import FAMILIES, HUNYUAN15, WAN, get_family, identify
-from video_dit.models.hunyuan15_convert import hy15_config_to_diffusers, hy15_to_comfy, hy15_to_diffusers
-from video_dit.models.hunyuan15_convert_vae import hy15_vae_config_to_diffusers
-from video_dit.models.loading import load_dit
-from video_dit.models.presets import PRESETS, TINY_HY15_DIT, get_preset
-from video_dit.pipeline_hunyuan15 import HunyuanVideo15Pipeline, fit_image
 from video_dit.spec import AITK_KEYS, CLI_KEYS, JOB_KEYS, Request, resolve
 from video_dit.typed_config import ConfigError
 
@@ -182,7 +184,7 @@ def test_sample_command_gives_diffusers_frames(folders, kind, tmp_path, capsys):
 def test_conditioning_object_conditions_some_samples_of_a_batch():
     """`HY15Conditioning` (the object training will reuse): a sample left out of `active` is exactly t2v,
     in its input (zero condition, mask 0) and through the DiT (its SigLIP rows masked out)."""
-    from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning
+    from video_dit.families.hunyuan15.conditioning import HY15Conditioning
 
     dit = _randomized(HUNYUAN15.load_dit("preset:tiny-hy15-i2v"))
     g = torch.Generator().manual_seed(0)
@@ -222,8 +224,8 @@ def test_tencent_layout_samples_as_the_diffusers_folder(folders, tmp_path, capsy
 
     from safetensors.torch import save_file
 
-    from video_dit.models.hunyuan15_convert import hy15_from_diffusers
-    from video_dit.models.hunyuan15_convert_vae import hy15_vae_from_diffusers
+    from video_dit.families.hunyuan15.convert import hy15_from_diffusers
+    from video_dit.families.hunyuan15.convert_vae import hy15_vae_from_diffusers
     from video_dit.models.weights import read_state_dict
 
     _, folder = folders["t2v"]

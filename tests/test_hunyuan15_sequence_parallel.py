@@ -25,12 +25,12 @@ import ranks
 import torch
 import torch.distributed as dist
 
-from video_dit.models.hunyuan15_config import HY15_DIT_CONFIGS
-from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT
+from video_dit.families.hunyuan15.config import HY15_DIT_CONFIGS
+from video_dit.families.hunyuan15.dit import HunyuanVideo15DiT
+from video_dit.families.hunyuan15.memory import hy15_activation_bytes
+from video_dit.models.activation_terms import Setting
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.parallel.sequence import SPInfo, attach, init_sequence_parallel, model_heads
-from video_dit.train.plan_hunyuan15 import hy15_activation_bytes
-from video_dit.train.plan_terms import Setting
 
 # tiny_i2v with 4 heads (2 per rank: the exchange must keep the heads in order), head dim 16
 CONFIG = replace(HY15_DIT_CONFIGS["tiny_i2v"], heads_num=4, rope_dim_list=(4, 6, 6))
@@ -145,8 +145,8 @@ def _worker(out: Path) -> None:
 def _saved_under_sp(info, lora) -> dict:
     """What one SP=2 rank keeps after the forward of an i2v batch of 2 (32 video tokens, 16 per rank; 5
     SigLIP, 3 ByT5 and 6 Qwen tokens), and what the plan says."""
+    from video_dit.families.hunyuan15.dit import LORA_TARGETS
     from video_dit.lora import add_lora
-    from video_dit.models.hunyuan15_dit import LORA_TARGETS
 
     model = tiny_model()
     if lora:

@@ -14,12 +14,23 @@ import sys
 import pytest
 import torch
 
-from video_dit.models.hunyuan15_convert_vae import (
-    COMFYUI_PREFIX, hy15_vae_config_from_diffusers, hy15_vae_config_from_json, hy15_vae_config_from_original,
-    hy15_vae_config_from_shapes, hy15_vae_config_to_diffusers, hy15_vae_from_comfyui, hy15_vae_from_diffusers,
-    hy15_vae_from_original, hy15_vae_key_layout, hy15_vae_to_comfyui, hy15_vae_to_diffusers, hy15_vae_to_native,
-    load_hy15_vae)
-from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
+from video_dit.families.hunyuan15.convert_vae import (
+    COMFYUI_PREFIX,
+    hy15_vae_config_from_diffusers,
+    hy15_vae_config_from_json,
+    hy15_vae_config_from_original,
+    hy15_vae_config_from_shapes,
+    hy15_vae_config_to_diffusers,
+    hy15_vae_from_comfyui,
+    hy15_vae_from_diffusers,
+    hy15_vae_from_original,
+    hy15_vae_key_layout,
+    hy15_vae_to_comfyui,
+    hy15_vae_to_diffusers,
+    hy15_vae_to_native,
+    load_hy15_vae,
+)
+from video_dit.families.hunyuan15.vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -126,8 +137,8 @@ def test_wide_layers_in_winograd_tap_layout_on_the_cpu(setup, monkeypatch, thres
     through Winograd F(4x4, 3x3) (frames whose sides are no multiple of 4 included: 2 x 3 latents) and
     through the tap layout's im2col product (`MIN_POSITIONS`), in both chunkings; the weights' formats
     follow the rule after a load and after a move (`_apply`), and a move to float64 and back keeps them."""
+    from video_dit.families.hunyuan15 import vae as hunyuan15_vae
     from video_dit.kernels import winograd
-    from video_dit.models import hunyuan15_vae
 
     monkeypatch.setattr(hunyuan15_vae, "WINOGRAD_CHANNELS", threshold)
     monkeypatch.setattr(winograd, "MIN_POSITIONS", min_positions)

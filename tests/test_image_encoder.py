@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import save_file
 
-from video_dit.models.image_encoder import CLIP_MEAN, CLIP_STD, build_clip_vision
-from video_dit.models.loading import load_image_encoder
+from video_dit.families.wan.image_encoder import CLIP_MEAN, CLIP_STD, build_clip_vision
+from video_dit.families.wan.loading import load_image_encoder
+from video_dit.families.wan.presets import TINY_CLIP
 from video_dit.models.weights import WeightsError
-from video_dit.models.presets import TINY_CLIP
 
 transformers = pytest.importorskip("transformers")
 
@@ -96,7 +96,7 @@ def test_an_unresized_image_matches_transformers_own_processor():
     pixels = CLIPImageProcessor(do_resize=False, do_center_crop=False)(images=image, return_tensors="pt")
     with torch.no_grad():
         expected = ref(**pixels, output_hidden_states=True).hidden_states[-2]
-    from video_dit.models.image_encoder import ImageEncoder
+    from video_dit.families.wan.image_encoder import ImageEncoder
 
     got = ImageEncoder(ref).encode(pil_to_tensor(image)[None])  # (drops ref's last block, after use)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
@@ -130,7 +130,7 @@ def test_every_file_layout_gives_the_reference_features(tmp_path, images, layout
 def test_a_folder_without_image_encoder_config_is_named(tmp_path):
     """A model folder with no image_encoder/config.json: loading and the shape check before any rank
     both name the folder and what it should hold."""
-    from video_dit.models.loading import image_encoder_shape
+    from video_dit.families.wan.loading import image_encoder_shape
 
     (tmp_path / "model" / "image_encoder").mkdir(parents=True)
     with pytest.raises(WeightsError, match=r"model: expected a folder holding image_encoder/config.json \(and "

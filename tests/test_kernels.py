@@ -24,10 +24,11 @@ import pytest
 import torch
 
 from video_dit import kernels
+from video_dit.families.wan.dit import cast_dit
+from video_dit.families.wan.layers import SelfAttention
 from video_dit.kernels import ln_modulate, ln_modulate_reference, ops, rms_norm_rope, rms_norm_rope_reference
 from video_dit.models import attention as attn
-from video_dit.models.dit import cast_dit
-from video_dit.models.dit_layers import SelfAttention, modulate
+from video_dit.models.layers import modulate
 
 TESTS = Path(__file__).resolve().parent
 HAS_TRITON = kernels.TRITON_AVAILABLE  # triton imports here

@@ -6,6 +6,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from video_dit import lora
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 from video_dit.models.weights import WeightsError
 
 
@@ -31,7 +32,7 @@ class _Net(nn.Module):  # Wan-named stand-in; the real DiT is tested in test_dit
 
 def _trained(rank=4, alpha=2.0, seed=0):
     torch.manual_seed(seed)
-    net = lora.add_lora(_Net(), rank, alpha)
+    net = lora.add_lora(_Net(), rank, alpha, targets=WAN_LORA_TARGETS)
     with torch.no_grad():
         for name, p in net.named_parameters():
             if "lora_B" in name:
@@ -84,9 +85,9 @@ def test_lora_for_another_model_names_file_and_keys(tmp_path):
 def test_image_branch_layers_are_targeted_with_comfy_keys(tmp_path):
     """Wan 2.1 I2V: k_img / v_img always; img_emb's Linears only with include_img_emb; ComfyUI keys;
     a file with img_emb adapters loads into a fresh model (its targets follow the file)."""
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
-    plain = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2)
+    plain = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2, targets=WAN_LORA_TARGETS)
     modules = {n.split(".lora_")[0] for n, _ in plain.named_parameters() if ".lora_A." in n}
     assert {"blocks.0.cross_attn.k_img", "blocks.3.cross_attn.v_img"} <= modules
     assert not any(m.startswith("img_emb") or "norm_k_img" in m for m in modules)

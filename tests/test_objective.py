@@ -14,15 +14,15 @@ from __future__ import annotations
 import dataclasses
 import types
 
+import aitk_standin
 import pytest
 import torch
 import torch.nn.functional as F
 
-import aitk_standin
 from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
 from video_dit.diffusion.conditioning import encode_conditioning
 from video_dit.diffusion.flow import add_noise
-from video_dit.models.presets import PRESETS, get_preset
+from video_dit.families import PRESETS, get_preset
 
 B, T, H, W = 2, 5, 16, 16  # pixels (B, T, 3, H, W) -> latents (B, 16, 2, 2, 2) with the tiny VAE
 GRID = torch.linspace(1000, 1, 1000)  # ai-toolkit's flowmatch training timesteps (linear / weighted)
@@ -100,8 +100,8 @@ def _load_arch(aitk, preset: str, **kwargs):
 def trainer(sd, folder, preset: str, timestep_type: str = "uniform", **model):
     """Our DeepSpeed trainer's loss path for a parsed job, on the arch's DiT (no ranks: `loss_at` needs
     only these attributes; the conditioning and sampler come from the trainer's own builders)."""
+    from video_dit.families.wan import FAMILY as WAN
     from video_dit.train.config import parse_job
-    from video_dit.families import WAN
     from video_dit.train.trainer import Trainer, job_conditioning, timestep_sampler
 
     job = parse_job({"job": "extension", "config": {"name": "j", "process": [{
@@ -167,7 +167,7 @@ def aitk_loss(sd, px, x0, embeds, noise, t, timestep_type):
 def test_trainer_pipeline_and_aitk_feed_the_dit_the_same_input_and_timestep(aitk, folder, preset, mode):
     from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
 
-    from video_dit.pipeline import VideoPipeline
+    from video_dit.families.wan.pipeline import VideoPipeline
 
     sd = arch(aitk, preset)
     px, x0, cond, embeds, noise = inputs(sd, mode)

@@ -21,13 +21,15 @@ import pytest
 import ranks
 import torch
 
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+
 pytestmark = pytest.mark.multirank
 BF16_SOURCE = "comfy.safetensors"  # the source also built at bf16 (dtype per parameter compared)
 
 
 def reference_model():
     """The tiny preset with a non-zero output layer (a zero head would hide every other weight)."""
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     dit = load_dit("preset:tiny", seed=3)
     with torch.no_grad():
@@ -43,7 +45,7 @@ def probe():
 def write_sources(root: Path) -> dict:
     from safetensors.torch import save_file
 
-    from video_dit.models.convert import dit_to_diffusers
+    from video_dit.families.wan.convert import dit_to_diffusers
 
     sd = {k: v.contiguous() for k, v in reference_model().state_dict().items()}
     folder = root / "diffusers" / "transformer"  # sharded, diffusers names, with an index
@@ -69,10 +71,10 @@ def worker(spec_path: str) -> int:
     import deepspeed
     import torch.distributed as dist
 
+    from video_dit.families import get_preset
+    from video_dit.families.wan.loading import load_dit
     from video_dit.lora import add_lora
-    from video_dit.models.loading import load_dit
     from video_dit.models.weights import module_groups
-    from video_dit.models.presets import get_preset
     from video_dit.parallel.memory import CPUAllocationTracker
     from video_dit.train.build import build_dit
 
@@ -107,7 +109,7 @@ def worker(spec_path: str) -> int:
     full = load_dit(spec["sources"]["comfy"])
     for m in (model, full):
         torch.manual_seed(11)
-        add_lora(m, 4)
+        add_lora(m, 4, targets=WAN_LORA_TARGETS)
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds,
                                       optimizer=torch.optim.AdamW(params, lr=1e-3))
@@ -158,8 +160,9 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
 def test_weights_are_opened_renamed_and_checked_before_any_tensor_is_read(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
-    from video_dit.models import loading, weights as weights_io
-    from video_dit.models.convert import dit_to_diffusers
+    from video_dit.families.wan import loading
+    from video_dit.families.wan.convert import dit_to_diffusers
+    from video_dit.models import weights as weights_io
 
     sd = {k: v.contiguous() for k, v in reference_model().state_dict().items()}
     save_file(dit_to_diffusers(sd), str(tmp_path / "d.safetensors"))

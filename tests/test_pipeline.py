@@ -6,12 +6,13 @@ import torch
 from PIL import Image
 
 from video_dit.cli import main as cli
-from video_dit.diffusion.flow import sampling_schedule
+from video_dit.families import get_preset, with_dit
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.dit import VideoDiT
+from video_dit.families.wan.pipeline import VideoPipeline
+from video_dit.families.wan.schedule import wan_schedule as sampling_schedule
+from video_dit.families.wan.vae import CausalVideoVAE
 from video_dit.media import pil_to_tensor, probe_video, read_video
-from video_dit.models.dit import VideoDiT
-from video_dit.models.presets import get_preset, with_dit
-from video_dit.models.vae import CausalVideoVAE
-from video_dit.pipeline import VideoPipeline
 
 FRAMES, HEIGHT, WIDTH = 5, 32, 48
 
@@ -152,7 +153,7 @@ def test_initial_latents_replace_the_drawn_noise(models):
 
 
 def test_first_frame_is_fitted_to_cover_and_centre_cropped():
-    from video_dit.pipeline import fit_frame
+    from video_dit.diffusion.pipeline_parts import fit_frame
 
     x = torch.linspace(-1, 1, 60).view(1, 1, 1, 60).expand(2, 3, 20, 60)  # 1:3, a horizontal ramp
     out = fit_frame(x, 32, 48)
@@ -203,9 +204,9 @@ def test_sample_command_from_a_model_folder_with_lora(tmp_path):
     from safetensors.torch import save_file
     from transformers import ByT5Tokenizer
 
+    from video_dit.families.wan.text_encoder import TextEncoder, build_umt5
     from video_dit.lora import add_lora, save_lora
     from video_dit.media import write_video
-    from video_dit.models.text_encoder import TextEncoder, build_umt5
 
     folder = tmp_path / "model"
     folder.mkdir()
@@ -225,7 +226,7 @@ def test_sample_command_from_a_model_folder_with_lora(tmp_path):
     write_video(frames, tmp_path / "direct.mp4", fps=16)
     assert (tmp_path / "folder.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
 
-    add_lora(dit, rank=4)
+    add_lora(dit, rank=4, targets=WAN_LORA_TARGETS)
     with torch.no_grad():
         for name, p in dit.named_parameters():
             if "lora_B" in name:

@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from video_dit.commands import plan as plan_cmd
-from video_dit.models.dit import VideoDiT
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import VideoDiT
+from video_dit.families.wan.memory import activation_bytes
 from video_dit.parallel.memory import CPUAllocationTracker
-from video_dit.train.plan import Setting, activation_bytes
+from video_dit.train.plan import Setting
 
 CFG = DiTConfig(in_dim=16, out_dim=16, dim=64, ffn_dim=256, freq_dim=32, text_dim=32, num_heads=2, num_layers=2,
                 text_len=16)
@@ -43,7 +45,7 @@ PRECISIONS = [(torch.float32, "torch"), (torch.bfloat16, "torch"), (torch.bfloat
 def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images, img_emb, recompute, dtype, kernels):
     from dataclasses import replace
 
-    from video_dit.models.dit import cast_dit
+    from video_dit.families.wan.dit import cast_dit
 
     if kernels == "triton":
         pytest.importorskip("triton")
@@ -102,7 +104,7 @@ def test_recompute_saved_off_is_the_same_math_kept_instead_of_recomputed():
         process = SimpleNamespace(model=SimpleNamespace(attention_backend="native"), network=None,
                                   train=SimpleNamespace(gradient_checkpointing=False, recompute_saved=on,
                                                       compile=False))
-        make_trainable(model, process, torch.float32)
+        make_trainable(model, process, torch.float32, family=WAN)
         assert all(block.recompute is on for block in model.blocks)
         g = torch.Generator().manual_seed(1)
         x, t = torch.randn(2, 16, *GRID, generator=g), torch.tensor([300.0, 700.0])

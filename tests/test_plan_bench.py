@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from video_dit.bench import plan as bench
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan.config import DiTConfig
 
 
 def test_gpu_configurations_cover_the_issue(tmp_path):
@@ -72,7 +72,7 @@ CFG = DiTConfig(in_dim=16, out_dim=16, dim=128, ffn_dim=512, freq_dim=32, text_d
 
 def test_fake_tracker_sees_the_real_peak():
     """`FakeAllocationTracker` on real CPU tensors gives `CPUAllocationTracker`'s peak (the same rule)."""
-    from video_dit.models.dit import VideoDiT
+    from video_dit.families.wan.dit import VideoDiT
     from video_dit.parallel.memory import CPUAllocationTracker
 
     torch.manual_seed(0)

@@ -15,13 +15,13 @@ import helpers
 import pytest
 import torch
 
+from video_dit.families.hunyuan15.config import HY15_DIT_CONFIGS
+from video_dit.families.hunyuan15.dit import LORA_TARGETS, HunyuanVideo15DiT, cast_hy15_dit
+from video_dit.families.hunyuan15.memory import hy15_activation_bytes
 from video_dit.lora import add_lora
-from video_dit.models.hunyuan15_config import HY15_DIT_CONFIGS
-from video_dit.models.hunyuan15_dit import LORA_TARGETS, HunyuanVideo15DiT, cast_hy15_dit
+from video_dit.models.activation_terms import Setting
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.train import plan
-from video_dit.train.plan_hunyuan15 import hy15_activation_bytes
-from video_dit.train.plan_terms import Setting
 
 GRID = (2, 8, 8)  # 128 video tokens
 TEXT, GLYPH, IMAGE = 16, 8, 4  # the text stream: 28 tokens, 4 text and 3 glyph ones padding
@@ -92,8 +92,8 @@ def test_a_hunyuan15_job_is_planned_and_auto_checkpoints_from_the_plan(tmp_path)
     job = _job(tmp_path, gradient_checkpointing="auto", dtype="bf16")
     preset = plan.get_preset("tiny-hy15-t2v")
     text = (preset.text_encoder.text_len, 256, 1)
-    assert plan.job_text_tokens(job, preset) == text
-    sizes = plan.model_sizes(preset.dit, 4, torch.bfloat16, family="hunyuan15")
+    assert plan.job_inputs(job, preset) == {"text_tokens": text}
+    sizes = plan.model_sizes(preset.dit, 4, torch.bfloat16, plan.family_of(preset))
     adapters = [p.numel() for n, p in _lora_model(preset.dit).named_parameters() if ".lora_" in n]
     assert sizes.trainable == sum(adapters) and sizes.lora == sum(adapters)
     grid = plan.latent_grid(preset, (17, 512, 512))

@@ -8,8 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from video_dit.models.dit import VideoDiT, cast_dit
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.dit import VideoDiT, cast_dit
 
 CFG = DiTConfig(dim=64, ffn_dim=128, freq_dim=32, text_dim=48, num_heads=4, num_layers=2, text_len=16)
 
@@ -23,7 +25,7 @@ def wan_float32(name: str) -> bool:
 
 
 def test_load_dit_bf16_keeps_the_islands_float32_and_bit_equal(tmp_path):
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     torch.manual_seed(0)
     fp32 = VideoDiT(CFG)
@@ -46,13 +48,13 @@ def test_training_storage_lora_and_full():
     from video_dit.lora import add_lora
     from video_dit.train.precision import cast_for_training
 
-    lora = add_lora(VideoDiT(CFG), 4)
-    cast_for_training(lora, torch.bfloat16)
+    lora = add_lora(VideoDiT(CFG), 4, targets=WAN_LORA_TARGETS)
+    cast_for_training(lora, torch.bfloat16, WAN.arch)
     for name, p in lora.named_parameters():
         want = torch.float32 if ".lora_" in name or wan_float32(name.replace(".base_layer", "")) else torch.bfloat16
         assert p.dtype == want, name
     full = VideoDiT(CFG).requires_grad_(True)
-    cast_for_training(full, torch.bfloat16)  # float32 master weights computing in bf16
+    cast_for_training(full, torch.bfloat16, WAN.arch)  # float32 master weights computing in bf16
     assert {p.dtype for p in full.parameters()} == {torch.float32} and full.compute_dtype == torch.bfloat16
     with torch.no_grad():
         full.head.head.weight.normal_(std=0.05)  # Wan's init zeroes it: the output would be 0
@@ -138,7 +140,7 @@ def test_whole_model_to_bf16_keeps_the_islands_as_ai_toolkit_calls_it():
 def test_full_export_keeps_the_islands_float32_and_loads_as_stored(tmp_path):
     """A bf16 full export holds the islands in float32 (a trained time MLP is not rounded), and
     `load_dit` with no dtype reads such a file as stored; other mixed files still need dtype=."""
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
     from video_dit.models.weights import WeightsError
     from video_dit.train.export import _gathered_state
 

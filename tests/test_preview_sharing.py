@@ -9,20 +9,21 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import ranks
+
+from video_dit.families.wan import FAMILY as WAN
 
 PROMPTS = ["a red square moving right", "a blue circle moving left", "a green triangle moving up"]
 
 
 def _worker(out: Path) -> None:
+    import helpers
     import torch
     import torch.distributed as dist
 
-    import helpers
     from video_dit.diffusion.sampling_settings import resolve_sampling
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
-    from video_dit.models.presets import get_preset
+    from video_dit.families import get_preset
+    from video_dit.families.wan.loading import load_dit, load_text_encoder, load_vae
     from video_dit.train.preview import PreviewJob, render
 
     dist.init_process_group("gloo")
@@ -30,7 +31,7 @@ def _worker(out: Path) -> None:
     dit = helpers.randomize_head(load_dit("preset:tiny", seed=0)).eval()
     vae = load_vae("preset:tiny").eval()
     te = load_text_encoder("preset:tiny")
-    settings = resolve_sampling(preset, None, {"steps": (3, "test"), "guidance": (1.0, "test")})
+    settings = resolve_sampling(preset, None, {"steps": (3, "test"), "guidance": (1.0, "test")}, family=WAN)
     with torch.no_grad():
         embeds = te.encode(PROMPTS)
     jobs = [PreviewJob(index=i, prompt=p, embeds=e.float(), negative=None, ctrl_img=None, seed=7 + i,
@@ -39,7 +40,8 @@ def _worker(out: Path) -> None:
     lines = []
     for name, share in (("shared", True), ("alone", False)):
         (out / name / "samples").mkdir(parents=True, exist_ok=True)
-        render(dit, vae, jobs, out / name, 3, every_rank=False, i2v_mode="replace", log=lines.append, share=share)
+        render(dit, vae, jobs, out / name, 3, every_rank=False, i2v_mode="replace", log=lines.append, share=share,
+               pipeline=WAN.pipeline)
     if dist.get_rank() == 0:
         (out / "log.txt").write_text("\n".join(lines))
     dist.barrier()  # both ranks leave together: a rank still in a gloo exchange at exit aborts

@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
-
 from helpers import randomize_head
+
 from video_dit.cli import main as cli_main
+from video_dit.families.wan import FAMILY as WAN
 
 COMMON = ["--prompt", "a red square moving right", "--frames", "1", "--height", "16", "--width", "16",
           "--steps", "2", "--cfg", "1"]
@@ -17,13 +18,14 @@ COMMON = ["--prompt", "a red square moving right", "--frames", "1", "--height", 
 
 @pytest.fixture()
 def export_folder(tmp_path, monkeypatch):
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
     from video_dit.train import export
 
     monkeypatch.setattr(export.dist, "get_rank", lambda: 0)  # one process; nothing is gathered at ZeRO-0
     dit = randomize_head(load_dit("preset:tiny", seed=3))
     sources = {"preset": "tiny", "vae": "preset:tiny", "text_encoder": "preset:tiny", "i2v_mode": "replace"}
-    folder = export.export_full(dit, 0, tmp_path / "job_000000010", torch.float32, {"step": "10"}, sources=sources)
+    folder = export.export_full(dit, 0, tmp_path / "job_000000010", torch.float32, {"step": "10"}, sources=sources,
+                                storage=WAN.arch.param_dtypes)
     assert json.loads((folder / "video_dit_sources.json").read_text()) == sources
     return folder
 

@@ -8,7 +8,8 @@ import pytest
 from helpers import ROOT
 
 from video_dit.diffusion.sampling_settings import read_scheduler_config, resolve_sampling
-from video_dit.models.presets import PRESETS, get_preset
+from video_dit.families import PRESETS, get_preset
+from video_dit.families.wan import FAMILY as WAN
 
 # wan/configs/shared_config.py line 19 (Wan2.1 and Wan2.2): `sample_neg_prompt`
 WAN_NEG = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，"
@@ -97,21 +98,21 @@ def test_precedence_and_the_line_that_says_it(tmp_path):
          "flow_shift": 3.0}))
     config = read_scheduler_config(tmp_path)
     preset = get_preset("wan2.1-t2v-1.3b")
-    s = resolve_sampling(preset)
-    assert (s.solver, s.steps, s.shift, s.guidance, s.negative, s.grid) == ("unipc", 50, 5.0, 5.0, WAN_NEG, "wan")
+    s = resolve_sampling(preset, family=WAN)
+    assert (s.solver, s.steps, s.shift, s.guidance, s.negative, s.grid) == ("unipc", 50, 5.0, 5.0, WAN_NEG, "reference")
     assert s.describe() == ("sampling: unipc on Wan's grid, 50 steps, shift 5, guidance 5, negative prompt "
                             "Wan's default [solver, steps, shift, guidance, negative: preset wan2.1-t2v-1.3b]")
-    s = resolve_sampling(preset, config, {"steps": (8, "--steps")})
+    s = resolve_sampling(preset, config, {"steps": (8, "--steps")}, family=WAN)
     assert (s.solver, s.steps, s.shift, s.grid) == ("unipc", 8, 3.0, "diffusers")
     assert s.sources["shift"] == str(tmp_path / "scheduler" / "scheduler_config.json")
-    s = resolve_sampling(preset, config, {"solver": ("euler", "--solver"), "guidance": (1.0, "--cfg")})
-    assert (s.solver, s.shift, s.grid) == ("euler", 3.0, "wan")  # the folder's grid belongs to its UniPC
+    s = resolve_sampling(preset, config, {"solver": ("euler", "--solver"), "guidance": (1.0, "--cfg")}, family=WAN)
+    assert (s.solver, s.shift, s.grid) == ("euler", 3.0, "reference")  # the folder's grid belongs to its UniPC
     assert "(off: no negative pass)" in s.describe() and "negative" not in s.describe().split("[")[1]
-    s = resolve_sampling(None)  # no preset known: Wan's generate.py defaults
+    s = resolve_sampling(None, family=WAN)  # no preset known: Wan's generate.py defaults
     assert (s.solver, s.steps, s.shift, s.guidance, s.negative) == ("unipc", 50, 5.0, 5.0, WAN_NEG)
     assert "Wan's generate.py defaults" in s.describe()
     with pytest.raises(ValueError, match="unknown solver 'dpm'"):
-        resolve_sampling(preset, None, {"solver": ("dpm", "--solver")})
+        resolve_sampling(preset, None, {"solver": ("dpm", "--solver")}, family=WAN)
 
 
 def _job(sample: dict, name_or_path="preset:wan2.1-t2v-1.3b"):

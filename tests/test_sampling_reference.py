@@ -13,11 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from video_dit.models.convert import vae_config_to_diffusers
-from video_dit.models.loading import load_dit, load_image_encoder, load_vae
-from video_dit.models.presets import get_preset
-from video_dit.models.vae import VAEConfig
-from video_dit.pipeline import VideoPipeline
+from video_dit.families import get_preset
+from video_dit.families.wan.convert import vae_config_to_diffusers
+from video_dit.families.wan.loading import load_dit, load_image_encoder, load_vae
+from video_dit.families.wan.pipeline import VideoPipeline
+from video_dit.families.wan.vae import VAEConfig
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -48,7 +48,7 @@ SCHEDULERS = {
     "unipc-wan": lambda: WanGridUniPC(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=SHIFT),
     "euler": lambda: diffusers.FlowMatchEulerDiscreteScheduler(shift=SHIFT),
 }
-OURS = {"unipc": dict(solver="unipc", grid="diffusers"), "unipc-wan": dict(solver="unipc", grid="wan"),
+OURS = {"unipc": dict(solver="unipc", grid="diffusers"), "unipc-wan": dict(solver="unipc", grid="reference"),
         "euler": dict(solver="euler")}
 
 
@@ -66,8 +66,8 @@ def _clip_parts():
     that size (so diffusers' resize and crop leave a 32 x 32 image as it is, and Wan's resize too)."""
     from transformers import CLIPImageProcessor, CLIPVisionModel
 
-    from video_dit.models.image_encoder import clip_vision_config
-    from video_dit.models.presets import TINY_CLIP
+    from video_dit.families.wan.image_encoder import clip_vision_config
+    from video_dit.families.wan.presets import TINY_CLIP
 
     torch.manual_seed(4)
     encoder = CLIPVisionModel(clip_vision_config(TINY_CLIP)).eval()
@@ -89,7 +89,7 @@ def _folder(tmp_path_factory, kind):
     if kind == "t2v":  # with a (tiny) text encoder, so `video-dit sample` can run on the folder as it is
         from transformers import ByT5Tokenizer
 
-        from video_dit.models.text_encoder import build_umt5
+        from video_dit.families.wan.text_encoder import build_umt5
 
         common.update(tokenizer=ByT5Tokenizer(), text_encoder=build_umt5(get_preset("tiny").text_encoder, seed=4))
         pipe = diffusers.WanPipeline(**common)
@@ -170,8 +170,8 @@ def test_sample_command_takes_solver_and_shift_from_the_scheduler_config(folders
     (3, not the default 5), said in one line; the MP4 is the one our pipeline renders with those
     settings (the pipeline equals diffusers' above)."""
     from video_dit.cli import main as cli
+    from video_dit.families.wan.loading import load_text_encoder
     from video_dit.media import write_video
-    from video_dit.models.loading import load_text_encoder
 
     _, folder = folders["t2v"]
     args = ["sample", "--model", str(folder), "--prompt", "a red ball", "--negative", "blurry", "--frames", str(FRAMES),

@@ -22,7 +22,8 @@ import ranks
 import torch
 from PIL import Image
 
-from video_dit.models.dit import VideoDiT
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.dit import VideoDiT
 from video_dit.parallel.sequence import SPInfo, attach, check_heads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def _dit_worker(out: Path) -> None:
                                 ("lora_checkpointing", torch.tensor([500.0, 30.0]), True, True)]:
         model = tiny_dit(num_heads=4, dim=32)
         if lora:
-            add_lora(model, rank=4, alpha=4)
+            add_lora(model, rank=4, alpha=4, targets=WAN_LORA_TARGETS)
             with torch.no_grad():  # lora_B starts at zero; make the adapter do something
                 for n, p in model.named_parameters():
                     if "lora_B" in n:
@@ -174,8 +175,8 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     from safetensors.torch import load_file
 
     from video_dit.data.demo import make_demo_data
+    from video_dit.families.wan.loading import load_dit
     from video_dit.media import read_video
-    from video_dit.models.loading import load_dit
 
     for sp in (1, 2):  # one copy of the data each: the two launches build their caches at once
         make_demo_data(tmp_path / f"data_sp{sp}", count=2, frames=9, size=48, seed=0, holdout=1)

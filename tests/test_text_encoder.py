@@ -5,10 +5,10 @@ import torch
 from safetensors.torch import save_file
 from transformers import ByT5Tokenizer, UMT5EncoderModel
 
-from video_dit.models.loading import load_text_encoder
+from video_dit.families import get_preset
+from video_dit.families.wan.loading import load_text_encoder
+from video_dit.families.wan.text_encoder import TextEncoder, build_umt5, clean_prompt
 from video_dit.models.weights import WeightsError
-from video_dit.models.presets import get_preset
-from video_dit.models.text_encoder import TextEncoder, build_umt5, clean_prompt
 
 PROMPTS = ["a red fox runs through snow", "", "  an   old &amp; quiet harbour at dawn, slow pan  "]
 
@@ -106,7 +106,7 @@ def test_clear_errors(tmp_path):
 
 
 def test_config_is_typed_and_validated():
-    from video_dit.models.text_encoder import TextEncoderConfig
+    from video_dit.families.wan.text_encoder import TextEncoderConfig
     from video_dit.typed_config import ConfigError, parse
 
     cfg = parse(TextEncoderConfig, {"d_model": 32, "num_heads": 2, "tokenizer": "byt5"}, "model.text_encoder")

@@ -27,6 +27,8 @@ import pytest
 import ranks
 import torch
 
+from video_dit.families.wan import FAMILY as WAN
+
 pytestmark = pytest.mark.multirank
 
 # name: (ZeRO stage, LoRA?); q_z2's frozen base is quantized (qfloat8, after deepspeed.initialize)
@@ -108,10 +110,10 @@ def _resumes_exactly(root: Path, configs: dict, other: str = "resumed") -> None:
 def _exports_load_and_render(root: Path, configs: dict) -> None:
     from safetensors.torch import load_file
 
+    from video_dit.families.wan.loading import load_dit, load_text_encoder, load_vae
+    from video_dit.families.wan.pipeline import VideoPipeline
     from video_dit.lora import load_lora
     from video_dit.media import load_image
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
-    from video_dit.pipeline import VideoPipeline
     from video_dit.train.precision import quantize_frozen
 
     x, t, ctx = helpers.probe_inputs()
@@ -139,7 +141,7 @@ def _exports_load_and_render(root: Path, configs: dict) -> None:
             assert {v.dtype for k, v in state.items() if ".lora_" in k} == {torch.bfloat16}, c  # save.dtype
             model = load_lora(out / f"{c}.safetensors", bf16_base())
             if c.startswith("q_"):  # onto a base quantized as the trainer quantized it
-                quantize_frozen(model, "qfloat8")
+                quantize_frozen(model, "qfloat8", WAN.arch)
         else:
             model = load_dit(str(out / c), dtype=torch.bfloat16)
         pred, clip = predict_and_render(model.eval())

@@ -74,8 +74,8 @@ def test_clip_i2v_trains_caches_resumes_and_exports(world):
     # a: CLIP features cached next to each clip's latents, equal to the encoder's features of frame 0
     from safetensors.torch import load_file
 
+    from video_dit.families.wan.loading import load_image_encoder
     from video_dit.media import read_video
-    from video_dit.models.loading import load_image_encoder
 
     clip = load_image_encoder("preset:tiny-clip-i2v")
     entries = sorted((world / "data/_latent_cache").glob("*.safetensors"))
@@ -128,7 +128,7 @@ def test_clip_i2v_trains_caches_resumes_and_exports(world):
     # z3: the ZeRO-3 full fine-tune's export reproduces the trained module's prediction
     from helpers import probe_inputs, probe_kwargs
 
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     model = load_dit(str(world / "out/z3/z3")).eval()
     assert model.config.image_dim == 32

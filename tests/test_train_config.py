@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 from video_dit.train.config import IGNORED, parse_job
 from video_dit.typed_config import ConfigError
 
@@ -118,11 +119,12 @@ def test_the_reason_lora_on_a_preset_is_refused():
     LoRA gradient of a step is exactly 0 (the adapters would never move); the same DiT with a non-zero
     head (as trained weights have) gives the adapters gradients."""
     from helpers import randomize_head
+
     from video_dit import lora
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     def lora_grads(dit):
-        lora.add_lora(dit, 4)
+        lora.add_lora(dit, 4, targets=WAN_LORA_TARGETS)
         gen = torch.Generator().manual_seed(0)
         c = dit.config
         out = dit(torch.randn(1, c.in_dim, 2, 8, 8, generator=gen), torch.tensor([500.0]),
@@ -221,7 +223,7 @@ def readme_example_table() -> dict[str, dict[str, str]]:
 def test_example_configs_match_the_readme(folder, tmp_path):
     """Every example config parses, and sets what the README's table says: preset, LoRA rank or full
     fine-tune, i2v mode, ZeRO stage, SP degree, dtype, the timestep range and the experts trained (A14B)."""
-    from video_dit.models.presets import get_preset
+    from video_dit.families import get_preset
     from video_dit.train.experts import requested
 
     table = readme_example_table()

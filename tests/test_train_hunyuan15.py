@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import load_file
 
 from video_dit.data.demo import make_demo_data
+from video_dit.families.hunyuan15.dit import HunyuanVideo15DiT
+from video_dit.families.hunyuan15.loading import load_hy15_dit
 from video_dit.lora import read_lora
-from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT
-from video_dit.models.hunyuan15_loading import load_hy15_dit
 
 pytestmark = pytest.mark.multirank
 
@@ -169,8 +169,8 @@ def test_bf16_lora_storage_keeps_the_hunyuan15_float32_islands(tmp_path):
     float32 (Wan's island names match none of them); a bf16 step then trains the adapters."""
     from PIL import Image
 
-    from video_dit.families import HUNYUAN15
-    from video_dit.models.presets import get_preset
+    from video_dit.families import get_preset
+    from video_dit.families.hunyuan15 import FAMILY as HUNYUAN15
     from video_dit.train.build import build_dit, make_trainable
     from video_dit.train.config import parse_job
 

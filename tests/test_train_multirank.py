@@ -25,6 +25,8 @@ import ranks
 import torch
 from helpers import probe_inputs
 
+from video_dit.families.wan import FAMILY as WAN
+
 pytestmark = pytest.mark.multirank
 
 
@@ -87,7 +89,7 @@ def test_zero2_lora_trains_previews_and_resumes_exactly(world):
         assert mp4.with_suffix(".png").is_file()
     # i2v: frame 0 of the preview is the VAE round trip of the control image (the causal decoder's
     # frame 0 depends only on the clean first-frame latent the conditioning restores)
-    from video_dit.models.loading import load_vae
+    from video_dit.families.wan.loading import load_vae
 
     vae = load_vae("preset:tiny")
     ctrl = pil_to_tensor(load_image(world / "data_holdout/000.png"))  # (3, H, W)
@@ -181,8 +183,8 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from video_dit.families.wan.loading import load_dit
     from video_dit.lora import load_lora
-    from video_dit.models.loading import load_dit
 
     log = (world / "launch_c.log").read_text()  # z0 asked for bf16 on CPU ranks: said once, on rank 0
     assert log.count("train.dtype is bf16, but these are CPU ranks: training in float32") == 1
@@ -246,8 +248,8 @@ def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):
 def test_quantized_base_skips_nonfinite_losses_and_its_lora_reloads(launch_c):
     from safetensors.torch import load_file
 
+    from video_dit.families.wan.loading import load_dit
     from video_dit.lora import load_lora
-    from video_dit.models.loading import load_dit
     from video_dit.train.precision import quantize_frozen
 
     world = launch_c
@@ -263,7 +265,7 @@ def test_quantized_base_skips_nonfinite_losses_and_its_lora_reloads(launch_c):
     lora = load_file(str(world / "out/q/q.safetensors"))
     assert set(lora) == set(load_file(str(world / "out/z0/z0.safetensors")))
     fresh = load_lora(world / "out/q/q.safetensors", load_dit(str(world / "base.safetensors")))
-    quantize_frozen(fresh, "qfloat8")
+    quantize_frozen(fresh, "qfloat8", WAN.arch)
     assert type(fresh.blocks[0].ffn[0].base_layer).__name__ == "QLinear"
     x, t, ctx = probe_inputs()
     with torch.no_grad():
@@ -345,7 +347,7 @@ def test_cached_concat_i2v_makes_no_vae_call_and_gives_the_uncached_losses(launc
     import numpy as np
     from safetensors.torch import load_file
 
-    from video_dit.models.loading import load_vae
+    from video_dit.families.wan.loading import load_vae
 
     world = launch_c
     first = [ranks.result(world / "out/c1", r) for r in range(2)]

@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers, vae_to_diffusers
-from video_dit.models.presets import VAE_PRESETS
-from video_dit.models.vae import CausalVideoVAE, VAEConfig
+from video_dit.families.wan.convert import vae_config_to_diffusers, vae_from_diffusers, vae_to_diffusers
+from video_dit.families.wan.presets import VAE_PRESETS
+from video_dit.families.wan.vae import CausalVideoVAE, VAEConfig
 
 diffusers = pytest.importorskip("diffusers")
 
@@ -185,7 +185,7 @@ def test_first_frame_conv_gradients_equal_the_zero_padded_conv():
     input gradient and weight gradient (zero on the other taps) equal the zero-padded conv3d's."""
     import torch.nn.functional as F
 
-    from video_dit.models.vae_layers import CausalCache, CausalConv3d
+    from video_dit.models.causal_conv import CausalCache, CausalConv3d
 
     torch.manual_seed(0)
     conv = CausalConv3d(4, 6, 3, padding=1)
@@ -209,12 +209,12 @@ def test_first_frame_conv_gradients_equal_the_zero_padded_conv():
     (5, (1, 3, 3), (1, 2, 2), (0, 0, 0)),    # a per-frame conv (no temporal reach)
 ])
 def test_one_clip_conv_as_two_halves_equals_conv3d(frames, kernel, stride, padding, monkeypatch):
-    """With autograd, one clip's conv runs as its two halves in time (`_conv_as_pair`, PyTorch's fast
+    """With autograd, one clip's conv runs as its two halves in time (`conv3d_as_pair`, PyTorch's fast
     backend): output, input, weight and bias gradients equal conv3d's on the whole clip."""
     import torch.nn.functional as F
 
-    from video_dit.models import vae_layers
-    from video_dit.models.vae_layers import _conv
+    from video_dit.families.wan import vae_layers
+    from video_dit.models.causal_conv import conv3d
 
     torch.manual_seed(0)
     x = torch.randn(1, 4, frames, 9, 9, requires_grad=True)
@@ -225,7 +225,7 @@ def test_one_clip_conv_as_two_halves_equals_conv3d(frames, kernel, stride, paddi
     expected = torch.autograd.grad((ref * g).sum(), (x, w, b))
     batches, conv3d = [], F.conv3d  # (vae_layers.F is torch.nn.functional: patched for this test only)
     monkeypatch.setattr(vae_layers.F, "conv3d", lambda x, *a: batches.append(len(x)) or conv3d(x, *a))
-    y = _conv(x, w, b, stride, padding)
+    y = conv3d(x, w, b, stride, padding)
     assert batches == [2]  # the halves, as one batch
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     for got, want in zip(torch.autograd.grad((y * g).sum(), (x, w, b)), expected):

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers, vae_key_layout, vae_to_diffusers
-from video_dit.models.loading import load_vae
+from video_dit.families.wan.convert import vae_config_to_diffusers, vae_from_diffusers, vae_key_layout, vae_to_diffusers
+from video_dit.families.wan.loading import load_vae
+from video_dit.families.wan.presets import VAE_PRESETS
+from video_dit.families.wan.vae import CausalVideoVAE, VAEConfig
 from video_dit.models.weights import WeightsError
-from video_dit.models.presets import VAE_PRESETS
-from video_dit.models.vae import CausalVideoVAE, VAEConfig
 
 CFG = VAEConfig(dim=8, dec_dim=12, z_dim=6, dim_mult=(1, 2, 2), num_res_blocks=1, temperal_downsample=(True, True),
                 is_residual=True, patch_size=2, mean=tuple(0.1 * i for i in range(6)), std=(2.0,) * 6)

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from video_dit.cli import main as cli_main
 from video_dit.data.demo import make_demo_data
-from video_dit.models.loading import load_vae
-from video_dit.models.vae import VAEConfig
-from video_dit.train.vae_stage import CONFIG_NAME, _clips, train_tiny_vae, train_tiny_vae_result
+from video_dit.families.wan.loading import load_vae
+from video_dit.families.wan.vae import VAEConfig
+from video_dit.families.wan.vae_stage import CONFIG_NAME, _clips, train_tiny_vae, train_tiny_vae_result
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def test_reconstruction_loss_falls(trained, demo):
     # The training losses are of random windows (one clip is all background, the next a shape), so
     # first-vs-last steps is noise; measure instead the whole clips through the same-seed untrained
     # VAE and through the trained one.
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.families.wan.presets import VAE_PRESETS
+    from video_dit.families.wan.vae import CausalVideoVAE
 
     assert len(trained.losses) == 40
     clips = torch.stack([c[:, :5] for c in _clips(demo)])                 # (4, 3, 5, 32, 32)
@@ -106,7 +106,7 @@ def test_reconstruction_figures_of_a_known_error():
     """PSNR and shape colour error of a stand-in VAE that shifts every pixel by a known amount: 0.1 in
     [-1, 1] is 0.05 in [0, 1], so PSNR = 20 log10(1 / 0.05) = 26.02 dB and the colour error 12.75/255;
     a second clip shifted only on its background keeps its shape colour exactly."""
-    from video_dit.train.vae_stage import reconstruction_figures
+    from video_dit.families.wan.vae_stage import reconstruction_figures
 
     class Shift:
         def __init__(self, bg_only=False):
@@ -138,7 +138,7 @@ def test_a_real_folder_of_mixed_sizes_is_read_as_a_dataset_and_checked_before_de
 
     from video_dit import media
     from video_dit.data.dataset import DataWarning
-    from video_dit.train import vae_stage
+    from video_dit.families.wan import vae_stage
 
     rng = np.random.default_rng(0)
     d = tmp_path / "real"
@@ -194,8 +194,8 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
     recomputed here from the same init and window (one 9-frame clip, whole frames: the window is fixed)."""
     from torch.nn.functional import avg_pool3d
 
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
+    from video_dit.families.wan.presets import VAE_PRESETS
+    from video_dit.families.wan.vae import CausalVideoVAE
 
     d = tmp_path / "one"
     make_demo_data(d, count=1, frames=9, size=32, seed=0, holdout=0)
@@ -220,7 +220,7 @@ def test_recipe_latent_init_scale_and_cell_term(tmp_path):
 def test_clamped_error_frees_only_overshoot_that_the_clamp_corrects():
     """decode clamps to [-1, 1]: past -1 on a black truth pixel (or past 1 on a white one) the pixel
     comes out right, so its error is 0; everywhere else it is recon - x (here by hand, pixel by pixel)."""
-    from video_dit.train.vae_stage import clamped_error
+    from video_dit.families.wan.vae_stage import clamped_error
 
     x = torch.tensor([-1.0, -1.0, -1.0, 1.0, 1.0, 0.2, 0.2, -0.5])
     r = torch.tensor([-1.7, -0.6, -1.0, 1.4, 0.7, -1.3, 1.3, -0.5])
@@ -243,9 +243,9 @@ def _static_clip(folder, frames=9, size=32):
 def test_recipe_images_add_the_first_frame_path_loss(tmp_path):
     """`images=k` adds, to each step's window loss, the same weighted loss of k single frames through
     the first-frame path (recomputed here from the init: one static clip, so every shot is its frame)."""
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.train.vae_stage import _foreground, clamped_error
+    from video_dit.families.wan.presets import VAE_PRESETS
+    from video_dit.families.wan.vae import CausalVideoVAE
+    from video_dit.families.wan.vae_stage import _foreground, clamped_error
 
     d = _static_clip(tmp_path / "one")
     kw = dict(AT_INIT, fg_weight=8.0)
@@ -269,9 +269,9 @@ def _weighted_loss_at_init(d, frames, ring=0, bright=0.0):
     the same-seed `tiny` init, the weight dilated by hand: 9 on every pixel within `ring` px (a
     (2 ring + 1)^2 square) of a shape pixel, shifted mask by shifted mask, else 1. `bright` adds that
     times the same weighted loss of each pixel's brightest channel (max over R, G, B)."""
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.train.vae_stage import _foreground, clamped_error
+    from video_dit.families.wan.presets import VAE_PRESETS
+    from video_dit.families.wan.vae import CausalVideoVAE
+    from video_dit.families.wan.vae_stage import _foreground, clamped_error
 
     torch.manual_seed(0)
     vae = CausalVideoVAE(VAE_PRESETS["tiny"]).train()
@@ -399,10 +399,10 @@ def test_colour_path_init_starts_as_a_mean_colour_codec(preset):
 
     import torch.nn.functional as F
 
-    from video_dit.models.presets import VAE_PRESETS
-    from video_dit.models.vae import CausalVideoVAE
-    from video_dit.models.vae_layers import AttentionBlock
-    from video_dit.train.vae_stage import init_colour_path
+    from video_dit.families.wan.presets import VAE_PRESETS
+    from video_dit.families.wan.vae import CausalVideoVAE
+    from video_dit.families.wan.vae_layers import AttentionBlock
+    from video_dit.families.wan.vae_stage import init_colour_path
 
     torch.manual_seed(0)
     vae = CausalVideoVAE(VAE_PRESETS[preset])

@@ -21,6 +21,8 @@ import pytest
 import ranks
 import torch
 
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+
 DECAY = 0.5
 SIGMAS = [1.0, 0.6, 0.2]
 
@@ -148,10 +150,10 @@ def _metrics(root: Path, name: str) -> dict[int, dict]:
 
 def _lora_native(path: Path) -> dict[str, torch.Tensor]:
     """A LoRA export in the module's own parameter names (`blocks.0.self_attn.q.lora_A.default.weight`)."""
+    from video_dit.families.wan.loading import load_dit
     from video_dit.lora import add_lora, load_lora
-    from video_dit.models.loading import load_dit
 
-    model = add_lora(load_dit("preset:tiny"), 4, 4)
+    model = add_lora(load_dit("preset:tiny"), 4, 4, targets=WAN_LORA_TARGETS)
     load_lora(path, model)
     return {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n}
 
@@ -161,8 +163,8 @@ def _expected_val_loss(root: Path) -> dict[float, float]:
     i2v (clean frame 0, t = 0 on its tokens, masked out of the MSE), mean over items per sigma."""
     from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_conditioning, masked_mse
     from video_dit.diffusion.flow import add_noise
+    from video_dit.families.wan.loading import load_dit, load_text_encoder, load_vae
     from video_dit.media import read_video
-    from video_dit.models.loading import load_dit, load_text_encoder, load_vae
 
     dit, vae, te = load_dit(str(root / "base.safetensors")).eval(), load_vae("preset:tiny").eval(), \
         load_text_encoder("preset:tiny")
@@ -244,7 +246,7 @@ def check_launch(tmp_path: Path) -> None:
     assert (out / "z0/z0_ema.safetensors").read_bytes() == (out / "z0/z0_ema_000000004.safetensors").read_bytes()
 
     # full fine-tune under ZeRO-3 + SP: the EMA folder equals the EMA of base -> step 1 -> step 2
-    from video_dit.models.loading import load_dit
+    from video_dit.families.wan.loading import load_dit
 
     full = {n: t for n, t in load_file(str(tmp_path / "base.safetensors")).items()}
     for step in (1, 2):

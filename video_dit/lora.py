@@ -1,14 +1,18 @@
-"""The one LoRA file format, shared by the DeepSpeed trainer and the ai-toolkit adapter.
+"""The one LoRA file format, shared by the DeepSpeed trainer, the ai-toolkit adapter and the sampler.
 
 On the model, LoRA is peft's (`inject_adapter_in_model`: the model keeps its class and names, each
-targeted `nn.Linear` gains `lora_A` / `lora_B`). In a file, keys follow ComfyUI's convention for Wan:
+targeted `nn.Linear` gains `lora_A` / `lora_B`), on the modules a family's regex names
+(`Family.lora_targets`). In a file, keys follow ComfyUI's convention:
 
     diffusion_model.blocks.0.self_attn.q.lora_A.weight   (rank, in)
     diffusion_model.blocks.0.self_attn.q.lora_B.weight   (out, rank)
     diffusion_model.blocks.0.self_attn.q.alpha           scalar; the update is B @ A * alpha / rank
 
-with string metadata (`format`, `base_preset`, `rank`, `alpha`, `step`, ...). Because our parameter
-names are the original Wan names, a native module path maps 1:1 to ComfyUI's `diffusion_model.` path.
+with string metadata (`format`, `base_preset`, `rank`, `alpha`, `step`, ...). Each family's parameter
+names are its original checkpoint names, so a native module path maps to ComfyUI's `diffusion_model.`
+path (`to_comfy`); a family whose ComfyUI keys differ (HunyuanVideo 1.5's fused q / k / v) converts
+both ways (`Family.lora_to_comfy`, `Family.lora_from_file`). Loading a file adds adapters on exactly the
+modules it holds (`load_lora`), whichever targets it was trained with.
 """
 
 from __future__ import annotations
@@ -20,28 +24,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from video_dit.models.hunyuan15_convert import hy15_lora_split
 from video_dit.models.weights import WeightsError, read_state_dict
 
-# The blocks' attention and FFN Linears (native Wan names), with the image branch's k_img / v_img of
-# Wan 2.1 I2V / FLF2V (absent, so never matched, in other models).
-LORA_TARGETS = r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o)|cross_attn\.(k_img|v_img)|ffn\.(0|2))"
-# Opt-in (`network.include_img_emb`): also the image-embedding MLP's two Linears, img_emb.proj.1 / .3.
-IMG_EMB_TARGETS = r"img_emb\.proj\.(1|3)"
-
-
-def lora_targets(include_img_emb: bool = False) -> str:
-    """The peft `target_modules` regex: LORA_TARGETS, plus IMG_EMB_TARGETS when asked."""
-    return f"({LORA_TARGETS})|({IMG_EMB_TARGETS})" if include_img_emb else LORA_TARGETS
 FILE_FORMAT = "video_dit.lora.v1"
 _PREFIXES = ("diffusion_model.", "transformer.", "base_model.model.", "model.diffusion_model.")
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<kind>lora_A|lora_B)(\.default)?\.weight$")
 
 
-def add_lora(model: nn.Module, rank: int, alpha: float | None = None, targets: str = LORA_TARGETS,
+def add_lora(model: nn.Module, rank: int, alpha: float | None = None, *, targets: str,
              dropout: float = 0.0) -> nn.Module:
-    """Inject peft LoRA adapters into `model` in place (class and names unchanged); `alpha` defaults
-    to `rank` (scale 1). Only the adapters require grad afterwards."""
+    """Inject peft LoRA adapters into `model` in place (class and names unchanged) on the Linears whose
+    names fully match the regex `targets` (the family's, `Family.lora_targets`); `alpha` defaults to
+    `rank` (scale 1). Only the adapters require grad afterwards."""
     from peft import LoraConfig, inject_adapter_in_model
 
     if rank <= 0:
@@ -93,15 +87,15 @@ def to_comfy(sd: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tenso
     return out
 
 
-def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[str, torch.Tensor], float, int]:
+def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA", from_file=None) -> tuple[dict[str, torch.Tensor], float, int]:
     """ComfyUI (`diffusion_model.`), ai-toolkit/peft (`transformer.`, `base_model.model.`) keys ->
     (native adapter keys, alpha, rank). Files without `.alpha` (peft format) mean alpha = rank.
-    HunyuanVideo 1.5's fused `<stream>_attn_qkv` adapters (ComfyUI's keys) come back as the split q / k / v
-    ones (`hy15_lora_split`)."""
+    `from_file`: the family's conversion of its file keys to native ones (`Family.lora_from_file`: e.g.
+    HunyuanVideo 1.5's fused `<stream>_attn_qkv` adapters split into q / k / v); None: the keys are native."""
     sd = {_strip(k): v for k, v in sd.items()}
-    if any("_attn_qkv.lora_" in k for k in sd):
+    if from_file is not None:
         try:
-            sd = hy15_lora_split(sd, source)
+            sd = from_file(sd, source)
         except ValueError as exc:
             raise WeightsError(str(exc)) from exc
     native, alphas = {}, set()
@@ -124,7 +118,7 @@ def from_comfy(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[
 
 def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None, comfy=to_comfy) -> Path:
     """Write the adapters of `model_or_sd` as a ComfyUI-keyed safetensors file (atomic rename); `comfy`:
-    the family's native -> ComfyUI key conversion (`Family.lora_to_comfy`; Wan's `to_comfy` by default)."""
+    the family's native -> ComfyUI key conversion (`Family.lora_to_comfy`; `to_comfy`: names as they are)."""
     from safetensors.torch import save_file
 
     native = lora_state_dict(model_or_sd)
@@ -142,8 +136,8 @@ def save_lora(path, model_or_sd, alpha: float, metadata: dict | None = None, com
     return path
 
 
-def read_lora(path) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]]:
-    """(native adapter keys, alpha, rank, metadata) of a LoRA file."""
+def read_lora(path, from_file=None) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]]:
+    """(native adapter keys, alpha, rank, metadata) of a LoRA file; `from_file`: as `from_comfy`'s."""
     from safetensors import safe_open
 
     sd = read_state_dict(path)
@@ -151,7 +145,7 @@ def read_lora(path) -> tuple[dict[str, torch.Tensor], float, int, dict[str, str]
     if str(path).endswith(".safetensors"):
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
-    native, alpha, rank = from_comfy(sd, source=str(path))
+    native, alpha, rank = from_comfy(sd, source=str(path), from_file=from_file)
     return native, alpha, rank, metadata
 
 
@@ -162,16 +156,19 @@ def _strip(key: str) -> str:
     return key
 
 
-def load_lora(path, model: nn.Module, targets: str | None = None) -> nn.Module:
-    """Load a LoRA file into `model`, adding adapters of the file's rank/alpha when it has none, on
-    `targets` (the family's peft regex, `Family.lora_targets`; None: Wan's, with img_emb when the file
-    has it).
+def load_lora(path, model: nn.Module, from_file=None) -> nn.Module:
+    """Load a LoRA file into `model`. A model without adapters gets them, of the file's rank and alpha, on
+    exactly the modules the file holds (whatever target set it was trained with); a model with adapters
+    must have the file's rank, alpha and modules. `from_file`: the family's key conversion (`from_comfy`).
 
-    A file made for another model (other modules or shapes) raises `WeightsError` naming the file
-    and the first mismatching keys."""
-    native, alpha, rank, _ = read_lora(path)
+    A file made for another model (modules it does not have, other shapes) raises `WeightsError` naming
+    the file and the first mismatching keys."""
+    native, alpha, rank, _ = read_lora(path, from_file)
+    modules = {k.rsplit(".", 2)[0] for k in native}
     if not has_lora(model):
-        add_lora(model, rank, alpha, targets=targets or lora_targets(any(k.startswith("img_emb.") for k in native)))
+        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        if modules <= linears:  # else the mismatch is named below
+            add_lora(model, rank, alpha, targets="|".join(re.escape(m) for m in sorted(modules)))
     elif (model._lora_rank, model._lora_alpha) != (rank, alpha):
         raise WeightsError(f"{path}: rank/alpha {rank}/{alpha} differ from the model's adapters "
                            f"{model._lora_rank}/{model._lora_alpha}")

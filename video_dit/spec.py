@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from video_dit.diffusion.experts import EXPERTS, check_boundary
-from video_dit.families import WAN, Family, family_of, get_family, identify, wan_natural_i2v
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families import PRESETS, Family, Preset, UnknownFamily, family_of, get_family, get_preset, identify
 from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
-from video_dit.models.presets import PRESETS, Preset, get_preset
 from video_dit.models.weights import WeightsError
 from video_dit.typed_config import ConfigError
 
@@ -126,7 +124,7 @@ class ModelSpec:
     experts: ExpertSources | None    # a two-expert model's experts, else None
     keys: Keys
     recorded: dict = field(default_factory=dict)  # an export's video_dit_sources.json
-    family_name: str = "wan"         # families.FAMILIES key: the preset's, else the weights' own
+    family_name: str = ""            # families.FAMILIES key: the preset's, else the weights' own
     task: tuple[str, str] | None = None  # ("t2v" | "i2v", where it is said): a HunyuanVideo 1.5 checkpoint's
 
     @property
@@ -156,7 +154,7 @@ class ModelSpec:
         return _image_encoder(self.request, self, self.recorded, self.keys)
 
     @functools.cached_property
-    def dit_config(self) -> DiTConfig:
+    def dit_config(self):
         """The DiT's config: the preset's for `preset:NAME`, else the weights' own (config.json or shapes)."""
         name = preset_name(self.dit)
         if name is not None:
@@ -167,7 +165,7 @@ class ModelSpec:
             raise self.keys.error(self.keys.model, self.dit, str(exc)) from exc
 
     @property
-    def dit_shape(self) -> DiTConfig:
+    def dit_shape(self):
         """The DiT config the checks use: a trainer's preset's (its weights are checked against it when
         they load), else the weights' own (a command line's model, whose preset only brings defaults)."""
         if self.request.preset_required and self.preset is not None:
@@ -181,8 +179,8 @@ class ModelSpec:
 
     @property
     def last_frame(self) -> bool:
-        """A first-last-frame model (Wan 2.1 FLF2V: its image branch reads two images)."""
-        return self.family.last_frame(self.dit_shape)
+        """A first-last-frame model: one that needs the last frame too (`Family.last_frame`)."""
+        return self.family.last_frame(self.dit_shape, self.i2v_mode) == "required"
 
     def sources(self, absolute: bool = True) -> dict:
         """What an export records beside its weights (`video_dit_sources.json`), paths made absolute."""
@@ -205,12 +203,18 @@ def check_lora(name_or_path: str, lora: bool, keys: Keys = JOB_KEYS) -> None:
 
 
 def check_dataset_i2v(preset: Preset, do_i2v: bool, key: str) -> None:
-    """An image-to-video-only DiT (its input wider than its output: concat, Wan I2V) trains on `do_i2v`
-    datasets only: `ConfigError` naming `key` (the dataset's `do_i2v`) otherwise."""
-    if preset.dit.i2v_only and not do_i2v:
-        kind = " with the CLIP image branch" if preset.dit.image_dim is not None else ""
+    """An image-to-video-only DiT (`Family.i2v_only`) trains on `do_i2v` datasets only: `ConfigError` naming
+    `key` (the dataset's `do_i2v`) otherwise."""
+    family = family_of(preset)
+    if family.i2v_only(preset.dit) and not do_i2v:
+        kind = " with an image branch" if family.image_branch_lora(preset.dit) else ""
         raise ConfigError(key, f"preset {preset.name!r} is an image-to-video model{kind}: every dataset needs "
                                "do_i2v: true")
+
+
+def last_frame_presets() -> list[str]:
+    """The presets that take a last frame with the first (`Family.last_frame`: "required"), for messages."""
+    return [n for n, p in PRESETS.items() if family_of(p).last_frame(p.dit, p.i2v_mode) == "required"]
 
 
 def resolve(req: Request, keys: Keys = JOB_KEYS) -> ModelSpec:
@@ -259,15 +263,22 @@ def check_trains(preset: Preset, key: str, trainer: str = "video_dit") -> None:
 
 
 def _family(req: Request, preset: Preset | None, dit: str, keys: Keys) -> Family:
-    """The preset's family, else the weights' (`identify`, Wan when nothing says); weights of another
-    family than the preset's are a `ConfigError` naming the key, the file and the presets that fit."""
-    found = identify(dit)
+    """The preset's family, else the weights' (`identify`); weights no family claims, or of another family
+    than the preset's, are a `ConfigError` naming the key, the file and what is accepted."""
+    try:
+        found = identify(dit)
+    except UnknownFamily as exc:
+        raise keys.error(keys.model, req.name_or_path, str(exc)) from exc
     if preset is None:
-        return found[0] if found is not None else WAN
+        if found is None:
+            raise keys.error(keys.model, req.name_or_path, f"cannot tell which model family these weights are (no "
+                             f"model_index.json or config.json class name, no known tensor names); {keys.give} "
+                             f"{keys.preset} (one of: {', '.join(PRESETS)})")
+        return found[0]
     family = family_of(preset)
     if found is not None and found[0] is not family:
         other, evidence = found
-        fits = ", ".join(other.presets()) + (", or no --preset" if keys.flags else "")
+        fits = ", ".join(other.presets) + (", or no --preset" if keys.flags else "")
         raise keys.error(keys.preset, preset.name, f"is a {family.title} preset, but {keys.model} {req.name_or_path} "
                                                    f"holds {other.title} weights ({evidence}); accepted: {fits}")
     return family
@@ -284,7 +295,7 @@ def _task(req: Request, preset: Preset | None, dit: str, family: Family, keys: K
         return said
     own = ("i2v" if preset.i2v_mode is not None else "t2v", f"preset {preset.name}")
     if said is not None and said[0] != own[0]:
-        fits = [n for n in family.presets() if (PRESETS[n].i2v_mode is not None) == (said[0] == "i2v")]
+        fits = [n for n, p in family.presets.items() if (p.i2v_mode is not None) == (said[0] == "i2v")]
         kind = {"t2v": "a text-to-video", "i2v": "an image-to-video"}
         raise keys.error(keys.preset, preset.name, f"is {kind[own[0]]} preset, but {keys.model} {req.name_or_path} is "
                                                    f"{kind[said[0]]} checkpoint ({said[1]}); accepted: {', '.join(fits)}")
@@ -300,29 +311,17 @@ def check_sources(spec: ModelSpec) -> ModelSpec:
 
 
 def i2v_mode_of(preset: Preset, requested: str | None, key: str) -> str | None:
-    """The first-frame conditioning a DiT takes: "replace" when its input is its output (t2v, TI2V),
-    "concat" when in_dim = out_dim + 4 mask channels + the VAE's latent channels (Wan I2V); a
-    requested mode the DiT cannot take is a `ConfigError` naming `key`. A family whose t2v and i2v
-    models share one architecture (HunyuanVideo 1.5) takes the preset's: "concat" for i2v, None for t2v."""
+    """The first-frame conditioning the preset's DiT takes (`Family.natural_i2v`: Wan's by its input width,
+    "replace" or "concat"; a family whose t2v and i2v models share one architecture, by the preset's task);
+    None: it takes no first frame. A requested mode the DiT cannot take is a `ConfigError` naming `key`."""
     family = family_of(preset)
-    if family.task_of is not None:
-        natural = preset.i2v_mode
-        if requested is not None and requested != natural:
-            raise ConfigError(key, f"{requested!r} does not fit preset {preset.name!r} (a {family.title} "
-                                   f"{'i2v' if natural else 't2v'} model); accepted: "
-                                   + (repr(natural) if natural else "none (leave it unset)"))
-        return natural
-    cfg = preset.dit
-    natural = wan_natural_i2v(cfg, preset.vae.z_dim)
-    if natural is None:
-        raise ConfigError(key, f"{preset.name}: DiT in_dim {cfg.in_dim} fits neither i2v mode (replace: in_dim == "
-                               "out_dim; concat: out_dim + 4 + z_dim)")
+    task = ("i2v" if preset.i2v_mode is not None else "t2v", f"preset {preset.name}")
+    natural = family.natural_i2v(preset.dit, task, preset.vae.z_dim)
     if requested is not None and requested != natural:
-        raise ConfigError(key, f"{requested!r} does not fit preset {preset.name!r} (DiT in_dim {cfg.in_dim}); "
-                               f"accepted: {natural!r}")
+        raise ConfigError(key, f"{requested!r} does not fit preset {preset.name!r} (a {family.title} model whose DiT "
+                               f"takes {'i2v mode ' + repr(natural) if natural else 'no first frame'}); accepted: "
+                               + (repr(natural) if natural else "none (leave it unset)"))
     return natural
-
-
 
 
 def _recorded(name_or_path: str, keys: Keys) -> dict:
@@ -448,21 +447,17 @@ def _image_encoder(req: Request, spec: ModelSpec, recorded: dict, keys: Keys) ->
 
 
 def check_image_encoder(spec: ModelSpec) -> None:
-    """An image encoder whose width is not the one the DiT reads is a `ConfigError` naming the key, the
-    file and the width accepted, from config.json alone (the family's check; Wan's is the trainer's
-    validate.py, which also counts tokens)."""
-    family = spec.family
-    if spec.image_encoder is None or family.image_encoder_width is None:
+    """An image encoder whose features are not what the DiT reads (`Family.image_encoder_fits`: its width,
+    and for Wan's CLIP its tokens per image) is a `ConfigError` naming the key, the file and what is
+    accepted, from its config.json or tensor headers alone."""
+    if spec.image_encoder is None:
         return
     try:
-        width, where = family.image_encoder_width(spec.image_encoder)
+        why = spec.family.image_encoder_fits(spec.image_encoder, spec.dit_shape)
     except WeightsError as exc:
         raise spec.keys.error(spec.keys.image_encoder, spec.image_encoder, str(exc)) from exc
-    wanted = family.dit_image_width(spec.dit_shape)
-    if width != wanted:
-        raise spec.keys.error(spec.keys.image_encoder, spec.image_encoder,
-                              f"an image encoder of width {width} ({where}), but the DiT reads image embeds of width "
-                              f"{wanted}; accepted: an image encoder of width {wanted} (the DiT's own)")
+    if why is not None:
+        raise spec.keys.error(spec.keys.image_encoder, spec.image_encoder, why)
 
 
 def requested(model, preset: Preset, keys: Keys = JOB_KEYS) -> tuple[str, ...]:

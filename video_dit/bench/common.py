@@ -28,9 +28,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from video_dit.devices import free_port, timed
-from video_dit.models.convert import dit_from_diffusers
-from video_dit.models.dit import VideoDiT
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.convert import dit_from_diffusers
+from video_dit.families.wan.dit import VideoDiT
 
 
 def time_side_by_side(fns: dict[str, Callable[[], object]], repeats: int, device="cpu",

@@ -57,9 +57,9 @@ from video_dit.bench.common import (
     write_json,
 )
 from video_dit.devices import device_peak
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import cast_dit, dit_flops
 from video_dit.models import attention
-from video_dit.models.dit import cast_dit, dit_flops
-from video_dit.models.dit_config import DiTConfig
 from video_dit.parallel.memory import cuda_peak
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 9, 32, 32), text_len=512, text_dim=4096)

@@ -50,8 +50,8 @@ def build_pair(widths, seed: int = 0, dtype: torch.dtype = torch.float32, device
     its identities (gammas of one) by small noise, converted to our names. Latent channels 32 as released."""
     from diffusers import AutoencoderKLHunyuanVideo15
 
-    from video_dit.models.hunyuan15_convert_vae import hy15_vae_config_to_diffusers, hy15_vae_from_diffusers
-    from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE, HY15VAEConfig
+    from video_dit.families.hunyuan15.convert_vae import hy15_vae_config_to_diffusers, hy15_vae_from_diffusers
+    from video_dit.families.hunyuan15.vae import HunyuanVideo15VAE, HY15VAEConfig
 
     cfg = HY15VAEConfig(block_out_channels=tuple(widths))
     torch.manual_seed(seed)

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from video_dit.bench.common import median, profiled_peak, time_side_by_side, write_json
-from video_dit.models import dit
-from video_dit.models.dit import VideoDiT, cast_dit
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan import dit
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import VideoDiT, cast_dit
 from video_dit.parallel.memory import cuda_peak
 
 LEVER = dict(dim=1536, heads=12, ffn_dim=8960, layers=1, latents=(16, 4, 32, 32), text_len=512, text_dim=4096)

@@ -30,11 +30,12 @@ import torch.distributed as dist
 
 from video_dit.bench.common import launch_ranks, write_json
 from video_dit.data.demo import make_demo_data
+from video_dit.families import get_preset
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.dit import VideoDiT, init_parameter
+from video_dit.families.wan.loading import load_dit
 from video_dit.models.common import parameter_generator
-from video_dit.models.dit import VideoDiT, init_parameter
-from video_dit.models.loading import check_matches_preset, load_dit
-from video_dit.models.presets import get_preset
-from video_dit.models.weights import module_groups
+from video_dit.models.weights import check_matches_preset, module_groups
 from video_dit.parallel.zero import ds_config
 from video_dit.train.build import build_dit, make_trainable
 from video_dit.train.config import parse_job
@@ -110,11 +111,11 @@ def _rank_main(spec: dict) -> int:
     t0 = time.perf_counter()
     if spec["path"] == "full":  # what every rank did before build_dit: the whole model, then partitioned
         dit = load_dit(spec["weights"], dtype=dtype)
-        check_matches_preset(dit, preset, spec["weights"])
+        check_matches_preset(dit, preset, spec["weights"], VideoDiT)
     else:
         dit = build_dit(spec["weights"], preset, zero_stage=3, dtype=dtype, ds_config=ds)
     built = rss()
-    make_trainable(dit, job.process, dtype)
+    make_trainable(dit, job.process, dtype, family=WAN)
     params = [p for p in dit.parameters() if p.requires_grad]
     optimizer, scheduler = build_optimizer(params, job.process.train)
     engine, *_ = deepspeed.initialize(model=dit, model_parameters=params, optimizer=optimizer,
@@ -149,7 +150,7 @@ def run(device: str = "cpu", repeats: int = 1, small: bool = False, threads: int
             shard = max(sum(numels[n] for n in g) for g in module_groups(numels)) * s
             job = job_of(str(weights), str(work / "data"), str(work / "out"), dtype)
             ds = ds_config(job, world, cuda=False)
-            sizes = model_sizes(cfg, 32, DTYPES[dtype])
+            sizes = model_sizes(cfg, 32, DTYPES[dtype], WAN)
             res, _ = state_memory(sizes, Setting(3), world, ds, DTYPES[dtype], cuda=False)
             # set up after the DiT, the same for both paths: the LoRA adapters as peft makes them (fp32,
             # whole on every rank until initialize partitions them) and DeepSpeed's ZeRO-3 state

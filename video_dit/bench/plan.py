@@ -60,16 +60,17 @@ import torch.distributed as dist
 from video_dit.bench.common import launch_ranks, write_json
 from video_dit.data.demo import make_demo_data
 from video_dit.devices import Machine, host_ram, local_device
-from video_dit.models.dit_config import DiTConfig
-from video_dit.models.presets import get_preset
+from video_dit.families import get_preset
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.memory import activation_bytes
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.parallel.sequence import init_sequence_parallel
 from video_dit.parallel.zero import Distribution, ds_config
 from video_dit.train.build import build_dit, make_trainable
 from video_dit.train.config import NetworkConfig, parse_job
 from video_dit.train.engine import initialize
-from video_dit.train.plan import (CUDA_CONTEXT_BYTES, AutoCheckpointing, Experts, Setting, activation_bytes,
-                                  checkpointed_count, predict)
+from video_dit.train.plan import CUDA_CONTEXT_BYTES, AutoCheckpointing, Experts, Setting, checkpointed_count, predict
 from video_dit.train.precision import build_dtype, train_dtype
 
 GiB = 2 ** 30
@@ -170,7 +171,7 @@ def _rank_main(spec: dict) -> int:
     ds = ds_config(job, world)
     experts = Experts(("high_noise", "low_noise")[:n_experts]) if n_experts > 1 else None
     pred = predict(cfg, grid, setting_for(c, cfg.num_layers), world=world, lora_rank=c["lora"], dtype=dtype, ds=ds,
-                   cuda=False, experts=experts, fused=False)
+                   cuda=False, experts=experts, fused=False, family=WAN, inputs={"per_token": False, "lora_img_emb": False})
 
     tracker = CPUAllocationTracker()
     tracker.__enter__()
@@ -178,8 +179,8 @@ def _rank_main(spec: dict) -> int:
     engines = []
     for i in range(n_experts):  # one engine per expert, built one after the other (as the trainer does)
         dit = build_dit("preset:tiny", None, zero_stage=c["zero"], dtype=build_dtype(dtype, lora=bool(c["lora"])),
-                        config=cfg, seed=i, ds_config=ds if c["zero"] == 3 else None)
-        make_trainable(dit, job.process, dtype, sp_info).train()
+                        config=cfg, seed=i, ds_config=ds if c["zero"] == 3 else None, family=WAN)
+        make_trainable(dit, job.process, dtype, sp_info, family=WAN).train()
         engines.append(initialize(dit, job, world)[0])
     g = torch.Generator().manual_seed(sp_info.dp_rank)  # a sequence group shares its batch
     x = torch.randn(1, cfg.in_dim, *grid, generator=g)
@@ -355,7 +356,7 @@ def _gpu_main(spec: dict) -> int:
                                                 cfg.num_layers), cfg.num_layers)
     setting = Setting(c["zero"], checkpointing=blocks > 0, checkpoint_blocks=blocks, recompute=c.get("recompute", True))
     pred = predict(cfg, grid, setting, world=1, lora_rank=c["lora"], dtype=dtype, ds=distribution.config, cuda=cuda,
-                   fused=fused)
+                   fused=fused, family=WAN, inputs={"per_token": False, "lora_img_emb": False})
     rec.update(planned=pred.device_bytes, planned_split_gib=pred.memory.as_gib(), planned_phase=pred.phase,
                fused=fused, blocks=blocks, layers=cfg.num_layers, tokens=pred.tokens, device=str(device),
                gpu=torch.cuda.get_device_name(device) if cuda else None, total_bytes=total)
@@ -364,11 +365,11 @@ def _gpu_main(spec: dict) -> int:
     t0 = time.perf_counter()
     dit = build_dit(f"preset:{'tiny' if small else GPU_PRESET}", None, zero_stage=c["zero"],
                     dtype=build_dtype(dtype, lora=bool(c["lora"])), device=device, seed=0,
-                    ds_config=distribution.config, config=cfg)
+                    ds_config=distribution.config, config=cfg, family=WAN)
     head = dit.head.head.weight
     with torch.no_grad(), distribution.gathered([head], modifier_rank=0):  # Wan's zero head passes no gradient
         head.copy_(torch.randn(head.shape, generator=torch.Generator().manual_seed(0)) * 0.02)
-    make_trainable(dit, job.process, dtype).train()
+    make_trainable(dit, job.process, dtype, family=WAN).train()
     dit.set_checkpointed_blocks(blocks)  # what `auto` chose (the trainer: per bucket)
     engine, _, _ = initialize(dit, job, 1, distribution=distribution)
     rec["setup_s"] = time.perf_counter() - t0
@@ -463,7 +464,7 @@ def run_gpu(small: bool = False, only: list[int] | None = None, budget_s: float 
                 cfg = gpu_dit_config(c, small)
                 planned[i] = predict(cfg, GPU_BUCKETS[c["bucket"]], setting_for(c, cfg.num_layers), world=1,
                                      lora_rank=c["lora"], dtype=torch.bfloat16, ds=ds_config(job, 1, cuda=True),
-                                     cuda=True).device_bytes
+                                     cuda=True, family=WAN, inputs={"per_token": False, "lora_img_emb": False}).device_bytes
         pending, running = list(picked), []
         while pending or running:
             for item in list(running):
@@ -564,8 +565,8 @@ def fake_check(configs=FAKE_CONFIGS, kernels: str = "triton", cfg: DiTConfig | N
     (default: the 1.3B's, `GPU_BUCKETS`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from video_dit.lora import add_lora, lora_targets
-    from video_dit.models.dit import VideoDiT, cast_dit
+    from video_dit.families.wan.dit import VideoDiT, cast_dit, lora_targets
+    from video_dit.lora import add_lora
 
     cfg = cfg or get_preset(GPU_PRESET).dit
     buckets = buckets or GPU_BUCKETS

@@ -42,10 +42,10 @@ import torch
 
 from video_dit.bench.common import diffusers_as_loaded, dit_pair, median, profiled_peak, time_side_by_side, write_json
 from video_dit.diffusion.flow import add_noise, velocity_target
+from video_dit.families.wan import layers as dit_layers
+from video_dit.families.wan.convert import dit_from_diffusers
+from video_dit.families.wan.dit import LORA_TARGETS, cast_dit
 from video_dit.lora import add_lora
-from video_dit.models import dit_layers
-from video_dit.models.convert import dit_from_diffusers
-from video_dit.models.dit import cast_dit
 from video_dit.parallel.memory import cuda_peak
 
 FULL = dict(dim=1536, heads=12, ffn_dim=8960, layers=2, latents=(16, 3, 32, 32), text_len=512, text_dim=4096,
@@ -79,7 +79,7 @@ def build(shape: dict, seed: int = 0):
 
     ours, ref = dit_pair(shape, seed)
     rank = shape["rank"]
-    add_lora(ours, rank, rank)
+    add_lora(ours, rank, rank, targets=LORA_TARGETS)
     g = torch.Generator().manual_seed(seed + 7)
     with torch.no_grad():  # lora_B = 0 (peft's init) would give lora_A no gradient
         for name, p in ours.named_parameters():

@@ -35,8 +35,8 @@ from video_dit.bench.common import write_json
 from video_dit.bench.load import write_wan_file
 from video_dit.data.demo import make_demo_data
 from video_dit.devices import local_machine
-from video_dit.models.loading import load_vae
-from video_dit.models.text_encoder import TextEncoderConfig, build_umt5
+from video_dit.families.wan.loading import load_vae
+from video_dit.families.wan.text_encoder import TextEncoderConfig, build_umt5
 from video_dit.train.config import load_job
 from video_dit.train.metrics import read_metrics
 from video_dit.train.plan import plan_job

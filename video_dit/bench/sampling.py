@@ -20,10 +20,10 @@ import torch
 
 from video_dit.bench.common import median, write_json
 from video_dit.devices import timed
-from video_dit.models.dit import VideoDiT, cast_dit
-from video_dit.models.presets import get_preset
-from video_dit.models.vae import CausalVideoVAE
-from video_dit.pipeline import VideoPipeline
+from video_dit.families import get_preset
+from video_dit.families.wan.dit import VideoDiT, cast_dit
+from video_dit.families.wan.pipeline import VideoPipeline
+from video_dit.families.wan.vae import CausalVideoVAE
 
 # tiny preset (the demo's DiT and VAE), at the demo size and at a larger frame
 FULL = dict(preset="tiny", frames=17, height=256, width=256, steps=4, guidance=5.0, text_len=32)

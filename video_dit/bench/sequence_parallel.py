@@ -24,8 +24,8 @@ import torch
 import torch.multiprocessing as mp
 
 from video_dit.devices import free_port
-from video_dit.models.dit import VideoDiT
-from video_dit.models.dit_config import DiTConfig
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import VideoDiT
 from video_dit.parallel.memory import activation_peak
 from video_dit.parallel.sequence import attach, init_sequence_parallel, launch_env
 

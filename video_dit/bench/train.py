@@ -79,11 +79,12 @@ from video_dit.devices import device_peak, free_port, local_device, timed
 from video_dit.diffusion.conditioning import masked_mse
 from video_dit.diffusion.flow import add_noise, velocity_target
 from video_dit.diffusion.objective import flow_matching_loss
-from video_dit.models.dit import VideoDiT, dit_flops
-from video_dit.models.dit_config import DiTConfig
-from video_dit.models.loading import load_text_encoder
-from video_dit.models.presets import get_preset
-from video_dit.models.vae import CausalVideoVAE
+from video_dit.families import get_preset
+from video_dit.families.wan import FAMILY as WAN
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.dit import VideoDiT, dit_flops
+from video_dit.families.wan.loading import load_text_encoder
+from video_dit.families.wan.vae import CausalVideoVAE
 from video_dit.parallel.memory import CPUAllocationTracker
 from video_dit.parallel.process import init_distributed, leave_distributed
 from video_dit.parallel.zero import Distribution
@@ -241,7 +242,7 @@ def _measure_stage(shape: dict, stage: int, repeats: int, device, dtype, rank: i
                    data_dir: str, out_dir: str) -> dict:
     # the trainer's set-up: its cast (a full fine-tune: float32 master weights computing in `dtype`),
     # optimizer (torch AdamW, fused on CUDA), LR schedule and DeepSpeed JSON
-    model = cast_for_training(build_model(shape).to(device=device).train(), dtype)
+    model = cast_for_training(build_model(shape).to(device=device).train(), dtype, WAN.arch)
     job = trainer_job(stage, data_dir, out_dir)
     engine, optimizer, _ = initialize(model, job, dist.get_world_size())
     batch = make_batch(shape, seed=1 + rank, device=device, dtype=dtype)
@@ -320,7 +321,7 @@ def _activation_main(shape: dict, checkpointing: bool, device: str) -> dict:
     """In this (fresh) process: the forward's saved activations and the forward + backward peak."""
     cuda = device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = cast_for_training(build_model(shape).to(device=device).train(), dtype)  # as the trainer stores it
+    model = cast_for_training(build_model(shape).to(device=device).train(), dtype, WAN.arch)  # as the trainer stores it
     if checkpointing:
         model.enable_gradient_checkpointing()
     batch = make_batch(shape, seed=1, device=device, dtype=dtype)
@@ -483,7 +484,7 @@ def planned_peak(cfg, grid, job, dtype: torch.dtype, cuda: bool, ds: dict) -> di
     try:
         pred = memory_plan.predict(cfg, grid, memory_plan.setting_of(job), world=1,
                                    lora_rank=job.process.network.linear if job.process.network else None,
-                                   dtype=dtype, ds=ds, cuda=cuda)
+                                   dtype=dtype, ds=ds, cuda=cuda, family=WAN, inputs={"per_token": False, "lora_img_emb": False})
         return {"bytes": int(pred.device_bytes), "phase": pred.phase}
     except Exception as exc:  # noqa: BLE001 - the measurement stands without the prediction
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
@@ -534,11 +535,11 @@ def _job_main(spec: dict) -> int:
     t0 = time.perf_counter()
     dit = build_dit(f"preset:{JOB_PRESET}", None, zero_stage=distribution.stage,
                     dtype=build_dtype(dtype, lora=job.process.network is not None), device=device, seed=0,
-                    ds_config=distribution.config, config=cfg)
+                    ds_config=distribution.config, config=cfg, family=WAN)
     head = dit.head.head.weight
     with torch.no_grad(), distribution.gathered([head], modifier_rank=0):  # Wan's zero head: no gradient at all
         head.copy_(torch.randn(head.shape, generator=torch.Generator().manual_seed(0)) * 0.02)
-    make_trainable(dit, job.process, dtype).train()
+    make_trainable(dit, job.process, dtype, family=WAN).train()
     rec["build_s"] = time.perf_counter() - t0
     engine, _, _ = initialize(dit, job, 1, distribution=distribution)
     rec["setup_s"] = time.perf_counter() - t0

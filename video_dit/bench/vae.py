@@ -25,9 +25,9 @@ import time
 
 import torch
 
-from video_dit.models.convert import vae_config_to_diffusers, vae_from_diffusers
-from video_dit.models.presets import VAE_PRESETS
-from video_dit.models.vae import CausalVideoVAE, VAEConfig
+from video_dit.families.wan.convert import vae_config_to_diffusers, vae_from_diffusers
+from video_dit.families.wan.presets import VAE_PRESETS
+from video_dit.families.wan.vae import CausalVideoVAE, VAEConfig
 
 FULL = dict(dim=96, frames=17, size=256)
 SMALL = dict(dim=32, frames=9, size=64)

@@ -21,8 +21,8 @@ import yaml
 from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
 from video_dit.diffusion.conditioning import stills_skipped
+from video_dit.families import get_preset
 from video_dit.models.layouts import preset_name as layout_preset_name
-from video_dit.models.presets import get_preset
 from video_dit.spec import i2v_mode_of
 from video_dit.train.caches import job_cache_spaces
 from video_dit.train.config import parse_job

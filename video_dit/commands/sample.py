@@ -42,6 +42,7 @@ import torch
 
 from video_dit.devices import resolve_device
 from video_dit.diffusion.experts import EXPERTS, HIGH, LOW, TwoExperts
+from video_dit.diffusion.flow import LEGACY_GRIDS
 from video_dit.diffusion.sampling_settings import (
     SchedulerConfig,
     read_guider_config,
@@ -51,9 +52,7 @@ from video_dit.diffusion.sampling_settings import (
 from video_dit.lora import load_lora, read_lora
 from video_dit.media import load_image, write_video
 from video_dit.models.attention import BACKENDS, available, missing_backend
-from video_dit.models.dit import cast_dit
 from video_dit.models.layouts import SOURCES_FILE
-from video_dit.models.presets import PRESETS
 from video_dit.spec import CLI_KEYS, ModelSpec, Request, check_sources, resolve
 
 OUT_EXTS = (".mp4", ".mov", ".mkv", ".webp", ".gif")
@@ -167,7 +166,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def check_lora_slot(path: str, expert: str, flag: str) -> None:
     """A LoRA given for `expert` that says (metadata `expert`, else the `_high_noise` / `_low_noise` name
     ai-toolkit and our trainer write) it belongs to the other expert: ValueError naming the file."""
-    _, _, _, meta = read_lora(path)
+    _, _, _, meta = read_lora(path)  # (the metadata only: any family's keys)
     said = meta.get("expert") or next((e for e in EXPERTS if Path(path).name.endswith(f"_{e}.safetensors")), None)
     if said is not None and said != expert:
         other = "--lora-2" if flag == "--lora" else "--lora"
@@ -185,18 +184,13 @@ def spec_of_args(args: argparse.Namespace) -> ModelSpec:
                                          boundary=args.boundary_ratio, preset_required=False), CLI_KEYS))
 
 
-def _lora_targets(family, path: str) -> str:
-    """The family's LoRA targets for the file at `path` (Wan's with its image branch when the file has it)."""
-    return family.lora_targets(any(k.startswith("img_emb.") for k in read_lora(path)[0]))
-
-
 def load_models(spec: ModelSpec, args, dtype, device):
     """The DiT (+ LoRA), or both experts (`TwoExperts`, + each one's LoRA; offloaded experts on the
     CPU, moved in for their steps)."""
     if spec.experts is None:
         dit = spec.family.load_dit(spec.dit, dtype=dtype, device=device).eval()
         if args.lora:
-            load_lora(args.lora, dit, targets=_lora_targets(spec.family, args.lora))
+            load_lora(args.lora, dit, from_file=spec.family.lora_from_file)  # adapters on the file's modules
             spec.family.arch.cast(dit.to(device), dtype)  # the adapters too; the float32 islands stay float32
         return dit
     where = "cpu" if args.offload_inactive_expert else device
@@ -204,8 +198,8 @@ def load_models(spec: ModelSpec, args, dtype, device):
                  for src, seed in (spec.experts.sources[e] for e in EXPERTS))
     for path, expert in ((args.lora, high), (args.lora_2, low)):
         if path:
-            load_lora(path, expert)
-            cast_dit(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
+            load_lora(path, expert, from_file=spec.family.lora_from_file)
+            spec.family.arch.cast(expert, dtype)  # on its device (the CPU when offloaded); islands stay float32
     offload = args.offload_inactive_expert
     return TwoExperts(high, low, spec.experts.boundary, offload=EXPERTS if offload else (),
                       device=device if offload else None)
@@ -225,7 +219,8 @@ def sampling_of(spec: ModelSpec, args, two: bool):
         where = f"{SOURCES_FILE} (the previews')"
         given = {**{k: (shown[k], where) for k in ("steps", "guidance", "guidance_2", "negative")
                     if shown.get(k) is not None}, **given}
-        scheduler = SchedulerConfig(shown["solver"], shown["shift"], shown.get("grid", "wan"), Path(where))
+        scheduler = SchedulerConfig(shown["solver"], shown["shift"], LEGACY_GRIDS.get(shown.get("grid"), shown.get("grid", "reference")),
+                                    Path(where))
     else:
         scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
         guider = None if "guidance" in given else read_guider_config(args.model)
@@ -250,12 +245,13 @@ def check_args(spec: ModelSpec, args, image, last) -> None:
     if last is not None and image is None:
         raise ValueError("--last-image needs --image (the first frame)")
     if spec.last_frame and last is None:
-        raise ValueError(f"--model {args.model} is first-last-frame (Wan 2.1 FLF2V): pass --last-image LAST_FRAME")
+        raise ValueError(f"--model {args.model} is first-last-frame (its DiT reads the last frame too): pass "
+                         "--last-image LAST_FRAME")
     if spec.i2v_mode == "concat" and image is None:
-        why = spec.task[1] if spec.task is not None else f"in_dim {spec.dit_config.in_dim}"
+        why = spec.task[1] if spec.task is not None else f"its DiT takes i2v mode {spec.i2v_mode!r}"
         raise ValueError(f"--model {args.model} is an image-to-video model ({why}): pass --image FIRST_FRAME")
     if image is not None and family.task_of is not None and spec.i2v_mode is None:
-        i2v = [n for n in family.presets() if PRESETS[n].i2v_mode is not None]
+        i2v = [n for n, p in family.presets.items() if p.i2v_mode is not None]
         said = (f"a text-to-video checkpoint ({spec.task[1]}), which {family.title}'s reference pipeline does not "
                 "condition on a first frame" if spec.task is not None else
                 "a checkpoint whose task (t2v or i2v) nothing in its files says")
@@ -283,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
     print(settings.describe(), flush=True)
 
     # 1. prompts -> embeds, then the text encoder is freed
-    family = spec.family  # its loaders and pipeline (video_dit/families.py)
+    family = spec.family  # its loaders and pipeline (`families.contract.Family`)
     te = family.load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
                                   tokenizer=spec.tokenizer)
     guided = settings.guided
@@ -301,7 +297,7 @@ def main(args: argparse.Namespace) -> int:
     for expert in (dit.high, dit.low) if isinstance(dit, TwoExperts) else (dit,):
         expert.set_attention_backend(args.attention_backend)
     vae = family.load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
-    pipe = family.pipeline(dit, vae)  # Wan: VideoPipeline (replace-mode i2v with per-token timesteps)
+    pipe = family.pipeline(dit, vae)
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(size["seed"])
     extra = {}  # what only some models take: a two-expert model's low-noise scale, FLF2V's last frame

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from video_dit.families import vae_family
 from video_dit.media import MediaError
-from video_dit.train.vae_stage import train_tiny_vae
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the first steps train on single frames alone (default: a third of --steps, 600 of 1800)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="bfloat16 autocast where the CPU has native bf16 (default on; float32 weights)")
-    parser.add_argument("--preset", default="tiny-p2", help="VAE preset to train (default tiny-p2)")
+    parser.add_argument("--preset", default="tiny-p2",
+                        help="VAE preset to train, of any family with a VAE stage (default tiny-p2, Wan's)")
     parser.add_argument("--ranks", type=int, default=1,
                         help="data-parallel processes on this machine (default 1; the demo runs 2)")
     parser.add_argument("--ema", type=float, default=0.99,
@@ -59,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     image_steps = args.steps // 3 if args.image_steps is None else args.image_steps
     try:
-        train_tiny_vae(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+        vae_family(args.preset).vae_stage(args.data, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                        frames=args.frames, lr=args.lr, sample_posterior=args.sample_posterior,
                        latent_init_scale=args.latent_init_scale, cell_weight=args.cell_weight,
                        bright_weight=args.bright_weight,

@@ -67,7 +67,12 @@ def shift_timesteps(t: torch.Tensor, shift: float) -> torch.Tensor:
 
 
 SOLVERS: tuple[str, ...] = ("unipc", "euler")
-SCHEDULE_GRIDS: tuple[str, ...] = ("wan", "diffusers", "hunyuan")
+# "reference": the family's own model code's grid (`Family.sampling_schedule`); "diffusers": diffusers'
+# scheduler's (`diffusers_schedule`), for a diffusers folder whose scheduler config names it
+SCHEDULE_GRIDS: tuple[str, ...] = ("reference", "diffusers")
+# the grid names exports of earlier versions recorded (`video_dit_sources.json` "sampling"): each family's own
+# grid had its name then; today's name for it is "reference"
+LEGACY_GRIDS = {"wan": "reference", "hunyuan": "reference"}
 
 
 @dataclass(frozen=True)
@@ -84,73 +89,57 @@ class SamplingSchedule:
         return len(self.timesteps)
 
 
-def _shift_np(s, shift: float):
+def shift_sigmas(s, shift: float):
+    """The shift map on noise levels s in 0..1 (numpy or torch, in their own dtype)."""
     return shift * s / (1.0 + (shift - 1.0) * s)
 
 
-def sampling_schedule(steps: int, shift: float, solver: str = "unipc", grid: str = "wan") -> SamplingSchedule:
-    """The reference's sampling schedule for `solver`, computed as the reference computes it (numpy
-    float64 grids, float32 sigmas) so sigmas and timesteps are bit-equal to it. shift(s) is the SD3/Wan
-    shift of `shift_timesteps`; int() truncates toward zero, as the reference's int64 cast does.
+def diffusers_schedule(steps: int, shift: float, solver: str = "unipc") -> SamplingSchedule:
+    """diffusers' sampling schedules for `solver`, computed as diffusers computes them (numpy float64
+    grids, float32 sigmas) so sigmas and timesteps are bit-equal to its schedulers'. shift(s) is the SD3
+    shift of `shift_timesteps`; int() truncates toward zero, as the reference's int64 cast does. A
+    family's own grid (its model code's scheduler) is the family's: `Family.sampling_schedule`.
 
-    UniPC, grid "wan": Wan 2.1 / 2.2 `FlowUniPCMultistepScheduler(shift=1).set_timesteps(steps,
-    shift=shift)` (wan/utils/fm_solvers_unipc.py, used by generate.py for every task):
-        s = shift(linspace(s_max, 0, steps + 1)[:-1]), s_max = float32(0.999), the first of its 1000
-        training sigmas 1 - linspace(1, 1/1000, 1000)[::-1]
-        timesteps = int(s * 1000) (999, 978, 952, ... for 10 steps at shift 5); sigmas = float32(s) + [0]
-    UniPC, grid "diffusers": diffusers' `UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=shift,
+    UniPC: diffusers' `UniPCMultistepScheduler(use_flow_sigmas=True, flow_shift=shift,
     prediction_type="flow_prediction")`, the scheduler of diffusers' Wan folders:
         s = shift(linspace(1, 1/1000, steps + 1)[:-1]), then s[0] -= 1e-6 when within 1e-6 of 1
         timesteps = int(s * 1000) (999, 978, 952, 921, ...); sigmas = float32(s) + [0]
-      Wan and diffusers disagree here: Wan's grid is diffusers' minus 1/1000 (0.999 - k h vs 1 - k h,
-      h = 0.999 / steps). We follow Wan by default; "diffusers" is for a diffusers folder whose
-      scheduler_config.json names that scheduler, so the folder samples as diffusers samples it.
-    Euler (grid "wan" or "diffusers"; Wan has no Euler solver): diffusers' `FlowMatchEulerDiscreteScheduler(
-    shift=shift).set_timesteps(steps)`:
+    Euler: diffusers' `FlowMatchEulerDiscreteScheduler(shift=shift).set_timesteps(steps)`:
         s_min = shift(1/1000) in float32 (the last of its training sigmas, shifted at construction)
         s = shift(linspace(1, s_min, steps)): both ends kept, s_min shifted a second time, as there
         timesteps = float32(s) * 1000 (not rounded: 1000.0, 975.743, ...); sigmas = float32(s) + [0]
-    Euler, grid "hunyuan": HunyuanVideo 1.5's, Tencent's `FlowMatchDiscreteScheduler(shift=shift)
-    .set_timesteps(steps)` (hyvideo/schedulers/scheduling_flow_match_discrete.py lines 127-142):
-        s = shift(torch.linspace(1, 0, steps + 1)) in float32 torch: starts at pure noise, ends at 0
-        timesteps = s[:-1] * 1000 (float32); sigmas = s
-      diffusers' HunyuanVideo15 pipelines pass the same grid as `sigmas=np.linspace(1, 0, steps + 1)[:-1]`
-      to `FlowMatchEulerDiscreteScheduler` and shift it in numpy float32: at most an ulp apart. Tencent's
-      is followed. UniPC cannot start at s = 1 (its log-SNR is -inf there): this grid is Euler's only.
     """
+    check_schedule(steps, shift, solver)
+    n = int(NUM_TRAIN_TIMESTEPS)
+    if solver == "euler":
+        train_ends = torch.tensor([float(n), 1.0]) / n  # float32, as its training grid is
+        s_max, s_min = (shift * train_ends / (1 + (shift - 1) * train_ends)).tolist()
+        s = shift_sigmas(np.linspace(s_max * n, s_min * n, steps) / n, shift)
+        sigmas = torch.from_numpy(s).float()
+        return SamplingSchedule(solver, torch.cat([sigmas, sigmas.new_zeros(1)]), sigmas * n)
+    s = shift_sigmas(np.linspace(1.0, 1 / n, steps + 1)[:-1], shift)
+    if abs(s[0] - 1.0) < 1e-6:
+        s[0] -= 1e-6
+    return unipc_schedule(s)
+
+
+def unipc_schedule(s: np.ndarray) -> SamplingSchedule:
+    """A UniPC schedule over the float64 noise levels `s` (descending, < 1): timesteps int(s * 1000),
+    sigmas float32(s) + [0] (UniPC cannot start at s = 1: its log-SNR is -inf there)."""
+    n = int(NUM_TRAIN_TIMESTEPS)
+    sigmas = torch.from_numpy(s).float()
+    timesteps = torch.from_numpy((s * n).astype(np.int64)).float()
+    return SamplingSchedule("unipc", torch.cat([sigmas, sigmas.new_zeros(1)]), timesteps)
+
+
+def check_schedule(steps: int, shift: float, solver: str, solvers: tuple[str, ...] = SOLVERS) -> None:
+    """ValueError naming the value when `steps`, `shift` or `solver` cannot make a schedule."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if shift <= 0:
         raise ValueError(f"shift must be > 0, got {shift}")
-    if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(SOLVERS)}")
-    if grid not in SCHEDULE_GRIDS:
-        raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
-    n = int(NUM_TRAIN_TIMESTEPS)
-    if grid == "hunyuan":
-        if solver != "euler":
-            raise ValueError(f"schedule grid 'hunyuan' (HunyuanVideo 1.5's, from s = 1) is Euler's; got solver "
-                             f"{solver!r}; accepted: euler")
-        s = torch.linspace(1.0, 0.0, steps + 1)  # float32, as Tencent's
-        sigmas = shift * s / (1 + (shift - 1) * s)
-        return SamplingSchedule(solver, sigmas, sigmas[:-1] * n)
-    if solver == "euler":
-        train_ends = torch.tensor([float(n), 1.0]) / n  # float32, as its training grid is
-        s_max, s_min = (shift * train_ends / (1 + (shift - 1) * train_ends)).tolist()
-        s = _shift_np(np.linspace(s_max * n, s_min * n, steps) / n, shift)
-        sigmas = torch.from_numpy(s).float()
-        timesteps = sigmas * n
-    else:
-        if grid == "wan":
-            s_max = float(np.float32(1.0 - 1.0 / n))
-            s = _shift_np(np.linspace(s_max, 0.0, steps + 1)[:-1], shift)
-        else:
-            s = _shift_np(np.linspace(1.0, 1 / n, steps + 1)[:-1], shift)
-            if abs(s[0] - 1.0) < 1e-6:
-                s[0] -= 1e-6
-        sigmas = torch.from_numpy(s).float()
-        timesteps = torch.from_numpy((s * n).astype(np.int64)).float()
-    return SamplingSchedule(solver, torch.cat([sigmas, sigmas.new_zeros(1)]), timesteps)
+    if solver not in solvers:
+        raise ValueError(f"unknown solver {solver!r}; accepted: {', '.join(solvers)}")
 
 
 def _normal_cdf(x: float) -> float:

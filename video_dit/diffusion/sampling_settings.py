@@ -6,12 +6,12 @@ Precedence, highest first:
    `samples[i]` key before the block's); `--cfg-2` / `guidance_scale_2`: a two-expert model's low-noise
    expert's scale (`--cfg` / `guidance_scale` is then the high-noise one's, and both when given alone);
 2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
-   and with diffusers' UniPC its sigma grid (`flow.sampling_schedule`, grid "diffusers"); and its
-   `guider/guider_config.json` (HunyuanVideo 1.5 folders): the guidance scale;
+   and diffusers' sigma grid (`flow.diffusers_schedule`, grid "diffusers") where the family samples on it
+   (`Family.sampling_grids`); and its `guider/guider_config.json`: the guidance scale;
 3. the preset's `sample_*` fields (the reference's defaults for that model);
-4. for a model with no preset, its family's defaults: Wan's generate.py ones (unipc, 50 steps, shift 5,
-   guidance 5, Wan's negative prompt), Tencent's for HunyuanVideo 1.5 (`families.py`).
-A family may sample with fewer solvers and on its own grid (HunyuanVideo 1.5: Euler on its "hunyuan" grid).
+4. for a model with no preset, its family's defaults (`Family.sampling_defaults`: the reference's own).
+Otherwise a render samples on the family's own grid ("reference": `Family.sampling_schedule`), with the
+solvers the family has (`Family.solvers`).
 `SamplingSettings.describe()` is the one line `video-dit sample` and the trainer print.
 """
 
@@ -23,11 +23,8 @@ from pathlib import Path
 
 from video_dit.diffusion.flow import SOLVERS
 from video_dit.models.layouts import preset_name
-from video_dit.models.presets import WAN21_FLF2V_NEGATIVE_PROMPT, WAN21_I2V_NEGATIVE_PROMPT, WAN_NEGATIVE_PROMPT
 
 FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "guidance_2", "negative")
-# Wan2.1 generate.py's defaults for a t2v task (lines 72, 77, 231, 244) and wan/configs/shared_config.py
-WAN_GENERATE_DEFAULTS = dict(solver="unipc", steps=50, shift=5.0, guidance=5.0, negative=WAN_NEGATIVE_PROMPT)
 SCHEDULER_CONFIG = Path("scheduler") / "scheduler_config.json"
 GUIDER_CONFIG = Path("guider") / "guider_config.json"
 # diffusers' ClassifierFreeGuidance keys that must keep the value we implement (v_u + s (v_c - v_u) at
@@ -115,7 +112,7 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
     shift = cfg.get(shift_key, 1.0)
     if not isinstance(shift, (int, float)) or isinstance(shift, bool) or shift <= 0:
         raise ValueError(f"{path}: {shift_key} = {shift!r}; expected a number > 0")
-    return SchedulerConfig(solver, float(shift), "diffusers" if solver == "unipc" else "wan", path)
+    return SchedulerConfig(solver, float(shift), "diffusers", path)
 
 
 @dataclass(frozen=True)
@@ -156,8 +153,9 @@ class SamplingSettings:
     guidance: float               # two experts (Wan 2.2 A14B): the high-noise expert's scale
     negative: str
     guidance_2: float | None = None  # two experts: the low-noise expert's scale; None for one model
-    grid: str = "wan"
+    grid: str = "reference"       # the family's own sigma grid, or "diffusers" (flow.SCHEDULE_GRIDS)
     sources: dict[str, str] = field(default_factory=dict)  # field -> where its value came from
+    negative_names: dict[str, str] = field(default_factory=dict)  # the family's default prompts -> their names
 
     @property
     def guided(self) -> bool:
@@ -167,9 +165,9 @@ class SamplingSettings:
     def describe(self) -> str:
         """One line: the values, then which came from where."""
         solver = self.solver + (" on diffusers' grid" if self.solver == "unipc" and self.grid == "diffusers"
-                                else " on Wan's grid" if self.solver == "unipc" else "")
+                                else " on the reference's grid" if self.solver == "unipc" else "")
         guided = self.guided
-        neg = f", negative prompt {_negative_name(self.negative)}" if guided else " (off: no negative pass)"
+        neg = f", negative prompt {self._negative_name()}" if guided else " (off: no negative pass)"
         guidance = (f"guidance {self.guidance:g}" if self.guidance_2 is None else
                     f"guidance {self.guidance:g} (high-noise expert) / {self.guidance_2:g} (low-noise expert)")
         by_source: dict[str, list[str]] = {}
@@ -179,24 +177,22 @@ class SamplingSettings:
         where = "; ".join(f"{', '.join(names)}: {source}" for source, names in by_source.items())
         return f"sampling: {solver}, {self.steps} steps, shift {self.shift:g}, {guidance}{neg} [{where}]"
 
-
-def _negative_name(text: str) -> str:
-    known = {WAN_NEGATIVE_PROMPT: "Wan's default", WAN21_I2V_NEGATIVE_PROMPT: "Wan 2.1 I2V's default",
-             WAN21_FLF2V_NEGATIVE_PROMPT: "Wan 2.1 FLF2V's default"}
-    if text in known:
-        return known[text]
-    return "none ('')" if not text else repr(text if len(text) <= 40 else text[:37] + "...")
+    def _negative_name(self) -> str:
+        text = self.negative
+        if text in self.negative_names:
+            return self.negative_names[text]
+        return "none ('')" if not text else repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
+def resolve_sampling(preset, scheduler: SchedulerConfig | None = None,
                      given: dict[str, tuple[object, str]] | None = None,
                      two_experts: bool | None = None, guider: GuiderConfig | None = None,
-                     family=None) -> SamplingSettings:
-    """The settings of a render. preset: a `Preset` or None (then the family's defaults: Wan's
-    generate.py ones when `family` is None); scheduler: `read_scheduler_config(model)`; guider:
-    `read_guider_config(model)`; given: field -> (value, where it was given, e.g. "--steps" or
-    "sample.sample_steps") for the values the command or job sets (others absent). family: the model's
-    `families.Family` (its solvers, grid and defaults; None: Wan's). two_experts (default: the preset's):
+                     *, family) -> SamplingSettings:
+    """The settings of a render. preset: a `Preset` or None (then the family's defaults); scheduler:
+    `read_scheduler_config(model)`; guider: `read_guider_config(model)`; given: field -> (value, where it
+    was given, e.g. "--steps" or "sample.sample_steps") for the values the command or job sets (others
+    absent). family: the model's `families.Family` (its solvers, grids, defaults, default negative
+    prompts). two_experts (default: the preset's):
     a two-expert model, whose `guidance_2` (the low-noise expert's scale) is the given one, else the
     given `guidance` when only that is given (as diffusers' guidance_scale_2 = None), else the preset's
     pair; a one-model render refuses a given guidance_2."""
@@ -212,10 +208,8 @@ def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
         values = dict(solver=preset.sample_solver, steps=preset.sample_steps, shift=preset.sample_shift,
                       guidance=preset.sample_guidance, negative=preset.sample_negative)
         origin = f"preset {preset.name}"
-    elif family is not None and family.sampling_defaults:
-        values, origin = dict(family.sampling_defaults), family.sampling_origin
     else:
-        values, origin = dict(WAN_GENERATE_DEFAULTS), "Wan's generate.py defaults (no preset known)"
+        values, origin = dict(family.sampling_defaults), family.sampling_origin
     sources = dict.fromkeys(FIELDS, origin)
     if two:
         pair = preset.sample_guidance_2 if preset is not None else None
@@ -229,11 +223,12 @@ def resolve_sampling(preset=None, scheduler: SchedulerConfig | None = None,
         values["guidance"], sources["guidance"] = guider.guidance, str(guider.path)
     for name, (value, where) in given.items():
         values[name], sources[name] = value, where
-    solvers = family.solvers if family is not None else SOLVERS
+    solvers = family.solvers
     if values["solver"] not in solvers:
         what = "unknown solver" if values["solver"] not in SOLVERS else f"{family.title} does not sample with"
         raise ValueError(f"{sources['solver']}: {what} {values['solver']!r}; accepted: {', '.join(solvers)}")
-    # a family's own grid; else diffusers' UniPC grid only when the folder's own UniPC is what samples
-    grid = scheduler.grid if scheduler is not None and values["solver"] == scheduler.solver else "wan"
-    grid = family.grid if family is not None and family.grid is not None else grid
-    return SamplingSettings(**values, grid=grid, sources=sources)
+    # the family's own grid; diffusers' only when the folder's own scheduler is what samples and the family
+    # samples on diffusers' grids at all
+    folder = scheduler is not None and values["solver"] == scheduler.solver
+    grid = scheduler.grid if folder and scheduler.grid in family.sampling_grids else "reference"
+    return SamplingSettings(**values, grid=grid, sources=sources, negative_names=dict(family.negative_prompts))

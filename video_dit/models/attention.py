@@ -104,3 +104,14 @@ def set_attention_backend(model: nn.Module, backend: str) -> nn.Module:
     if not found:
         raise ValueError(f"{type(model).__name__} has no module with an `attention_backend` flag")
     return model
+
+
+def joint_attention(q, k, v, txt_q, txt_k, txt_v, txt_key_mask, backend: str = "native"):
+    """One softmax attention over [video | text] tokens: q, k, v (B, L, H, Dh), txt_* (B, Lt, H, Dh),
+    txt_key_mask (B, Lt) bool (False = padding, never attended to) or None -> ((B, L, H, Dh), (B, Lt, H, Dh)).
+    Every video token is a valid key. Padded text queries get some finite output, read by nothing."""
+    L = q.shape[1]
+    mask = None if txt_key_mask is None else F.pad(txt_key_mask, (L, 0), value=True)  # (B, L + Lt)
+    out = attention(torch.cat([q, txt_q], 1), torch.cat([k, txt_k], 1), torch.cat([v, txt_v], 1),
+                    backend=backend, attn_mask=mask)  # (B, L + Lt, H, Dh)
+    return out[:, :L], out[:, L:]

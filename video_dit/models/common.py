@@ -248,3 +248,11 @@ def quantize_encoder(model: nn.Module, quantize: str | None) -> None:
 
     quanto.quantize(model, weights=getattr(quanto, quantize))
     quanto.freeze(model)
+
+
+def te_quantization(model_config) -> str | None:
+    """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
+    `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
+    if not model_config.quantize_te:
+        return None
+    return "qfloat8" if model_config.qtype_te == "float8" else model_config.qtype_te

@@ -57,7 +57,7 @@ def write_sources(folder: str | os.PathLike, sources: dict) -> Path:
 # (wan/configs/wan_*_A14B.py `high_noise_checkpoint` / `low_noise_checkpoint`).
 EXPERT_FOLDERS: dict[str, dict[str, str]] = {
     "diffusers": {"high_noise": "transformer", "low_noise": "transformer_2"},
-    "wan": {"high_noise": "high_noise_model", "low_noise": "low_noise_model"},
+    "original": {"high_noise": "high_noise_model", "low_noise": "low_noise_model"},
 }
 
 
@@ -110,3 +110,14 @@ def component_dir(path: Path, name: str, download: str, holds: str = "") -> Path
         raise WeightsError(f"{path}: expected a folder holding {name}/config.json{holds}; {download}")
     return folder
 
+
+
+def dit_path(source: str | os.PathLike) -> Path:
+    """Where the DiT weights of `source` are: a folder's `transformer/`, else `source` itself."""
+    path = Path(source)
+    return path / "transformer" if path.is_dir() and (path / "transformer").is_dir() else path
+
+
+def diffusers_folder(base: Path, part: str) -> str | None:
+    """diffusers' layout: `vae/`, `text_encoder/`, `image_encoder/` beside the DiT: the folder itself."""
+    return str(base) if (base / part).is_dir() else None

@@ -300,3 +300,33 @@ def strip_prefix(sd: dict[str, torch.Tensor], prefixes=("model.diffusion_model."
         if sd and all(k.startswith(prefix) for k in sd):
             return {k[len(prefix):]: v for k, v in sd.items()}
     return sd
+
+
+_DIT_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
+
+
+def strip_dit_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop a `model.diffusion_model.` / `diffusion_model.` (ComfyUI) or `transformer.` prefix
+    carried by every key."""
+    for prefix in _DIT_PREFIXES:
+        if sd and all(k.startswith(prefix) for k in sd):
+            return {k[len(prefix):]: v for k, v in sd.items()}
+    return sd
+
+
+def check_matches_preset(dit, preset, source: str, cls) -> None:
+    """`WeightsError` naming `source` and the first mismatching keys when `dit` (a model or a
+    {name: tensor} mapping, meta tensors and ZeRO-3 parameters included) is not shaped like
+    `preset`'s DiT (weights of another preset would otherwise meet the wrong VAE / text encoder).
+    `cls`: the preset family's DiT class (`families.DiTArch.cls`)."""
+    shapes = dit if isinstance(dit, dict) else {n: _FullShape(p) for n, p in dit.state_dict(keep_vars=True).items()}
+    with torch.device("meta"):
+        expected = cls(preset.dit)
+    check_state_dict(expected, shapes, f"{source} (model.preset: {preset.name})")
+
+
+class _FullShape:
+    """A parameter's whole shape, also of a ZeRO-3 parameter (whose `.shape` is empty; `ds_shape` holds it)."""
+
+    def __init__(self, p: torch.Tensor):
+        self.shape = tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)

@@ -29,9 +29,7 @@ from torch import nn
 
 from video_dit.models.common import parameter_generator
 from video_dit.models.layouts import preset_name
-from video_dit.models.loading import check_matches_preset
-from video_dit.models.presets import get_preset
-from video_dit.models.weights import check_state_dict, module_groups, stored_dtype
+from video_dit.models.weights import check_matches_preset, check_state_dict, module_groups, stored_dtype
 from video_dit.parallel.memory import release_freed_memory
 
 
@@ -39,7 +37,8 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
     """The DiT of `source` (as its family's loader reads it) built straight into ZeRO-3 partitions
     (module docstring); every rank calls, with torch.distributed initialised and `ds_config` the
     job's DeepSpeed JSON (it carries the parameter offload and persistence settings). `arch`: the
-    family's DiT class and build functions (`families.DiTArch`)."""
+    family's DiT class and build functions (`families.DiTArch`); `config`: the DiT config, required for a
+    `preset:NAME` source (its preset's)."""
     import deepspeed
 
     if not dist.is_initialized():
@@ -48,7 +47,8 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
     weights = None
     name = preset_name(source)
     if name is not None:
-        config = config or get_preset(name).dit
+        if config is None:
+            raise ValueError(f"build_partitioned({source!r}): a preset source needs its DiT config (config=)")
     else:
         weights, config, description = arch.open(source, config)
     with torch.device("meta"):

@@ -19,7 +19,8 @@ a rank's parameter gradient is N x the part its tokens contribute; DeepSpeed is 
 averages over all W ranks, which divides that N back out: the update equals the data-parallel
 (W/N ranks) update of the unsplit model. ZeRO partitions over all W ranks as before.
 
-The replicated text of the HunyuanVideo 1.5 seam follows the same rule: every collective's backward is
+The replicated text of the joint-attention seam (a DiT attending over [video | text] at once, HunyuanVideo
+1.5's double blocks) follows the same rule: every collective's backward is
 its exact adjoint, so the N ranks' gradients of any parameter sum to N x the unsplit model's (the sum
 over ranks of N identical losses). The head slice of the text q/k/v is a local narrow (adjoint: its
 gradient zero-padded back to all heads, autograd's own), the text output's all-gather of heads has
@@ -38,15 +39,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from video_dit.models.attention import attention
-from video_dit.models.hunyuan15_layers import joint_attention
+from video_dit.models.attention import attention, joint_attention
 
 
 def model_heads(config) -> int:
-    """The attention head count of a DiT config: Wan's `num_heads`, HunyuanVideo 1.5's `heads_num`."""
-    heads = getattr(config, "num_heads", None) or getattr(config, "heads_num", None)
+    """The attention head count of a DiT config (the family contract's `num_heads`)."""
+    heads = getattr(config, "num_heads", None)
     if heads is None:
-        raise ValueError(f"{type(config).__name__} has neither num_heads nor heads_num: cannot split its heads")
+        raise ValueError(f"{type(config).__name__} has no num_heads (families.contract.DiTShape): cannot split its heads")
     return heads
 
 
@@ -229,11 +229,12 @@ class UlyssesSequenceParallel:
 
     def joint_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, txt_q: torch.Tensor,
                         txt_k: torch.Tensor, txt_v: torch.Tensor, txt_key_mask: torch.Tensor | None):
-        """The HunyuanVideo 1.5 double blocks' seam (see `HunyuanVideo15DiT`): one attention over [all video |
+        """The joint-attention seam (a DiT's blocks attending over [video | text] at once, as HunyuanVideo 1.5's
+        double blocks; the DiT's `seq_parallel` docstring says its contract): one attention over [all video |
         text] tokens. q, k, v (B, L_local, H, Dh) this rank's video tokens; txt_q, txt_k, txt_v (B, Lt, H, Dh)
         the text, the same on every rank; txt_key_mask (B, Lt) bool or None (all real) -> out (B, L_local, H, Dh),
         txt_out (B, Lt, H, Dh), the same on every rank. The local attention is the model's own
-        (`hunyuan15_layers.joint_attention`: its softmax scale, key order and backend), over the true L
+        (`models.attention.joint_attention`: its softmax scale, key order and backend), over the true L
         video tokens: the split's padded rows are dropped before it rather than masked (the same result).
         `recompute` does not apply: the block saves no q/k recipes, so nothing is kept twice."""
         B, local, H, Dh = q.shape

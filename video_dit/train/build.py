@@ -1,7 +1,7 @@
 """Build the DiT a job trains: `build_dit`, the one function every trainer path calls per DiT, then
 `make_trainable`, the fixed order that readies it for training.
 
-    build_dit(source, preset=, zero_stage=, dtype=, device=, seed=, ds_config=) -> VideoDiT
+    build_dit(source, preset=, zero_stage=, dtype=, device=, seed=, ds_config=) -> the family's DiT
 
 ZeRO 0-2: the family's `load_dit` (every rank holds the whole model; its tensors read one module at a time).
 ZeRO-3: `parallel/partition.py` (no rank ever holds the whole model; partitioned module by module).
@@ -14,9 +14,10 @@ import os
 
 import torch
 
-from video_dit.families import WAN, family_of
+from video_dit.families import family_of
 from video_dit.lora import add_lora
-from video_dit.models.loading import check_matches_preset
+from video_dit.models.layouts import preset_name
+from video_dit.models.weights import check_matches_preset
 from video_dit.parallel.partition import build_partitioned
 from video_dit.parallel.sequence import attach
 from video_dit.parallel.zero import partitioned
@@ -25,10 +26,11 @@ from video_dit.train.precision import cast_for_training
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
-              device=None, seed: int = 0, ds_config: dict | None = None, config=None, family=WAN):
+              device=None, seed: int = 0, ds_config: dict | None = None, config=None, family=None):
     """The DiT of `source` (`preset:NAME`, a diffusers / original / ComfyUI folder or file, as the
     family's `load_dit` reads), checked against `preset` (a `Preset`: the job's `model.preset`) when
-    given. `family`: the model family (`families.Family`; the preset's, when a preset is given).
+    given. `family`: the model family (`families.Family`; the preset's, when a preset is given: one of the
+    two is required).
 
     zero_stage 3 builds it partitioned (`parallel/partition.py`): every rank must call, with
     torch.distributed initialised and `ds_config` the job's DeepSpeed JSON (the dict that
@@ -37,6 +39,8 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
     source and the first mismatching keys before any tensor is read.
     """
     family = family_of(preset) if preset is not None else family
+    if family is None:
+        raise ValueError(f"build_dit({source!r}): pass preset= or family= (whose loader reads it)")
     if not partitioned(zero_stage):
         dit = family.load_dit(source, dtype=dtype, device=device, config=config, seed=seed)
         if preset is not None:
@@ -44,10 +48,13 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
         return dit
     if ds_config is None:
         raise ValueError("build_dit(zero_stage=3) needs ds_config, the job's DeepSpeed JSON")
+    name = preset_name(source)
+    if name is not None and config is None:  # a preset's seeded init: its own DiT config
+        config = (preset if preset is not None else family.presets[name]).dit
     return build_partitioned(str(source), preset, dtype, seed, ds_config, config, family.arch)
 
 
-def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, family=WAN):
+def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
     attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from video_dit.data.cache import latent_space, source_identity, text_space
-from video_dit.models.loading import te_quantization
-from video_dit.models.presets import get_preset
+from video_dit.families import get_preset
+from video_dit.models.common import te_quantization
 from video_dit.spec import spec_of_job
 from video_dit.train.precision import train_dtype
 

@@ -30,10 +30,18 @@ import torch
 import yaml
 
 from video_dit.data import DatasetConfig
+from video_dit.families import PRESETS, family_of, get_preset
 from video_dit.models.layouts import preset_name
-from video_dit.models.presets import PRESETS, get_preset
 from video_dit.parallel.zero import partitioned, shards_optimizer
-from video_dit.spec import boundary_of, check_dataset_i2v, check_lora, i2v_mode_of, job_keys, requested
+from video_dit.spec import (
+    boundary_of,
+    check_dataset_i2v,
+    check_lora,
+    i2v_mode_of,
+    job_keys,
+    last_frame_presets,
+    requested,
+)
 from video_dit.train.experts import check_ranges
 from video_dit.typed_config import ConfigError, did_you_mean, parse
 
@@ -585,7 +593,7 @@ class TinyVAEStage:
     """`prepare.tiny_vae`: run `train_tiny_vae(data, model.vae_path, ...)` when the file is missing."""
 
     data: str
-    steps: int = 150  # the recipe of video_dit.train.vae_stage (its held-out figures: see train_tiny_vae)
+    steps: int = 150  # the recipe of the family's VAE stage (Wan's: families/wan/vae_stage.py)
     seed: int = 0
     batch_size: int = 2
     frames: int = 5
@@ -594,13 +602,13 @@ class TinyVAEStage:
     latent_init_scale: float | None = None  # scale of the initial posterior mean (see train_tiny_vae)
     cell_weight: float = 0.0  # weight of the latent cells' mean-colour error (see train_tiny_vae)
     bright_weight: float = 0.0  # weight of each pixel's brightest-channel error (see train_tiny_vae)
-    colour_path: bool = False  # start z[:, :3] as the cells' mean RGB (see vae_stage.init_colour_path)
+    colour_path: bool = False  # start z[:, :3] as the cells' mean RGB (Wan's vae_stage.init_colour_path)
     fg_weight: float = 4.0  # extra weight of the shapes' pixels in the loss (1 + fg_weight on a shape)
     fg_ring: int = 0  # fg_weight also on the pixels within this many px of a shape (both sides of an edge)
     images: int = 0  # single frames (first-frame path) added to each step's windows (see train_tiny_vae)
     image_steps: int = 0  # the first steps train on single frames alone (see train_tiny_vae)
     bf16: bool = False  # train under bfloat16 autocast on a CPU with native bf16 (float32 weights)
-    preset: str = "tiny"  # the VAE preset trained (video_dit.models.presets.VAE_PRESETS)
+    preset: str = "tiny"  # the VAE preset trained: one of a family's `vae_presets` (`families.vae_family`)
     ranks: int = 1  # data-parallel processes on this machine (each a share of the step's windows)
     ema: float = 0.0  # decay of the weights' moving average that is saved (0: the last step's weights)
 
@@ -705,25 +713,26 @@ class ProcessConfig:
             i = next(i for i, d in enumerate(self.datasets) if d.do_i2v and not d.do_flf2v)
             raise ConfigError(f"{path}.datasets[{i}].do_flf2v", "the do_i2v datasets of one job must agree on "
                                                                 "do_flf2v (the conditioning is one per job); accepted: true")
-        if any(flf2v) and (i2v != "concat" or preset.dit.image_dim is not None and preset.dit.num_images != 2):
+        last = family_of(preset).last_frame(preset.dit, i2v)
+        if any(flf2v) and last == "no":
             i = flf2v.index(True)
             raise ConfigError(f"{path}.datasets[{i}].do_flf2v",
-                              f"preset {preset.name!r} cannot take a last frame: first-last-frame needs a concat "
-                              "model whose CLIP image branch, if it has one, reads two images (img_emb.emb_pos, "
-                              "Wan 2.1 FLF2V); accepted: do_flf2v false, or preset wan2.1-flf2v-14b-720p / "
-                              "tiny-clip-flf2v (or a concat model without an image branch, Wan 2.2 I2V)")
-        if preset.dit.num_images == 2 and preset.dit.image_dim is not None and not any(flf2v):
+                              f"preset {preset.name!r} cannot take a last frame (first-last-frame conditioning); "
+                              f"accepted: do_flf2v false, or a preset that takes one: "
+                              f"{', '.join(last_frame_presets())} (or a concat model without an image branch)")
+        if last == "required" and not any(flf2v):
             raise ConfigError(f"{path}.datasets[0].do_flf2v", f"preset {preset.name!r} is first-last-frame (its "
-                                                              "image branch reads the first and the last frame): "
+                                                              "DiT reads the first and the last frame): "
                                                               "its datasets need do_flf2v: true")
 
     def _check_image_branch(self, path: str, preset) -> None:
-        """Keys of a CLIP image branch on a preset without one."""
-        if self.network is not None and self.network.include_img_emb and preset.dit.image_dim is None:
-            raise ConfigError(f"{path}.network.include_img_emb", f"preset {preset.name!r} has no CLIP image branch "
-                                                                 "(img_emb); accepted: false")
+        """Keys of an image branch on a preset without one."""
+        if self.network is not None and self.network.include_img_emb and not family_of(preset).image_branch_lora(
+                preset.dit):
+            raise ConfigError(f"{path}.network.include_img_emb", f"preset {preset.name!r} has no image branch "
+                                                                 "to put LoRA on (img_emb); accepted: false")
         if self.model.quantize_image_encoder and preset.image_encoder is None:
-            raise ConfigError(f"{path}.model.quantize_image_encoder", f"preset {preset.name!r} has no CLIP image "
+            raise ConfigError(f"{path}.model.quantize_image_encoder", f"preset {preset.name!r} has no image "
                                                                       "encoder; accepted: false (or leave it unset)")
 
     def _check_validation_and_training(self, path: str) -> None:

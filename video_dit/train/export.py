@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from video_dit.lora import lora_state_dict, save_lora, to_comfy
-from video_dit.models.dit import param_dtypes
 from video_dit.models.layouts import write_sources
 from video_dit.parallel.zero import gathered
 
@@ -42,7 +41,7 @@ def export_lora(module, zero_stage: int, path: Path, alpha: float, dtype: torch.
     return save_lora(path, {k: v.to(dtype) for k, v in sd.items()}, alpha, metadata, comfy=comfy)
 
 
-def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage=param_dtypes):
+def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage):
     """Yield (key, full CPU tensor) for `module`'s state dict, one top-level child (one block) at a
     time, each at the dtype a DiT stored in `dtype` holds it (`storage`, the family's `param_dtypes`:
     a bf16 / fp16 file keeps the float32 islands float32, so a trained time MLP or modulation table is
@@ -70,11 +69,11 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage=param_d
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
-                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, storage=param_dtypes) -> Path | None:
+                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, *, storage) -> Path | None:
     """Native (original Wan / Tencent key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
     through `<folder>.tmp` and a rename); every rank must call. `sources` (preset, VAE, text encoder,
     the previews' sampling settings) goes to `video_dit_sources.json` beside them, so `video-dit sample
-    --model FOLDER` needs no other flag. `storage`: the family's `param_dtypes` (Wan's by default)."""
+    --model FOLDER` needs no other flag. `storage`: the family's `param_dtypes` (`DiTArch.param_dtypes`)."""
     from safetensors.torch import save_file
 
     rank0 = dist.get_rank() == 0

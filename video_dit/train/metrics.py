@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from video_dit.models.dit import dit_flops
 from video_dit.parallel.memory import run_peak_gb
 
 
@@ -26,7 +25,7 @@ def peak_memory_gb() -> float:
     return rss / (2 ** 30 if sys.platform == "darwin" else 2 ** 20)
 
 
-def step_flops(dit_config, latent_shape, text_len: int, flops=dit_flops) -> tuple[float, int]:
+def step_flops(dit_config, latent_shape, text_len: int, flops) -> tuple[float, int]:
     """(model FLOPs of one forward+backward of a micro-batch, tokens per sample): the analytic DiT
     forward count x 3 (backward ~ 2x forward). latent_shape: (B, C, F', h, w); `flops`: the family's
     forward count (`Family.flops`; Wan's by default)."""

@@ -5,7 +5,7 @@ the quantization of a LoRA job's frozen base.
                      unless `train.cpu_bf16` forces bf16 (to test that path on CPU)
   the build          a LoRA job's frozen base in the training dtype (its float32 islands float32),
                      a full fine-tune in float32 (every parameter is trainable: float32 masters)
-  the storage        the family's cast (Wan's `cast_dit`) with masters=True: trainable parameters float32 (the
+  the storage        the family's cast (`DiTArch.cast`) with masters=True: trainable parameters float32 (the
                      optimizer's master weights, updated in place by AdamW), the frozen bulk in the
                      training dtype except the float32 islands; the forward under bf16 autocast with
                      its float32 islands, as Wan runs its float32 weights. DeepSpeed's own bf16 mode
@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from video_dit.devices import on_gpu
-from video_dit.families import WAN
 
 
 def train_dtype(name: str, cpu_bf16: bool = False) -> torch.dtype:
@@ -46,9 +45,9 @@ def build_dtype(dtype: torch.dtype, lora: bool) -> torch.dtype:
     return dtype if lora else torch.float32
 
 
-def cast_for_training(model, dtype: torch.dtype, arch=WAN.arch):
+def cast_for_training(model, dtype: torch.dtype, arch):
     """The DiT's storage for training in `dtype`, set after its trainable parameters are chosen: its
-    family's cast (`arch`: `families.DiTArch`; Wan's `cast_dit`) with `masters=True` (module docstring).
+    family's cast (`arch`: `families.DiTArch`) with `masters=True` (module docstring).
     ZeRO-3 parameters, already partitioned, must have their dtype from the build (`build_dtype`): a
     partition is never cast here."""
     want = arch.param_dtypes(model, dtype, masters=True)
@@ -59,7 +58,7 @@ def cast_for_training(model, dtype: torch.dtype, arch=WAN.arch):
     return arch.cast(model, dtype, masters=True)
 
 
-def quantize_frozen(model, qtype: str, arch=WAN.arch) -> None:
+def quantize_frozen(model, qtype: str, arch) -> None:
     """optimum-quanto weights for the frozen Linears of the blocks; the LoRA adapters and the float32
     islands (time MLPs, head: the family's `float32_modules`) stay in full precision."""
     from optimum import quanto

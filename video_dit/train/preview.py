@@ -28,7 +28,6 @@ from video_dit.diffusion.experts import TwoExperts
 from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
 from video_dit.families import family_of
 from video_dit.media import MediaError, contact_sheet, load_image, write_video
-from video_dit.pipeline import VideoPipeline
 
 
 @dataclass
@@ -52,7 +51,7 @@ class PreviewJob:
 SOLVER_OF_SAMPLER = {"unipc": "unipc", "euler": "euler", "flowmatch": "euler"}
 
 
-def sample_settings(sample_cfg, index: int, preset=None, scheduler=None) -> SamplingSettings:
+def sample_settings(sample_cfg, index: int, preset, scheduler=None) -> SamplingSettings:
     """The settings of one preview: `samples[i]`'s keys, else the `sample` block's, else the model
     folder's scheduler config (solver, shift), else the preset's (see diffusion/sampling_settings.py)."""
     item, given = sample_cfg.samples[index], {}
@@ -68,7 +67,7 @@ def sample_settings(sample_cfg, index: int, preset=None, scheduler=None) -> Samp
             if value is not None:
                 given[name] = (value, where)
                 break
-    return resolve_sampling(preset, scheduler, given, family=family_of(preset) if preset is not None else None)
+    return resolve_sampling(preset, scheduler, given, family=family_of(preset))
 
 
 def job_scheduler(process):
@@ -150,7 +149,7 @@ def renderer_of(k: int, world: int, every_rank: bool, share: bool) -> int | None
 
 
 def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_rank: bool, i2v_mode: str,
-           log, share: bool = True, pipeline=None) -> list[Path]:
+           log, pipeline, share: bool = True) -> list[Path]:
     """Render every preview of `step`; returns the MP4 paths written (rank 0).
 
     `every_rank`: a forward is a collective (ZeRO-3's gathers, sequence-parallel attention), so every
@@ -160,10 +159,10 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
     timeout with a big model and many prompts); the frames are gathered to rank 0, which writes every
     file and logs which rank rendered what. `share` False: rank 0 renders alone (a model only rank 0
     holds). A preview that fails is logged with its rank and training continues. `pipeline(dit, vae,
-    i2v_mode=)`: the family's (`Family.pipeline`; Wan's `VideoPipeline` by default)."""
+    i2v_mode=)`: the family's (`Family.pipeline`)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = [j for k, j in enumerate(jobs) if renderer_of(k, world, every_rank, share) in (None, rank)]
-    results = _render_jobs(dit, vae, mine, i2v_mode, pipeline or VideoPipeline) if mine else {}
+    results = _render_jobs(dit, vae, mine, i2v_mode, pipeline) if mine else {}
     if every_rank or world == 1:
         gathered = [results]
     else:  # a collective: every rank sends its share (rank 0 also its own)
@@ -210,8 +209,8 @@ def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> d
                     raise ValueError(f"sample {job.index} has no ctrl_img, but this model is image-to-video")
                 gen = torch.Generator("cpu").manual_seed(job.seed)
                 st = job.settings
-                # Wan's only (first-last frame, two experts): given to the pipeline when set
-                wan_only = {"last_frame": last,
+                # a last frame, the low-noise expert's scale: given only when set (pipelines without them take neither)
+                optional = {"last_frame": last,
                             "guidance_scale_2": st.guidance_2 if isinstance(dit, TwoExperts) else None}
                 frames = pipe.generate(_to(job.embeds, param.device), _to(job.negative, param.device)
                                        if job.negative is not None else None,
@@ -220,7 +219,7 @@ def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> d
                                        grid=st.grid, generator=gen, first_frame=first,
                                        image_embeds=None if job.clip_features is None
                                        else job.clip_features.to(param.device),
-                                       **{k: v for k, v in wan_only.items() if v is not None})
+                                       **{k: v for k, v in optional.items() if v is not None})
                 out[job.index] = (frames, None)
             except Exception as exc:  # a preview must never stop a training run: it is reported, training goes on
                 out[job.index] = (None, f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]))

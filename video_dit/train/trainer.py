@@ -47,8 +47,8 @@ from video_dit.devices import device_peak_flops, local_device, pin_memory, to_de
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
 from video_dit.diffusion.flow import TimestepSampler
 from video_dit.diffusion.objective import flow_matching_loss
+from video_dit.models.common import te_quantization
 from video_dit.models.layouts import EXPERT_FOLDERS, write_sources
-from video_dit.models.loading import te_quantization
 from video_dit.models.weights import WeightsError
 from video_dit.parallel.memory import ActivationPeak, release_heap_per_block
 from video_dit.parallel.process import init_distributed
@@ -255,7 +255,7 @@ class Trainer:
             release_heap_per_block(dit)
         if trainable:
             # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
-            return make_trainable(dit, p, self.dtype, self.sp_info, self.family).train()
+            return make_trainable(dit, p, self.dtype, self.sp_info, family=self.family).train()
         dit.set_attention_backend(p.model.attention_backend)
         attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
         return dit.requires_grad_(False).eval()
@@ -664,7 +664,7 @@ class Trainer:
                     export.point_latest(self.out_dir / f"{name}{suffix}.safetensors", out)
             else:  # one model: its sources beside its weights; two experts: beside both expert folders
                 out = export.export_full(e.module, self.zero_stage,
-                                         folder / EXPERT_FOLDERS["wan"][expert] if expert else folder, dtype, meta_e,
+                                         folder / EXPERT_FOLDERS["original"][expert] if expert else folder, dtype, meta_e,
                                          sources=None if expert else self._sources(),
                                          storage=self.family.arch.param_dtypes)
         if self.rank0:

@@ -28,21 +28,17 @@ from video_dit.data import DataError, scan_datasets
 from video_dit.data.cache import remove_partial_files
 from video_dit.data.demo import holdout_dir, make_demo_data, move_old_holdout
 from video_dit.diffusion.experts import expert_at
+from video_dit.families import get_preset, vae_family
 from video_dit.media import MediaError, load_image
 from video_dit.models.attention import available, missing_backend
 from video_dit.models.layouts import preset_name
-from video_dit.models.loading import image_encoder_shape
-from video_dit.models.presets import VAE_PRESETS, get_preset
-from video_dit.models.weights import WeightsError
-from video_dit.spec import check_image_encoder as check_family_image_encoder
-from video_dit.spec import check_sources, spec_of_job
+from video_dit.spec import check_image_encoder, check_sources, last_frame_presets, spec_of_job
 from video_dit.train import checkpoint as ckpt
 from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
 from video_dit.train.engine import schedule_change
 from video_dit.train.experts import plan_experts
 from video_dit.train.plan import PlanError, preflight
 from video_dit.train.preview import job_scheduler
-from video_dit.train.vae_stage import train_tiny_vae
 from video_dit.typed_config import ConfigError, parse
 
 PROCESS = "config.process[0]"
@@ -89,9 +85,10 @@ def prepare(raw: dict, log=print) -> None:
             raise ConfigError(f"{PROCESS}.prepare.tiny_vae.ranks", f"must be 1 .. batch_size ({v.batch_size}: each "
                               f"rank takes a share of the windows), got {v.ranks}")
 
-        if v.preset not in VAE_PRESETS:
-            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.preset",
-                              f"unknown VAE preset {v.preset!r}; accepted: {', '.join(VAE_PRESETS)}")
+        try:
+            family = vae_family(v.preset)
+        except KeyError as exc:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_vae.preset", exc.args[0]) from exc
         model = parse(ModelConfig, proc.get("model"), f"{PROCESS}.model")
         if not model.vae_path:
             raise ConfigError(f"{PROCESS}.model.vae_path", "prepare.tiny_vae writes the VAE to model.vae_path; set it")
@@ -101,7 +98,7 @@ def prepare(raw: dict, log=print) -> None:
         else:
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             recipe = dataclasses.asdict(v)  # every other field is a train_tiny_vae keyword of that name
-            train_tiny_vae(recipe.pop("data"), out, **recipe)
+            family.vae_stage(recipe.pop("data"), out, **recipe)
 
 
 def check_paths(job) -> None:
@@ -132,23 +129,23 @@ def check_paths(job) -> None:
             job_scheduler(p)  # a diffusers folder's scheduler config the previews would follow
         except ValueError as exc:
             raise ConfigError(f"{PROCESS}.model.name_or_path", str(exc)) from exc
-        flf2v = preset.dit.image_dim is not None and preset.dit.num_images == 2
+        family = spec.family
+        last = family.last_frame(preset.dit, p.i2v_mode)
         for i, s in enumerate(p.sample.samples):
             for key in ("ctrl_img", "ctrl_img_2"):
                 _check_image(getattr(s, key), f"{PROCESS}.sample.samples[{i}].{key}")
-            if s.ctrl_img is None and preset.dit.i2v_only:
+            if s.ctrl_img is None and family.i2v_only(preset.dit):
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
                                   f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
-            if flf2v and s.ctrl_img_2 is None:
+            if last == "required" and s.ctrl_img_2 is None:
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
                                   f"preset {preset.name!r} is first-last-frame: every preview needs the last frame "
                                   "as ctrl_img_2 (and the first as ctrl_img)")
-            if s.ctrl_img_2 is not None and (p.i2v_mode != "concat" or s.ctrl_img is None or (
-                    preset.dit.image_dim is not None and preset.dit.num_images != 2)):
+            if s.ctrl_img_2 is not None and (last == "no" or s.ctrl_img is None):
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
                                   f"a last frame (ctrl_img_2) needs ctrl_img and a first-last-frame model; preset "
                                   f"{preset.name!r} takes {'one image' if p.i2v_mode == 'concat' else 'no last frame'}"
-                                  "; accepted: no ctrl_img_2, or preset wan2.1-flf2v-14b-720p / tiny-clip-flf2v")
+                                  f"; accepted: no ctrl_img_2, or a preset among {', '.join(last_frame_presets())}")
     v = p.train.validation_config
     if v is not None and v.validation_items and not any(d.validation_split > 0 for d in p.datasets):
         found = [it for it in v.validation_items if it.image_path and Path(it.image_path).is_file()]
@@ -188,25 +185,6 @@ def _check_image(path: str | None, key: str) -> None:
     except MediaError as exc:
         raise ConfigError(key, f"{path!r}: cannot be read as an image ({exc.reason}); accepted: a PNG, JPEG or "
                                "WebP file") from exc
-
-
-def check_image_encoder(spec) -> None:
-    """A Wan 2.1 I2V / FLF2V job's CLIP image encoder (`spec.image_encoder`): its features are what the
-    DiT's image branch reads (width, tokens per image), from its config / headers only."""
-    if spec.image_encoder is None:
-        return
-    if spec.family.image_encoder_width is not None:  # the family's own check (HunyuanVideo 1.5's SigLIP width)
-        return check_family_image_encoder(spec)
-    key, preset = spec.keys.image_encoder, spec.preset
-    try:
-        width, tokens = image_encoder_shape(spec.image_encoder)
-    except WeightsError as exc:
-        raise ConfigError(key, str(exc)) from exc
-    want = (preset.dit.image_dim, preset.dit.image_tokens)
-    if (width, tokens) != want:
-        raise ConfigError(key, f"{spec.image_encoder}: a CLIP image encoder of width {width} with {tokens} tokens per "
-                               f"image; preset {preset.name!r}'s image branch reads width {want[0]} x {want[1]} tokens "
-                               f"(accepted: {'ViT-H/14 at 224 px' if want[0] == 1280 else 'the preset image encoder'})")
 
 
 def check_resume(job) -> None:

@@ -54,11 +54,11 @@ from video_dit.data.frames import snap_num_frames as snap_frame_count
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
+from video_dit.families import PRESETS, Preset
 from video_dit.lora import from_comfy
 from video_dit.media import load_image, write_video
+from video_dit.models.common import te_quantization
 from video_dit.models.layouts import EXPERT_FOLDERS, SOURCES_FILE, write_sources
-from video_dit.models.loading import te_quantization
-from video_dit.models.presets import PRESETS, Preset
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.spec import (
     AITK_KEYS,
@@ -81,17 +81,17 @@ TRAIN_SCHEDULER_CONFIG = {"num_train_timesteps": 1000, "shift": 3.0, "use_dynami
 # ai-toolkit's text-embedding and latent cache keys, so old caches are recomputed, never reused.
 TEXT_EMBEDDING_VERSION = 1
 LATENT_VERSION = 1
-TEMPORAL = 4  # pixel frames per latent frame after the first (Wan VAEs)
 PEFT_PREFIX = "transformer."  # ai-toolkit's LoRA key prefix for `is_transformer` models (peft format)
 SAVED_SOURCES = SOURCES_FILE  # written by save_model beside full fine-tune weights, as our trainer's exports
 
 
-def snap_num_frames(num_frames: int) -> int:
-    """Frame count down to the 4k + 1 the VAE encodes (module level: ai-toolkit pickles it).
+def snap_num_frames(num_frames: int, temporal: int) -> int:
+    """Frame count down to the t k + 1 the VAE encodes (`temporal` t: its compression in time; module
+    level, bound with functools.partial: ai-toolkit pickles the snapper).
 
     ai-toolkit's auto_frame_count asks for int(seconds * fps) frames, 0 for a clip shorter than one
     frame at the dataset fps; its own rule then keeps the key frame, so 0 gives 1 here too."""
-    return snap_frame_count(max(1, int(num_frames)), TEMPORAL)
+    return snap_frame_count(max(1, int(num_frames)), temporal)
 
 
 @dataclass
@@ -239,10 +239,10 @@ class VideoDiTModel(BaseModel):
         self.i2v_mode = i2v_mode_of(preset, self.options.i2v_mode, AITK_KEYS.i2v_mode)
         # the object our DeepSpeed trainer and pipeline use: per-token t = 0 on the clean first frame in
         # replace mode, one t per sample in concat; the loss mask by `mask_first_frame_loss`
-        # a first-last-frame DiT (Wan 2.1 FLF2V: two images in its CLIP branch) is conditioned on the last
-        # frame of every clip too (ai-toolkit's dataset config has no such key, so the model decides)
-        self.last_frame = preset.dit.image_dim is not None and preset.dit.num_images == 2
-        try:  # the family's (`Training.conditioning`): Wan's FirstFrameConditioning, HunyuanVideo 1.5's HY15Conditioning
+        # a first-last-frame DiT (`Family.last_frame`: "required") is conditioned on the last frame of every
+        # clip too (ai-toolkit's dataset config has no such key, so the model decides)
+        self.last_frame = self.family.last_frame(preset.dit, self.i2v_mode) == "required"
+        try:  # the family's (`Training.conditioning`)
             self.conditioning = self.family.training.conditioning(self.i2v_mode, preset.dit.patch_size,
                                                                   self.options.mask_first_frame_loss, self.last_frame)
         except ValueError as exc:
@@ -297,10 +297,10 @@ class VideoDiTModel(BaseModel):
         return self._text_space
 
     def get_bucket_divisibility(self) -> int:
-        return self.preset.divisibility  # VAE factor x DiT patch: 16 (Wan 2.1 VAE) or 32 (Wan 2.2 VAE)
+        return self.preset.divisibility  # the VAE's spatial factor x the DiT's patch
 
     def get_frame_count_snapper(self):
-        return snap_num_frames
+        return functools.partial(snap_num_frames, temporal=self.preset.vae.temporal_compression)
 
     def get_base_model_version(self) -> str:
         return f"{ARCH}:{self.preset.name}"
@@ -392,9 +392,9 @@ class VideoDiTModel(BaseModel):
         else:
             raise ValueError(f"encode_images takes (B, F, 3, H, W) or (B, 3, H, W) pixels, got {tuple(x.shape)}")
         frames = x.shape[2]
-        if snap_num_frames(frames) != frames:
+        if snap_num_frames(frames, self.preset.vae.temporal_compression) != frames:
             raise ValueError(f"a clip of {frames} frames cannot be encoded: the VAE takes 4k + 1 frames; set "
-                             f"datasets[].num_frames to {snap_num_frames(frames)} (or use auto_frame_count)")
+                             f"datasets[].num_frames to {snap_num_frames(frames, self.preset.vae.temporal_compression)} (or use auto_frame_count)")
         _ensure_on(self.vae, self.vae_device_torch)
         vae_dtype = next(self.vae.parameters()).dtype
         z = self.vae.encode(x.to(self.vae_device_torch, vae_dtype)).mode()  # (B, C, F', h, w)
@@ -464,12 +464,12 @@ class VideoDiTModel(BaseModel):
             folder = getattr(batch.dataset_config, "folder_path", None)
             check_dataset_i2v(self.preset, False, f"datasets[].do_i2v ({folder})")  # as our trainer's check
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
-            if self.preset.dit.i2v_only:
+            if self.family.i2v_only(self.preset.dit):
                 raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it has "
                                  "no unconditioned input, so every prediction needs a batch of video items of a "
                                  "`do_i2v: true` dataset")
             return None
-        B, num_frames = x.shape[0], (x.shape[2] - 1) * TEMPORAL + 1
+        B, num_frames = x.shape[0], (x.shape[2] - 1) * self.preset.vae.temporal_compression + 1
         if self.i2v_mode == "replace" and batch.first_frame_latents is not None:  # Wan, replace mode
             cond = {"first_frame_latents": batch.first_frame_latents}
         else:
@@ -579,7 +579,7 @@ class VideoDiTModel(BaseModel):
             value = getattr(gen_config, key, default)
             if value != default:
                 warnings.warn(f"video_dit previews ignore {key}={value!r} ({why})", stacklevel=2)
-        gen_config.num_frames = snap_num_frames(gen_config.num_frames)
+        gen_config.num_frames = snap_num_frames(gen_config.num_frames, self.preset.vae.temporal_compression)
         d = self.get_bucket_divisibility()
         gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
         first_frame = None
@@ -634,7 +634,7 @@ class VideoDiTModel(BaseModel):
     def convert_lora_weights_before_load(self, state_dict: dict) -> dict:
         """Our LoRA file (or a ComfyUI / peft one) -> ai-toolkit's peft keys. ai-toolkit applies B @ A
         with scale 1 and drops alphas, so alpha / rank is folded into lora_B: same update, any alpha."""
-        native, alpha, rank = from_comfy(state_dict, source="LoRA file")
+        native, alpha, rank = from_comfy(state_dict, source="LoRA file", from_file=self.family.lora_from_file)
         scale = alpha / rank
         out = {}
         for key, value in native.items():
@@ -691,7 +691,7 @@ class VideoDiTModel(BaseModel):
             prefix = f"diffusion_model.{self._EXPERT_CHILD[expert]}." if len(self.experts) == 2 else "diffusion_model."
             for key, value in read_state_dict(path).items():
                 if not key.startswith("diffusion_model."):
-                    raise WeightsError(f"{path}: key {key!r} is not a ComfyUI Wan LoRA key (diffusion_model.<module>)")
+                    raise WeightsError(f"{path}: key {key!r} is not a ComfyUI LoRA key (diffusion_model.<module>)")
                 combined[prefix + key[len("diffusion_model."):]] = value
         return combined
 
@@ -700,11 +700,11 @@ class VideoDiTModel(BaseModel):
         islands) + `config.json`, read by `load_dit`,
         and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
         `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads.
-        Two experts: each in its Wan-layout subfolder (`high_noise_model/`, `low_noise_model/`)."""
+        Two experts: each in its subfolder of the original layout (`high_noise_model/`, `low_noise_model/`)."""
         from safetensors.torch import save_file
 
         model = getattr(self.model, "module", self.model)
-        parts = ([(os.path.join(output_path, EXPERT_FOLDERS["wan"][e]), model.expert(e)) for e in EXPERTS]
+        parts = ([(os.path.join(output_path, EXPERT_FOLDERS["original"][e]), model.expert(e)) for e in EXPERTS]
                  if isinstance(model, TwoExperts) else [(output_path, model)])
         os.makedirs(output_path, exist_ok=True)
         for folder, dit in parts:

@@ -7,7 +7,8 @@ import re
 
 import torch
 
-from video_dit.models.vae import VAEConfig
+from video_dit.families.wan.vae import VAEConfig
+from video_dit.models.weights import strip_dit_prefix
 
 # ---------------------------------------------------------------- DiT
 
@@ -43,17 +44,6 @@ _DIT_NAMES = [
 _TO_DIFFUSERS = _DIT_NAMES
 _FROM_DIFFUSERS = [(d, n) for n, d in _DIT_NAMES]
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
-_DIT_PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.")
-
-
-def strip_dit_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop a `model.diffusion_model.` / `diffusion_model.` (ComfyUI) or `transformer.` prefix
-    carried by every key."""
-    for prefix in _DIT_PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix):]: v for k, v in sd.items()}
-    return sd
-
 
 def _rename_key(key: str, pairs) -> str:
     m = _BLOCK.match(key)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from video_dit.models.hunyuan15_vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
+from video_dit.families.hunyuan15.vae import HY15_VAE_CONFIG, HY15_VAE_TINY, HunyuanVideo15VAE, HY15VAEConfig
 from video_dit.models.layouts import preset_name
 from video_dit.models.weights import WeightsError, materialize, read_state_dict
 

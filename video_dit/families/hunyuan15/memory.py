@@ -66,7 +66,7 @@ re-runs one block at a time. The peak, traced (within 10% of the tracker's in th
 
 from __future__ import annotations
 
-from video_dit.train.plan_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
+from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
 TIME_FREQ = 256  # the timestep sinusoid's width (hunyuan15_layers.timestep_sinusoid)
 REFINER_RATIO = 4  # the token refiner's MLP ratio (hunyuan15_layers.REFINER_MLP_RATIO)
@@ -176,7 +176,7 @@ def hy15_text_tokens(preset, i2v: bool) -> tuple[int, int, int]:
     """(text_len, glyph_len, image_len) a job's batches pad to at most: the Qwen2.5-VL crop, the ByT5 glyph
     prompt, and the SigLIP tokens of an image-to-video job (a DiT with the SigLIP branch reads one masked zero
     token in text-to-video: `families._hy15_text_inputs`)."""
-    from video_dit.models.hunyuan15_encoders import GLYPH_LEN
+    from video_dit.families.hunyuan15.encoders import GLYPH_LEN
 
     cfg = preset.dit
     image = 0

@@ -38,15 +38,16 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+from video_dit import media
 from video_dit.data.dataset import DataWarning, list_media
 from video_dit.data.demo import holdout_dir, move_old_holdout
 from video_dit.data.frames import crop_plan, fit_frames, snap_num_frames
-from video_dit import media
-from video_dit.media import VIDEO_EXTS, MediaError, probe_video
 from video_dit.devices import resolve_device
-from video_dit.models.presets import VAE_PRESETS
-from video_dit.models.vae import CausalVideoVAE
-from video_dit.models.vae_layers import CausalConv3d, Resample, ResidualBlock
+from video_dit.families.wan.presets import VAE_PRESETS
+from video_dit.families.wan.vae import CausalVideoVAE
+from video_dit.families.wan.vae_layers import Resample, ResidualBlock
+from video_dit.media import VIDEO_EXTS, MediaError, probe_video
+from video_dit.models.causal_conv import CausalConv3d
 
 CONFIG_NAME = "config.json"
 

@@ -66,7 +66,7 @@ class HY15DiTConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.heads_num
 
-    # What the trainer's checks ask of any DiT config, in Wan's words (DiTConfig's fields):
+    # The family contract's DiT shape (`families.contract.DiTShape`) in neutral words:
     @property
     def num_layers(self) -> int:
         """The blocks that checkpointing and sequence parallelism count: the double-stream blocks."""
@@ -75,16 +75,6 @@ class HY15DiTConfig:
     @property
     def num_heads(self) -> int:
         return self.heads_num
-
-    @property
-    def i2v_only(self) -> bool:
-        """False: every HunyuanVideo 1.5 DiT reads [noisy | cond | mask], zeros for text-to-video samples
-        (Tencent's train.py trains both through one model, `i2v_prob`)."""
-        return False
-
-    # No Wan CLIP image branch (img_emb): the SigLIP tokens enter through `vision_in` (vision_states_dim).
-    image_dim = None
-    num_images = 1
 
     @property
     def patch_in_channels(self) -> int:

@@ -50,13 +50,19 @@ import re
 import torch
 from torch import nn
 
+from video_dit.families.hunyuan15.config import HY15DiTConfig
+from video_dit.families.hunyuan15.layers import (
+    ByT5Mapper,
+    DoubleStreamBlock,
+    FinalLayer,
+    SingleTokenRefiner,
+    TimestepEmbedder,
+    VisionProjection,
+    hy15_rope_tables,
+)
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
-from video_dit.models.dit_layers import RMSNorm, compute_dtype_of, f32
-from video_dit.models.hunyuan15_config import HY15DiTConfig
-from video_dit.models.hunyuan15_layers import (ByT5Mapper, DoubleStreamBlock, FinalLayer, SingleTokenRefiner,
-                                               TimestepEmbedder, VisionProjection, hy15_rope_tables)
-
+from video_dit.models.layers import RMSNorm, compute_dtype_of, f32
 
 # ---------------------------------------------------------------- initialisation
 

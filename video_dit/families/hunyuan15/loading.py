@@ -22,24 +22,22 @@ from pathlib import Path
 
 import torch
 
-from video_dit.models.convert import strip_dit_prefix
-from video_dit.models.hunyuan15_config import HY15DiTConfig
-from video_dit.models.hunyuan15_convert import (hy15_config_from_diffusers, hy15_key_layout, hy15_to_native,
-                                                infer_hy15_config)
-from video_dit.models.hunyuan15_dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
-from video_dit.models.layouts import preset_name
-from video_dit.models.presets import get_preset
-from video_dit.models.weights import HeldWeights, WeightsError, materialize, open_weights
+from video_dit.families.hunyuan15.config import HY15DiTConfig
+from video_dit.families.hunyuan15.convert import (
+    hy15_config_from_diffusers,
+    hy15_key_layout,
+    hy15_to_native,
+    infer_hy15_config,
+)
+from video_dit.families.hunyuan15.dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
+from video_dit.families.hunyuan15.presets import get_preset
+from video_dit.models.layouts import dit_path, preset_name
+from video_dit.models.weights import HeldWeights, WeightsError, materialize, open_weights, strip_dit_prefix
 
 DIT_CLASSES = ("HunyuanVideo15Transformer3DModel", "HunyuanVideo_1_5_DiffusionTransformer")
 PIPELINE_TASKS = {"HunyuanVideo15Pipeline": "t2v", "HunyuanVideo15ImageToVideoPipeline": "i2v"}
 TASKS = ("t2v", "i2v")
 
-
-def dit_path(source: str | os.PathLike) -> Path:
-    """Where the DiT weights of `source` are: a folder's `transformer/`, else `source` itself."""
-    path = Path(source)
-    return path / "transformer" if path.is_dir() and (path / "transformer").is_dir() else path
 
 
 def _config_json(path: Path) -> Path:

@@ -34,17 +34,14 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import nn
 
-from video_dit.models.vae_layers import (
+from video_dit.families.wan.vae_layers import (
     AttentionBlock,
-    CausalCache,
-    CausalConv3d,
     Down_ResidualBlock,
     Resample,
     ResidualBlock,
-    RMS_norm,
     Up_ResidualBlock,
-    _inplace,
 )
+from video_dit.models.causal_conv import CausalCache, CausalConv3d, DiagonalGaussian, RMS_norm, inplace_ok
 
 # ---------------------------------------------------------------- configuration
 
@@ -151,7 +148,7 @@ class Encoder3d(nn.Module):
     def forward(self, x: torch.Tensor, cache: CausalCache) -> torch.Tensor:
         """x (B, 3p^2, T, H/p, W/p), T = 1 or 4 per chunk -> (B, 2z, 1, h, w) per chunk (whole clip: F')."""
         until = self.frame_wise_until
-        if not _inplace() or x.shape[2] == 1:
+        if not inplace_ok() or x.shape[2] == 1:
             x = self.conv1(x, cache)
             for block in self.downsamples[:until]:
                 x = block(x, cache)
@@ -216,7 +213,7 @@ class Decoder3d(nn.Module):
         blocks = (*self.middle, *self.upsamples)
         for block in blocks[:self.frame_wise_from]:
             x = block(x, cache)
-        if not _inplace() or x.shape[2] == 1:
+        if not inplace_ok() or x.shape[2] == 1:
             for block in blocks[self.frame_wise_from:]:
                 x = block(x, cache)
             return self.head[2](x, cache, norm=self.head[0])
@@ -237,29 +234,6 @@ class Decoder3d(nn.Module):
 
 # ---------------------------------------------------------------- posterior
 
-
-class DiagonalGaussian:
-    """The encoder's posterior: per-element mean and log-variance, (B, z, F', h, w) each."""
-
-    def __init__(self, mean: torch.Tensor, logvar: torch.Tensor):
-        self.mean = mean
-        self.logvar = logvar.clamp(-30.0, 20.0)
-
-    @property
-    def std(self) -> torch.Tensor:
-        return torch.exp(0.5 * self.logvar)
-
-    def mode(self) -> torch.Tensor:
-        return self.mean
-
-    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype,
-                            device=self.mean.device if generator is None else generator.device)
-        return self.mean + self.std * noise.to(self.mean.device)
-
-    def kl(self) -> torch.Tensor:
-        """KL(q || N(0, 1)) summed over all but the batch dim: (B,)."""
-        return 0.5 * (self.mean.pow(2) + self.logvar.exp() - 1.0 - self.logvar).flatten(1).sum(1)
 
 
 # ---------------------------------------------------------------- the VAE

@@ -17,21 +17,19 @@ from pathlib import Path
 
 import torch
 
-from video_dit.models.common import check_quantize, quantize_encoder, seeded_cpu_rng
-from video_dit.models.convert import (
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.convert import (
     clip_vision_from_transformers,
     clip_vision_from_wan,
     clip_vision_key_layout,
     dit_from_diffusers,
     dit_key_layout,
-    strip_dit_prefix,
     vae_config_from_diffusers,
     vae_from_diffusers,
     vae_key_layout,
 )
-from video_dit.models.dit import VideoDiT, cast_dit, param_dtypes
-from video_dit.models.dit_config import DiTConfig
-from video_dit.models.image_encoder import (
+from video_dit.families.wan.dit import VideoDiT, cast_dit, param_dtypes
+from video_dit.families.wan.image_encoder import (
     CLIP_MEAN,
     CLIP_STD,
     ImageEncoder,
@@ -39,11 +37,20 @@ from video_dit.models.image_encoder import (
     build_clip_vision,
     clip_vision_config,
 )
+from video_dit.families.wan.presets import VAE_PRESETS, VIT_H_14, get_preset
+from video_dit.families.wan.presets import WAN_PRESETS as PRESETS
+from video_dit.families.wan.text_encoder import TextEncoder, TextEncoderConfig, build_umt5, byte_tokenizer
+from video_dit.families.wan.vae import CausalVideoVAE, VAEConfig
+from video_dit.models.common import check_quantize, quantize_encoder, seeded_cpu_rng
 from video_dit.models.layouts import component_dir, preset_name
-from video_dit.models.presets import PRESETS, VAE_PRESETS, VIT_H_14, Preset, get_preset
-from video_dit.models.text_encoder import TextEncoder, TextEncoderConfig, build_umt5, byte_tokenizer
-from video_dit.models.vae import CausalVideoVAE, VAEConfig
-from video_dit.models.weights import WeightsError, check_state_dict, materialize, open_weights, read_state_dict
+from video_dit.models.weights import (
+    WeightsError,
+    check_state_dict,
+    materialize,
+    open_weights,
+    read_state_dict,
+    strip_dit_prefix,
+)
 
 # ---------------------------------------------------------------- DiT
 
@@ -262,13 +269,6 @@ TEXT_ENCODER_DOWNLOAD = (
     "  huggingface-cli download Wan-AI/Wan2.1-T2V-1.3B-Diffusers --include 'text_encoder/*' 'tokenizer/*' "
     "--local-dir MODELS/wan2.1\n"
     "and pass MODELS/wan2.1 (the folder holding text_encoder/ and tokenizer/)")
-def te_quantization(model_config) -> str | None:
-    """`load_text_encoder`'s `quantize` for a job's `model` block (ours or ai-toolkit's ModelConfig:
-    `quantize_te`, `qtype_te`; ai-toolkit's "float8" is its name for qfloat8). None: not quantized."""
-    if not model_config.quantize_te:
-        return None
-    return "qfloat8" if model_config.qtype_te == "float8" else model_config.qtype_te
-
 
 def load_text_encoder(source: str | os.PathLike, dtype: torch.dtype | None = None, device=None,
                           quantize: str | None = None, tokenizer: str | os.PathLike | None = None):
@@ -375,7 +375,7 @@ def _clip_config_from_shapes(sd: dict[str, torch.Tensor], source: str):
         raise WeightsError(f"{source}: {positions} position embeddings are not a square grid + class token")
     layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"encoder\.layers\.(\d+)\.", k)))
     known = {(p.image_encoder.hidden_size, p.image_encoder.intermediate_size): p.image_encoder.num_heads
-             for p in PRESETS.values() if p.family == "wan" and p.image_encoder is not None}
+             for p in PRESETS.values() if p.image_encoder is not None}
     if (hidden, inter) not in known:
         raise WeightsError(f"{source}: a CLIP vision model of width {hidden} / MLP {inter} matches no preset's "
                            f"image encoder ({', '.join(f'{h}/{i}' for h, i in known)}), so its head count is "
@@ -484,19 +484,4 @@ def image_encoder_shape(source: str | os.PathLike) -> tuple[int, int]:
     return int(width), side * side + 1
 
 
-def check_matches_preset(dit, preset: Preset, source: str, cls=VideoDiT) -> None:
-    """`WeightsError` naming `source` and the first mismatching keys when `dit` (a model or a
-    {name: tensor} mapping, meta tensors and ZeRO-3 parameters included) is not shaped like
-    `preset`'s DiT (weights of another preset would otherwise meet the wrong VAE / text encoder).
-    `cls`: the preset family's DiT class (`families.DiTArch.cls`)."""
-    shapes = dit if isinstance(dit, dict) else {n: _FullShape(p) for n, p in dit.state_dict(keep_vars=True).items()}
-    with torch.device("meta"):
-        expected = cls(preset.dit)
-    check_state_dict(expected, shapes, f"{source} (model.preset: {preset.name})")
 
-
-class _FullShape:
-    """A parameter's whole shape, also of a ZeRO-3 parameter (whose `.shape` is empty; `ds_shape` holds it)."""
-
-    def __init__(self, p: torch.Tensor):
-        self.shape = tuple(p.ds_shape) if hasattr(p, "ds_shape") else tuple(p.shape)

@@ -1,7 +1,7 @@
 """Embeds in, PIL frames out: text-to-video and image-to-video sampling.
 
     prompt embeds [(Lt_i, D)] ---------+
-    noise or latents= (B, C, F', h, w) -+--> solver steps (flow.sampling_schedule: UniPC or Euler):
+    noise or latents= (B, C, F', h, w) -+--> solver steps (schedule.wan_schedule: UniPC or Euler):
     first (+ last) frame (B, 3, H, W) -> encode_conditioning (VAE) --^   conditioning -> dit(x, t,
       (Wan 2.1 I2V / FLF2V: + image_features (CLIP) or image_embeds=) --^   context, clip_fea) -> guidance
                                                                             -> step
@@ -15,10 +15,7 @@ generate.py ones (UniPC on Wan's grid, 50 steps, shift 5, guidance 5); `Preset` 
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F_
 from PIL import Image
 from torch import nn
 
@@ -30,9 +27,10 @@ from video_dit.diffusion.conditioning import (
     clip_features,
     encode_conditioning,
 )
-from video_dit.diffusion.flow import SCHEDULE_GRIDS, sampling_schedule
+from video_dit.diffusion.pipeline_parts import as_embeds_list, config_of, decode_videos, fit_frame
 from video_dit.diffusion.sampler import flow_sample, module_dtype_device
-from video_dit.media import pil_to_tensor, tensor_to_pil
+from video_dit.families.wan.schedule import wan_schedule
+from video_dit.media import pil_to_tensor
 
 
 def vae_factors(vae_config) -> tuple[int, int]:
@@ -41,14 +39,6 @@ def vae_factors(vae_config) -> tuple[int, int]:
     spatial = 2 ** (len(vae_config.dim_mult) - 1) * vae_config.patch_size
     return temporal, spatial
 
-
-def _config_of(module: nn.Module, what: str):
-    """`module.config`, looking through one wrapper level (`.module`, as DeepSpeed engines have)."""
-    for m in (module, getattr(module, "module", None)):
-        config = getattr(m, "config", None)
-        if config is not None:
-            return config
-    raise ValueError(f"cannot find the {what} config on {type(module).__name__}; pass {what}_config=")
 
 
 class VideoPipeline:
@@ -69,8 +59,8 @@ class VideoPipeline:
     def __init__(self, dit: nn.Module, vae: nn.Module, *, i2v_mode: str | None = None, dit_config=None,
                  image_encoder: nn.Module | None = None):
         self.dit, self.vae, self.image_encoder = dit, vae, image_encoder
-        self.dit_config = dit_config if dit_config is not None else _config_of(dit, "dit")
-        self.vae_config = _config_of(vae, "vae")
+        self.dit_config = dit_config if dit_config is not None else config_of(dit, "dit")
+        self.vae_config = config_of(vae, "vae")
         cfg, z = self.dit_config, self.vae_config.z_dim
         if cfg.out_dim != z:
             raise ValueError(f"DiT out_dim {cfg.out_dim} does not match the VAE's z_dim {z}")
@@ -103,14 +93,14 @@ class VideoPipeline:
                          generator: torch.Generator | None = None, first_frame=None,
                          guidance_scale_2: float | None = None,
                          i2v_mode: str | None = None, progress: bool = False, solver: str = "unipc",
-                         grid: str = "wan", latents: torch.Tensor | None = None, last_frame=None,
+                         grid: str = "reference", latents: torch.Tensor | None = None, last_frame=None,
                          image_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
-        prompts = _as_list(prompt_embeds, "prompt_embeds")
+        prompts = as_embeds_list(prompt_embeds, "prompt_embeds")
         B = len(prompts)
         negatives = None
         if negative_embeds is not None:
-            negatives = _as_list(negative_embeds, "negative_embeds")
+            negatives = as_embeds_list(negative_embeds, "negative_embeds")
             if len(negatives) == 1 and B > 1:
                 negatives = negatives * B
             if len(negatives) != B:
@@ -134,10 +124,8 @@ class VideoPipeline:
         if cfg.image_dim is not None and image_embeds is None and self.image_encoder is None:
             raise ValueError("this DiT has the CLIP image branch (Wan 2.1 I2V / FLF2V): build the pipeline with "
                              "image_encoder= or pass image_embeds=")
-        if grid not in SCHEDULE_GRIDS:
-            raise ValueError(f"unknown schedule grid {grid!r}; accepted: {', '.join(SCHEDULE_GRIDS)}")
         num_frames, height, width = self.snap(num_frames, height, width)
-        schedule = sampling_schedule(steps, shift, solver, grid)  # checks steps, shift and solver first
+        schedule = wan_schedule(steps, shift, solver, grid)  # checks steps, shift, solver and grid first
 
         # 1. initial latents: `latents` as given, or noise drawn on the generator's device (CPU by
         #    default, as diffusers' randn_tensor does with a CPU generator) so a seed means the same
@@ -180,7 +168,7 @@ class VideoPipeline:
     def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                  width: int = 832, steps: int = 50, guidance_scale: float = 5.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, i2v_mode: str | None = None,
-                 progress: bool = False, solver: str = "unipc", grid: str = "wan",
+                 progress: bool = False, solver: str = "unipc", grid: str = "reference",
                  latents: torch.Tensor | None = None, last_frame=None, image_embeds: torch.Tensor | None = None,
                  guidance_scale_2: float | None = None):
         """Render videos as PIL frames.
@@ -190,8 +178,8 @@ class VideoPipeline:
         required when guidance_scale != 1 (guidance 1 runs the conditional pass alone). With two experts,
         guidance_scale is the high-noise expert's and guidance_scale_2 the low-noise one's (None: the same).
         num_frames (snapped to 4k + 1), height, width (snapped to the divisibility). steps, shift, solver
-        ("unipc", Wan's default, or "euler") and grid ("wan", or "diffusers" for a diffusers folder's
-        UniPC) pick the schedule, `flow.sampling_schedule(steps, shift, solver, grid)`.
+        ("unipc", Wan's default, or "euler") and grid ("reference": Wan's, or "diffusers" for a diffusers folder's
+        UniPC) pick the schedule, `wan_schedule(steps, shift, solver, grid)`.
         generator: seeds the noise. latents: initial latents (B, C, F', h, w) used instead of drawn
         noise, as diffusers' pipelines take them. first_frame: a PIL image, a (3, H, W) / (B, 3, H, W)
         tensor in [-1, 1], or a list of B PIL images; resized to cover height x width and
@@ -210,41 +198,6 @@ class VideoPipeline:
         videos = self.decode(latents)
         return videos[0] if isinstance(prompt_embeds, torch.Tensor) else videos
 
-
-@torch.no_grad()
-def decode_videos(vae: nn.Module, latents: torch.Tensor) -> list[list[Image.Image]]:
-    """Normalized latents (B, C, F', h, w) -> B lists of F PIL frames, one video at a time through `vae`
-    (any VAE with `denormalize` and `decode` -> (1, 3, F, H, W) in [-1, 1]: Wan's, HunyuanVideo 1.5's)."""
-    dtype, device = module_dtype_device(vae)
-    videos = []
-    for z in latents:
-        z = vae.denormalize(z[None].to(device=device, dtype=dtype))
-        video = vae.decode(z)[0].float().clamp(-1, 1)  # (3, F, H, W)
-        videos.append(tensor_to_pil(video.transpose(0, 1)))
-    return videos
-
-
-def _as_list(embeds, name: str) -> list[torch.Tensor]:
-    items = [embeds] if isinstance(embeds, torch.Tensor) else list(embeds)
-    if not items:
-        raise ValueError(f"{name} is empty")
-    for i, e in enumerate(items):
-        if not isinstance(e, torch.Tensor) or e.ndim != 2:
-            raise ValueError(f"{name}[{i}] must be a 2D (Lt, D) tensor, got "
-                             f"{tuple(e.shape) if isinstance(e, torch.Tensor) else type(e).__name__}")
-    return items
-
-
-def fit_frame(pixels: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, 3, H0, W0) -> (B, 3, height, width): resize to cover, then centre-crop (aspect kept)."""
-    h0, w0 = pixels.shape[-2:]
-    if (h0, w0) == (height, width):
-        return pixels
-    scale = max(height / h0, width / w0)
-    h1, w1 = max(height, math.ceil(h0 * scale)), max(width, math.ceil(w0 * scale))
-    x = F_.interpolate(pixels.float(), size=(h1, w1), mode="bicubic", align_corners=False, antialias=True)
-    top, left = (h1 - height) // 2, (w1 - width) // 2
-    return x[:, :, top:top + height, left:left + width].clamp(-1, 1)
 
 
 def _pixels(images, batch: int, name: str, size: tuple[int, int] | None = None) -> torch.Tensor:

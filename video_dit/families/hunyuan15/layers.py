@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from video_dit.models.attention import attention
-from video_dit.models.dit_layers import RMSNorm, apply_rope, f32, gated_add, modulate, norm_to
-from video_dit.models.hunyuan15_config import HY15DiTConfig
+from video_dit.families.hunyuan15.config import HY15DiTConfig
+from video_dit.models.attention import attention, joint_attention
+from video_dit.models.layers import RMSNorm, apply_rope, f32, gated_add, modulate, norm_to
 
 EPS = 1e-6  # every LayerNorm / RMSNorm of the blocks, refiner and final layer (Tencent)
 REFINER_MLP_RATIO = 4.0  # Tencent's SingleTokenRefiner default, whatever the main blocks' ratio
@@ -209,16 +209,6 @@ class ModulateDiT(nn.Module):
         """vec (B, D) -> (B, 1, factor * D) float32 (the Linear in the compute dtype, as Tencent's)."""
         return f32(self.linear(F.silu(vec).to(cdt))).unsqueeze(1)
 
-
-def joint_attention(q, k, v, txt_q, txt_k, txt_v, txt_key_mask, backend: str = "native"):
-    """One softmax attention over [video | text] tokens: q, k, v (B, L, H, Dh), txt_* (B, Lt, H, Dh),
-    txt_key_mask (B, Lt) bool (False = padding, never attended to) or None -> ((B, L, H, Dh), (B, Lt, H, Dh)).
-    Every video token is a valid key. Padded text queries get some finite output, read by nothing."""
-    L = q.shape[1]
-    mask = None if txt_key_mask is None else F.pad(txt_key_mask, (L, 0), value=True)  # (B, L + Lt)
-    out = attention(torch.cat([q, txt_q], 1), torch.cat([k, txt_k], 1), torch.cat([v, txt_v], 1),
-                    backend=backend, attn_mask=mask)  # (B, L + Lt, H, Dh)
-    return out[:, :L], out[:, L:]
 
 
 class DoubleStreamBlock(nn.Module):

@@ -22,8 +22,8 @@ import re
 
 import torch
 
-from video_dit.models.convert import strip_dit_prefix
-from video_dit.models.hunyuan15_config import HY15DiTConfig, default_rope_dims
+from video_dit.families.hunyuan15.config import HY15DiTConfig, default_rope_dims
+from video_dit.models.weights import strip_dit_prefix
 
 _BLOCK = re.compile(r"(double_blocks|transformer_blocks|txt_in\.individual_token_refiner\.blocks"
                     r"|context_embedder\.token_refiner\.refiner_blocks)\.(\d+)\.")

@@ -32,12 +32,12 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from video_dit.data.frames import snap_size
-from video_dit.diffusion.flow import sampling_schedule
-from video_dit.diffusion.hunyuan15_conditioning import HY15Conditioning, encode_hy15_conditioning, text_inputs
+from video_dit.diffusion.flow import NUM_TRAIN_TIMESTEPS, SamplingSchedule, check_schedule, shift_sigmas
+from video_dit.diffusion.pipeline_parts import config_of, decode_videos, fit_frame
 from video_dit.diffusion.sampler import module_dtype_device
+from video_dit.families.hunyuan15.conditioning import HY15Conditioning, encode_hy15_conditioning, text_inputs
+from video_dit.families.hunyuan15.encoders import HY15PromptEmbeds
 from video_dit.media import pil_to_tensor
-from video_dit.models.hunyuan15_encoders import HY15PromptEmbeds
-from video_dit.pipeline import _config_of, decode_videos, fit_frame
 
 
 def fit_image(image: Image.Image, height: int, width: int) -> Image.Image:
@@ -65,8 +65,8 @@ class HunyuanVideo15Pipeline:
 
     def __init__(self, dit: nn.Module, vae: nn.Module, *, image_encoder: nn.Module | None = None, dit_config=None):
         self.dit, self.vae, self.image_encoder = dit, vae, image_encoder
-        self.dit_config = dit_config if dit_config is not None else _config_of(dit, "dit")
-        self.vae_config = _config_of(vae, "vae")
+        self.dit_config = dit_config if dit_config is not None else config_of(dit, "dit")
+        self.vae_config = config_of(vae, "vae")
         cfg, z = self.dit_config, self.vae_config.z_dim
         if cfg.out_channels != z or not cfg.concat_condition or cfg.in_channels != z:
             raise ValueError(f"the DiT reads {cfg.patch_in_channels} channels and writes {cfg.out_channels}; with "
@@ -85,7 +85,7 @@ class HunyuanVideo15Pipeline:
                          width: int = 832, steps: int = 50, guidance_scale: float = 6.0, shift: float = 5.0,
                          generator: torch.Generator | None = None, first_frame=None,
                          latents: torch.Tensor | None = None, image_embeds: torch.Tensor | None = None,
-                         solver: str = "euler", grid: str = "hunyuan", progress: bool = False) -> torch.Tensor:
+                         solver: str = "euler", grid: str = "reference", progress: bool = False) -> torch.Tensor:
         """Sampled normalized latents (B, C, F', h, w) float32; arguments as for `generate`."""
         prompts = _as_prompts(prompt_embeds, "prompt_embeds")
         B = len(prompts)
@@ -99,10 +99,10 @@ class HunyuanVideo15Pipeline:
             negatives = negatives * B if len(negatives) == 1 and B > 1 else negatives
             if len(negatives) != B:
                 raise ValueError(f"{len(negatives)} negative embeds for {B} prompts (give 1 or {B})")
-        if (solver, grid) != ("euler", "hunyuan"):
+        if (solver, grid) != ("euler", "reference"):
             raise ValueError(f"solver {solver!r} on grid {grid!r}: HunyuanVideo 1.5 samples with Euler on its own "
                              "grid (Tencent's FlowMatchDiscreteScheduler has no other solver); accepted: "
-                             "solver='euler', grid='hunyuan'")
+                             "solver='euler', grid='reference'")
         cfg = self.dit_config
         if image_embeds is not None and cfg.vision_projection == "none":
             raise ValueError("image_embeds given, but this DiT has no SigLIP branch (vision_projection='none')")
@@ -111,7 +111,7 @@ class HunyuanVideo15Pipeline:
             raise ValueError("image-to-video needs the SigLIP image embeds: build the pipeline with image_encoder= "
                              "or pass image_embeds=")
         num_frames, height, width = self.snap(num_frames, height, width)
-        schedule = sampling_schedule(steps, shift, solver, grid)  # checks steps and shift
+        schedule = hy15_schedule(steps, shift, solver, grid)  # checks steps and shift
         dtype, device = module_dtype_device(self.dit)
 
         # 1. initial latents: `latents` as given, or noise drawn on the generator's device (CPU by default,
@@ -169,7 +169,7 @@ class HunyuanVideo15Pipeline:
     def generate(self, prompt_embeds, negative_embeds=None, num_frames: int = 17, height: int = 480,
                  width: int = 832, steps: int = 50, guidance_scale: float = 6.0, shift: float = 5.0,
                  generator: torch.Generator | None = None, first_frame=None, latents: torch.Tensor | None = None,
-                 image_embeds: torch.Tensor | None = None, solver: str = "euler", grid: str = "hunyuan",
+                 image_embeds: torch.Tensor | None = None, solver: str = "euler", grid: str = "reference",
                  progress: bool = False):
         """Render videos as PIL frames.
 
@@ -178,7 +178,7 @@ class HunyuanVideo15Pipeline:
         negative_embeds: one for all prompts or B of them (their glyph is not used); required when
         guidance_scale > 1 (1 or below runs the conditional pass alone, as Tencent).
         num_frames (snapped to 4k + 1), height, width (snapped to multiples of 16). steps, shift: the
-        Euler schedule on Tencent's grid (solver / grid accept only "euler" / "hunyuan").
+        Euler schedule on Tencent's grid (solver / grid accept only "euler" / "reference").
         generator: seeds the noise; latents: initial latents (B, C, F', h, w) instead of drawn noise.
         first_frame: a PIL image (or a list of B), or a (3, H, W) / (B, 3, H, W) tensor in [-1, 1]:
         fitted to height x width (`fit_image`) and made image-to-video. image_embeds: (B or 1, Li, D)
@@ -228,3 +228,18 @@ def _first_frames(images, batch: int, height: int, width: int):
     if pixels.shape[0] != batch:
         raise ValueError(f"{pixels.shape[0]} first_frame images for {batch} prompts (give 1 or {batch})")
     return pixels, fitted
+
+
+def hy15_schedule(steps: int, shift: float, solver: str = "euler", grid: str = "reference") -> SamplingSchedule:
+    """HunyuanVideo 1.5's schedule: Tencent's `FlowMatchDiscreteScheduler(shift=shift).set_timesteps(steps)`
+    (hyvideo/schedulers/scheduling_flow_match_discrete.py lines 127-142):
+        s = shift(torch.linspace(1, 0, steps + 1)) in float32 torch: starts at pure noise, ends at 0
+        timesteps = s[:-1] * 1000 (float32); sigmas = s
+    diffusers' HunyuanVideo15 pipelines pass the same grid as `sigmas=np.linspace(1, 0, steps + 1)[:-1]` to
+    `FlowMatchEulerDiscreteScheduler` and shift it in numpy float32: at most an ulp apart. Tencent's is
+    followed. UniPC cannot start at s = 1 (its log-SNR is -inf there): this grid is Euler's only."""
+    check_schedule(steps, shift, solver, solvers=("euler",))
+    if grid != "reference":
+        raise ValueError(f"schedule grid {grid!r}: HunyuanVideo 1.5 samples on its own grid only; accepted: reference")
+    sigmas = shift_sigmas(torch.linspace(1.0, 0.0, steps + 1), shift)  # float32, as Tencent's
+    return SamplingSchedule(solver, sigmas, sigmas[:-1] * NUM_TRAIN_TIMESTEPS)

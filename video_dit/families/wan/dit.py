@@ -39,11 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from video_dit.families.wan.config import DiTConfig
+from video_dit.families.wan.layers import Block, Head, ImageEmbedding, rope_tables
 from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
-from video_dit.models.dit_config import DiTConfig
-from video_dit.models.dit_layers import Block, Head, ImageEmbedding, RMSNorm, f32, rope_tables, sinusoidal_embedding
+from video_dit.models.layers import RMSNorm, f32, sinusoidal_embedding
 
 log = logging.getLogger(__name__)
 
@@ -331,3 +332,15 @@ def dit_flops(config: DiTConfig, num_tokens: int, text_len: int, batch: int = 1)
              + 2 * D * (config.freq_dim + D + 6 * D)  # time MLP + projection (one timestep)
              + 2 * L * D * config.out_dim * patch)  # head
     return float(batch * (config.num_layers * per_block + embed))
+
+
+# LoRA: the blocks' attention and FFN Linears, with the image branch's k_img / v_img of Wan 2.1 I2V / FLF2V
+# (absent, so never matched, in other models).
+LORA_TARGETS = r"blocks\.\d+\.((self_attn|cross_attn)\.(q|k|v|o)|cross_attn\.(k_img|v_img)|ffn\.(0|2))"
+# Opt-in (`network.include_img_emb`): also the image-embedding MLP's two Linears, img_emb.proj.1 / .3.
+IMG_EMB_TARGETS = r"img_emb\.proj\.(1|3)"
+
+
+def lora_targets(include_img_emb: bool = False) -> str:
+    """The peft `target_modules` regex: LORA_TARGETS, plus IMG_EMB_TARGETS when asked."""
+    return f"({LORA_TARGETS})|({IMG_EMB_TARGETS})" if include_img_emb else LORA_TARGETS

@@ -55,9 +55,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from video_dit.kernels import winograd
+from video_dit.models.causal_conv import (
+    CausalCache,
+    DiagonalGaussian,
+    RMS_norm,
+    conv3d,
+    empty_channels_last,
+    inplace_ok,
+)
 from video_dit.models.common import parameter_generator
-from video_dit.models.vae import DiagonalGaussian
-from video_dit.models.vae_layers import CausalCache, RMS_norm, _conv, _empty_cl, _inplace
 
 # ---------------------------------------------------------------- configuration
 
@@ -241,14 +247,14 @@ def _window_conv(win: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     channels: the lowest levels of small frames) is one matrix product over the k^3 shifted copies of
     the channels-last window (im2col: (B T H W, k^3 C) x (k^3 C, C')): oneDNN reorders the whole
     weight on every call, which there costs several times the convolution (a 1024 -> 1024 conv on
-    64 positions: 47 ms instead of 125). Otherwise `_conv` (oneDNN on the CPU)."""
+    64 positions: 47 ms instead of 125). Otherwise `conv3d` (oneDNN on the CPU)."""
     if _winograd(weight):
         return winograd.conv3d(win, winograd.taps(weight), bias)
     B, C, Tw, Hw, Ww = win.shape
     Co, k = weight.shape[0], weight.shape[2:]
     T, H, W = Tw - k[0] + 1, Hw - k[1] + 1, Ww - k[2] + 1
     if win.device.type != "cpu" or B * T * H * W >= min(Co, 256):
-        return _conv(win, weight, bias)
+        return conv3d(win, weight, bias)
     cols = winograd.im2col(win, k, [(a, b, c) for a in range(k[0]) for b in range(k[1]) for c in range(k[2])])
     w = weight.permute(0, 2, 3, 4, 1).reshape(Co, -1)  # (C', k^3 C), a view of the channels-last weight
     y = torch.addmm(bias, cols, w.t())  # (B T H W, C')
@@ -270,12 +276,12 @@ class HY15CausalConv3d(nn.Module):
         """x (B, C, T, H, W) -> (B, C', T, H, W). With `norm`, the conv's input is SiLU(norm(x)),
         written straight into the cache's window (no autograd)."""
         n, p, w, b = self.past, self.pad, self.conv.weight, self.conv.bias
-        if not _inplace():  # autograd: concatenate and pad; no buffer is reused
+        if not inplace_ok():  # autograd: concatenate and pad; no buffer is reused
             x = norm(x, silu=True) if norm is not None else x
             if cache.fresh(self):  # the clip's first frame stands for the frames before it
                 cache.remember(self, x[:, :, :1].expand(-1, -1, n, -1, -1))
             x = cache.with_past(self, x, n)  # (B, C, n + T, H, W)
-            return _conv(F.pad(x, (p, p, p, p, 0, 0), mode="replicate"), w, b)
+            return conv3d(F.pad(x, (p, p, p, p, 0, 0), mode="replicate"), w, b)
         B, _, T, H, W = x.shape
         seen = cache.frames_before(self, T)
         win = cache.padded_window(self, x, n, p)  # (B, C, n + T, H + 2p, W + 2p), past frames in place
@@ -296,7 +302,7 @@ class HY15CausalConv3d(nn.Module):
                 if wino:
                     y = winograd.conv3d(body, winograd.taps(w).sum(1, keepdim=True), b)  # taps (9, 1, C, C')
                 else:
-                    y = _conv(body, sum(w.narrow(2, i, 1) for i in range(n + 1)), b)  # (C', C, 1, k, k)
+                    y = conv3d(body, sum(w.narrow(2, i, 1) for i in range(n + 1)), b)  # (C', C, 1, k, k)
                 cache.keep_or_drop(self, win, n)
                 return y
         y = _window_conv(win, w, b)
@@ -305,7 +311,7 @@ class HY15CausalConv3d(nn.Module):
 
 
 def _conv1x1(conv: nn.Conv3d, x: torch.Tensor) -> torch.Tensor:
-    return _conv(x, conv.weight, conv.bias)
+    return conv3d(x, conv.weight, conv.bias)
 
 
 class HY15ResBlock(nn.Module):
@@ -329,7 +335,7 @@ class HY15ResBlock(nn.Module):
         h = x if self.nin_shortcut is None else _conv1x1(self.nin_shortcut, x)
         y = self.conv1(x, cache, norm=self.norm1)  # SiLU(norm(x)) goes straight into conv1's window
         y = self.conv2(y, cache, norm=self.norm2)
-        return y.add_(h) if _inplace() else y + h
+        return y.add_(h) if inplace_ok() else y + h
 
 
 class HY15Attention(nn.Module):
@@ -357,7 +363,7 @@ class HY15Attention(nn.Module):
         o = frames[0] if T == 1 else torch.cat(frames, 1)  # (B, T H W, C)
         y = F.linear(o, self.proj_out.weight.view(C, C), self.proj_out.bias)
         y = y.view(B, T, H, W, C).permute(0, 4, 1, 2, 3)  # (B, C, T, H, W), channels-last strides
-        return y.add_(x) if _inplace() else y + x
+        return y.add_(x) if inplace_ok() else y + x
 
 
 def _space_to_channels(x: torch.Tensor, rt: int) -> torch.Tensor:
@@ -411,7 +417,7 @@ class HY15Downsample(nn.Module):
             skips.append(_group_mean(_space_to_channels(x, rt), self.out_dim))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, 2)
         skip = skips[0] if len(skips) == 1 else torch.cat(skips, 2)
-        return out.add_(skip) if _inplace() else out + skip
+        return out.add_(skip) if inplace_ok() else out + skip
 
 
 class HY15Upsample(nn.Module):
@@ -442,7 +448,7 @@ class HY15Upsample(nn.Module):
             outs.append(_channels_to_space((h0 + x0).reshape(B, 4 * self.out_dim, 1, H, W), 1))
             h, x = h[:, :, 1:], x[:, :, 1:]
         if h.shape[2]:
-            if _inplace():
+            if inplace_ok():
                 h.view(B, C, self.repeats, *h.shape[2:]).add_(x.unsqueeze(2))
             else:
                 h = h + x.repeat_interleave(self.repeats, dim=1)
@@ -501,7 +507,7 @@ def _fine_to_coarse(segments, x: torch.Tensor, cache: HY15Cache, cells: int, fir
         if len(bounds) == 2:
             return y
         if out is None:
-            out = _empty_cl(y.shape[0], y.shape[1], T, *y.shape[3:], like=y)
+            out = empty_channels_last(y.shape[0], y.shape[1], T, *y.shape[3:], like=y)
         out[:, :, a:b] = y
     cache.last = last
     return out
@@ -524,7 +530,7 @@ def _coarse_to_fine(segments, x: torch.Tensor, cache: HY15Cache, cells: int, fir
         if len(bounds) == 2:
             return y
         if out is None:
-            out = _empty_cl(y.shape[0], y.shape[1], T, *y.shape[3:], like=y)
+            out = empty_channels_last(y.shape[0], y.shape[1], T, *y.shape[3:], like=y)
         out[:, :, a:b] = y
     cache.last = last
     return out
@@ -574,14 +580,14 @@ class HY15Encoder(nn.Module):
         autograd): the head's layers take as many frames per call as hold that many positions, so
         their activations are a group's instead of the chunk's."""
         first = cache.first_visit(self)
-        if cells is None or not _inplace():
+        if cells is None or not inplace_ok():
             x = _run([m for layers, _ in self.head for m in layers], x, cache)
         else:
             x = _fine_to_coarse(self.head, x, cache, cells, first)  # (B, C, T, H / 2^k, W / 2^k)
         x = _run(self.tail, x, cache)  # (B, C, T', h, w)
         skip = _group_mean(x, self.groups)  # (B, 2z, T', h, w)
         y = self.conv_out(x, cache, norm=self.norm_out)
-        return y.add_(skip) if _inplace() else y + skip
+        return y.add_(skip) if inplace_ok() else y + skip
 
 
 class HY15Decoder(nn.Module):
@@ -617,12 +623,12 @@ class HY15Decoder(nn.Module):
         `cells` (no autograd): the tail's layers take as many frames per call as hold that many positions."""
         first = cache.first_visit(self)
         x = self.conv_in(z, cache)  # (B, C, T', h, w)
-        if _inplace():  # + z with each channel repeated
+        if inplace_ok():  # + z with each channel repeated
             x.view(x.shape[0], self.z, self.repeats, *x.shape[2:]).add_(z.unsqueeze(2))
         else:
             x = x + z.repeat_interleave(self.repeats, dim=1)
         x = _run(self.head, x, cache)  # (B, C, 4 T' (first chunk: 4 T' - 3), H / 2^k, W / 2^k)
-        if cells is None or not _inplace():
+        if cells is None or not inplace_ok():
             return _run([m for layers, _ in self.tail for m in layers], x, cache)
         scale = self.tail[0][1]
         return _coarse_to_fine(self.tail, x, cache, cells, first, (x.shape[-2] * scale, x.shape[-1] * scale))
@@ -789,7 +795,7 @@ class HunyuanVideo15VAE(nn.Module):
             y = self._decode(z, chunked)
         if not clamp:
             return y
-        return y.clamp_(-1.0, 1.0) if _inplace() else y.clamp(-1.0, 1.0)
+        return y.clamp_(-1.0, 1.0) if inplace_ok() else y.clamp(-1.0, 1.0)
 
     def _decode(self, z: torch.Tensor, chunked: bool) -> torch.Tensor:
         """(B, z, F', h, w) -> video (B, 3, F, H, W), unclamped."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from video_dit.models.hunyuan15_encoders import pad_embeds
+from video_dit.families.hunyuan15.encoders import pad_embeds
 
 
 class HY15Conditioning:

@@ -478,8 +478,14 @@ SIGLIP_SO400M = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers
 def encoder_parameters(text: HY15TextEncoderConfig, image: HY15ImageEncoderConfig | None) -> dict[str, int]:
     """Parameter counts of a preset's encoders, built on the meta device (the tiny ones as built for
     tests): {"text_encoder": Qwen2.5-VL's language model + the ByT5 encoder, "image_encoder": SigLIP or 0}."""
-    from transformers import (Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, SiglipVisionConfig, SiglipVisionModel,
-                              T5Config, T5EncoderModel)
+    from transformers import (
+        Qwen2_5_VLTextConfig,
+        Qwen2_5_VLTextModel,
+        SiglipVisionConfig,
+        SiglipVisionModel,
+        T5Config,
+        T5EncoderModel,
+    )
 
     def count(model) -> int:
         return sum(p.numel() for p in model.parameters())

@@ -53,6 +53,11 @@ class DiTConfig:
         return self.dim // self.num_heads
 
     @property
+    def out_channels(self) -> int:
+        """The latent channels predicted (the family contract's name for `out_dim`)."""
+        return self.out_dim
+
+    @property
     def i2v_only(self) -> bool:
         """Whether the DiT takes image-to-video samples only: its input wider than its output (concat
         i2v: the mask and first-frame latents in extra channels, Wan 2.1 / 2.2 I2V)."""
