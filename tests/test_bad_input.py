@@ -74,7 +74,7 @@ def _blocker(tmp_path) -> str:
     ("train.stepz", 3, "did you mean 'steps'"),                                   # unknown key
     ("train.steps", "many", "expected an integer, got 'many'"),                    # wrong type
     ("deepspeed.zero_stage", 4, "accepted: 0, 1, 2, 3"),
-    ("datasets[0].num_frames", 0, "must be >= 1 (a 4k+1 count"),
+    ("datasets[0].num_frames", 0, "must be >= 1 (a t k + 1 count"),
     ("datasets[0].resolution", [8], "below the model's divisibility 16; use a multiple of 16"),
     ("network.linear", 0, "LoRA rank must be a positive integer"),
     ("deepspeed.sequence_parallel_size", 3, "does not divide the model's 4 attention heads; accepted: 1, 2, 4"),

@@ -46,10 +46,10 @@ def test_short_clip_skip_and_stretch():
 
 
 def test_snap_num_frames():
-    assert [snap_num_frames(n) for n in (1, 2, 4, 5, 16, 17, 18, 80, 81)] == [1, 1, 1, 5, 13, 17, 17, 77, 81]
+    assert [snap_num_frames(n, 4) for n in (1, 2, 4, 5, 16, 17, 18, 80, 81)] == [1, 1, 1, 5, 13, 17, 17, 77, 81]
     assert [snap_num_frames(n, temporal=8) for n in (1, 8, 9, 16, 17, 25)] == [1, 1, 9, 9, 17, 25]
     with pytest.raises(ValueError):
-        snap_num_frames(0)
+        snap_num_frames(0, 4)
 
 
 def test_the_pipeline_snaps_frames_with_the_same_rule():
@@ -61,7 +61,7 @@ def test_the_pipeline_snaps_frames_with_the_same_rule():
     pipe = VideoPipeline(helpers.preset_dit("tiny"), CausalVideoVAE(preset.vae))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert [pipe.snap(n, 64, 64)[0] for n in range(1, 30)] == [snap_num_frames(n) for n in range(1, 30)]
+        assert [pipe.snap(n, 64, 64)[0] for n in range(1, 30)] == [snap_num_frames(n, 4) for n in range(1, 30)]
     with pytest.raises(ValueError, match="must be >= 1"):
         pipe.snap(0, 64, 64)
 
@@ -71,6 +71,8 @@ def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cfg = parse(DatasetConfig, {"folder_path": str(tmp_path), "num_frames": 18}, "ds")
+        assert cfg.num_frames == 18  # no model known yet: the job snaps it with its preset's VAE
+        cfg.fit_frames(4)
     assert cfg.num_frames == 17
     assert [str(w.message) for w in caught if w.category is DataWarning] == \
         ["ds.num_frames: 18 is not 4k+1; using 17"]

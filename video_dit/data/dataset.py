@@ -128,6 +128,18 @@ class DatasetConfig:
     allow_upscale: bool = False
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
+    # the model's VAE's compression in time (`fit_frames`); None: no model known (frame counts not snapped)
+    temporal: int | None = field(default=None, init=False, repr=False, compare=False)
+
+    def fit_frames(self, temporal: int, path: str | None = None) -> None:
+        """Snap `num_frames` down to the model's `temporal` k + 1 (its VAE's compression in time), with one
+        warning naming the key when it changes; a job calls it with its preset's VAE (train/config.py)."""
+        snapped = frames_mod.snap_num_frames(self.num_frames, temporal)
+        if snapped != self.num_frames:
+            warnings.warn(f"{path or self.config_path}.num_frames: {self.num_frames} is not {temporal}k+1; using "
+                          f"{snapped}", DataWarning, stacklevel=2)
+            self.num_frames = snapped
+        self.temporal = temporal
 
     def validate(self, path: str) -> None:
         self.config_path = path
@@ -136,13 +148,8 @@ class DatasetConfig:
         if not self.resolution or any(r < 1 for r in self.resolution):
             raise ConfigError(f"{path}.resolution", f"expected one or more positive sides, got {self.resolution}")
         if self.num_frames < 1:
-            raise ConfigError(f"{path}.num_frames", f"must be >= 1 (a 4k+1 count such as 1, 17, 81), "
-                                                    f"got {self.num_frames}")
-        snapped = frames_mod.snap_num_frames(self.num_frames)
-        if snapped != self.num_frames:
-            warnings.warn(f"{path}.num_frames: {self.num_frames} is not 4k+1; using {snapped}", DataWarning,
-                          stacklevel=2)
-            self.num_frames = snapped
+            raise ConfigError(f"{path}.num_frames", f"must be >= 1 (a t k + 1 count such as 1, 17, 81 for a VAE that "
+                                                    f"compresses time t = 4x), got {self.num_frames}")
         if not 0.0 <= self.caption_dropout_rate <= 1.0:
             raise ConfigError(f"{path}.caption_dropout_rate", f"must be in [0, 1], got {self.caption_dropout_rate}")
         if self.fps <= 0:
@@ -529,19 +536,21 @@ def _check_clip_lengths(cfg: DatasetConfig, scan: ScanResult) -> None:
     raise DataError(f"{cfg.config_path}.num_frames: {cfg.num_frames} is longer than every clip of "
                     f"{cfg.folder_path!r}: the longest, {Path(path).name}, has {total} frames at {fps:g} fps, "
                     f"which gives at most {fits} frames taken as {rule}; accepted: num_frames <= {fits} "
-                    "(4k+1), or short_clip: stretch to repeat frames")
+                    + (f"({cfg.temporal}k+1)" if cfg.temporal else "") + ", or short_clip: stretch to repeat frames")
 
 
 def _longest_selection(total: int, fps: float, cfg: DatasetConfig) -> int:
-    """The largest 4k+1 frame count `select_frames` takes from a clip of `total` frames at `fps`."""
+    """The largest valid frame count (the model's t k+1, any count with no model known) `select_frames`
+    takes from a clip of `total` frames at `fps`."""
+    step = cfg.temporal or 1
     n = frames_mod.snap_num_frames(max(1, total if cfg.shrink_video_to_frames
-                                       else math.ceil(total * cfg.fps / fps) + 1 if fps > 0 else total))
+                                       else math.ceil(total * cfg.fps / fps) + 1 if fps > 0 else total), step)
     while n > 1:
         try:
             frames_mod.select_frames(total, n, shrink=cfg.shrink_video_to_frames, src_fps=fps, fps=cfg.fps)
             return n
         except frames_mod.ClipTooShort:
-            n -= frames_mod.TEMPORAL_FACTOR
+            n -= step
     return 1
 
 

@@ -1,8 +1,10 @@
 """Frame selection, cheap integrity probes, and reading one item's pixels at its bucket size.
 
 Frame rules (documented once, here):
-- `num_frames` must be `4k + 1` (the VAE compresses time 4x and keeps the first frame); another
-  value is snapped DOWN to the nearest `4k + 1` (`snap_num_frames`), with one warning at config time.
+- `num_frames` must be `t k + 1`, t the model's VAE's compression in time (`VAEShape.temporal_compression`:
+  4 for Wan and HunyuanVideo 1.5, 8 for LTX-2; the VAE keeps the first frame); another value is snapped
+  DOWN to the nearest such count (`snap_num_frames`), with one warning when the job is checked against its
+  preset (`DatasetConfig.fit_frames`).
 - `shrink_video_to_frames: true`: `num_frames` indices spread evenly over the whole clip,
   `round(i * (total - 1) / (num_frames - 1))` (ai-toolkit's rule).
 - `shrink_video_to_frames: false`: consecutive frames resampled to the dataset `fps` from the
@@ -26,17 +28,15 @@ import torch.nn.functional as F_nn
 
 from video_dit import media
 
-TEMPORAL_FACTOR = 4  # every preset's VAE compresses time 4x: valid clip lengths are 4k + 1
-
 
 class ClipTooShort(ValueError):
     """The clip cannot give `num_frames` frames under `short_clip: skip`; the message says why."""
 
 
-def snap_num_frames(n: int, temporal: int = TEMPORAL_FACTOR) -> int:
+def snap_num_frames(n: int, temporal: int) -> int:
     """The largest `temporal * k + 1` not above `n` (`n >= 1`; never rounds up, so a clip is never
-    asked for frames it lacks). The one home of the frame rule: the dataset config, the pipeline and
-    the ai-toolkit arch all snap with it."""
+    asked for frames it lacks); `temporal`: the VAE's compression in time. The one home of the frame
+    rule: the dataset config, the pipelines and the ai-toolkit arch all snap with it."""
     if n < 1:
         raise ValueError(f"num_frames must be >= 1, got {n}")
     return (int(n) - 1) // temporal * temporal + 1

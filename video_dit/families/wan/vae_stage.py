@@ -366,8 +366,9 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     threads (default: the cores shared out). Rank 0 measures, saves and returns."""
     if preset not in VAE_PRESETS:
         raise KeyError(f"unknown VAE preset {preset!r}; valid: {', '.join(VAE_PRESETS)}")
-    if frames < 1 or snap_num_frames(frames) != frames:
-        raise ValueError(f"frames must be 4k + 1 (1, 5, 9, ...), got {frames}")
+    t = VAE_PRESETS[preset].temporal_compression
+    if frames < 1 or snap_num_frames(frames, t) != frames:
+        raise ValueError(f"frames must be {t}k + 1 (1, {t + 1}, {2 * t + 1}, ...), got {frames}")
     if latent_init_scale is not None and not latent_init_scale > 0:
         raise ValueError(f"latent_init_scale must be > 0 (or None: the default init), got {latent_init_scale}")
     if not cell_weight >= 0 or not fg_weight >= 0 or not bright_weight >= 0:
@@ -623,7 +624,7 @@ def _measure_and_save(vae, averaged, clips: list, losses: list[float], r, data_d
     if r.verbose and heldout is not None:
         what = f" (EMA {r.ema} of the weights: saved)" if averaged is not None else ""
         print(f"[train-vae] held-out clips ({holdout_dir(data_dir)}){what}: {format_figures(heldout)}", flush=True)
-    stats_frames = snap_num_frames(min(c.shape[1] for c in clips))
+    stats_frames = snap_num_frames(min(c.shape[1] for c in clips), VAE_PRESETS[r.preset].temporal_compression)
     mean, std = latent_stats(vae, clips[:STATS_CLIPS], stats_frames)
     config = dataclasses.replace(vae.config, mean=mean, std=std)
     vae.config = config  # the returned model normalizes as a loaded one does
