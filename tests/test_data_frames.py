@@ -14,6 +14,7 @@ from PIL import Image
 from video_dit.data.buckets import bucket_size, candidate_buckets
 from video_dit.data.dataset import DatasetConfig, DataWarning, scan_dataset
 from video_dit.data.frames import ClipTooShort, crop_plan, fit_frames, select_frames, snap_num_frames
+from video_dit.families import get_preset
 from video_dit.typed_config import ConfigError, parse
 
 
@@ -72,10 +73,10 @@ def test_config_snaps_with_one_warning_and_rejects_bad_values(tmp_path):
         warnings.simplefilter("always")
         cfg = parse(DatasetConfig, {"folder_path": str(tmp_path), "num_frames": 18}, "ds")
         assert cfg.num_frames == 18  # no model known yet: the job snaps it with its preset's VAE
-        cfg.fit_frames(4)
+        cfg.fit_frames(get_preset("tiny").vae.snap_frames)
     assert cfg.num_frames == 17
     assert [str(w.message) for w in caught if w.category is DataWarning] == \
-        ["ds.num_frames: 18 is not 4k+1; using 17"]
+        ["ds.num_frames: 18 is not a frame count the model's VAE encodes; using 17"]
     assert parse(DatasetConfig, {"folder_path": str(tmp_path), "resolution": 256}, "ds").resolution == [256]
     # ai-toolkit's defaults (false): accepted, the tensors are cached either way
     assert parse(DatasetConfig, {"folder_path": str(tmp_path), "cache_latents_to_disk": False,

@@ -158,7 +158,7 @@ def test_plan_bad_input_names_the_option(job, capsys, tmp_path):
     code, out = run_plan(capsys, str(job), "--gpus", "3", "--gpu-mem", "80", "--nodes", "2")
     assert code == 2 and "--nodes 2" in out
     code, out = run_plan(capsys, str(job), "--gpus", "1", "--gpu-mem", "80", "--bucket", "8x32x32")
-    assert code == 2 and "--bucket 8x32x32" in out and "4k+1 frames" in out
+    assert code == 2 and "--bucket 8x32x32" in out and "frame counts its VAE encodes" in out and "e.g. 5x32x32" in out
     bad_sp = helpers.write_job(tmp_path, "bad_sp", helpers.train_process(job.parent, deepspeed={"sequence_parallel_size": 3}))
     code, out = run_plan(capsys, str(bad_sp), "--gpus", "6", "--gpu-mem", "80")
     assert code == 2 and "sequence_parallel_size" in out and "heads" in out

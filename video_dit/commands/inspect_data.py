@@ -87,7 +87,7 @@ def inspect(config_path: str, preset: str | None = None) -> int:
             warnings.simplefilter("always")
             try:
                 cfg = parse(DatasetConfig, entry, key)
-                cfg.fit_frames(get_preset(name).vae.temporal_compression, key)  # the model's t k + 1 frames
+                cfg.fit_frames(get_preset(name).vae.snap_frames, key)  # the clip lengths the model's VAE encodes
                 scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills)
             except (ConfigError, DataError) as exc:
                 print(f"\ndataset {i}: UNUSABLE: {exc}")

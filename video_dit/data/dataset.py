@@ -38,7 +38,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from PIL import Image, UnidentifiedImageError
 
@@ -128,18 +128,20 @@ class DatasetConfig:
     allow_upscale: bool = False
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
-    # the model's VAE's compression in time (`fit_frames`); None: no model known (frame counts not snapped)
-    temporal: int | None = field(default=None, init=False, repr=False, compare=False)
+    # the model's VAE's frame rule (`fit_frames`: n -> the longest clip it encodes of at most n frames);
+    # None: no model known (frame counts are not snapped)
+    snap_frames: Callable[[int], int] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def fit_frames(self, temporal: int, path: str | None = None) -> None:
-        """Snap `num_frames` down to the model's `temporal` k + 1 (its VAE's compression in time), with one
-        warning naming the key when it changes; a job calls it with its preset's VAE (train/config.py)."""
-        snapped = frames_mod.snap_num_frames(self.num_frames, temporal)
+    def fit_frames(self, snap_frames: Callable[[int], int], path: str | None = None) -> None:
+        """Snap `num_frames` down to a count the model's VAE encodes (`snap_frames`, the preset VAE's
+        `VAEShape.snap_frames`), with one warning naming the key when it changes; a job calls it with its
+        preset's VAE (train/config.py)."""
+        snapped = snap_frames(self.num_frames)
         if snapped != self.num_frames:
-            warnings.warn(f"{path or self.config_path}.num_frames: {self.num_frames} is not {temporal}k+1; using "
-                          f"{snapped}", DataWarning, stacklevel=2)
+            warnings.warn(f"{path or self.config_path}.num_frames: {self.num_frames} is not a frame count the "
+                          f"model's VAE encodes; using {snapped}", DataWarning, stacklevel=2)
             self.num_frames = snapped
-        self.temporal = temporal
+        self.snap_frames = snap_frames
 
     def validate(self, path: str) -> None:
         self.config_path = path
@@ -536,21 +538,21 @@ def _check_clip_lengths(cfg: DatasetConfig, scan: ScanResult) -> None:
     raise DataError(f"{cfg.config_path}.num_frames: {cfg.num_frames} is longer than every clip of "
                     f"{cfg.folder_path!r}: the longest, {Path(path).name}, has {total} frames at {fps:g} fps, "
                     f"which gives at most {fits} frames taken as {rule}; accepted: num_frames <= {fits} "
-                    + (f"({cfg.temporal}k+1)" if cfg.temporal else "") + ", or short_clip: stretch to repeat frames")
+                    "(a count the model's VAE encodes), or short_clip: stretch to repeat frames")
 
 
 def _longest_selection(total: int, fps: float, cfg: DatasetConfig) -> int:
     """The largest valid frame count (the model's t k+1, any count with no model known) `select_frames`
     takes from a clip of `total` frames at `fps`."""
-    step = cfg.temporal or 1
-    n = frames_mod.snap_num_frames(max(1, total if cfg.shrink_video_to_frames
-                                       else math.ceil(total * cfg.fps / fps) + 1 if fps > 0 else total), step)
+    snap = cfg.snap_frames or (lambda k: k)
+    n = snap(max(1, total if cfg.shrink_video_to_frames
+                 else math.ceil(total * cfg.fps / fps) + 1 if fps > 0 else total))
     while n > 1:
         try:
             frames_mod.select_frames(total, n, shrink=cfg.shrink_video_to_frames, src_fps=fps, fps=cfg.fps)
             return n
         except frames_mod.ClipTooShort:
-            n -= step
+            n = snap(n - 1)
     return 1
 
 

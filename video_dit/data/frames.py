@@ -1,10 +1,10 @@
 """Frame selection, cheap integrity probes, and reading one item's pixels at its bucket size.
 
 Frame rules (documented once, here):
-- `num_frames` must be `t k + 1`, t the model's VAE's compression in time (`VAEShape.temporal_compression`:
-  4 for Wan and HunyuanVideo 1.5, 8 for LTX-2; the VAE keeps the first frame); another value is snapped
-  DOWN to the nearest such count (`snap_num_frames`), with one warning when the job is checked against its
-  preset (`DatasetConfig.fit_frames`).
+- `num_frames` must be a count the model's VAE encodes (`VAEShape.snap_frames`: t k + 1 for a causal VAE
+  that compresses time t times and keeps the first frame, 4k + 1 for Wan and HunyuanVideo 1.5, 8k + 1 for
+  LTX-2); another value is snapped DOWN to the nearest such count, with one warning when the job is
+  checked against its preset (`DatasetConfig.fit_frames`).
 - `shrink_video_to_frames: true`: `num_frames` indices spread evenly over the whole clip,
   `round(i * (total - 1) / (num_frames - 1))` (ai-toolkit's rule).
 - `shrink_video_to_frames: false`: consecutive frames resampled to the dataset `fps` from the
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F_nn
 
 from video_dit import media
+from video_dit.models.causal_conv import first_frame_kept
 
 
 class ClipTooShort(ValueError):
@@ -34,12 +35,9 @@ class ClipTooShort(ValueError):
 
 
 def snap_num_frames(n: int, temporal: int) -> int:
-    """The largest `temporal * k + 1` not above `n` (`n >= 1`; never rounds up, so a clip is never
-    asked for frames it lacks); `temporal`: the VAE's compression in time. The one home of the frame
-    rule: the dataset config, the pipelines and the ai-toolkit arch all snap with it."""
-    if n < 1:
-        raise ValueError(f"num_frames must be >= 1, got {n}")
-    return (int(n) - 1) // temporal * temporal + 1
+    """The largest `temporal * k + 1` not above `n` (`n >= 1`): the frame rule of a causal VAE that keeps
+    the first frame (`models.causal_conv.FirstFrameKept`, whose `snap_frames` a VAE config calls)."""
+    return first_frame_kept(temporal).snap_frames(n)
 
 
 def snap_size(num_frames: int, height: int, width: int, temporal: int, divisibility: int,

@@ -42,7 +42,8 @@ class DiTShape(Protocol):
 
 @runtime_checkable
 class VAEShape(Protocol):
-    """What shared code reads of a VAE config."""
+    """What shared code reads of a VAE config. The frame rule is the VAE's own: a causal VAE that keeps the
+    first frame takes t k + 1 frames (`models.causal_conv.FirstFrameKept`), others their own counts."""
 
     @property
     def z_dim(self) -> int: ...                 # latent channels
@@ -50,8 +51,11 @@ class VAEShape(Protocol):
     @property
     def spatial_compression(self) -> int: ...   # pixels per latent cell along each side
 
-    @property
-    def temporal_compression(self) -> int: ...  # pixel frames per latent frame after the first (clips: t k + 1)
+    def snap_frames(self, n: int) -> int: ...   # the longest clip it encodes of at most n >= 1 frames
+
+    def latent_frames(self, n: int) -> int: ...  # latent frames of a clip of n (valid) frames
+
+    def pixel_frames(self, n: int) -> int: ...  # pixel frames of n latent frames
 
 
 @dataclass(frozen=True)

@@ -276,3 +276,30 @@ class DiagonalGaussian:
     def kl(self) -> torch.Tensor:
         """KL(q || N(0, 1)) summed over all but the batch dim: (B,)."""
         return 0.5 * (self.mean.pow(2) + self.logvar.exp() - 1.0 - self.logvar).flatten(1).sum(1)
+
+
+class FirstFrameKept:
+    """The frame rule of a causal video VAE that compresses time `temporal_compression` = t times and keeps
+    the first frame on its own: clips of t k + 1 frames, (n - 1) / t + 1 latent frames (the family contract's
+    `VAEShape` methods; a base of such a VAE's config dataclass)."""
+
+    def snap_frames(self, n: int) -> int:
+        """The largest t k + 1 not above `n` (`n >= 1`; never rounds up, so a clip is never asked for frames
+        it lacks)."""
+        t = self.temporal_compression
+        if n < 1:
+            raise ValueError(f"num_frames must be >= 1, got {n}")
+        return (int(n) - 1) // t * t + 1
+
+    def latent_frames(self, n: int) -> int:
+        return (int(n) - 1) // self.temporal_compression + 1
+
+    def pixel_frames(self, n: int) -> int:
+        return (int(n) - 1) * self.temporal_compression + 1
+
+
+def first_frame_kept(temporal: int) -> FirstFrameKept:
+    """The t k + 1 frame rule of compression `temporal` on its own (no VAE config at hand)."""
+    rule = FirstFrameKept()
+    rule.temporal_compression = temporal
+    return rule

@@ -645,8 +645,8 @@ class ProcessConfig:
             raise ConfigError(f"{path}.trigger_word", "not supported by video_dit's trainer; put the word in "
                                                      "the captions instead")
         preset = get_preset(self.model.preset)
-        for i, d in enumerate(self.datasets):  # clip lengths the model's VAE takes: t k + 1 frames
-            d.fit_frames(preset.vae.temporal_compression, f"{path}.datasets[{i}]")
+        for i, d in enumerate(self.datasets):  # clip lengths the model's VAE encodes
+            d.fit_frames(preset.vae.snap_frames, f"{path}.datasets[{i}]")
         self._check_quantize(path)
         self._check_experts(path, preset)
         check_checkpointing(self.train.gradient_checkpointing, f"{path}.train.gradient_checkpointing",

@@ -398,8 +398,8 @@ def parse_bucket(text: str) -> tuple[int, int, int]:
 def latent_grid(preset, bucket: tuple[int, int, int]) -> tuple[int, int, int]:
     """Pixel bucket (F, H, W) -> latent grid (F', h, w) of the preset's VAE."""
     f, h, w = bucket
-    t, sp = preset.vae.temporal_compression, preset.vae_spatial
-    return (f - 1) // t + 1, h // sp, w // sp
+    sp = preset.vae_spatial
+    return preset.vae.latent_frames(f), h // sp, w // sp
 
 
 def job_buckets(job, preset, missing=()) -> list[tuple[tuple[int, int, int], int, str]]:
@@ -750,10 +750,10 @@ def plan_job(job, machine: Machine, buckets: list[tuple[int, int, int]] | None =
     auto = model if auto_checkpointing(job) else None
 
     for f, h, w in buckets or ():
-        t, d = preset.vae.temporal_compression, preset.divisibility
-        if (f - 1) % t or h % d or w % d:
-            raise PlanError(f"--bucket {f}x{h}x{w}: {preset.name} takes {t}k+1 frames and sides that are multiples "
-                            f"of {d} pixels (e.g. {(f - 1) // t * t + 1}x{max(d, h // d * d)}x{max(d, w // d * d)})")
+        d, snap = preset.divisibility, preset.vae.snap_frames
+        if snap(f) != f or h % d or w % d:
+            raise PlanError(f"--bucket {f}x{h}x{w}: {preset.name} takes frame counts its VAE encodes and sides that "
+                            f"are multiples of {d} pixels (e.g. {snap(f)}x{max(d, h // d * d)}x{max(d, w // d * d)})")
     listed = ([(b, 0, "--bucket") for b in buckets] if buckets else job_buckets(job, preset, missing))
     rows = []
     for bucket, items, source in listed:

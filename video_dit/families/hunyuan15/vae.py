@@ -64,12 +64,13 @@ from video_dit.models.causal_conv import (
     inplace_ok,
 )
 from video_dit.models.common import parameter_generator
+from video_dit.models.causal_conv import FirstFrameKept
 
 # ---------------------------------------------------------------- configuration
 
 
 @dataclass
-class HY15VAEConfig:
+class HY15VAEConfig(FirstFrameKept):
     """Field names are diffusers' `AutoencoderKLHunyuanVideo15` constructor names (Tencent's config says
     `ffactor_spatial` / `ffactor_temporal` for the two ratios and adds `shift_factor`)."""
 

@@ -42,12 +42,13 @@ from video_dit.families.wan.vae_layers import (
     Up_ResidualBlock,
 )
 from video_dit.models.causal_conv import CausalCache, CausalConv3d, DiagonalGaussian, RMS_norm, inplace_ok
+from video_dit.models.causal_conv import FirstFrameKept
 
 # ---------------------------------------------------------------- configuration
 
 
 @dataclass
-class VAEConfig:
+class VAEConfig(FirstFrameKept):
     """Field names are the original Wan VAE constructor names (`temperal` is Wan's spelling)."""
 
     dim: int = 96

@@ -50,7 +50,6 @@ import yaml
 
 from video_dit.data.cache import latent_space, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
-from video_dit.data.frames import snap_num_frames as snap_frame_count
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
@@ -85,13 +84,14 @@ PEFT_PREFIX = "transformer."  # ai-toolkit's LoRA key prefix for `is_transformer
 SAVED_SOURCES = SOURCES_FILE  # written by save_model beside full fine-tune weights, as our trainer's exports
 
 
-def snap_num_frames(num_frames: int, temporal: int) -> int:
-    """Frame count down to the t k + 1 the VAE encodes (`temporal` t: its compression in time; module
-    level, bound with functools.partial: ai-toolkit pickles the snapper).
+def snap_num_frames(num_frames: int, snap_frames) -> int:
+    """Frame count down to one the VAE encodes (`snap_frames`: its `VAEShape.snap_frames`, picklable, a
+    frozen dataclass's bound method; module level, bound with functools.partial: ai-toolkit pickles the
+    snapper).
 
     ai-toolkit's auto_frame_count asks for int(seconds * fps) frames, 0 for a clip shorter than one
     frame at the dataset fps; its own rule then keeps the key frame, so 0 gives 1 here too."""
-    return snap_frame_count(max(1, int(num_frames)), temporal)
+    return snap_frames(max(1, int(num_frames)))
 
 
 @dataclass
@@ -300,7 +300,7 @@ class VideoDiTModel(BaseModel):
         return self.preset.divisibility  # the VAE's spatial factor x the DiT's patch
 
     def get_frame_count_snapper(self):
-        return functools.partial(snap_num_frames, temporal=self.preset.vae.temporal_compression)
+        return functools.partial(snap_num_frames, snap_frames=self.preset.vae.snap_frames)
 
     def get_base_model_version(self) -> str:
         return f"{ARCH}:{self.preset.name}"
@@ -380,7 +380,7 @@ class VideoDiTModel(BaseModel):
         """Pixels in [-1, 1] -> normalized latents (B, C, F', h, w).
 
         image_list: ai-toolkit's layouts: a tensor (B, F, 3, H, W) (video) or (B, 3, H, W) (images), or a
-        list of (F, 3, H, W) / (3, H, W) tensors. An image becomes one latent frame. F must be 4k + 1.
+        list of (F, 3, H, W) / (3, H, W) tensors. An image becomes one latent frame. F must be a count the VAE encodes (`VAEShape.snap_frames`).
         """
         device = device or self.vae_device_torch
         dtype = dtype or self.vae_torch_dtype
@@ -392,9 +392,10 @@ class VideoDiTModel(BaseModel):
         else:
             raise ValueError(f"encode_images takes (B, F, 3, H, W) or (B, 3, H, W) pixels, got {tuple(x.shape)}")
         frames = x.shape[2]
-        if snap_num_frames(frames, self.preset.vae.temporal_compression) != frames:
-            raise ValueError(f"a clip of {frames} frames cannot be encoded: the VAE takes 4k + 1 frames; set "
-                             f"datasets[].num_frames to {snap_num_frames(frames, self.preset.vae.temporal_compression)} (or use auto_frame_count)")
+        snapped = snap_num_frames(frames, self.preset.vae.snap_frames)
+        if snapped != frames:
+            raise ValueError(f"a clip of {frames} frames cannot be encoded by this VAE; set datasets[].num_frames to "
+                             f"{snapped} (or use auto_frame_count)")
         _ensure_on(self.vae, self.vae_device_torch)
         vae_dtype = next(self.vae.parameters()).dtype
         z = self.vae.encode(x.to(self.vae_device_torch, vae_dtype)).mode()  # (B, C, F', h, w)
@@ -469,7 +470,7 @@ class VideoDiTModel(BaseModel):
                                  "no unconditioned input, so every prediction needs a batch of video items of a "
                                  "`do_i2v: true` dataset")
             return None
-        B, num_frames = x.shape[0], (x.shape[2] - 1) * self.preset.vae.temporal_compression + 1
+        B, num_frames = x.shape[0], self.preset.vae.pixel_frames(x.shape[2])
         if self.i2v_mode == "replace" and batch.first_frame_latents is not None:  # Wan, replace mode
             cond = {"first_frame_latents": batch.first_frame_latents}
         else:
@@ -571,7 +572,7 @@ class VideoDiTModel(BaseModel):
 
         `gen_config.ctrl_img` (a path) makes it image-to-video; ai-toolkit leaves opening it to us;
         `ctrl_img_2` (ai-toolkit's second control image) is the last frame of a first-last-frame model.
-        num_frames is snapped to 4k + 1 and width/height to the bucket divisibility, in place.
+        num_frames is snapped to a count the VAE encodes and width/height to the bucket divisibility, in place.
         """
         if extra:
             raise TypeError(f"video_dit previews take no adapter inputs; got {sorted(extra)}")
@@ -579,7 +580,7 @@ class VideoDiTModel(BaseModel):
             value = getattr(gen_config, key, default)
             if value != default:
                 warnings.warn(f"video_dit previews ignore {key}={value!r} ({why})", stacklevel=2)
-        gen_config.num_frames = snap_num_frames(gen_config.num_frames, self.preset.vae.temporal_compression)
+        gen_config.num_frames = snap_num_frames(gen_config.num_frames, self.preset.vae.snap_frames)
         d = self.get_bucket_divisibility()
         gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
         first_frame = None
