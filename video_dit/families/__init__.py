@@ -7,7 +7,7 @@ How to add a family: docs/models.md, "Adding a family".
 """
 
 from video_dit.families import hunyuan15, wan
-from video_dit.families.contract import DiTArch, Family, MemoryModel, Preset, Training, with_dit
+from video_dit.families.contract import AudioPath, DiTArch, Family, MemoryModel, Preset, Training, with_dit
 from video_dit.families.registry import (
     FAMILIES,
     PRESETS,
@@ -25,5 +25,5 @@ for _family in (wan.FAMILY, hunyuan15.FAMILY):
     register(_family)
 load_plugins()
 
-__all__ = ["DiTArch", "FAMILIES", "Family", "MemoryModel", "PRESETS", "Preset", "Training", "UnknownFamily",
+__all__ = ["AudioPath", "DiTArch", "FAMILIES", "Family", "MemoryModel", "PRESETS", "Preset", "Training", "UnknownFamily",
            "family_of", "get_family", "get_preset", "identify", "load_plugins", "register", "vae_family", "with_dit"]

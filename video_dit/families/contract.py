@@ -10,6 +10,7 @@ folder `video_dit/families/<name>/` whose `__init__.py` builds a `Family` record
     DiTArch       its DiT class and what a module-by-module (ZeRO-3) build needs
     Training      what the trainer caches and feeds the DiT per batch
     MemoryModel   what the memory plan asks: the activations of a step, the encoders' sizes
+    AudioPath     what a family whose DiT generates sound adds: its codec, rates, timestep draw
     Family        the record: the above, its loaders, pipeline, checkpoint detection and conventions
 
 Every callable's signature is stated beside its field; `docs/models.md` ("Adding a family") is the
@@ -168,6 +169,35 @@ class MemoryModel:
 
 
 @dataclass(frozen=True)
+class AudioPath:
+    """What a family whose DiT generates sound with the picture adds (`Family.audio`; None: picture only).
+    The data path reads each clip's track at `rate` / `channels` over its frames' span
+    (`video_dit.data.audio`), the codec turns it into the latents its DiT takes and back into a waveform, and
+    the trainer and the sampler carry them beside the video's.
+
+      rate, channels: what its audio encoder reads (a clip's track is resampled and mixed to them)
+      out_rate: the waveform rate its decoder (vocoder) writes
+      load_codec(source, dtype, device, seed) -> an object with
+          encode(wave (B, channels, S) float32 at `rate`) -> normalized latents (B, ...): the DiT's audio input
+          decode(latents (B, ...)) -> wave (B, C, S') float32 in [-1, 1] at `out_rate`
+          latent_shape(num_frames, fps) -> the latents' shape (no batch) of a clip of that many frames
+      timesteps: the reference trainer's draw of the audio stream's timesteps, "tied" (the video's, per
+          sample) or "independent" (its own draw from the same distribution); `train.audio_timesteps` overrides
+      loss_weight: the reference trainer's weight of the audio loss beside the video's 1
+    Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
+    returns (video velocity, audio velocity); its pipeline's `generate_with_audio(...)` (the arguments of
+    `generate`) returns (frames, wave (C, S) at `out_rate`).
+    """
+
+    rate: int
+    channels: int
+    out_rate: int
+    load_codec: Callable
+    timesteps: str = "tied"
+    loss_weight: float = 1.0
+
+
+@dataclass(frozen=True)
 class Family:
     """The per-family pieces. Loaders take (source, dtype=None, device=None, ...); `source` is a path or
     `preset:NAME`."""
@@ -219,6 +249,7 @@ class Family:
     # (data_dir, out_path, *, preset=a vae_presets name, the `prepare.tiny_vae` recipe's keywords) -> result:
     # trains one of its VAE presets on a folder of clips (the embedded demo's first stage); None: it has none
     vae_stage: Callable | None = None
+    audio: AudioPath | None = None  # a DiT that generates sound with the picture (its audio path); None: picture only
 
     def describe(self) -> str:
         return f"{self.title} (presets: {', '.join(self.presets)})"
