@@ -8,7 +8,10 @@ start-up summary notes (media read from sub-folders, stills trained unconditione
 than their resolution with the upscale factor), and how many items are cached / not cached for
 this job's VAE, i2v mode and text encoder (the trainer's `job_cache_spaces`, for the encoder dtype
 the trainer uses on this machine; when the whole job does not parse, an entry made with any settings
-counts). Exit status 1 when a dataset is unusable.
+counts). Per dataset it counts the clips with sound, silent ones among them (peak below -60 dBFS) and
+those without an audio stream, reading each clip's track over its frames' span as a job whose model
+generates sound reads it (the dataset's `audio` key applied: a clip with a corrupt audio stream is
+listed as skipped, which only such a job does). Exit status 1 when a dataset is unusable.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import warnings
 
 import yaml
 
+from video_dit.data.audio import SILENT_DBFS
 from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
 from video_dit.diffusion.conditioning import stills_skipped
@@ -87,7 +91,8 @@ def inspect(config_path: str, preset: str | None = None) -> int:
             warnings.simplefilter("always")
             try:
                 cfg = parse(DatasetConfig, entry, key)
-                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills)
+                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills,
+                                    audio=True)  # the sound counted as a job with sound reads it
             except (ConfigError, DataError) as exc:
                 print(f"\ndataset {i}: UNUSABLE: {exc}")
                 status = 1
@@ -99,6 +104,11 @@ def inspect(config_path: str, preset: str | None = None) -> int:
               f"repeats {cfg.num_repeats})")
         print(f"  {len(scan.items)} items, {len(scan.skipped)} files skipped, "
               f"{scan.missing_captions} without caption, {scan.ignored} other files ignored")
+        a = scan.audio_counts()
+        if cfg.is_video and cfg.audio != "off":
+            print(f"  sound: {a['sound']} clips with sound ({a['silent']} silent: peak below {SILENT_DBFS:g} dBFS), "
+                  f"{a['none']} without an audio stream, {a['corrupt']} with a corrupt audio stream (skipped in a "
+                  "job with sound; a job without sound reads no track)")
         counts = scan.bucket_counts()
         top = max(counts.values())
         print("  buckets (F x H x W: items per epoch)")
