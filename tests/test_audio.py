@@ -27,10 +27,10 @@ OUT = 16000  # the rate every cut is read at
 
 
 def write_clip(path, frames: int, fps, wave=None, rate: int = 48000, audio_start: float = 0.0,
-               size: int = 16) -> None:
-    """A clip of `frames` grey frames at `fps` (libx264) and, when `wave` `(C, S)` is given, an audio
-    track whose first sample plays at container time `audio_start`: FLAC in .mkv (lossless, so a
-    click stays one sample), AAC in .mp4."""
+               size: int = 16, video_start: int = 0) -> None:
+    """A clip of `frames` grey frames at `fps` (libx264), the first shown at frame time `video_start`
+    (in frames), and, when `wave` `(C, S)` is given, an audio track whose first sample plays at
+    container time `audio_start`: FLAC in .mkv (lossless, so a click stays one sample), AAC in .mp4."""
     path = str(path)
     codec = "flac" if path.endswith(".mkv") else "aac"
     with av.open(path, "w") as c:
@@ -43,7 +43,7 @@ def write_clip(path, frames: int, fps, wave=None, rate: int = 48000, audio_start
             a.layout = "mono" if wave.shape[0] == 1 else "stereo"
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(np.full((size, size, 3), 8 * i % 256, np.uint8), format="rgb24")
-            frame.pts = i
+            frame.pts = video_start + i
             for p in v.encode(frame):
                 c.mux(p)
         for p in v.encode():
@@ -77,22 +77,25 @@ def clicks(seconds: float, rate: int, times, audio_start: float = 0.0) -> np.nda
 # samples early at 16 kHz), so that case allows 16 + 1 samples. One frame of error would be 667 samples
 # at 24000/1001 fps.
 SYNC_CASES = [
-    # (file, source fps, dataset fps, shrink, frames in the clip, num_frames, audio start s, click frame, tol)
-    ("stride2_ntsc.mkv", NTSC, 12, False, 40, 17, 0.0, 20, 1),   # consecutive frames, stride 1.998
-    ("offset_ntsc.mkv", NTSC, 24, False, 30, 17, 0.25, 12, 1),   # the audio starts 0.25 s after the video
-    ("offset_ntsc.mp4", NTSC, 24, False, 30, 17, 0.25, 12, 17),  # the same in MP4 + AAC (an edit list, in ms)
-    ("spread.mp4", Fraction(25), 24, True, 33, 17, 0.0, 16, 8),  # spread over the clip: stride 2
+    # (file, source fps, dataset fps, shrink, frames in the clip, num_frames, audio start s, video start
+    #  in frames, click frame, tol)
+    ("stride2_ntsc.mkv", NTSC, 12, False, 40, 17, 0.0, 0, 20, 1),   # consecutive frames, stride 1.998
+    ("offset_ntsc.mkv", NTSC, 24, False, 30, 17, 0.25, 0, 12, 1),   # the audio starts 0.25 s after the video
+    ("offset_ntsc.mp4", NTSC, 24, False, 30, 17, 0.25, 0, 12, 17),  # the same in MP4 + AAC (an edit list, in ms)
+    ("video_late.mkv", Fraction(25), 25, False, 30, 17, 0.0, 5, 10, 1),  # the video starts 0.2 s after the audio
+    ("spread.mp4", Fraction(25), 24, True, 33, 17, 0.0, 0, 16, 8),  # spread over the clip: stride 2
 ]
 
 
-@pytest.mark.parametrize("name,fps,ds_fps,shrink,total,n,audio_start,k,tol", SYNC_CASES)
+@pytest.mark.parametrize("name,fps,ds_fps,shrink,total,n,audio_start,video_start,k,tol", SYNC_CASES)
 def test_a_click_at_frame_k_lands_on_its_sample_of_the_cut(tmp_path, name, fps, ds_fps, shrink, total, n,
-                                                           audio_start, k, tol):
+                                                           audio_start, video_start, k, tol):
     folder = tmp_path / "d"
     folder.mkdir()
-    seconds = total / float(fps) + 0.5
-    write_clip(folder / name, total, fps, clicks(seconds - audio_start, 48000, [k / float(fps)], audio_start),
-               audio_start=audio_start)
+    t0 = video_start / float(fps)  # frame 0's container time
+    seconds = t0 + total / float(fps) + 0.5
+    write_clip(folder / name, total, fps, clicks(seconds - audio_start, 48000, [t0 + k / float(fps)], audio_start),
+               audio_start=audio_start, video_start=video_start)
     cfg = parse(DatasetConfig, {"folder_path": str(folder), "num_frames": n, "fps": ds_fps, "resolution": [16],
                                 "shrink_video_to_frames": shrink}, "ds")
     with warnings.catch_warnings():
@@ -100,12 +103,13 @@ def test_a_click_at_frame_k_lands_on_its_sample_of_the_cut(tmp_path, name, fps, 
         (item,) = scan_dataset(cfg, 16, verbose=False, audio=True).items
     assert k in item.frames  # the click's frame is one of the selected frames
     info = A.audio_info(folder / name)
-    assert info.start > 0.1 if audio_start else info.start == 0.0  # the offset is in the container
+    assert info.start > 0.1 if audio_start else info.start == 0.0  # the offsets are in the container
+    assert media.probe_video(folder / name).start == pytest.approx(t0)
     stride = float(fps) / ds_fps if not shrink else (total - 1) / (n - 1)
     wave = load_item_audio(item, OUT, 1)
     assert wave.shape == (1, round(n * stride / float(fps) * OUT))  # n frames at their own rate, at 16 kHz
     got = int(np.abs(wave[0].numpy()).argmax())
-    want = round(k / float(fps) * OUT)  # the clip's first selected frame is frame 0, at container time 0
+    want = round(k / float(fps) * OUT)  # the cut starts at the first selected frame, frame 0, at time t0
     assert abs(got - want) <= tol, (got, want)
     # the click itself: its band-limited image at a third of the rate peaks at 0.9 / 3 = 0.3 on a sample,
     # measured 0.243 between samples; the resampler's ringing around it stays far below

@@ -134,16 +134,10 @@ def read_audio(path, span: AudioSpan, rate: int | None = None, channels: int | N
         try:
             if span.start - MARGIN_S > info.start + SEEK_AFTER_S:  # a long clip: start near the span
                 container.seek(int((span.start - MARGIN_S) / stream.time_base), stream=stream, backward=True)
-            for packet in container.demux(stream):
-                for frame in packet.decode():
-                    if frame.pts is not None and frame.time is not None and frame.time > end:
-                        break
-                    for out in resampler.resample(frame):
-                        cut.place(out)
-                else:
-                    continue
-                break
-            for out in resampler.resample(None):
+            for frame in _frames_until(container, stream, end):
+                for out in resampler.resample(frame):
+                    cut.place(out)
+            for out in resampler.resample(None):  # flush: the resampler's last buffered samples
                 cut.place(out)
         except av.error.FFmpegError as exc:
             raise MediaError(path, f"corrupt audio stream ({info.codec}): cannot be decoded "
@@ -153,6 +147,15 @@ def read_audio(path, span: AudioSpan, rate: int | None = None, channels: int | N
     finally:
         container.close()
     return np.repeat(cut.buffer, 2, axis=0) if duplicate else cut.buffer
+
+
+def _frames_until(container, stream, end: float):
+    """The decoded frames of `stream`, in order, until one starts after `end` seconds."""
+    for packet in container.demux(stream):
+        for frame in packet.decode():
+            if frame.time is not None and frame.time > end:
+                return
+            yield frame
 
 
 class _Cut:
