@@ -335,13 +335,13 @@ def _first(names: list[str], n: int = 3) -> str:
 
 
 def _reason_kind(reason: str) -> str:
-    for key in ("corrupt audio", NO_SOUND, "empty", "truncated", "too short", "frames <", "span less", "not a readable",
-                "caption", "image dataset", "decod", "huge resolution", "px cell", STILL_SKIPPED):
-        if key in reason:
-            return {NO_SOUND: "without sound (audio: required)", "frames <": "too short", "span less": "too short", "not a readable": "not readable",
-                    "truncated": "truncated or corrupt", STILL_SKIPPED: "stills of a concat i2v job",
-                    "decod": "undecodable", "image dataset": "video in an image dataset",
-                    "px cell": "too small"}.get(key, key)
+    for key in ("corrupt audio", NO_SOUND, "empty", "truncated", "too short", "frames <", "span less",
+                "not a readable", "caption", "image dataset", "decod", "huge resolution", "px cell", STILL_SKIPPED):
+        if key in reason:  # the audio keys first: an audio stream's reason also says "decoded"
+            return {NO_SOUND: "without sound (audio: required)", "frames <": "too short", "span less": "too short",
+                    "not a readable": "not readable", "truncated": "truncated or corrupt",
+                    STILL_SKIPPED: "stills of a concat i2v job", "decod": "undecodable",
+                    "image dataset": "video in an image dataset", "px cell": "too small"}.get(key, key)
     return "unreadable"
 
 
