@@ -20,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 # ai-toolkit's lists (27a03a91, toolkit/data_loader.py L39-40): both trainers read the same files of a folder
 VIDEO_EXTS = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".m4v", ".wmv", ".flv")
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp")
+AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)  # AAC's sample rates
 
 
 class MediaError(ValueError):
@@ -37,9 +38,12 @@ class VideoInfo:
     fps: float
     width: int
     height: int
+    start: float = 0.0  # seconds: the first frame's presentation time on the container's timeline
 
 
-def _open(path):
+def open_container(path, need_video: bool = True):
+    """The file opened with PyAV for reading; `MediaError` naming it when it cannot be (or, with
+    `need_video`, when it has no video stream). The caller closes it."""
     import av
 
     path = Path(path)
@@ -55,7 +59,7 @@ def _open(path):
         raise MediaError(path, f"not a readable video (FFmpeg: {exc.strerror or exc})") from exc
     except (UnicodeDecodeError, OSError) as exc:
         raise MediaError(path, f"not a readable video ({exc})") from exc
-    if not container.streams.video:
+    if need_video and not container.streams.video:
         container.close()
         raise MediaError(path, "no video stream")
     return container
@@ -66,7 +70,7 @@ def probe_video(path) -> VideoInfo:
 
     Where the header has no frame count (some .webm/.mkv), it is estimated from duration x fps.
     """
-    container = _open(path)
+    container = open_container(path)
     try:
         stream = container.streams.video[0]
         fps = float(stream.average_rate or stream.guessed_rate or 0) or 0.0
@@ -76,11 +80,12 @@ def probe_video(path) -> VideoInfo:
         if not n and container.duration and fps:
             n = int(round(container.duration / 1_000_000 * fps))
         width, height = stream.codec_context.width, stream.codec_context.height
+        start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
     finally:
         container.close()
     if not width or not height:
         raise MediaError(path, "video stream has no frame size")
-    return VideoInfo(num_frames=int(n or 0), fps=fps, width=width, height=height)
+    return VideoInfo(num_frames=int(n or 0), fps=fps, width=width, height=height, start=start)
 
 
 def select_frames(total: int, num_frames: int | None, sample: str = "even", stride: int = 1,
@@ -107,7 +112,7 @@ def read_video_frames(path, indices: Sequence[int] | None = None) -> np.ndarray:
 
     wanted = None if indices is None else sorted(set(indices))
     frames: dict[int, np.ndarray] = {}
-    container = _open(path)
+    container = open_container(path)
     try:
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
@@ -203,29 +208,40 @@ def _to_array(frames) -> np.ndarray:
     return np.stack([np.asarray(f.convert("RGB")) for f in frames])
 
 
-def write_video(frames, path, fps: float = 16) -> Path:
+def write_video(frames, path, fps: float = 16, audio=None, audio_rate: int | None = None) -> Path:
     """Write frames (PIL list, `(F, H, W, 3)` uint8 array or `(F, 3, H, W)` tensor in [-1, 1]).
 
     `.mp4`/`.mov`/`.mkv`: H.264 (`libx264`, `yuv420p`, odd sizes padded to even by edge replication),
     single-threaded, without x264's macroblock tree, so equal frames give byte-identical files (tested
     at several sizes: with mbtree on, small frames such as 64x96 encode differently from run to run).
-    `.webp`/`.gif`: animated image through PIL. Written to a temp file, then renamed into place.
+    `audio` (`(C, S)` float array or tensor, C 1 or 2, in [-1, 1], clipped there) at `audio_rate`
+    samples per second: an AAC track (`_write_aac`) beside the video, both starting at time 0, so
+    sample s plays with frame floor(s * fps / audio_rate); its length is the caller's (a clip's audio is
+    `round(F / fps * audio_rate)` samples).
+    `.webp`/`.gif`: animated image through PIL (no audio track: `ValueError` when `audio` is given).
+    Written to a temp file, then renamed into place.
     """
     path = Path(path)
     array = _to_array(frames)
     if len(array) == 0:
         raise ValueError(f"{path}: no frames to write")
+    wave = None if audio is None else _audio_array(audio, audio_rate, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")
     ext = path.suffix.lower()
     try:
         if ext in (".webp", ".gif"):
+            if wave is not None:
+                raise ValueError(f"{path}: a {ext} has no audio track; write .mp4 / .mov / .mkv for video with sound")
             images = [Image.fromarray(a) for a in array]
             kw = {"quality": 90} if ext == ".webp" else {}
             images[0].save(tmp, save_all=True, append_images=images[1:],
                            duration=max(1, round(1000 / fps)), loop=0, **kw)
         elif ext in (".mp4", ".mov", ".mkv"):
-            _write_h264(array, tmp, fps)
+            if wave is not None and audio_rate not in AAC_RATES:
+                raise ValueError(f"{path}: audio_rate {audio_rate} is not an AAC sample rate; accepted: "
+                                 f"{', '.join(map(str, AAC_RATES))}")
+            _write_h264(array, tmp, fps, wave, audio_rate)
         else:
             raise ValueError(f"{path}: unsupported video extension {ext!r}; accepted: .mp4 .mov .mkv .webp .gif")
         os.replace(tmp, path)
@@ -235,7 +251,23 @@ def write_video(frames, path, fps: float = 16) -> Path:
     return path
 
 
-def _write_h264(array: np.ndarray, path: Path, fps: float) -> None:
+def _audio_array(audio, rate, path) -> np.ndarray:
+    """`audio` as a `(C, S)` float32 C-contiguous array in [-1, 1] (C 1 or 2, S >= 1); ValueError naming
+    the file and what is accepted otherwise."""
+    if rate is None or int(rate) != rate or rate < 1:
+        raise ValueError(f"{path}: audio needs audio_rate, a positive whole number of samples per second, got {rate!r}")
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().float().cpu().numpy()
+    wave = np.asarray(audio, np.float32)
+    if wave.ndim != 2 or wave.shape[0] not in (1, 2) or wave.shape[1] < 1:
+        raise ValueError(f"{path}: audio must be (channels, samples) with 1 or 2 channels, got shape {wave.shape}")
+    if not np.isfinite(wave).all():
+        raise ValueError(f"{path}: audio holds NaN or infinite samples")
+    return np.ascontiguousarray(np.clip(wave, -1.0, 1.0))
+
+
+def _write_h264(array: np.ndarray, path: Path, fps: float, wave: np.ndarray | None = None,
+                audio_rate: int | None = None) -> None:
     import av
 
     h, w = array.shape[1:3]
@@ -253,21 +285,95 @@ def _write_h264(array: np.ndarray, path: Path, fps: float) -> None:
         # (and with asm or B-frames off, both slower or larger) the output is a function of the frames.
         stream.options = {"crf": "18", "preset": "medium", "threads": "1", "x264-params": "mbtree=0"}
         stream.codec_context.thread_count = 1
+        sound = None if wave is None else _add_aac(container, wave.shape[0], int(audio_rate))  # before any mux
         for a in array:
             for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if sound is not None:
+            _write_aac(container, sound, wave, int(audio_rate))
 
 
-def contact_sheet(frames, cols: int | None = None, pad: int = 2) -> Image.Image:
-    """Frames (PIL list, array or tensor as for `write_video`) in a grid, for a quick look."""
+def _add_aac(container, channels: int, rate: int):
+    """An AAC stream: FFmpeg's native encoder at its default bit rate (at 16 kHz: 69 kb/s mono, 128 kb/s
+    stereo) and its default coder (twoloop). Measured (tests/test_audio.py): a faded 16 kHz tone or
+    glide reads back at 29-40 dB SNR, the error mostly in the first two 1024-sample frames."""
+    sound = container.add_stream("aac", rate=rate)
+    sound.layout = "mono" if channels == 1 else "stereo"
+    sound.codec_context.thread_count = 1
+    return sound
+
+
+def _write_aac(container, sound, wave: np.ndarray, rate: int) -> None:
+    """Encode `wave` (C, S) from pts 0 (the video's first frame's time) and flush. FFmpeg's MP4 muxer
+    writes the encoder's priming delay (1024 samples) as an edit list, so a reader's first sample is
+    the first sample written (tests/test_audio.py: a click lands on its sample)."""
+    import av
+
+    frame = av.AudioFrame.from_ndarray(wave, format="fltp", layout=sound.layout.name)  # (C, S) planar
+    frame.sample_rate = rate
+    frame.pts = 0
+    frame.time_base = Fraction(1, rate)
+    for packet in sound.encode(frame):  # PyAV cuts the frame into the encoder's 1024-sample frames
+        container.mux(packet)
+    for packet in sound.encode():
+        container.mux(packet)
+
+
+def contact_sheet(frames, cols: int | None = None, pad: int = 2, audio=None,
+                  audio_rate: int | None = None) -> Image.Image:
+    """Frames (PIL list, array or tensor as for `write_video`) in a grid, for a quick look; with `audio`
+    (`(C, S)` as for `write_video`, at `audio_rate`), its `audio_strip` (waveform over spectrogram) under
+    the grid, as wide as the sheet. Without audio, the grid alone (as before sound existed)."""
     array = _to_array(frames)
     n, h, w = array.shape[:3]
     cols = cols or min(n, max(1, math.ceil(math.sqrt(n * h / w))))
     rows = math.ceil(n / cols)
-    sheet = Image.new("RGB", (cols * (w + pad) + pad, rows * (h + pad) + pad), (32, 32, 32))
+    width, grid_h = cols * (w + pad) + pad, rows * (h + pad) + pad
+    strip = None
+    if audio is not None:
+        strip = audio_strip(_audio_array(audio, audio_rate, "contact sheet"), int(audio_rate), width - 2 * pad)
+    sheet = Image.new("RGB", (width, grid_h + (strip.height + pad if strip else 0)), (32, 32, 32))
     for i, a in enumerate(array):
         r, c = divmod(i, cols)
         sheet.paste(Image.fromarray(a), (pad + c * (w + pad), pad + r * (h + pad)))
+    if strip is not None:
+        sheet.paste(strip, (pad, grid_h))
     return sheet
+
+
+WAVE_ROWS, SPECTRUM_ROWS = 24, 64  # the audio strip's waveform and spectrogram heights in pixels
+SPECTRUM_DB = 80.0                 # the spectrogram shows this many dB below its loudest bin
+# spectrogram colours, quiet -> loud: black, purple, orange, pale yellow (an "inferno"-like ramp)
+_RAMP = np.array([[0, 0, 0], [110, 30, 130], [235, 110, 40], [252, 240, 160]], float)
+
+
+def audio_strip(wave: np.ndarray, rate: int, width: int) -> Image.Image:
+    """`width` x (`WAVE_ROWS` + `SPECTRUM_ROWS`) RGB: the waveform of `wave` (`(C, S)`, channels
+    averaged) as its min..max per pixel column, over its spectrogram (one Hann-windowed FFT of
+    ~32 ms per column, 0 Hz at the bottom row and rate / 2 at the top, log magnitude over
+    `SPECTRUM_DB` dB). A silent wave draws a flat line over black."""
+    mono = wave.astype(np.float64).mean(0)                                   # (S,)
+    S = len(mono)
+    edges = np.linspace(0, S, width + 1).astype(int)
+    wave_img = np.full((WAVE_ROWS, width, 3), 16, np.uint8)
+    mid = (WAVE_ROWS - 1) / 2
+    for x in range(width):
+        seg = mono[edges[x]:max(edges[x + 1], edges[x] + 1)]
+        lo, hi = np.clip([seg.min(), seg.max()], -1, 1) if seg.size else (0.0, 0.0)
+        top, bottom = int(round(mid - hi * mid)), int(round(mid - lo * mid))
+        wave_img[top:bottom + 1, x] = (120, 220, 140)
+    n_fft = 1 << max(4, math.ceil(math.log2(rate * 0.032)))                  # 512 at 16 kHz
+    padded = np.pad(mono, (n_fft // 2, n_fft // 2))
+    centres = ((edges[:-1] + edges[1:]) // 2).clip(0, max(S - 1, 0))        # one FFT per column
+    windows = np.stack([padded[c:c + n_fft] for c in centres]) * np.hanning(n_fft)  # (width, n_fft)
+    mag = np.abs(np.fft.rfft(windows, axis=1)).T[::-1]                      # (n_fft/2 + 1, width), top = rate/2
+    top_db = 20 * np.log10(max(mag.max(), 1e-12))
+    level = np.clip((20 * np.log10(np.maximum(mag, 1e-12)) - top_db) / SPECTRUM_DB + 1, 0, 1)
+    level = level if mag.max() > 0 else np.zeros_like(level)
+    rows = np.linspace(0, level.shape[0] - 1, SPECTRUM_ROWS)                # resampled to SPECTRUM_ROWS rows
+    level = np.stack([np.interp(rows, np.arange(level.shape[0]), level[:, x]) for x in range(width)], 1)
+    stops = np.linspace(0, 1, len(_RAMP))
+    spec_img = np.stack([np.interp(level, stops, _RAMP[:, k]) for k in range(3)], -1).round().astype(np.uint8)
+    return Image.fromarray(np.concatenate([wave_img, spec_img]))

@@ -8,7 +8,10 @@ start-up summary notes (media read from sub-folders, stills trained unconditione
 than their resolution with the upscale factor), and how many items are cached / not cached for
 this job's VAE, i2v mode and text encoder (the trainer's `job_cache_spaces`, for the encoder dtype
 the trainer uses on this machine; when the whole job does not parse, an entry made with any settings
-counts). Exit status 1 when a dataset is unusable.
+counts). For a model that generates sound (`Family.audio`), per dataset it counts the clips with sound,
+silent ones among them (peak below -60 dBFS) and those without an audio stream, reading each clip's track
+over its frames' span as the trainer reads it (the dataset's `audio` key applied: a clip with a corrupt
+audio stream is listed as skipped). Exit status 1 when a dataset is unusable.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import warnings
 
 import yaml
 
+from video_dit.data.audio import SILENT_DBFS
 from video_dit.data.cache import cache_status
 from video_dit.data.dataset import DataError, DatasetConfig, scan_dataset
 from video_dit.diffusion.conditioning import stills_skipped
-from video_dit.families import get_preset
+from video_dit.families import family_of, get_preset
 from video_dit.models.layouts import preset_name as layout_preset_name
 from video_dit.spec import i2v_mode_of
 from video_dit.train.caches import job_cache_spaces
@@ -71,6 +75,7 @@ def inspect(config_path: str, preset: str | None = None) -> int:
     name = preset or preset_name(process)
     divisibility = get_preset(name).divisibility
     skip_stills = stills_skipped(i2v_mode_of(get_preset(name), None, f"{PROCESS}.model.i2v_mode"))  # as the trainer
+    with_sound = family_of(get_preset(name)).audio is not None
     entries = process.get("datasets")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{PROCESS}.datasets", "expected a non-empty list of datasets")
@@ -88,7 +93,8 @@ def inspect(config_path: str, preset: str | None = None) -> int:
             try:
                 cfg = parse(DatasetConfig, entry, key)
                 cfg.fit_frames(get_preset(name).vae.snap_frames, key)  # the clip lengths the model's VAE encodes
-                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills)
+                scan = scan_dataset(cfg, divisibility, dataset_index=i, verbose=False, skip_stills=skip_stills,
+                                    audio=with_sound)  # a model with sound: the clips' tracks read and counted
             except (ConfigError, DataError) as exc:
                 print(f"\ndataset {i}: UNUSABLE: {exc}")
                 status = 1
@@ -100,6 +106,10 @@ def inspect(config_path: str, preset: str | None = None) -> int:
               f"repeats {cfg.num_repeats})")
         print(f"  {len(scan.items)} items, {len(scan.skipped)} files skipped, "
               f"{scan.missing_captions} without caption, {scan.ignored} other files ignored")
+        a = scan.audio_counts()
+        if with_sound and cfg.is_video and cfg.audio != "off":
+            print(f"  sound: {a['sound']} clips with sound ({a['silent']} silent: peak below {SILENT_DBFS:g} dBFS), "
+                  f"{a['none']} without an audio stream, {a['corrupt']} with a corrupt audio stream (skipped)")
         counts = scan.bucket_counts()
         top = max(counts.values())
         print("  buckets (F x H x W: items per epoch)")

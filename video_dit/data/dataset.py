@@ -27,6 +27,17 @@ is trained on its first frame". A concat i2v model (in_dim 36) has no unconditio
 `scan_datasets(..., i2v_mode="concat")` skips the stills of `do_i2v` datasets with one warning per
 dataset naming how many and why (`video_dit.diffusion.conditioning.stills_skipped`, the rule the ai-toolkit arch
 follows too, in the same words).
+
+Sound (`scan_dataset(..., audio=True)`: the job's model generates sound). Each clip's audio track is
+read over the span of its selected frames (`video_dit.data.audio`: the same selection, stride and
+timestamps as the picture) and the clip is counted as with sound, silent (peak below
+`audio.SILENT_PEAK`, -60 dBFS: still sound, trained as such) or without an audio stream. The dataset
+key `audio` says what happens: `auto` (default) keeps a clip without an audio stream, to train the
+picture alone (`DataItem.has_audio` False: its audio loss masked; the start-up summary counts them in
+one line); `required` skips every item without sound (clips without an audio stream and images), one
+warning each; `off` reads no track (every item trains the picture alone). A clip whose audio stream
+cannot be decoded is skipped with one warning naming it, and counted ("corrupt audio"); nothing else
+is lost. In a job without sound (`audio=False`, the default) no track is read and the key is ignored.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from typing import Callable, Literal
 from PIL import Image, UnidentifiedImageError
 
 from video_dit import media
+from video_dit.data import audio as audio_mod
 from video_dit.data import frames as frames_mod
 from video_dit.data.buckets import fitted_bucket
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
@@ -52,6 +64,8 @@ VIDEO_EXTS = media.VIDEO_EXTS
 IMAGE_EXTS = media.IMAGE_EXTS
 CONTROLS = "_controls"  # ai-toolkit's control images beside a dataset's items: never items themselves
 STILL_SKIPPED = "still of a do_i2v dataset, skipped by a concat image-to-video model"  # a skipped file's reason
+NO_SOUND = "no audio stream (audio: required)"  # a skipped file's reason: a clip or image without sound
+AUDIO_MODES = ("auto", "required", "off")
 MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # larger frames are skipped (decoding them risks OOM)
 
 
@@ -102,7 +116,10 @@ class DatasetConfig:
     (DataLoader worker processes the trainer uses to read cached tensors), `validation_split` (a
     share of the folder's files, chosen by `train.seed`, held out for `train.validation_config` and
     never trained on; 1 = the whole folder is a validation set), `allow_upscale` (false: a source
-    smaller than `resolution` trains at its own size; true: it is upscaled to it).
+    smaller than `resolution` trains at its own size; true: it is upscaled to it), `audio` (in a job
+    whose model generates sound: `auto` reads each clip's audio track, a clip without one trains the
+    picture alone with its audio loss masked; `required` skips items without sound; `off` reads no
+    track; see the module docstring).
     """
 
     folder_path: str
@@ -126,6 +143,7 @@ class DatasetConfig:
     num_workers: int = 0
     validation_split: float = 0.0
     allow_upscale: bool = False
+    audio: Literal["auto", "required", "off"] = "auto"
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
     # the model's VAE's frame rule (`fit_frames`: n -> the longest clip it encodes of at most n frames);
@@ -164,6 +182,9 @@ class DatasetConfig:
             raise ConfigError(f"{path}.num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.caption_ext or "/" in self.caption_ext:
             raise ConfigError(f"{path}.caption_ext", f"expected an extension such as 'txt', got {self.caption_ext!r}")
+        if self.audio not in AUDIO_MODES:  # typed_config checks a parsed file; this, a config built in code
+            raise ConfigError(f"{path}.audio", f"{self.audio!r} is not accepted; accepted: "
+                                               f"{' | '.join(AUDIO_MODES)}")
         if self.shuffle_tokens:
             raise ConfigError(f"{path}.shuffle_tokens", "only false is supported: text embeds are cached per "
                                                       "caption, so tags cannot be reshuffled each step")
@@ -212,6 +233,11 @@ class DataItem:
     caption_dropout_rate: float = 0.0
     num_repeats: int = 1
     cache_root: str = ""            # `_latent_cache/` and `_text_cache/` live here
+    has_audio: bool = False         # it trains sound (a clip's audio stream, silent or not); False: the
+    #                                 picture alone, audio loss masked (no stream, an image, `audio: off`,
+    #                                 or a job without sound)
+    audio_span: audio_mod.AudioSpan | None = None  # its frames' span on the file's timeline (a job with
+    #                                 sound, a clip with a frame rate): what `frames.load_item_audio` cuts
 
     @property
     def conditioned(self) -> bool:
@@ -239,6 +265,16 @@ class ScanResult:
     not_upscaled: list[tuple[str, int, float]] = field(default_factory=list)  # (path, resolution, factor
     #                                      avoided): kept at their own size instead of being upscaled
     subfolders: list[str] = field(default_factory=list)  # sub-folders media were read from (`list_media`)
+    audio: dict[str, str] = field(default_factory=dict)  # path -> "sound" | "silent" | "none" (no audio
+    #                                      stream) of every clip whose track was read (a job with sound)
+
+    def audio_counts(self) -> Counter:
+        """Files per sound state: "sound" (a track, silent or not), "silent" (of those, peak below
+        -60 dBFS), "none" (no audio stream), "corrupt" (skipped: the stream cannot be decoded)."""
+        c: Counter = Counter(self.audio.values())
+        c["sound"] += c["silent"]
+        c["corrupt"] = sum(_reason_kind(r) == "corrupt audio" for _, r in self.skipped)
+        return c
 
     def bucket_counts(self) -> Counter:
         """`(F, H, W) -> items per epoch` (repeats counted)."""
@@ -256,6 +292,12 @@ class ScanResult:
         for b, n in sorted(self.bucket_counts().items()):
             lines.append(f"  bucket F={b[0]} H={b[1]} W={b[2]}: {n} per epoch")
         lines += [f"  {note}" for note in self.notes()]
+        a = self.audio_counts()
+        if self.audio or a["corrupt"]:  # a job with sound: the one start-up line on its clips' tracks
+            lines.append(f"  audio: {a['sound']} clip(s) with sound ({a['silent']} of them silent: peak below "
+                         f"{audio_mod.SILENT_DBFS:g} dBFS, trained as sound), {a['none']} without an audio stream "
+                         "train the picture alone (audio loss masked)"
+                         + (f", {a['corrupt']} skipped for a corrupt audio stream" if a["corrupt"] else ""))
         return "\n".join(lines)  # the skipped files themselves were named in one warning each
 
     def notes(self) -> list[str]:
@@ -293,7 +335,8 @@ class ScanResult:
                           folders=[f for s in scans for f in s.folders],
                           clips=[c for s in scans for c in s.clips],
                           not_upscaled=[x for s in scans for x in s.not_upscaled],
-                          subfolders=[x for s in scans for x in s.subfolders])
+                          subfolders=[x for s in scans for x in s.subfolders],
+                          audio={k: v for s in scans for k, v in s.audio.items()})
 
 
 def _first(names: list[str], n: int = 3) -> str:
@@ -301,13 +344,13 @@ def _first(names: list[str], n: int = 3) -> str:
 
 
 def _reason_kind(reason: str) -> str:
-    for key in ("empty", "truncated", "too short", "frames <", "span less", "not a readable",
-                "caption", "image dataset", "decod", "huge resolution", "px cell", STILL_SKIPPED):
-        if key in reason:
-            return {"frames <": "too short", "span less": "too short", "not a readable": "not readable",
-                    "truncated": "truncated or corrupt", STILL_SKIPPED: "stills of a concat i2v job",
-                    "decod": "undecodable", "image dataset": "video in an image dataset",
-                    "px cell": "too small"}.get(key, key)
+    for key in ("corrupt audio", NO_SOUND, "empty", "truncated", "too short", "frames <", "span less",
+                "not a readable", "caption", "image dataset", "decod", "huge resolution", "px cell", STILL_SKIPPED):
+        if key in reason:  # the audio keys first: an audio stream's reason also says "decoded"
+            return {NO_SOUND: "without sound (audio: required)", "frames <": "too short", "span less": "too short",
+                    "not a readable": "not readable", "truncated": "truncated or corrupt",
+                    STILL_SKIPPED: "stills of a concat i2v job", "decod": "undecodable",
+                    "image dataset": "video in an image dataset", "px cell": "too small"}.get(key, key)
     return "unreadable"
 
 
@@ -357,11 +400,11 @@ def _check_pixels(path: Path, width: int, height: int) -> None:
                                      f"{MAX_PIXELS}); downscale it first")
 
 
-def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str, clip_info: list):
-    """`(kind, (w, h), frame indices, source, stat, caption or None, caption note or None)` of one
-    file, or the reason it is unusable (raised as MediaError / ClipTooShort / DataError). A video
-    whose header was read is appended to `clip_info` as (frames, fps), usable or not. Runs in a
-    worker thread."""
+def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str, clip_info: list, audio: bool = False):
+    """`(kind, (w, h), frame indices, source, stat, caption or None, caption note or None, (sound
+    state, audio span))` of one file, or the reason it is unusable (raised as MediaError / ClipTooShort
+    / DataError). A video whose header was read is appended to `clip_info` as (frames, fps), usable or
+    not. `audio`: the job trains sound (`_probe_sound`). Runs in a worker thread."""
     ext = path.suffix.lower()
     if ext in VIDEO_EXTS and not cfg.is_video:
         raise DataError("video in an image dataset (num_frames: 1); set num_frames > 1 to use videos")
@@ -374,16 +417,44 @@ def _probe(path: Path, cfg: DatasetConfig, caption_suffix: str, clip_info: list)
             raise media.MediaError(path, "the header gives no frame count")
         _check_pixels(path, info.width, info.height)
         clip_info.append((info.num_frames, info.fps))
-        idx = frames_mod.select_frames(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
-                                       src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
+        idx, stride = frames_mod.frame_selection(info.num_frames, cfg.num_frames, shrink=cfg.shrink_video_to_frames,
+                                                 src_fps=info.fps, fps=cfg.fps, short_clip=cfg.short_clip)
         frames_mod.check_frames_present(path, max(idx))
         kind, size, source = "video", (info.width, info.height), (info.num_frames, info.width, info.height, info.fps)
+        sound = _probe_sound(path, cfg, info, idx, stride) if audio else (None, None)
     else:
         size = _probe_image(path)
         kind, idx, source = "image", [0], (1, size[0], size[1], 0.0)
+        if audio and cfg.audio == "required":
+            raise DataError(NO_SOUND)
+        sound = (None, None)
     cap_path = path.with_suffix(caption_suffix)
     caption, note = _read_caption(cap_path) if cap_path.exists() else (None, None)
-    return kind, size, idx, source, stat, caption, note
+    return kind, size, idx, source, stat, caption, note, sound
+
+
+def _probe_sound(path: Path, cfg: DatasetConfig, info: media.VideoInfo, idx: list[int],
+                 stride: float) -> tuple[str | None, audio_mod.AudioSpan | None]:
+    """(sound state, span) of a clip in a job with sound: the span of its selected frames
+    (`audio.frames_span`) and, unless `audio: off` (state None), its track read over that span at
+    the stream's own rate: "sound", "silent" (`audio.is_silent`) or "none" (no audio stream; DataError
+    under `audio: required`). A stream that cannot be decoded raises MediaError (the clip is skipped)."""
+    if info.fps <= 0:  # no frame rate: its frames cannot be placed in time
+        if cfg.audio == "off" or audio_mod.audio_info(path) is None:
+            if cfg.audio == "required":
+                raise DataError(NO_SOUND)
+            return (None if cfg.audio == "off" else "none"), None
+        raise media.MediaError(path, "corrupt audio timing: the header gives no frame rate, so the sound "
+                                     "cannot be cut to the clip's frames")
+    span = audio_mod.frames_span(info.start, idx[0], len(idx), stride, info.fps)
+    if cfg.audio == "off":
+        return None, span
+    wave = audio_mod.read_audio(path, span)
+    if wave is None:
+        if cfg.audio == "required":
+            raise DataError(NO_SOUND)
+        return "none", span
+    return ("silent" if audio_mod.is_silent(wave) else "sound"), span
 
 
 def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) -> tuple[list[Path], int]:
@@ -420,14 +491,17 @@ def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) 
 
 def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 0,
                  verbose: bool = True, probe_threads: int | None = None,
-                 files: list[Path] | None = None, skip_stills: bool = False) -> ScanResult:
+                 files: list[Path] | None = None, skip_stills: bool = False, audio: bool = False) -> ScanResult:
     """Items of one dataset folder (see module docstring). `verbose`: warn per skipped file and
     print the summary (pass `rank == 0` in multi-rank jobs). Files are probed by `probe_threads`
     threads (default min(8, cpus); PyAV releases the GIL while it reads). `files`: read these files
     with `cfg`'s settings instead of listing the folder (validation items). `skip_stills`
     (`diffusion.conditioning.stills_skipped` of the job's i2v mode): the stills of a `do_i2v` dataset are skipped,
-    with ONE warning (`diffusion.conditioning.skipped_stills`) rather than one per file. Raises `DataError` if no item
-    is usable, or if it is a video dataset whose every clip is too short for `num_frames`."""
+    with ONE warning (`diffusion.conditioning.skipped_stills`) rather than one per file. `audio`: the job's
+    model generates sound: each clip's track is read over its frames' span as `cfg.audio` says (module
+    docstring; a clip's whole span is decoded once here, at its own rate, to find a corrupt stream
+    before training). Raises `DataError` if no item is usable, or if it is a video dataset whose every
+    clip is too short for `num_frames`."""
     if not cfg.validated or isinstance(cfg.resolution, int):
         cfg.validate(cfg.config_path)  # a DatasetConfig built in code rather than by typed_config.parse
     cfg.check_divisibility(divisibility)
@@ -438,13 +512,18 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     def probe(path):
         info: list = []
         try:
-            return _probe(path, cfg, caption_suffix, info), info
+            return _probe(path, cfg, caption_suffix, info, audio), info
         except media.MediaError as exc:
             return exc.reason, info
         except (frames_mod.ClipTooShort, DataError) as exc:
             return str(exc), info
 
     threads = probe_threads or min(8, os.cpu_count() or 1)
+    if audio and cfg.audio != "off" and cfg.shrink_video_to_frames and cfg.is_video and verbose:
+        warnings.warn(f"{cfg.config_path}.audio: with shrink_video_to_frames: true a clip's sound spans all of it "
+                      "(real time, its length following the clip's); shrink_video_to_frames: false gives every "
+                      f"clip of a bucket the same num_frames / fps = {cfg.num_frames / cfg.fps:g} s of sound",
+                      DataWarning, stacklevel=2)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         results = list(pool.map(probe, paths))  # in file order: the scan is deterministic
     items: list[DataItem] = []
@@ -452,6 +531,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
     missing: list[str] = []
     clips: list[tuple[str, int, float]] = []
     not_upscaled: list[tuple[str, int, float]] = []
+    sounds: dict[str, str] = {}
     for path, (result, info) in zip(paths, results):
         clips += [(str(path), n, fps) for n, fps in info]
         if isinstance(result, str):
@@ -459,7 +539,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
             if verbose:
                 warnings.warn(f"{path}: skipped: {result}", DataWarning, stacklevel=2)
             continue
-        kind, (w, h), idx, source, stat, caption, note = result
+        kind, (w, h), idx, source, stat, caption, note, (sound, span) = result
         fitted = [(res, *fitted_bucket(w, h, res, divisibility, square=not cfg.buckets,
                                        allow_upscale=cfg.allow_upscale)) for res in cfg.resolution]
         if all(hw is None for _, hw, _ in fitted):
@@ -471,6 +551,8 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
             continue
         if note is not None and verbose:
             warnings.warn(f"{path}: {note}", DataWarning, stacklevel=2)
+        if sound is not None:
+            sounds[str(path)] = sound
         if caption is None:
             caption = cfg.default_caption if cfg.default_caption is not None else ""
             missing.append(str(path))
@@ -485,7 +567,8 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
                                   frames=tuple(idx), resize=resize, crop=crop, source=source,
                                   size=stat.st_size, mtime_ns=stat.st_mtime_ns, dataset=dataset_index,
                                   do_i2v=cfg.do_i2v, caption_dropout_rate=cfg.caption_dropout_rate,
-                                  num_repeats=cfg.num_repeats, cache_root=cfg.cache_root))
+                                  num_repeats=cfg.num_repeats, cache_root=cfg.cache_root,
+                                  has_audio=sound in ("sound", "silent"), audio_span=span))
     if skip_stills and cfg.do_i2v:
         items = _skip_stills(items, skipped, folder, verbose)
         kept = {it.path for it in items}
@@ -496,7 +579,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
                       f"(first: {Path(missing[0]).name})", DataWarning, stacklevel=2)
     nested = sorted({str(p.parent.relative_to(folder.absolute())) for p in paths if files is None
                      and p.parent != folder.absolute()})
-    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)], clips, not_upscaled, nested)
+    result = ScanResult(items, skipped, len(missing), ignored, [str(folder)], clips, not_upscaled, nested, sounds)
     if verbose:
         print(result.summary(), flush=True)
     _check_clip_lengths(cfg, result)
@@ -557,11 +640,13 @@ def _longest_selection(total: int, fps: float, cfg: DatasetConfig) -> int:
 
 
 def scan_datasets(cfgs: list[DatasetConfig], divisibility: int, *, verbose: bool = True,
-                  i2v_mode: str | None = None) -> ScanResult:
+                  i2v_mode: str | None = None, audio: bool = False) -> ScanResult:
     """`scan_dataset` over a job's datasets list, merged (each item remembers its dataset index).
     `i2v_mode`: the job's first-frame conditioning; "concat" (an in_dim 36 model, which conditions
     every item) skips the stills of `do_i2v` datasets, one warning per dataset (`diffusion.conditioning.stills_skipped`:
-    the ai-toolkit arch skips them too, in the same words)."""
+    the ai-toolkit arch skips them too, in the same words). `audio`: the job's model generates sound
+    (each dataset's clips read as its `audio` key says; see the module docstring)."""
     skip = stills_skipped(i2v_mode)
-    return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose, skip_stills=skip)
+    return ScanResult.merge([scan_dataset(c, divisibility, dataset_index=i, verbose=verbose, skip_stills=skip,
+                                          audio=audio)
                              for i, c in enumerate(cfgs)])

@@ -8,7 +8,9 @@ them. The default job renders its i2v previews from the first frames (`sample.sa
 and computes its validation loss on the clips (`train.validation_config`); `holdout_combo` makes them
 cover every colour, every direction and every shape. A folder written by an earlier version, with
 `DIR/holdout/`, is moved to the new place by `move_old_holdout` (which the demo's `prepare` stage,
-`make-demo-data` and `train-vae` call).
+`make-demo-data` and `train-vae` call). With sound (`video_dit.data.demo_av.make_demo_av_data`,
+`video-dit make-demo-data --audio`) every clip's MP4 also carries an AAC track whose pitch follows its
+caption (the colour's note, gliding with up / down motion; see demo_av.py).
 The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 px per frame at
 64x64x17) so a tiny model trained for minutes visibly learns colour, shape and direction.
 Shapes are drawn as a camera would see them: at sub-pixel positions (a steady 2.75 px per frame,
@@ -129,9 +131,14 @@ def move_old_holdout(data_dir) -> str | None:
 
 
 def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, seed: int = 0,
-                   holdout: int = 4, fps: float = 16) -> list[Path]:
+                   holdout: int = 4, fps: float = 16, sound=None, audio_rate: int | None = None) -> list[Path]:
     """Write the dataset to `out_dir` and its held-out clips to `holdout_dir(out_dir)` (see module
-    docstring; an earlier layout's `out_dir/holdout/` is moved there first); returns the clip paths."""
+    docstring; an earlier layout's `out_dir/holdout/` is moved there first); returns the clip paths.
+    `sound(colour, direction, frames, fps, rng) -> (C, S)` at `audio_rate`: each clip's audio track
+    (AAC; the audio-video demo's, `demo_av.make_demo_av_data`), drawn from its own generator so a seed's
+    pictures are the same with or without sound."""
+    if sound is not None and not audio_rate:
+        raise ValueError("make_demo_data: sound needs audio_rate (samples per second)")
     if count < 1 or frames < 2 or size < 16 or holdout < 0:
         raise ValueError(f"need count >= 1, frames >= 2, size >= 16, holdout >= 0; got count={count}, "
                          f"frames={frames}, size={size}, holdout={holdout}")
@@ -139,13 +146,21 @@ def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, s
     out.mkdir(parents=True, exist_ok=True)
     move_old_holdout(out)
     rng = np.random.default_rng(seed)
+    sound_rng = np.random.default_rng([seed, 1])  # the sound's own stream: the pictures do not depend on it
+
+    def track(colour: str, direction: str) -> dict:
+        """`media.write_video`'s audio arguments for one clip (none without `sound`)."""
+        if sound is None:
+            return {}
+        return {"audio": sound(colour, direction, frames, fps, sound_rng), "audio_rate": audio_rate}
+
     combos = list(itertools.product(SHAPES, COLORS, DIRECTIONS))
     order = [combos[i] for i in rng.permutation(len(combos))]  # balanced: every combo before repeats
     paths = []
     for i in range(count):
         shape, color, direction = order[i % len(order)]
         clip = render_clip(shape, color, direction, frames, size, rng)
-        paths.append(media.write_video(clip, out / f"{i:04d}.mp4", fps=fps))
+        paths.append(media.write_video(clip, out / f"{i:04d}.mp4", fps=fps, **track(color, direction)))
         (out / f"{i:04d}.txt").write_text(caption_for(shape, color, direction) + "\n", encoding="utf-8")
     hold = holdout_dir(out)
     if holdout:
@@ -153,7 +168,7 @@ def make_demo_data(out_dir, count: int = 64, frames: int = 17, size: int = 64, s
     for j in range(holdout):  # new positions (drawn after the training clips'), every colour/direction/shape
         shape, color, direction = holdout_combo(j)
         clip = render_clip(shape, color, direction, frames, size, rng)
-        media.write_video(clip, hold / f"{j:03d}.mp4", fps=fps)
+        media.write_video(clip, hold / f"{j:03d}.mp4", fps=fps, **track(color, direction))
         Image.fromarray(clip[0]).save(hold / f"{j:03d}.png", optimize=False)
         (hold / f"{j:03d}.txt").write_text(caption_for(shape, color, direction) + "\n", encoding="utf-8")
     return paths

@@ -12,6 +12,9 @@ Frame rules (documented once, here):
 - A clip too short for that (fewer than `num_frames` frames, or too short a span at the stride)
   follows `short_clip`: `skip` (the item is dropped with a warning) or `stretch` (indices spread
   over the whole clip, repeating frames where the clip has fewer than `num_frames`).
+- The selection's stride (`frame_selection`: the source frames one selected frame stands for) times
+  `num_frames` is the span of source time the selection covers: its sound is cut to exactly that span
+  (`video_dit.data.audio.frames_span`, `load_item_audio`), so the frame rules above apply to both.
 - Images are one-frame items (their own `(1, H, W)` buckets). In an image dataset (`num_frames: 1`)
   videos are not items (ai-toolkit's rule); they are reported as skipped, with that reason.
 """
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F_nn
 
 from video_dit import media
+from video_dit.data import audio as audio_mod
 from video_dit.models.causal_conv import first_frame_kept
 
 
@@ -61,23 +65,34 @@ def select_frames(total: int, num_frames: int, *, shrink: bool = True, src_fps: 
 
     Raises `ClipTooShort` when `short_clip == "skip"` and the clip is too short.
     """
+    return frame_selection(total, num_frames, shrink=shrink, src_fps=src_fps, fps=fps, short_clip=short_clip)[0]
+
+
+def frame_selection(total: int, num_frames: int, *, shrink: bool = True, src_fps: float = 0.0,
+                    fps: float = 24.0, short_clip: str = "skip") -> tuple[list[int], float]:
+    """(`select_frames`' indices, their stride): the source frames one selected frame stands for, the
+    step of the rule that chose them: `src_fps / fps` for consecutive frames at `fps` (1 when the
+    source rate is unknown), `(total - 1) / (num_frames - 1)` for frames spread over the clip
+    (`shrink_video_to_frames`, or `short_clip: stretch`; 1 for a one-frame clip), 1 for one frame. The
+    selection's sound spans `num_frames * stride` source frames (`video_dit.data.audio.frames_span`)."""
     if total < 1:
         raise ClipTooShort("the clip has no frames")
     if num_frames == 1:
-        return [0]
+        return [0], 1.0
+    spread = (total - 1) / (num_frames - 1) if total > 1 else 1.0
     if shrink:
         if total < num_frames:
             if short_clip == "skip":
                 raise ClipTooShort(f"{total} frames < num_frames {num_frames} (short_clip: skip)")
-        return media.select_frames(total, num_frames, "even")
+        return media.select_frames(total, num_frames, "even"), spread
     stride = src_fps / fps if src_fps > 0 else 1.0  # unknown source fps: take consecutive frames
     idx = [int(math.floor(i * stride + 0.5)) for i in range(num_frames)]
     if idx[-1] < total:
-        return idx
+        return idx, stride
     if short_clip == "skip":
         raise ClipTooShort(f"{total} frames at {src_fps:g} fps span less than num_frames {num_frames} "
                            f"at fps {fps:g} (needs {idx[-1] + 1} frames; short_clip: skip)")
-    return media.select_frames(total, num_frames, "even")
+    return media.select_frames(total, num_frames, "even"), spread
 
 
 def check_frames_present(path, last_index: int) -> None:
@@ -159,3 +174,16 @@ def load_item_pixels(item) -> torch.Tensor:
         array = media.read_video_frames(item.path, list(item.frames))
     _, H, W = item.bucket
     return fit_frames(array, item.resize, item.crop, (H, W))
+
+
+def load_item_audio(item, rate: int, channels: int) -> torch.Tensor | None:
+    """The sound of a scanned `DataItem`: `(channels, round(item.audio_span.duration * rate))` float32,
+    its frames' span (`audio.frames_span`) resampled to `rate`; None when the item has none
+    (`item.has_audio` False: a clip without an audio stream, an image, or `audio: off`), whose audio
+    loss the trainer masks. Raises `MediaError` naming the file when its stream cannot be decoded."""
+    if not item.has_audio:
+        return None
+    wave = audio_mod.read_audio(item.path, item.audio_span, rate=rate, channels=channels)
+    if wave is None:  # the file lost its audio stream after the scan
+        raise media.MediaError(item.path, "no audio stream (it had one when the dataset was scanned)")
+    return torch.from_numpy(wave)

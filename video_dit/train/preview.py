@@ -181,14 +181,21 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
                     continue
                 job = next(j for j in jobs if j.index == index)
                 path = Path(out_dir) / "samples" / f"{step:09d}_{index}.mp4"
-                write_video(frames, path, fps=job.fps)
-                contact_sheet(frames).save(path.with_suffix(".png"))
-                written.append(path)
+                written.append(save_preview(frames, path, job.fps))
         if not every_rank and world > 1:
             log(f"step {step}: previews " + "; ".join(f"{', '.join(map(str, idx))} on rank {r}"
                                                      for r, idx in sorted(by_rank.items())))
     dist.barrier()
     return sorted(written)
+
+
+def save_preview(frames, path: Path, fps: float, audio=None, audio_rate: int | None = None) -> Path:
+    """One preview's files: the MP4 at `path` (with an AAC track when `audio`, `(C, S)` in [-1, 1] at
+    `audio_rate`, is given: a model with sound) and its contact-sheet PNG beside it (with sound, the
+    waveform and spectrogram strip under the frames: `media.contact_sheet`)."""
+    write_video(frames, path, fps=fps, audio=audio, audio_rate=audio_rate)
+    contact_sheet(frames, audio=audio, audio_rate=audio_rate).save(path.with_suffix(".png"))
+    return path
 
 
 def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> dict[int, tuple[list | None, str | None]]:
