@@ -6,7 +6,8 @@ Layout (next to the data, or under `cache_dir`), following ai-toolkit's `_latent
   <root>/_latent_cache/<file name>_<item key>.skip.json                 a file that failed to decode
   <root>/_text_cache/<caption key>_<space key>.safetensors              `text_embeds` (Lt, D)
 The item key hashes the file identity (absolute path, size, mtime), the frame selection, the
-bucket/resize/crop and `do_i2v`; the space key hashes `space_version` (`latent_space`: the preset, the
+bucket/resize/crop and `do_i2v`, and in a job with sound whether the item trains sound and its
+audio span (the rate, channels and audio codec are the space's); the space key hashes `space_version` (`latent_space`: the preset, the
 VAE weights' identity, its dtype and what is stored; the text key uses `text_space_version`, default
 the same string; `text_space`: the preset, the text encoder's weights, tokenizer, dtype, quantization).
 Touching or replacing a file changes its key, so exactly that entry is recomputed; old entries are
@@ -56,9 +57,14 @@ def _sha(obj) -> str:
 
 
 def item_key(item: DataItem) -> str:
-    """16 hex digits over everything that decides the pixels fed to the VAE."""
-    return _sha([item.path, item.size, item.mtime_ns, item.kind, list(item.frames), list(item.bucket),
-                 list(item.resize), list(item.crop), item.do_i2v])[:16]
+    """16 hex digits over everything that decides the pixels fed to the VAE (and, for an item of a job
+    with sound, the track fed to the audio encoder: whether it has one, its span)."""
+    parts = [item.path, item.size, item.mtime_ns, item.kind, list(item.frames), list(item.bucket),
+             list(item.resize), list(item.crop), item.do_i2v]
+    if item.audio_span is not None or item.has_audio:  # (keys of jobs without sound are as they were)
+        span = item.audio_span
+        parts += [item.has_audio, None if span is None else [span.start, span.duration]]
+    return _sha(parts)[:16]
 
 
 def source_identity(source: str | os.PathLike, subfolder: str | None = None) -> str:
@@ -233,15 +239,18 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
                 text_fn: Callable[[list[str]], list[torch.Tensor]], rank: int = 0, world_size: int = 1,
                 cache_dir=None, *, space_version: str, text_space_version: str | None = None,
                 barrier: Callable[[], None] | None = None, text_batch_size: int = 16,
-                verbose: bool = True) -> CacheReport:
+                verbose: bool = True, audio_fn: Callable[[DataItem], dict[str, torch.Tensor]] | None = None
+                ) -> CacheReport:
     """Compute the missing latent and text entries of `scan`; this rank does entries `rank::world_size`.
 
     `encode_fn(video)`: `video` is `(1, 3, F, H, W)` float32 in [-1, 1] on CPU; returns a dict of
     tensors with a leading batch dim of 1 (e.g. `latents` `(1, C, F', h, w)`, and with `do_i2v`
     `first_frame_latents`); every key is stored, without the batch dim. `text_fn(captions)` returns
     per caption one `(Lt, D)` tensor (stored as `text_embeds`) or a dict of such tensors named by
-    TEXT_KEYS (HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `cache_dir` overrides every dataset's own cache root. A file
-    that fails to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
+    TEXT_KEYS (HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `audio_fn(item)`
+    (a job with sound): the item's audio entries, with the same leading batch dim (`audio_latents`, and
+    `has_audio`), stored in the same entry. `cache_dir` overrides every dataset's own cache root. A file
+    whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
     other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
     that every rank sees every entry before building its `CachedDataset`.
     """
@@ -258,6 +267,8 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
             continue
         try:
             pixels = load_item_pixels(item)  # (F, 3, H, W)
+            with torch.no_grad():
+                sound = audio_fn(item) if audio_fn is not None else {}
         except media.MediaError as exc:
             report.skipped.append((item.path, exc.reason))
             _atomic_write_text(json.dumps({"path": item.path, "reason": exc.reason}), marker)
@@ -268,6 +279,7 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
             out = encode_fn(pixels.permute(1, 0, 2, 3).unsqueeze(0))  # (1, 3, F, H, W)
         if not isinstance(out, dict) or not out:
             raise TypeError(f"encode_fn must return a non-empty dict of tensors, got {type(out).__name__}")
+        out = {**out, **sound}
         for key, t in out.items():
             if not isinstance(t, torch.Tensor) or t.ndim < 1 or t.shape[0] != 1:
                 raise ValueError(f"encode_fn returned {key!r} with shape {getattr(t, 'shape', None)}; "

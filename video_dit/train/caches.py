@@ -9,17 +9,18 @@ from pathlib import Path
 import torch
 
 from video_dit.data.cache import latent_space, source_identity, text_space
-from video_dit.families import get_preset
+from video_dit.families import family_of, get_preset
 from video_dit.models.common import te_quantization
 from video_dit.spec import spec_of_job
 from video_dit.train.precision import train_dtype
 
 
 def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype, clip_src: str | None = None,
-                 image_encoder=None) -> tuple[str, str]:
+                 image_encoder=None, audio_src: str | None = None) -> tuple[str, str]:
     """(latent space, text space) of a job: everything that changes what the caches hold (preset,
     weights, encoder dtypes, the text encoder's quantization and tokenizer, the i2v tensors stored:
-    first-last frame, and the CLIP image encoder whose features sit next to the latents)."""
+    first-last frame, and the CLIP image encoder whose features sit next to the latents; for a family with
+    sound, its audio codec and the rate and channels it reads the clips' tracks at)."""
     m = process.model
     i2v = process.i2v_mode if any(d.do_i2v for d in process.datasets) else "none"
     stores = f"i2v={i2v}"
@@ -30,6 +31,9 @@ def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype
         stores += (f";clip={source_identity(clip_src, 'image_encoder')};clip_dtype={image_encoder.dtype};"
                    f"clip_quant={bool(m.quantize_image_encoder)}"
                    + (f";clip_processor={source_identity(processor)}" if processor.is_dir() else ""))
+    sound = family_of(preset).audio
+    if sound is not None and audio_src is not None:  # the audio latents beside the video's
+        stores += f";audio={source_identity(audio_src, 'audio_vae')};rate={sound.rate};channels={sound.channels}"
     return (latent_space(preset.name, vae_src, vae_dtype, stores=stores),
             text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
@@ -45,4 +49,5 @@ def job_cache_spaces(process) -> tuple[str, str]:
     which loads no encoder; on a machine without a GPU the encoders are float32)."""
     spec = spec_of_job(process)
     vae_dtype, te_dtype = encoder_dtypes(process)
-    return cache_spaces(process, get_preset(process.model.preset), spec.vae, spec.text_encoder, vae_dtype, te_dtype)
+    return cache_spaces(process, get_preset(process.model.preset), spec.vae, spec.text_encoder, vae_dtype, te_dtype,
+                        audio_src=spec.audio)

@@ -209,7 +209,11 @@ class TrainConfig:
     `global_batch_size` (ours; ai-toolkit's trainer ignores it): the samples of one optimizer step over
     all data-parallel ranks; `batch_size` is then the largest micro-batch per rank and the accumulation
     follows from the rank count (`for_ranks`), so a recipe trains alike on 1, 2 or 8 GPUs.
-    `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`)."""
+    `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`).
+    A model that generates sound (`Family.audio`, docs/audio.md): `audio_timesteps` (tied: each sample's
+    audio stream at the video's t; independent: its own draw from the same distribution; None: the family's
+    reference trainer's choice) and `audio_loss_weight` (the audio loss beside the video's 1; None: the
+    reference's); refused for a model without sound."""
 
     batch_size: int = 1
     steps: int = 1000
@@ -241,6 +245,9 @@ class TrainConfig:
     # turn) and ours, expert_choice: "alternate" (ai-toolkit's rule) or "timestep"
     switch_boundary_every: int = 1
     expert_choice: Literal["alternate", "timestep"] = "alternate"
+    # a model with sound (ours): the audio stream's timesteps and loss weight (None: its family's reference's)
+    audio_timesteps: Literal["tied", "independent"] | None = None
+    audio_loss_weight: float | None = None
     # ai-toolkit keys accepted and ignored (see IGNORED)
     # flow matching either way; ai-toolkit's default "ddpm" makes ai-toolkit draw t from its shifted sampling
     # grid instead of by timestep_type: a job shared with ai-toolkit should say flowmatch
@@ -285,6 +292,8 @@ class TrainConfig:
             raise ConfigError(f"{path}.train_unet", "video_dit trains the DiT; accepted: true")
         if self.compile not in (True, False, "auto"):
             raise ConfigError(f"{path}.compile", f"{self.compile!r}; accepted: auto, true, false")
+        if self.audio_loss_weight is not None and not self.audio_loss_weight >= 0:
+            raise ConfigError(f"{path}.audio_loss_weight", f"must be >= 0, got {self.audio_loss_weight}")
 
     def for_ranks(self, dp_ranks: int, path: str = "train") -> TrainConfig:
         """This config on `dp_ranks` data-parallel ranks. With `global_batch_size` G: G / dp_ranks samples
@@ -647,6 +656,7 @@ class ProcessConfig:
         preset = get_preset(self.model.preset)
         for i, d in enumerate(self.datasets):  # clip lengths the model's VAE encodes
             d.fit_frames(preset.vae.snap_frames, f"{path}.datasets[{i}]")
+        self._check_audio(path, preset)
         self._check_quantize(path)
         self._check_experts(path, preset)
         check_checkpointing(self.train.gradient_checkpointing, f"{path}.train.gradient_checkpointing",
@@ -655,6 +665,23 @@ class ProcessConfig:
         self._check_i2v(path, preset)
         self._check_image_branch(path, preset)
         self._check_validation_and_training(path)
+
+    def _check_audio(self, path: str, preset) -> None:
+        """The sound keys: for a model with sound only; its clips' tracks cut by the span of consecutive
+        frames (`shrink_video_to_frames: false`), so every clip of a bucket has one audio length."""
+        sound = family_of(preset).audio
+        if sound is None:
+            for key in ("audio_timesteps", "audio_loss_weight"):
+                if getattr(self.train, key) is not None:
+                    raise ConfigError(f"{path}.train.{key}", f"preset {preset.name!r} generates no sound; remove it")
+            return
+        for i, d in enumerate(self.datasets):
+            if d.is_video and d.audio != "off" and d.shrink_video_to_frames:
+                raise ConfigError(f"{path}.datasets[{i}].shrink_video_to_frames",
+                                  f"true spreads the frames over the whole clip, so its sound would span each clip's "
+                                  f"own length; preset {preset.name!r} trains sound with the picture: accepted: false "
+                                  f"(consecutive frames at the dataset's fps, as the reference trainer cuts them), or "
+                                  f"audio: off on this dataset")
 
     def _check_quantize(self, path: str) -> None:
         """optimum-quanto's frozen weights: LoRA only, never under ZeRO-3."""

@@ -43,10 +43,11 @@ from tqdm import tqdm
 
 from video_dit.data import BucketBatchSampler, CachedDataset, DataError, ScanResult, build_cache, collate, scan_datasets
 from video_dit.data.demo import preview_steps, report
+from video_dit.data.frames import load_item_audio
 from video_dit.devices import device_peak_flops, local_device, pin_memory, to_device
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
 from video_dit.diffusion.flow import TimestepSampler
-from video_dit.diffusion.objective import flow_matching_loss
+from video_dit.diffusion.objective import AudioBatch, flow_matching_loss
 from video_dit.models.common import te_quantization
 from video_dit.models.layouts import EXPERT_FOLDERS, write_sources
 from video_dit.models.weights import WeightsError
@@ -100,6 +101,11 @@ class Trainer:
         self.family = self.spec.family     # its loaders and what the trainer asks of it (`Family.training`)
         self.i2v_mode = self.spec.i2v_mode
         self.any_i2v = any(d.do_i2v for d in self.p.datasets)
+        sound, t = self.family.audio, self.p.train  # a DiT with sound: its audio stream's timesteps and loss weight
+        self.audio_timesteps = t.audio_timesteps or (sound.timesteps if sound is not None else None)
+        self.audio_loss_weight = t.audio_loss_weight if t.audio_loss_weight is not None else (
+            sound.loss_weight if sound is not None else None)
+        self._parts: dict = {}
         self._encode()                     # 1. caches and preview prompts; the encoders are freed after
         plan = self._build_models(resume)  # 2.-3. the DiTs trained (one, or experts) under DeepSpeed
         self._restore(plan)                # 4. a checkpoint's weights, optimizer, EMA and data position
@@ -156,6 +162,9 @@ class Trainer:
         if spec.image_encoder is not None:
             image_encoder = family.load_image_encoder(spec.image_encoder, dtype=self.dtype, device=self.device,
                                                       quantize="qfloat8" if p.model.quantize_image_encoder else None)
+        # a DiT with sound: its audio codec encodes the clips' tracks (cached) and decodes the previews'
+        self.audio_codec = (family.audio.load_codec(spec.audio, dtype=vae_dtype, device=self.device, seed=p.model.seed)
+                            if family.audio is not None else None)
         self._build_data(text_encoder, image_encoder)
         self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
                          if self._sampling_enabled() else [])
@@ -318,12 +327,13 @@ class Trainer:
     def _build_data(self, text_encoder, image_encoder=None) -> None:
         """The datasets scanned, every item's latents and text embeddings cached (split across ranks),
         the held-out items' validator, and the loader of this rank's batches."""
-        p, spec = self.p, self.spec
+        p, spec, sound = self.p, self.spec, self.family.audio
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0,
-                             i2v_mode=self.i2v_mode if self.any_i2v else None)
+                             i2v_mode=self.i2v_mode if self.any_i2v else None, audio=sound is not None)
         scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
         space, text_space = cache_spaces(p, self.preset, spec.vae, spec.text_encoder, next(self.vae.parameters()).dtype,
-                                         text_encoder.dtype, spec.image_encoder, image_encoder)
+                                         text_encoder.dtype, spec.image_encoder, image_encoder,
+                                         spec.audio if sound is not None else None)
         vae, training = self.vae, self.family.training
 
         def encode_fn(video):  # (1, 3, F, H, W) in [-1, 1] on CPU
@@ -336,10 +346,22 @@ class Trainer:
         def text_fn(captions):  # {key: (L, D)} per caption (`Training.text_entry`)
             return [training.text_entry(e) for e in text_encoder.encode(captions)]
 
+        def audio_fn(item):  # a DiT with sound: the clip's track over its frames' span, encoded (zeros without)
+            codec = self.audio_codec
+            wave = load_item_audio(item, sound.rate, sound.channels)  # (C, S) or None
+            fps = len(item.frames) / item.audio_span.duration if item.audio_span is not None else \
+                p.datasets[item.dataset].fps
+            if wave is None:
+                shape = codec.latent_shape(len(item.frames), fps)
+                return {"audio_latents": torch.zeros(1, *shape), "has_audio": torch.zeros(1, dtype=torch.bool)}
+            latents = codec.encode(wave[None].to(self.device)).float().cpu()
+            return {"audio_latents": latents, "has_audio": torch.ones(1, dtype=torch.bool)}
+
         t0 = time.perf_counter()
         everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
         build_cache(everything, encode_fn, text_fn, rank=self.rank, world_size=self.world, space_version=space,
-                    text_space_version=text_space, barrier=dist.barrier, verbose=self.rank0)
+                    text_space_version=text_space, barrier=dist.barrier, verbose=self.rank0,
+                    audio_fn=audio_fn if sound is not None else None)
         self.log(f"caches ready in {time.perf_counter() - t0:.1f}s")
         self.dataset = CachedDataset(scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
         self.validator = None
@@ -378,12 +400,22 @@ class Trainer:
         t = torch.cat([self.timesteps.sample(1, g) for g in gens])  # (B,) on [min_t, max_t]
         noise = torch.cat([torch.randn(shape, generator=g) for g in gens])  # (B, C, F', h, w)
         self._drawn_t.extend(t.tolist())
-        return self.loss_at(batch, t, noise)
+        audio_t = audio_noise = None
+        if "audio_latents" in batch:  # a DiT with sound: the audio stream's own generators (tied: the video's t)
+            agens = [torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, first + i,
+                                                                 "audio")) for i in range(B)]
+            audio_t = t if self.audio_timesteps == "tied" else torch.cat([self.timesteps.sample(1, g) for g in agens])
+            a_shape = (1, *batch["audio_latents"].shape[1:])
+            audio_noise = torch.cat([torch.randn(a_shape, generator=g) for g in agens])
+        return self.loss_at(batch, t, noise, audio_t=audio_t, audio_noise=audio_noise, parts=self._parts)
 
-    def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor, model=None) -> torch.Tensor:
+    def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor, model=None, audio_t=None, audio_noise=None,
+                parts: dict | None = None) -> torch.Tensor:
         """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
         `loss_of` computes after drawing them (a validation loss calls this with fixed ones). `model`:
-        the DiT to run (default: the engine being trained; a two-expert validation picks by t)."""
+        the DiT to run (default: the engine being trained; a two-expert validation picks by t). A batch with
+        sound (`audio_latents`): `audio_t` (B,) (None: t, tied) and `audio_noise` like its latents; `parts`
+        receives each stream's loss (`flow_matching_loss`)."""
         dev = self.device
         x0 = to_device(batch["latents"], dev, torch.float32)  # (B, C, F', h, w)
         t, noise = to_device(t, dev, torch.float32), to_device(noise, dev, torch.float32)
@@ -396,9 +428,18 @@ class Trainer:
             active = to_device(batch["do_i2v"], dev) if "do_i2v" in batch else torch.tensor(
                 [self.dataset.item(int(i)).conditioned for i in batch["index"]], device=dev)
         context, text_kwargs = self.family.training.text_inputs(batch, dev, self.dit_config)
+        audio = None
+        if "audio_latents" in batch:
+            if audio_noise is None:
+                raise ValueError("a batch with sound needs its audio noise (audio_noise=)")
+            audio_t = t if audio_t is None else to_device(audio_t, dev, torch.float32)
+            audio = AudioBatch(to_device(batch["audio_latents"], dev, torch.float32),
+                               to_device(audio_noise, dev, torch.float32), audio_t, to_device(batch["has_audio"], dev),
+                               self.audio_loss_weight, self.timesteps.loss_weight(audio_t))
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,
-                                  weight=self.timesteps.loss_weight(t), text_kwargs=text_kwargs)
+                                  weight=self.timesteps.loss_weight(t), text_kwargs=text_kwargs, audio=audio,
+                                  parts=parts)
 
     def _checkpoint_for(self, batch: dict) -> None:
         """`gradient_checkpointing: auto`: the plan's blocks for this batch's bucket, the most any rank needs
@@ -434,6 +475,7 @@ class Trainer:
         bar = self._open_progress(total) if self.rank0 else None
         batches = self._batches()
         micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
+        stream_losses: dict[str, list[float]] = {}
         t_step = time.perf_counter()
         while self.step < total:
             if micro == 0:  # a new optimizer step: its expert (two-expert jobs; None for one model)
@@ -441,6 +483,7 @@ class Trainer:
                 self._drawn_t = []
             batch = next(batches)
             self._batch_shape = tuple(batch["latents"].shape)  # (B, C, F', h, w): named if the step runs out of memory
+            self._parts = {}  # each stream's loss of this micro-batch (a DiT with sound)
             self._checkpoint_for(batch)
             self.act_peak.start()  # the forward's peak: what autograd keeps for backward, plus transients
             loss = self.loss_of(batch, micro)
@@ -468,6 +511,8 @@ class Trainer:
             tokens_seen += L * batch["latents"].shape[0]
             samples_seen += batch["latents"].shape[0]
             losses.append(float(flag[0]) / self.world)
+            for name, value in self._parts.items():  # this rank's; averaged over ranks with the step's row
+                stream_losses.setdefault(name, []).append(value)
             micro += 1
             if not boundary:
                 continue
@@ -491,6 +536,10 @@ class Trainer:
                 "tflops": flops * self.dp_world / dt / 1e12, "mfu": flops / self.sp / dt / self.peak_flops,
                 "peak_mem_gb": float(mem[0]), "step_time_s": dt, "sp_degree": self.sp, "act_peak_gb": float(mem[1]),
             }
+            if "audio" in stream_losses:  # a DiT with sound: each stream's loss, averaged over the ranks
+                means = torch.tensor([sum(v) / len(v) for v in stream_losses.values()], device=self.device)
+                dist.all_reduce(means)
+                row.update({f"loss_{k}": float(m) / self.world for k, m in zip(stream_losses, means)})
             if self.validator is not None and self.validator.due(self.step, total):
                 row.update(self.validate())
             if self.expert_plan is not None:
@@ -500,6 +549,7 @@ class Trainer:
                 bar.set_postfix(loss=f"{row['loss']:.4f}", lr=f"{lr:.2e}")
                 bar.update(1)
             micro, losses, flops, tokens_seen, samples_seen = 0, [], 0.0, 0, 0
+            stream_losses = {}
             if self.step % p.save.save_every == 0 or self.step == total:
                 self.save()
             if self.previews and self.step % p.sample.sample_every == 0 and self.step >= p.sample.sample_start_step:
@@ -598,8 +648,8 @@ class Trainer:
         for m in moved:
             m.to(self.device)
         try:
-            yield lambda batch, t, noise: self.loss_at(
-                batch, t, noise, model=models[expert_at(float(t.flatten()[0]), self.expert_plan.boundary)])
+            yield lambda batch, t, noise, **kw: self.loss_at(
+                batch, t, noise, model=models[expert_at(float(t.flatten()[0]), self.expert_plan.boundary)], **kw)
         finally:
             for m in moved:
                 m.to("cpu")

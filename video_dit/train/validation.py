@@ -6,7 +6,9 @@
     loss:    for item k and sigma s: t = 1000 s, noise_k ~ N(0, 1) from seed + k (the same at every
              validation, on every rank, after every resume), then the training loss at (t, noise_k):
              conditioning, i2v loss mask and weighting as in `Trainer.loss_at`
-    report:  val_loss@<s> = mean over items, val_loss = mean over sigmas (metrics.jsonl)
+    report:  val_loss@<s> = mean over items, val_loss = mean over sigmas (metrics.jsonl); for a model with
+             sound also each stream's, val_loss_video and val_loss_audio (the audio noise fixed as the video's,
+             from its own seed; the audio stream at the same sigma)
 
 Data parallel: item k belongs to data-parallel rank k % dp_size; a sequence-parallel group computes
 its items together (the DiT's forward is a collective there), and under ZeRO-3 every rank runs the
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import zlib
 import warnings
 from pathlib import Path
 
@@ -128,15 +131,19 @@ class Validator:
     def due(self, step: int, total: int) -> bool:
         return step == 0 or step == total or step % self.cfg.validate_every_n_steps == 0
 
-    def noise(self, k: int, shape) -> torch.Tensor:
-        """Item k's fixed noise (1, C, F', h, w): from seed + k, whatever the rank or step."""
-        return torch.randn((1, *shape), generator=torch.Generator("cpu").manual_seed(self.cfg.seed + k))
+    def noise(self, k: int, shape, stream: str = "video") -> torch.Tensor:
+        """Item k's fixed noise (1, C, F', h, w) of `stream`: the video's from seed + k, the audio's from a
+        seed of its own, whatever the rank or step."""
+        seed = self.cfg.seed + k if stream == "video" else zlib.crc32(f"{self.cfg.seed}:{k}:{stream}".encode())
+        return torch.randn((1, *shape), generator=torch.Generator("cpu").manual_seed(seed))
 
     @torch.no_grad()
     def run(self, module, loss_at, suffix: str = "") -> dict[str, float]:
         """{"val_loss<suffix>": mean, "val_loss<suffix>@<sigma>": ...}; every rank must call.
-        `loss_at(batch, t, noise)` is the trainer's loss at given t (B,) and noise."""
-        sums = torch.zeros(2 * len(self.sigmas), dtype=torch.float64)  # per sigma: loss sum, item count
+        `loss_at(batch, t, noise, audio_noise=, parts=)` is the trainer's loss at given t (B,) and noise."""
+        streams = ("video", "audio")
+        # per sigma: loss sum, item count, each stream's loss sum
+        sums = torch.zeros(len(self.sigmas), 2 + len(streams), dtype=torch.float64)
         was_training = module.training
         module.eval()
         try:
@@ -147,19 +154,27 @@ class Validator:
                 batch = collate([sample])
                 batch["do_i2v"] = torch.tensor([self.dataset.item(k).conditioned])  # stills: as t2v
                 noise = self.noise(k, sample["latents"].shape)
+                sound = {"audio_noise": self.noise(k, sample["audio_latents"].shape, "audio")} \
+                    if "audio_latents" in sample else {}
                 for j, s in enumerate(self.sigmas):
-                    loss = loss_at(batch, torch.tensor([1000.0 * s]), noise)
+                    parts: dict = {}
+                    loss = loss_at(batch, torch.tensor([1000.0 * s]), noise, parts=parts, **sound)
                     if real and self.sp_rank == 0:
-                        sums[2 * j] += float(loss)
-                        sums[2 * j + 1] += 1.0
+                        sums[j, 0] += float(loss)
+                        sums[j, 1] += 1.0
+                        for i, name in enumerate(streams):
+                            sums[j, 2 + i] += parts.get(name, 0.0)
         finally:
             module.train(was_training)
         reduced = sums.to(self.device)
         dist.all_reduce(reduced)
         reduced = reduced.cpu()
-        per = {s: float(reduced[2 * j] / reduced[2 * j + 1]) for j, s in enumerate(self.sigmas)}
+        per = {s: float(reduced[j, 0] / reduced[j, 1]) for j, s in enumerate(self.sigmas)}
         out = {f"val_loss{suffix}": sum(per.values()) / len(per)}
         out.update({f"val_loss{suffix}@{s:g}": v for s, v in per.items()})
+        if "audio_latents" in self.dataset[0]:  # a model with sound: each stream's mean over the sigmas
+            for i, name in enumerate(streams):
+                out[f"val_loss_{name}{suffix}"] = float((reduced[:, 2 + i] / reduced[:, 1]).mean())
         return out
 
 
