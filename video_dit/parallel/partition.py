@@ -16,7 +16,7 @@ are handed back after each group (`release_freed_memory`).
 added since (the LoRA adapters, which peft injects into the partitioned Linears: peft reads only
 `in_features` / `out_features` and the base weight's dtype and device, all unchanged by ZeRO-3).
 
-Per-parameter dtypes are those of the unpartitioned path (`video_dit.models.dit.param_dtypes`: at
+Per-parameter dtypes are those of the unpartitioned path (the family's `DiTArch.param_dtypes`: at
 bf16 the float32 islands stay float32), so a partitioned build and `load_dit` give the same model,
 parameter for parameter; `cast_dit` then sets the compute dtype (the casts it would do are none).
 """

@@ -112,7 +112,7 @@ class ModelSizes:
     base: int                      # parameters of the DiT itself
     lora: int                      # adapter parameters (0 for a full fine-tune)
     trainable: int
-    base_bytes: int                # at the per-parameter dtypes of training (`models.dit.param_dtypes`)
+    base_bytes: int                # at the per-parameter dtypes of training (the family's `DiTArch.param_dtypes`)
     trainable_bytes: int
     numels: tuple[int, ...]        # every parameter's numel (ZeRO-3 partitions, persistence)
     itemsizes: tuple[int, ...]     # ... and its bytes per element as trained (float32 islands, masters)

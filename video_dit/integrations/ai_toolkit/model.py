@@ -197,7 +197,7 @@ class VideoDiTModel(BaseModel):
         self.use_old_lokr_format = False
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
         self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
-        self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (families.py)
+        self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (`families.contract.Family`)
         self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
         self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
