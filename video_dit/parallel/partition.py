@@ -70,7 +70,7 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
         for pname, _ in module.named_parameters(recurse=False):
             owners[f"{mname}.{pname}" if mname else pname] = (module, pname)
     convert = None
-    for group in module_groups(owners):  # 3. one block (or top-level module) at a time
+    for group in module_groups(owners, arch.block_list):  # 3. one block (or top-level module) at a time
         if rank0:
             tensors = weights.read(group) if weights is not None else None
         for name in group:

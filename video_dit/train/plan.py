@@ -794,9 +794,10 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     enc = encoder_bytes(job, preset, dtype)
     n = machine.ranks_per_node
     process = PROCESS_BYTES + (CUDA_HOST_BYTES if cuda else 0)
+    arch = family_of(preset).arch
     with torch.device("meta"):
-        names = dict((k, v.numel()) for k, v in family_of(preset).arch.cls(preset.dit).named_parameters())
-    group = max(sum(names[k] for k in g) for g in module_groups(names)) * dtype.itemsize
+        names = dict((k, v.numel()) for k, v in arch.cls(preset.dit).named_parameters())
+    group = max(sum(names[k] for k in g) for g in module_groups(names, arch.block_list)) * dtype.itemsize
     if partitioned(setting.zero_stage):
         dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)
     else:
