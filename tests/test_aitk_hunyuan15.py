@@ -107,8 +107,8 @@ def test_lora_saved_as_our_file_and_loaded_back(sd, tmp_path):
     assert not any("_attn_q.lora" in k for k in saved)
     path = tmp_path / "aitk.safetensors"
     save_file(saved, str(path))
-    every_linear = r"double_blocks\.\d+\.(img|txt)_(mod\.linear|attn_[qkv]|attn_proj|mlp\.fc[12])"  # ai-toolkit's
-    ours = load_lora(path, copy.deepcopy(dit), targets=every_linear)
+    # adapters on the file's own modules (ai-toolkit's every Linear, the modulation included), fused q / k / v split
+    ours = load_lora(path, copy.deepcopy(dit), from_file=HUNYUAN15.lora_from_file)
     x, t = torch.randn(1, 2 * 4 + 1, 2, 2, 2), torch.tensor([400.0])
     context = torch.randn(1, 6, sd.model.config.text_states_dim)
     with torch.no_grad():

@@ -469,7 +469,7 @@ def _peak(frames: int) -> list[int]:
     code = (
         "import json, torch\n"
         "from video_dit.bench.vae import peak_rss_delta\n"
-        "from video_dit.models.hunyuan15_vae import HunyuanVideo15VAE, HY15VAEConfig\n"
+        "from video_dit.families.hunyuan15.vae import HunyuanVideo15VAE, HY15VAEConfig\n"
         "torch.set_num_threads(1)\n"
         "vae = HunyuanVideo15VAE(HY15VAEConfig(latent_channels=4, block_out_channels=(16, 16, 32, 32, 32), "
         "layers_per_block=1), seed=0).eval()\n"

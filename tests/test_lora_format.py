@@ -7,6 +7,7 @@ from torch import nn
 
 from video_dit import lora
 from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+from video_dit.families.wan.dit import lora_targets as wan_lora_targets
 from video_dit.models.weights import WeightsError
 
 
@@ -92,7 +93,7 @@ def test_image_branch_layers_are_targeted_with_comfy_keys(tmp_path):
     assert {"blocks.0.cross_attn.k_img", "blocks.3.cross_attn.v_img"} <= modules
     assert not any(m.startswith("img_emb") or "norm_k_img" in m for m in modules)
     assert len(modules) == 4 * (4 + 4 + 2 + 2)
-    full = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2, targets=lora.lora_targets(include_img_emb=True))
+    full = lora.add_lora(load_dit("preset:tiny-clip-i2v"), 2, targets=wan_lora_targets(include_img_emb=True))
     with torch.no_grad():
         for name, p in full.named_parameters():
             if "lora_B" in name:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from video_dit.diffusion.aitk_weights import AITK_WEIGHTS
 from video_dit.diffusion.conditioning import encode_conditioning
 from video_dit.diffusion.flow import add_noise
-from video_dit.families import PRESETS, get_preset
+from video_dit.families import PRESETS, family_of, get_preset
 
 B, T, H, W = 2, 5, 16, 16  # pixels (B, T, 3, H, W) -> latents (B, 16, 2, 2, 2) with the tiny VAE
 GRID = torch.linspace(1000, 1, 1000)  # ai-toolkit's flowmatch training timesteps (linear / weighted)
@@ -35,7 +35,8 @@ def aitk():
     concat = dataclasses.replace(tiny, name="tiny-concat", i2v_mode="concat", train_shift=5.0,
                                  dit=dataclasses.replace(tiny.dit, in_dim=36))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(PRESETS, "tiny-concat", concat)
+        mp.setitem(PRESETS, "tiny-concat", concat)  # the registry's and the family's own (its loaders read it)
+        mp.setitem(family_of(tiny).presets, "tiny-concat", concat)
         yield aitk_standin.activate()
         aitk_standin.deactivate()
 

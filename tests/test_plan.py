@@ -57,7 +57,8 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images
     model = VideoDiT(cfg)
     helpers.randomize_head(model)
     if lora:
-        from video_dit.lora import add_lora, lora_targets
+        from video_dit.families.wan.dit import lora_targets
+        from video_dit.lora import add_lora
 
         add_lora(model, lora, targets=lora_targets(img_emb))
     cast_dit(model, dtype, masters=True)  # the trainer's storage: trainable float32, the frozen bulk in dtype

@@ -1,4 +1,4 @@
-"""The memory plan of the HunyuanVideo 1.5 DiT (`video_dit.train.plan_hunyuan15`), against what the DiT
+"""The memory plan of the HunyuanVideo 1.5 DiT (`video_dit.families.hunyuan15.memory`), against what the DiT
 really keeps: every tensor storage its forward and backward create, followed by `CPUAllocationTracker` on
 a tiny three-block DiT in this process. After the forward the live bytes equal the derivation exactly;
 the step's peak is within 10%. Full fine-tuning and LoRA, fp32 and the bf16 a GPU job stores (float32

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from video_dit.families.wan import FAMILY as WAN
 from video_dit.families.wan.config import DiTConfig
 from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
-from video_dit.families.wan.dit import VideoDiT, cast_dit
+from video_dit.families.wan.dit import VideoDiT, cast_dit, param_dtypes
 
 CFG = DiTConfig(dim=64, ffn_dim=128, freq_dim=32, text_dim=48, num_heads=4, num_layers=2, text_len=16)
 
@@ -147,7 +147,7 @@ def test_full_export_keeps_the_islands_float32_and_loads_as_stored(tmp_path):
     torch.manual_seed(2)
     fp32 = VideoDiT(CFG)
     ref = fp32.state_dict()
-    sd = dict(_gathered_state(fp32, 0, torch.bfloat16))
+    sd = dict(_gathered_state(fp32, 0, torch.bfloat16, param_dtypes))
     assert sd.keys() == ref.keys()
     for name, t in sd.items():
         want = torch.float32 if wan_float32(name) else torch.bfloat16

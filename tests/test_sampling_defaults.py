@@ -100,7 +100,7 @@ def test_precedence_and_the_line_that_says_it(tmp_path):
     preset = get_preset("wan2.1-t2v-1.3b")
     s = resolve_sampling(preset, family=WAN)
     assert (s.solver, s.steps, s.shift, s.guidance, s.negative, s.grid) == ("unipc", 50, 5.0, 5.0, WAN_NEG, "reference")
-    assert s.describe() == ("sampling: unipc on Wan's grid, 50 steps, shift 5, guidance 5, negative prompt "
+    assert s.describe() == ("sampling: unipc on Wan 2.1 / 2.2's grid, 50 steps, shift 5, guidance 5, negative prompt "
                             "Wan's default [solver, steps, shift, guidance, negative: preset wan2.1-t2v-1.3b]")
     s = resolve_sampling(preset, config, {"steps": (8, "--steps")}, family=WAN)
     assert (s.solver, s.steps, s.shift, s.grid) == ("unipc", 8, 3.0, "diffusers")
@@ -138,7 +138,7 @@ def test_previews_take_the_preset_unless_the_job_says(tmp_path):
             self.index, self.settings = index, settings
 
     lines = describe([Job(0, a), Job(1, b)])
-    assert len(lines) == 2 and lines[0].startswith("previews 0: sampling: unipc on Wan's grid, 50 steps")
+    assert len(lines) == 2 and lines[0].startswith("previews 0: sampling: unipc on Wan 2.1 / 2.2's grid, 50 steps")
     # the job's keys win; ai-toolkit's names: sampler flowmatch = Euler; ddpm (its default) = the default
     job = _job({"sampler": "flowmatch", "guidance_scale": 1.0, "sample_steps": 12, "shift": 8.0, "neg": "x"})
     s = sample_settings(job.process.sample, 0, get_preset("wan2.1-t2v-1.3b"))

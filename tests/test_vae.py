@@ -213,8 +213,7 @@ def test_one_clip_conv_as_two_halves_equals_conv3d(frames, kernel, stride, paddi
     backend): output, input, weight and bias gradients equal conv3d's on the whole clip."""
     import torch.nn.functional as F
 
-    from video_dit.families.wan import vae_layers
-    from video_dit.models.causal_conv import conv3d
+    from video_dit.models import causal_conv
 
     torch.manual_seed(0)
     x = torch.randn(1, 4, frames, 9, 9, requires_grad=True)
@@ -223,9 +222,9 @@ def test_one_clip_conv_as_two_halves_equals_conv3d(frames, kernel, stride, paddi
     ref = F.conv3d(x, w, b, stride, padding)
     g = torch.randn_like(ref)
     expected = torch.autograd.grad((ref * g).sum(), (x, w, b))
-    batches, conv3d = [], F.conv3d  # (vae_layers.F is torch.nn.functional: patched for this test only)
-    monkeypatch.setattr(vae_layers.F, "conv3d", lambda x, *a: batches.append(len(x)) or conv3d(x, *a))
-    y = conv3d(x, w, b, stride, padding)
+    batches, conv3d = [], F.conv3d  # (causal_conv.F is torch.nn.functional: patched for this test only)
+    monkeypatch.setattr(causal_conv.F, "conv3d", lambda x, *a: batches.append(len(x)) or conv3d(x, *a))
+    y = causal_conv.conv3d(x, w, b, stride, padding)
     assert batches == [2]  # the halves, as one batch
     torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
     for got, want in zip(torch.autograd.grad((y * g).sum(), (x, w, b)), expected):
@@ -282,7 +281,7 @@ def _peak(frames: int) -> int:
     code = (
         "import json, torch\n"
         "from video_dit.bench.vae import peak_rss_delta\n"
-        "from video_dit.models.vae import CausalVideoVAE, VAEConfig\n"
+        "from video_dit.families.wan.vae import CausalVideoVAE, VAEConfig\n"
         "torch.set_num_threads(1); torch.manual_seed(0)\n"
         "vae = CausalVideoVAE(VAEConfig(dim=16, z_dim=4, dim_mult=(1, 2, 2, 2), num_res_blocks=1)).eval()\n"
         f"video = torch.rand(1, 3, {frames}, 48, 48) * 2 - 1\n"

@@ -166,9 +166,9 @@ def load_lora(path, model: nn.Module, from_file=None) -> nn.Module:
     native, alpha, rank, _ = read_lora(path, from_file)
     modules = {k.rsplit(".", 2)[0] for k in native}
     if not has_lora(model):
-        linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
-        if modules <= linears:  # else the mismatch is named below
-            add_lora(model, rank, alpha, targets="|".join(re.escape(m) for m in sorted(modules)))
+        present = modules & {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        if present:  # the file's modules this model has; the others are named below
+            add_lora(model, rank, alpha, targets="|".join(re.escape(m) for m in sorted(present)))
     elif (model._lora_rank, model._lora_alpha) != (rank, alpha):
         raise WeightsError(f"{path}: rank/alpha {rank}/{alpha} differ from the model's adapters "
                            f"{model._lora_rank}/{model._lora_alpha}")

@@ -8,7 +8,7 @@
            and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the i2v
            mode; what an export recorded (`video_dit_sources.json`: sources, sampling settings)
 
-The model family (`families.py`: Wan, HunyuanVideo 1.5) is the preset's; without a preset, the
+The model family (`video_dit.families`: Wan, HunyuanVideo 1.5, one folder each) is the preset's; without a preset, the
 weights' own (their metadata or key names, `families.identify`); weights of another family than the
 preset's are refused naming the file, the key and the presets that fit. A HunyuanVideo 1.5 checkpoint's
 task (t2v or i2v: one architecture) comes from its metadata or its preset, and is `ModelSpec.task`.

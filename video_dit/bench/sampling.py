@@ -1,5 +1,5 @@
 """Sampling benchmark: seconds per denoising step and per rendered second of video, through
-`video_dit.pipeline.VideoPipeline` (UniPC steps, its default, with classifier-free guidance, then VAE
+`video_dit.families.wan.pipeline.VideoPipeline` (UniPC steps, its default, with classifier-free guidance, then VAE
 decode to PIL frames), with random weights of a preset.
 
     python -m video_dit.bench.sampling [--small] [--repeats 3] [--device cpu|cuda]

@@ -22,7 +22,7 @@ both experts, each step with the one whose side of the boundary holds its timest
 the settings its first preview rendered with (solver, steps, shift, guidance, negative prompt,
 frames, size, fps, seed, the DiT / text encoder and VAE dtypes), used for every flag the command
 leaves out: it renders what the previews showed. The model family (Wan, HunyuanVideo 1.5) is the
-preset's, else the weights' own (`families.py`); it brings the loaders and the pipeline. A HunyuanVideo
+preset's, else the weights' own (`families.identify`); it brings the loaders and the pipeline. A HunyuanVideo
 1.5 folder (diffusers' layout, or one of Tencent's transformer/<variant>/ folders with --text-encoder)
 samples t2v or i2v as its checkpoint was released for (--image only on an i2v checkpoint).
 Order of work: the prompts are encoded and the text encoder freed before the DiT is loaded, so the two

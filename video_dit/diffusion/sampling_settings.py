@@ -156,6 +156,7 @@ class SamplingSettings:
     grid: str = "reference"       # the family's own sigma grid, or "diffusers" (flow.SCHEDULE_GRIDS)
     sources: dict[str, str] = field(default_factory=dict)  # field -> where its value came from
     negative_names: dict[str, str] = field(default_factory=dict)  # the family's default prompts -> their names
+    reference: str = "the reference"  # whose own grid "reference" is (the family's title)
 
     @property
     def guided(self) -> bool:
@@ -165,7 +166,7 @@ class SamplingSettings:
     def describe(self) -> str:
         """One line: the values, then which came from where."""
         solver = self.solver + (" on diffusers' grid" if self.solver == "unipc" and self.grid == "diffusers"
-                                else " on the reference's grid" if self.solver == "unipc" else "")
+                                else f" on {self.reference}'s grid" if self.solver == "unipc" else "")
         guided = self.guided
         neg = f", negative prompt {self._negative_name()}" if guided else " (off: no negative pass)"
         guidance = (f"guidance {self.guidance:g}" if self.guidance_2 is None else
@@ -231,4 +232,5 @@ def resolve_sampling(preset, scheduler: SchedulerConfig | None = None,
     # samples on diffusers' grids at all
     folder = scheduler is not None and values["solver"] == scheduler.solver
     grid = scheduler.grid if folder and scheduler.grid in family.sampling_grids else "reference"
-    return SamplingSettings(**values, grid=grid, sources=sources, negative_names=dict(family.negative_prompts))
+    return SamplingSettings(**values, grid=grid, sources=sources, negative_names=dict(family.negative_prompts),
+                            reference=family.title)

@@ -20,6 +20,7 @@ end without a shared file knowing it.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, runtime_checkable
 
@@ -98,6 +99,15 @@ class Preset:
     def divisibility(self) -> int:
         """Pixel multiple every frame side must have: VAE factor x DiT spatial patch."""
         return self.vae_spatial * self.dit.patch_size[1]
+
+
+def lookup_preset(presets: dict, name: str, whose: str = "this family") -> Preset:
+    """`presets[name]`; an unknown name is a KeyError naming the nearest one and listing `presets`."""
+    if name not in presets:
+        close = difflib.get_close_matches(name, presets, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown preset {name!r}{hint}; valid presets of {whose}: {', '.join(presets)}")
+    return presets[name]
 
 
 def with_dit(preset: Preset, **changes) -> Preset:

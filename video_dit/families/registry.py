@@ -15,13 +15,12 @@ listed in `VIDEO_DIT_FAMILIES`.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import json
 import os
 from pathlib import Path
 
-from video_dit.families.contract import Family, Preset
+from video_dit.families.contract import Family, Preset, lookup_preset
 from video_dit.models.layouts import dit_path, preset_name
 from video_dit.models.weights import WeightsError, open_weights
 
@@ -80,12 +79,8 @@ def family_of(preset: Preset) -> Family:
 
 
 def get_preset(name: str) -> Preset:
-    """The preset called `name`; an unknown name is a KeyError listing the valid ones."""
-    if name not in PRESETS:
-        close = difflib.get_close_matches(name, PRESETS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown preset {name!r}{hint}; valid presets: {', '.join(PRESETS)}")
-    return PRESETS[name]
+    """The preset called `name`; an unknown name is a KeyError naming the nearest and listing the valid ones."""
+    return lookup_preset(PRESETS, name, "every family")
 
 
 def vae_family(vae_preset: str) -> Family:

@@ -14,7 +14,7 @@ plain-torch oracle (the DiT's torch path). Triton is optional: this package impo
 The DiT chooses per forward through a flag on its modules, as it does for attention (a flag read in
 `forward`, never a swapped module): `set_kernels(model, "auto" | "triton" | "torch")`
 (`VideoDiT.set_kernels`); "auto", the default, is the fused ops on CUDA tensors when triton imports,
-the torch path otherwise; "torch" is the torch path (`dit_layers`' `_RMSNormFn`, `apply_rope`,
+the torch path otherwise; "torch" is the torch path (`models/layers.py`' `_RMSNormFn`, `apply_rope`,
 `modulate`) unchanged.
 """
 

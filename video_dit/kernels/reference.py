@@ -1,4 +1,4 @@
-"""The fused ops' math in plain torch, as the DiT's torch path computes it (`dit_layers`: `_RMSNormFn`
+"""The fused ops' math in plain torch, as the DiT's torch path computes it (`models/layers.py`: `_RMSNormFn`
 + `apply_rope`, `modulate`): the test oracle of the Triton kernels and of the ops' own torch
 implementation. Differentiable by autograd; no custom Function, no saved-tensor tricks.
 

@@ -1,5 +1,5 @@
-"""What every family's activation model shares (`plan.py` for Wan, `plan_hunyuan15.py` for HunyuanVideo
-1.5): the knobs of one prediction (`Setting`), its result (`Activations`) and the byte widths the
+"""What every family's activation model shares (each family's `MemoryModel`: `families/wan/memory.py`,
+`families/hunyuan15/memory.py`): the knobs of one prediction (`Setting`), its result (`Activations`) and the byte widths the
 derivations use (s: the compute dtype's; a: the float32 islands'; w: a trainable weight's autocast copy)."""
 
 from __future__ import annotations

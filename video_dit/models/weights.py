@@ -240,13 +240,14 @@ def check_state_dict(model: nn.Module, sd: dict[str, torch.Tensor], source: str,
         raise WeightsError("\n".join(parts))
 
 
-def module_groups(names) -> list[list[str]]:
-    """Tensor names grouped by top-level module (`blocks.N` counts as one), in first-seen order:
-    the unit in which weights are read, so at most one group's tensors are held beyond the model."""
+def module_groups(names, block_list: str = "blocks") -> list[list[str]]:
+    """Tensor names grouped by top-level module (each block of the DiT's `block_list`, the family's
+    `DiTArch.block_list`, counts as one: `blocks.N` for Wan), in first-seen order: the unit in which
+    weights are read, so at most one group's tensors are held beyond the model."""
     groups: dict[str, list[str]] = {}
     for name in names:
         parts = name.split(".")
-        key = ".".join(parts[:2]) if parts[0] == "blocks" and len(parts) > 2 else parts[0]
+        key = ".".join(parts[:2]) if parts[0] == block_list and len(parts) > 2 else parts[0]
         groups.setdefault(key, []).append(name)
     return list(groups.values())
 
@@ -263,14 +264,16 @@ def stored_dtype(shapes: dict, source: str, float32_kept: bool = False) -> torch
     return low.pop() if len(dtypes) > 1 else dtypes.pop()
 
 
-def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None) -> nn.Module:
+def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=None,
+                block_list: str = "blocks") -> nn.Module:
     """`cls(config)` built on the meta device and given `sd`'s tensors (checked first, assigned, not
     copied twice) at `dtype`; `dtype=None` keeps the file's dtype and refuses a file of mixed dtypes,
     except one stored as `storage` would store it (a bf16 / fp16 DiT with its float32 islands, as
     our full export writes it).
     `sd` is a dict of tensors or a `LazyWeights`, read one module group at a time.
     `storage(model, dtype) -> {name: dtype}`: per-parameter dtypes instead (the DiT's `param_dtypes`,
-    which keeps its float32 islands float32: each tensor goes from the file to its dtype directly)."""
+    which keeps its float32 islands float32: each tensor goes from the file to its dtype directly).
+    `block_list`: the model's list of blocks, each read as one group (`module_groups`)."""
     lazy = sd if isinstance(sd, LazyWeights) else None
     shapes = lazy.meta() if lazy is not None else sd
     mixed = False
@@ -286,7 +289,7 @@ def materialize(cls, config, sd, source: str, dtype=None, device=None, storage=N
         found = sorted({str(v.dtype) for v in shapes.values()})
         raise WeightsError(f"{source}: tensors of several dtypes {found}; pass dtype= (a {dtype} file may keep "
                            "only a DiT's float32 islands in float32)")
-    groups = module_groups(shapes) if lazy is not None else [list(sd)]
+    groups = module_groups(shapes, block_list) if lazy is not None else [list(sd)]
     for group in groups:
         tensors = lazy.read(group) if lazy is not None else {k: sd[k] for k in group}
         model.load_state_dict({k: v.to(device=device, dtype=per_name.get(k, dtype)) for k, v in tensors.items()},

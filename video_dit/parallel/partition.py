@@ -16,7 +16,7 @@ are handed back after each group (`release_freed_memory`).
 added since (the LoRA adapters, which peft injects into the partitioned Linears: peft reads only
 `in_features` / `out_features` and the base weight's dtype and device, all unchanged by ZeRO-3).
 
-Per-parameter dtypes are those of the unpartitioned path (`video_dit.models.dit.param_dtypes`: at
+Per-parameter dtypes are those of the unpartitioned path (the family's `DiTArch.param_dtypes`: at
 bf16 the float32 islands stay float32), so a partitioned build and `load_dit` give the same model,
 parameter for parameter; `cast_dit` then sets the compute dtype (the casts it would do are none).
 """
@@ -70,7 +70,7 @@ def build_partitioned(source: str, preset, dtype, seed: int, ds_config: dict, co
         for pname, _ in module.named_parameters(recurse=False):
             owners[f"{mname}.{pname}" if mname else pname] = (module, pname)
     convert = None
-    for group in module_groups(owners):  # 3. one block (or top-level module) at a time
+    for group in module_groups(owners, arch.block_list):  # 3. one block (or top-level module) at a time
         if rank0:
             tensors = weights.read(group) if weights is not None else None
         for name in group:

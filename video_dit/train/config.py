@@ -753,6 +753,17 @@ class ProcessConfig:
             raise ConfigError(f"{path}.datasets[0].do_flf2v", f"preset {preset.name!r} is first-last-frame (its "
                                                               "DiT reads the first and the last frame): "
                                                               "its datasets need do_flf2v: true")
+        # the conditioning the trainer will build (`job_conditioning`), asked of the family now: a family that
+        # cannot condition its model as the datasets ask (a text-to-video-only one given a do_i2v dataset) says
+        # so in its ValueError, named here before any rank starts
+        training = family_of(preset).training
+        first = next((i for i, d in enumerate(self.datasets) if d.do_i2v), None)
+        if first is not None or training.conditions_t2v:
+            try:
+                training.conditioning(i2v, preset.dit.patch_size, self.model.mask_first_frame_loss, any(flf2v))
+            except ValueError as exc:
+                key = f"datasets[{first}].do_i2v" if first is not None else "model.i2v_mode"
+                raise ConfigError(f"{path}.{key}", f"preset {preset.name!r}: {exc}") from exc
 
     def _check_image_branch(self, path: str, preset) -> None:
         """Keys of an image branch on a preset without one."""

@@ -112,7 +112,7 @@ class ModelSizes:
     base: int                      # parameters of the DiT itself
     lora: int                      # adapter parameters (0 for a full fine-tune)
     trainable: int
-    base_bytes: int                # at the per-parameter dtypes of training (`models.dit.param_dtypes`)
+    base_bytes: int                # at the per-parameter dtypes of training (the family's `DiTArch.param_dtypes`)
     trainable_bytes: int
     numels: tuple[int, ...]        # every parameter's numel (ZeRO-3 partitions, persistence)
     itemsizes: tuple[int, ...]     # ... and its bytes per element as trained (float32 islands, masters)
@@ -794,9 +794,10 @@ def host_memory(job, preset, machine: Machine, sizes: ModelSizes, setting: Setti
     enc = encoder_bytes(job, preset, dtype)
     n = machine.ranks_per_node
     process = PROCESS_BYTES + (CUDA_HOST_BYTES if cuda else 0)
+    arch = family_of(preset).arch
     with torch.device("meta"):
-        names = dict((k, v.numel()) for k, v in family_of(preset).arch.cls(preset.dit).named_parameters())
-    group = max(sum(names[k] for k in g) for g in module_groups(names)) * dtype.itemsize
+        names = dict((k, v.numel()) for k, v in arch.cls(preset.dit).named_parameters())
+    group = max(sum(names[k] for k in g) for g in module_groups(names, arch.block_list)) * dtype.itemsize
     if partitioned(setting.zero_stage):
         dit_setup = group  # one module group on rank 0 (the others receive it by broadcast)
     else:

@@ -1,6 +1,6 @@
 """The HunyuanVideo 1.5 DiT's configuration: `HY15DiTConfig` (Tencent's constructor names), the public
 variants' configs (`HY15_DIT_CONFIGS`) and the default RoPE bands. Its own file so that the network
-(`hunyuan15_dit.py`) and its layers (`hunyuan15_layers.py`) both read it without importing each other."""
+(`dit.py`) and its layers (`layers.py`) both read it without importing each other."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ weights) compute in the bulk dtype, as Tencent's. `param_dtypes` / `cast_hy15_di
 
 Parameter names are Tencent's original checkpoint names (`double_blocks.N.img_attn_q`, ...), so the
 weights Tencent publishes load unchanged and a LoRA on these modules has Tencent's / musubi-tuner's
-module paths; `hunyuan15_convert.py` maps diffusers' and ComfyUI's layouts. Sequence parallelism plugs
+module paths; `convert.py` maps diffusers' and ComfyUI's layouts. Sequence parallelism plugs
 in through `HunyuanVideo15DiT.seq_parallel`; this file holds no distributed code.
 """
 

@@ -1,4 +1,4 @@
-"""The HunyuanVideo 1.5 DiT's layers, used by `hunyuan15_dit.py`'s `HunyuanVideo15DiT`:
+"""The HunyuanVideo 1.5 DiT's layers, used by `dit.py`'s `HunyuanVideo15DiT`:
 
     hy15_rope_tables    3D RoPE tables for the video tokens, bands (t, h, w) = rope_dim_list, theta 256
     timestep_sinusoid   Tencent's float32 [cos | sin] timestep features             (B,) -> (B, 256)
@@ -11,7 +11,7 @@
     FinalLayer          adaLN, Linear(D, out_channels * pt*ph*pw)            (B, L, D) -> (B, L, C_out*pt*ph*pw)
 
 Parameter names are Tencent's checkpoint names (hyvideo/models/transformers/). The adaLN and residual
-arithmetic (`modulate`, `gated_add`), RMSNorm and `apply_rope` are the Wan DiT's, from `dit_layers.py`:
+arithmetic (`modulate`, `gated_add`), RMSNorm and `apply_rope` are the family-neutral ones of `video_dit/models/layers.py`:
 HunyuanVideo 1.5 uses the same math (LayerNorm eps 1e-6 without affine, x * (1 + scale) + shift,
 adjacent-pair RoPE). No distributed code here.
 """

@@ -1,7 +1,7 @@
 """HunyuanVideo 1.5 weights in: the DiT from a preset's seeded init, a diffusers folder, Tencent's own
-layout or a single file (any key layout `hunyuan15_convert.py` reads); its config and its task (t2v or
+layout or a single file (any key layout `convert.py` reads); its config and its task (t2v or
 i2v) from the files' metadata, without reading a tensor. The VAE and encoders load through
-`hunyuan15_convert_vae.load_hy15_vae` and `hunyuan15_encoders`; `families.HUNYUAN15` puts them together.
+`convert_vae.load_hy15_vae` and `encoders`; `__init__.py`'s `FAMILY` puts them together.
 
 Layouts of a model folder:
     diffusers  hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-*: model_index.json (its `_class_name`,

@@ -1,5 +1,5 @@
 """Activation memory of the HunyuanVideo 1.5 DiT in one training step, per rank: what
-`models/hunyuan15_dit.py` and `hunyuan15_layers.py` make autograd keep, op by op (the plan's other terms,
+`dit.py` and `layers.py` make autograd keep, op by op (the plan's other terms,
 parameters and DeepSpeed's state, are the family-blind ones of `plan.py`).
 
 Notation as in `plan.py`: s bytes per element of the compute dtype, a = max(s, 4) the float32 islands
@@ -68,8 +68,8 @@ from __future__ import annotations
 
 from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
-TIME_FREQ = 256  # the timestep sinusoid's width (hunyuan15_layers.timestep_sinusoid)
-REFINER_RATIO = 4  # the token refiner's MLP ratio (hunyuan15_layers.REFINER_MLP_RATIO)
+TIME_FREQ = 256  # the timestep sinusoid's width (layers.timestep_sinusoid)
+REFINER_RATIO = 4  # the token refiner's MLP ratio (layers.REFINER_MLP_RATIO)
 
 
 def hy15_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from video_dit.families.contract import Preset
+from video_dit.families.contract import Preset, lookup_preset
 from video_dit.families.hunyuan15.config import HY15_DIT_CONFIGS
 from video_dit.families.hunyuan15.encoders import HY15_SIGLIP, HY15_TEXT, TINY_HY15_SIGLIP, TINY_HY15_TEXT
 from video_dit.families.hunyuan15.vae import HY15_VAE_CONFIG, HY15_VAE_TINY
@@ -67,7 +67,5 @@ HY15_PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """This family's preset called `name`; another name is a KeyError listing this family's presets."""
-    if name not in HY15_PRESETS:
-        raise KeyError(f"{name!r} is not a preset of this family; accepted: {', '.join(HY15_PRESETS)}")
-    return HY15_PRESETS[name]
+    """This family's preset called `name` (a KeyError naming the nearest and listing them otherwise)."""
+    return lookup_preset(HY15_PRESETS, name)

@@ -1,6 +1,6 @@
 """The HunyuanVideo 1.5 VAE (causal, 16x space, 4x time, 32 latent channels), weight-compatible with
 Tencent's release (`vae/` of tencent/HunyuanVideo-1.5), diffusers' `AutoencoderKLHunyuanVideo15` and
-ComfyUI's files (key names and configs: `hunyuan15_convert_vae.py`).
+ComfyUI's files (key names and configs: `convert_vae.py`).
 
 Dataflow (released sizes: widths 128, 256, 512, 1024, 1024; 2 res blocks per level; z = 32)
 
@@ -34,7 +34,7 @@ cache keeps. Every layer takes `(x, cache)`; the cache is the only state carried
 chunked and whole-clip passes give the same result (tested). Parameter names are Tencent's
 checkpoint names (`encoder.down.0.block.0.conv1.conv.weight`, `encoder.mid.attn_1.q.weight`, ...).
 
-Shared with the Wan VAE (`vae_layers.py`, the same math): the chunk cache it extends, the channel
+Shared with the Wan VAE (`video_dit/models/causal_conv.py`, the same math): the chunk cache it extends, the channel
 RMS norm, the conv kernel dispatch and the posterior (`vae.py`). What differs lives here: replicate
 padding, pixel-(un)shuffle resampling with parameter-free shortcuts, frame-causal attention. On the
 CPU without autograd, the causal convs of `WINOGRAD_CHANNELS` input channels or more run as Winograd

@@ -1,6 +1,6 @@
 """The Wan DiT's configuration: `DiTConfig`, field for field the original `WanModel` constructor's, so a
 Wan `config.json` maps 1:1 (`DiTConfig.from_dict`). Its own file so that the network (`dit.py`) and its
-layers (`dit_layers.py`) both read it without importing each other."""
+layers (`layers.py`) both read it without importing each other."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ ComfyUI `diffusion_model.` convention. Sequence parallelism plugs in through `Vi
 (see `VideoDiT.forward`); this file holds no distributed code.
 
 The layers (embeddings and RoPE, the adaLN arithmetic, `RecomputeSaved`, attention, `Block`, `Head`) are
-in `dit_layers.py`; this file holds the configuration, the initialisation, `VideoDiT` (the network
+in `layers.py` (and the family-neutral `video_dit/models/layers.py`); this file holds the configuration, the initialisation, `VideoDiT` (the network
 whole, with the shapes of its forward), the float32 islands and `dit_flops`.
 """
 
@@ -85,7 +85,7 @@ def init_parameter(config: DiTConfig, name: str, t: torch.Tensor, generator: tor
 
 class VideoDiT(IslandCast, BlockTraining, nn.Module):
     """The Wan 2.x DiT. Build on the meta device and materialise with
-    `load_state_dict(sd, assign=True)` (see `video_dit.models.loading.load_dit`).
+    `load_state_dict(sd, assign=True)` (see `video_dit.families.wan.loading.load_dit`).
 
     Sequence-parallel seam: `model.seq_parallel = sp` (None = off), where `sp` has
       split(t, dim) -> this rank's slice of t along dim,

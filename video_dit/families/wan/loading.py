@@ -1,7 +1,7 @@
 """The Wan family's components in, one loader each: `load_dit`, `load_vae`, `load_text_encoder`,
 `load_image_encoder`, from a preset's seeded random init, diffusers folders, original Wan files or
-single safetensors files (ComfyUI's among them). HunyuanVideo 1.5's are `hunyuan15_loading.py`,
-`hunyuan15_convert_vae.py` and `hunyuan15_encoders.py`; `video_dit/families.py` says which family
+single safetensors files (ComfyUI's among them). HunyuanVideo 1.5's are in its own folder,
+`video_dit/families/hunyuan15/`; the registry (`video_dit.families.identify`) says which family
 loads what. Kept apart from the network math; the tensor files are read through `weights.py`, the
 folder conventions are `layouts.py`'s.
 """

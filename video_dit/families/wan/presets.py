@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from video_dit.families.contract import Preset
+from video_dit.families.contract import Preset, lookup_preset
 from video_dit.families.wan.config import DiTConfig
 from video_dit.families.wan.image_encoder import ImageEncoderConfig
 from video_dit.families.wan.text_encoder import TextEncoderConfig
@@ -157,7 +157,5 @@ WAN_PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
-    """This family's preset called `name`; another name is a KeyError listing this family's presets."""
-    if name not in WAN_PRESETS:
-        raise KeyError(f"{name!r} is not a preset of this family; accepted: {', '.join(WAN_PRESETS)}")
-    return WAN_PRESETS[name]
+    """This family's preset called `name` (a KeyError naming the nearest and listing them otherwise)."""
+    return lookup_preset(WAN_PRESETS, name)

@@ -197,7 +197,7 @@ class VideoDiTModel(BaseModel):
         self.use_old_lokr_format = False
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
         self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
-        self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (families.py)
+        self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (`families.contract.Family`)
         self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
         self._configure(self.spec.preset)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
@@ -242,6 +242,10 @@ class VideoDiTModel(BaseModel):
         # a first-last-frame DiT (`Family.last_frame`: "required") is conditioned on the last frame of every
         # clip too (ai-toolkit's dataset config has no such key, so the model decides)
         self.last_frame = self.family.last_frame(preset.dit, self.i2v_mode) == "required"
+        self.conditioning = None  # a model that takes no first frame and is not conditioned in t2v: none, as
+        # our trainer's `job_conditioning` (a do_i2v batch is then refused, `_first_frame_condition`)
+        if self.i2v_mode is None and not self.family.training.conditions_t2v:
+            return
         try:  # the family's (`Training.conditioning`)
             self.conditioning = self.family.training.conditioning(self.i2v_mode, preset.dit.patch_size,
                                                                   self.options.mask_first_frame_loss, self.last_frame)
@@ -464,6 +468,11 @@ class VideoDiTModel(BaseModel):
         if batch is not None and not batch.dataset_config.do_i2v:
             folder = getattr(batch.dataset_config, "folder_path", None)
             check_dataset_i2v(self.preset, False, f"datasets[].do_i2v ({folder})")  # as our trainer's check
+        if batch is not None and batch.dataset_config.do_i2v and self.conditioning is None:
+            folder = getattr(batch.dataset_config, "folder_path", None)
+            raise ConfigError(f"datasets[].do_i2v ({folder})", f"preset {self.preset.name!r} takes no first frame "
+                                                               "(its family builds no first-frame conditioning); "
+                                                               "accepted: false")
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
             if self.family.i2v_only(self.preset.dit):
                 raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it has "
