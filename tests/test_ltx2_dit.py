@@ -9,7 +9,6 @@ from pathlib import Path
 import helpers
 import pytest
 import torch
-import torch.nn.functional as F
 
 import video_dit.families
 
@@ -174,7 +173,8 @@ def test_parity_fails_on_one_weight_or_one_flag():
         "rope_type": errors(ours_from(sd, LTX2DiTConfig(**{**cfg.__dict__, "rope_type": "interleaved"})), ref, cfg, kw,
                             True),
         "fps": errors(ours_from(sd, cfg), ref, cfg, kw, True, ours_kw={**kw, "fps": 24.0}),
-        "av_ca multiplier": errors(ours_from(sd, LTX2DiTConfig(**{**cfg.__dict__, "av_ca_timestep_scale_multiplier": 1})),
+        "av_ca multiplier": errors(ours_from(sd, LTX2DiTConfig(**{**cfg.__dict__,
+                                                                    "av_ca_timestep_scale_multiplier": 1})),
                                    ref, cfg, kw, True),
     }
     print("\nfailing siblings: " + ", ".join(f"{k} {max(v):.1e}" for k, v in failing.items()))
@@ -196,7 +196,9 @@ def test_block_checkpointing_same_gradients():
     for n in ("transformer_blocks.0.audio_to_video_attn.to_k.weight", "av_ca_a2v_gate_adaln_single.linear.weight",
               "keyframes_abs_pos_embedding", "prompt_adaln_single.linear.weight"):
         assert grads[0][n].abs().sum() > 0, n
-    for n in grads[0]:
+    worst = max(rel_err(grads[1][n], grads[0][n]) for n in grads[0] if grads[0][n].abs().max() > 0)
+    print(f"\ncheckpointed vs not: worst gradient error {worst:.1e}")
+    for n in grads[0]:  # measured: bitwise equal (0.0); the tolerance leaves room for a reordered recompute
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7, msg=n)
     model.set_attention_backend("native")
     with pytest.raises(ValueError, match="accepted"):
@@ -269,9 +271,11 @@ def test_sequence_parallel_seam_is_the_only_attention_path(monkeypatch):
     assert not failures, failures
     per_block = [("self", "video", 24), ("text", 24, TEXT), ("self", "audio", 5), ("text", 5, TEXT),
                  ("cross", "video", "audio", 24, 5), ("cross", "audio", "video", 5, 24)]
+    worst = max(rel_err(results[r][s], expected[s]) for r in range(2) for s in range(2))
+    print(f"\ntwo ranks vs one: {worst:.1e}")
     for r in range(2):
         assert models[r].seq_parallel.calls == per_block * cfg.num_layers
-        assert rel_err(results[r][0], expected[0]) < 1e-5 and rel_err(results[r][1], expected[1]) < 1e-5
+    assert worst < 3e-6  # measured 1.8e-7 (the halves' attention sums in another order); ~16x
 
 
 def test_conversions_round_trip_and_bad_keys_are_named():
@@ -286,9 +290,13 @@ def test_conversions_round_trip_and_bad_keys_are_named():
     assert again.keys() == native.keys() and all(again[k] is native[k] for k in native)
     # spot checks against diffusers' scripts/convert_ltx2_to_diffusers.py rename dicts
     d = diffusers_sd
-    assert native["adaln_single.emb.timestep_embedder.linear_1.weight"] is d["time_embed.emb.timestep_embedder.linear_1.weight"]
-    assert native["transformer_blocks.1.scale_shift_table_a2v_ca_video"] is d["transformer_blocks.1.video_a2v_cross_attn_scale_shift_table"]
-    assert native["transformer_blocks.0.audio_to_video_attn.k_norm.weight"] is d["transformer_blocks.0.audio_to_video_attn.norm_k.weight"]
+    for ours, theirs in (("adaln_single.emb.timestep_embedder.linear_1.weight",
+                          "time_embed.emb.timestep_embedder.linear_1.weight"),
+                         ("transformer_blocks.1.scale_shift_table_a2v_ca_video",
+                          "transformer_blocks.1.video_a2v_cross_attn_scale_shift_table"),
+                         ("transformer_blocks.0.audio_to_video_attn.k_norm.weight",
+                          "transformer_blocks.0.audio_to_video_attn.norm_k.weight")):
+        assert native[ours] is d[theirs], ours
     assert native["av_ca_v2a_gate_adaln_single.linear.bias"] is d["av_cross_attn_audio_v2a_gate.linear.bias"]
     assert native["audio_prompt_adaln_single.linear.weight"] is d["audio_prompt_adaln.linear.weight"]
     # a Lightricks single file: the DiT under model.diffusion_model., beside the connectors and other components
@@ -303,7 +311,8 @@ def test_conversions_round_trip_and_bad_keys_are_named():
         assert out.keys() == native.keys() and all(out[k] is native[k] for k in native)
     assert ltx2_key_layout(native) == "native" and ltx2_key_layout(diffusers_sd) == "diffusers"
     # unknown keys, missing and wrong-shape ones are named with the source
-    with pytest.raises(ValueError, match=r"ckpt\.safetensors: .*1 unexpected keys, first: transformer_blocks\.0\.attn1\.to_x"):
+    with pytest.raises(ValueError,
+                       match=r"ckpt\.safetensors: .*1 unexpected keys, first: transformer_blocks\.0\.attn1\.to_x"):
         ltx2_to_native({**native, "transformer_blocks.0.attn1.to_x.weight": torch.zeros(1)}, "ckpt.safetensors")
     with pytest.raises(ValueError, match="first: blocks.0.self_attn.q.weight"):
         ltx2_to_native({"blocks.0.self_attn.q.weight": torch.zeros(1)})
@@ -333,7 +342,8 @@ def test_lora_keys_are_comfyuis():
     trainer = {f"diffusion_model.{k}": v for k, v in native.items()}
     assert ltx2_lora_from_file(trainer)[1:] == (2.0, 2)
     assert ltx2_lora_from_file({f"transformer.{k}": v for k, v in native.items()})[0].keys() == native.keys()
-    with pytest.raises(WeightsError, match=r"x\.safetensors: LoRA on 1 modules .* first: transformer_blocks\.0\.attn9\.to_q"):
+    with pytest.raises(WeightsError,
+                       match=r"x\.safetensors: LoRA on 1 modules .* first: transformer_blocks\.0\.attn9\.to_q"):
         ltx2_lora_from_file({"diffusion_model.transformer_blocks.0.attn9.to_q.lora_A.weight": torch.zeros(2, 4),
                              "diffusion_model.transformer_blocks.0.attn9.to_q.lora_B.weight": torch.zeros(4, 2)},
                             "x.safetensors")

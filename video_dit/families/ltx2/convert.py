@@ -177,7 +177,8 @@ def ltx2_lora_to_comfy(native: dict[str, torch.Tensor], alpha: float) -> dict[st
     return to_comfy(native, alpha)
 
 
-def ltx2_lora_from_file(sd: dict[str, torch.Tensor], source: str = "LoRA") -> tuple[dict[str, torch.Tensor], float, int]:
+def ltx2_lora_from_file(sd: dict[str, torch.Tensor],
+                        source: str = "LoRA") -> tuple[dict[str, torch.Tensor], float, int]:
     """A LoRA file's tensors (ComfyUI / ltx-trainer `diffusion_model.`, diffusers / peft `transformer.` with
     diffusers' module names) -> (native adapter keys, alpha, rank); modules an LTX-2 DiT lacks are named."""
     native, alpha, rank = from_comfy(sd, source)
@@ -242,13 +243,15 @@ def ltx2_config_from_diffusers(d: dict) -> LTX2DiTConfig:
                              "Lightricks' model has one flag for both streams")
     p, pt = d["patch_size"], d["patch_size_t"]
     return LTX2DiTConfig(
-        in_channels=d["in_channels"] // (pt * p * p), out_channels=(d["out_channels"] or d["in_channels"]) // (pt * p * p),
+        in_channels=d["in_channels"] // (pt * p * p),
+        out_channels=(d["out_channels"] or d["in_channels"]) // (pt * p * p),
         patch_size=(pt, p, p), num_attention_heads=d["num_attention_heads"], attention_head_dim=d["attention_head_dim"],
         cross_attention_dim=d["cross_attention_dim"], audio_in_channels=d["audio_in_channels"],
         audio_out_channels=d["audio_out_channels"] or d["audio_in_channels"],
         audio_num_attention_heads=d["audio_num_attention_heads"],
-        audio_attention_head_dim=d["audio_attention_head_dim"], audio_cross_attention_dim=d["audio_cross_attention_dim"],
-        num_layers=d["num_layers"], norm_eps=d["norm_eps"], caption_proj_before_connector=not d["use_prompt_embeddings"],
+        audio_attention_head_dim=d["audio_attention_head_dim"],
+        audio_cross_attention_dim=d["audio_cross_attention_dim"], num_layers=d["num_layers"], norm_eps=d["norm_eps"],
+        caption_proj_before_connector=not d["use_prompt_embeddings"],
         caption_channels=d["caption_channels"], apply_gated_attention=d["gated_attn"],
         cross_attention_adaln=d["cross_attn_mod"], use_prompt_adaln_single=d["use_prompt_adaln_single"],
         ff_bias=d["ff_bias"], audio_ff_bias=d["audio_ff_bias"],

@@ -72,7 +72,8 @@ _ADALN = r"(audio_)?(prompt_adaln_single|adaln_single)|av_ca_(video|audio)_scale
 _TIME_MLP = re.compile(rf"({_ADALN})\.emb\.timestep_embedder\.linear_[12]\.weight")
 _ADALN_LINEAR = re.compile(rf"({_ADALN})\.linear\.weight")
 _TABLE_SCALED = re.compile(r"(transformer_blocks\.\d+\.)?(audio_)?scale_shift_table")
-_TABLE_UNIT = re.compile(r"transformer_blocks\.\d+\.((audio_)?prompt_scale_shift_table|scale_shift_table_a2v_ca_(audio|video))")
+_TABLE_UNIT = re.compile(r"transformer_blocks\.\d+\.((audio_)?prompt_scale_shift_table"
+                         r"|scale_shift_table_a2v_ca_(audio|video))")
 _ZEROED = re.compile(r"keyframes_abs_pos_embedding|.*\.to_gate_logits\.(weight|bias)|(audio_)?proj_out\.weight")
 
 
@@ -131,7 +132,8 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
     path of a forward with `seq_parallel` set (tests/test_ltx2_dit.py). What a Ulysses layer must do: an
     all-to-all that scatters heads and gathers tokens for q / k / v of a stream (padded keys masked),
     local attention, the reverse all-to-all (cross-modal: q from one stream, k / v from the other, each
-    exchanged); the text: the rank's H/N heads of k / v. Each collective's backward its exact adjoint.
+    exchanged the same way); the text attention may stay local. With every collective's backward its exact
+    adjoint, the ranks' gradients of every parameter add up to N x the unsplit model's, as HunyuanVideo's.
     """
 
     def __init__(self, config: LTX2DiTConfig, init_seed: int | None = None):
@@ -248,7 +250,8 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
             raise ValueError(f"audio_timestep has shape {tuple(audio_timestep.shape)}; expected ({B},)")
         if video_timestep.dim() == 2 and (video_sigma is None or tuple(video_sigma.shape) != (B,)):
             got = None if video_sigma is None else tuple(video_sigma.shape)
-            raise ValueError(f"per-token video_timestep ({B}, {L}) needs video_sigma, the ({B},) noise level; got {got}")
+            raise ValueError(f"per-token video_timestep ({B}, {L}) needs video_sigma, the ({B},) noise level; "
+                             f"got {got}")
         widths = (cfg.caption_channels,) * 2 if not cfg.caption_proj_before_connector \
             else (cfg.hidden_size, cfg.audio_hidden_size)
         for name, ctx, width, mask in (("video_context", video_context, widths[0], masks[0]),
@@ -305,7 +308,8 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         cdt = compute_dtype_of(vx)  # the Linears' dtype: bf16 under a bf16 model's autocast
         vx = f32(vx)
         if keyframes_mask is not None:
-            vx = vx + keyframes_mask.to(vx.dtype).unsqueeze(-1) * f32(self.keyframes_abs_pos_embedding)
+            marked = (keyframes_mask > 0).to(vx.dtype).unsqueeze(-1)  # (B, L, 1), as ltx-core / diffusers
+            vx = vx + marked * f32(self.keyframes_abs_pos_embedding)
         ax = f32(self.audio_patchify_proj(audio.transpose(1, 2).flatten(2).to(self.dtype)))  # (B, T, Da)
 
         v_temb, v_emb = self._adaln(self.adaln_single, video_timestep * unit)  # (B, 1|L, k D), (B, 1|L, D)
@@ -314,15 +318,20 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         if not cfg.caption_proj_before_connector:
             v_ctx, a_ctx = self.caption_projection(v_ctx), self.audio_caption_projection(a_ctx)  # (B, Lt, D | Da)
         rope_v, rope_a, cross_v, cross_a = self._ropes(grid, T, fps, video.device)
-        v = Stream("video", v_temb, v_ctx, None if video_context_mask is None else video_context_mask.bool(), rope_v,
-                   cross_v, self._adaln(self.av_ca_video_scale_shift_adaln_single, video_timestep * unit)[0],
-                   self._adaln(self.av_ca_a2v_gate_adaln_single, audio_timestep * gate_unit)[0],
-                   self._adaln(self.prompt_adaln_single, video_sigma * unit)[0] if cfg.has_prompt_adaln else None)
-        a = Stream("audio", a_temb, a_ctx, None if audio_context_mask is None else audio_context_mask.bool(), rope_a,
-                   cross_a, self._adaln(self.av_ca_audio_scale_shift_adaln_single, audio_timestep * unit)[0],
-                   self._adaln(self.av_ca_v2a_gate_adaln_single, video_sigma * gate_unit)[0],
-                   self._adaln(self.audio_prompt_adaln_single, audio_timestep * unit)[0] if cfg.has_prompt_adaln
-                   else None)
+        # a2v / v2a: scale and shift from the stream's own timesteps, the gate from the other stream's sigma
+        # (ltx-core; see the module docstring); the text k / v modulation from the stream's sigma
+        v = Stream(name="video", temb=v_temb, context=v_ctx, context_mask=_bool(video_context_mask), rope=rope_v,
+                   cross_rope=cross_v,
+                   cross_ss=self._adaln(self.av_ca_video_scale_shift_adaln_single, video_timestep * unit)[0],
+                   cross_gate=self._adaln(self.av_ca_a2v_gate_adaln_single, audio_timestep * gate_unit)[0],
+                   prompt_temb=self._adaln(self.prompt_adaln_single, video_sigma * unit)[0]
+                   if cfg.has_prompt_adaln else None)
+        a = Stream(name="audio", temb=a_temb, context=a_ctx, context_mask=_bool(audio_context_mask), rope=rope_a,
+                   cross_rope=cross_a,
+                   cross_ss=self._adaln(self.av_ca_audio_scale_shift_adaln_single, audio_timestep * unit)[0],
+                   cross_gate=self._adaln(self.av_ca_v2a_gate_adaln_single, video_sigma * gate_unit)[0],
+                   prompt_temb=self._adaln(self.audio_prompt_adaln_single, audio_timestep * unit)[0]
+                   if cfg.has_prompt_adaln else None)
 
         sp = self.seq_parallel
         if sp is not None:  # each stream's tokens and per-token rows go to their rank; the text stays whole
@@ -350,6 +359,10 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
             shift, scale = (f32(table)[None, None] + emb[:, :, None]).unbind(2)  # (B, 1|L, D) each
             h = torch.addcmul(shift, F.layer_norm(f32(x), x.shape[-1:], eps=self.config.norm_eps), 1 + scale)
             return proj(h.to(proj.weight.dtype))
+
+
+def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:
+    return None if mask is None else mask.bool()
 
 
 # ---------------------------------------------------------------- precision: the float32 islands
@@ -398,7 +411,8 @@ def cast_ltx2_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -
 # The attention Linears of all six attentions and both FFNs of every block (peft `target_modules`, a
 # full-match regex): ltx-trainer's default targets (to_q / to_k / to_v / to_out.0) plus the FFNs.
 LORA_TARGETS = (r"transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|audio_to_video_attn"
-                r"|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)|transformer_blocks\.\d+\.(ff|audio_ff)\.net\.(0\.proj|2)")
+                r"|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)"
+                r"|transformer_blocks\.\d+\.(ff|audio_ff)\.net\.(0\.proj|2)")
 
 
 def ltx2_dit_flops(config: LTX2DiTConfig, video_tokens: int, audio_tokens: int, text_len: int, batch: int = 1) -> float:

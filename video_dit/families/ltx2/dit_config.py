@@ -3,13 +3,16 @@ the "transformer" dict ltx-core's `LTXModelConfigurator.from_metadata` reads), t
 (`LTX2_DIT_CONFIGS`) and tiny ones for tests. Its own file so the network (`dit.py`) and its layers
 (`layers.py`) both read it without importing each other.
 
-Sources named below:
+Sources named below (read in the mirrors under /work/.mirror and by code search):
   [L]  Lightricks/LTX-2 packages/ltx-core/src/ltx_core/model/transformer/model_configurator.py
        (`LTXModelConfigurator.from_metadata`, mirror commit 400fd31): its defaults and `check_config_value`s.
   [D]  huggingface/diffusers scripts/convert_ltx2_to_diffusers.py `get_ltx2_transformer_config`
        (mirror commit 58eb52c080): the "2.0", "2.3" and "2.5" configs of the released transformers.
-  [H]  the "transformer" dict of the ltx-2.3-22b-dev.safetensors header, as quoted verbatim by a
-       third-party test (caption_proj_before_connector, frequencies_precision, av_ca multiplier).
+  [H]  the "transformer" dict of the ltx-2.3-22b-dev.safetensors header, as a public third-party test file
+       quotes it (read through code search, which does not name its repository): caption_proj_before_connector,
+       frequencies_precision, rope_type, av_ca_timestep_scale_multiplier.
+  The 2.0 file's header was not available: its av_ca_timestep_scale_multiplier (1000) is [D]'s
+  cross_attn_timestep_scale_multiplier; ltx-core's default when the header lacks the key is 1.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class LTX2DiTConfig:
     caption_channels: int = 3840        # the connector output width caption_projection reads (Gemma 3 12B)
     apply_gated_attention: bool = False  # per-head gates 2 * sigmoid(to_gate_logits(x)) on every attention
     cross_attention_adaln: bool = False  # text cross-attention modulated: q by 3 more adaLN rows, k/v by prompt tables
-    use_prompt_adaln_single: bool = True  # with cross_attention_adaln: k/v modulation also from the sigma (prompt_adaln_single)
+    use_prompt_adaln_single: bool = True  # with cross_attention_adaln: k/v modulated by the sigma too
     ff_bias: bool = True
     audio_ff_bias: bool = True
     use_keyframes_abs_pos_embedding: bool = False  # a learned (1, D) embedding added to marked video tokens
@@ -207,7 +210,8 @@ _LTX_2_0 = LTX2DiTConfig(
     caption_proj_before_connector=False, caption_channels=3840,         # [D] use_prompt_embeddings=True, 3840
     apply_gated_attention=False, cross_attention_adaln=False,           # [D] (audio_)gated_attn, (audio_)cross_attn_mod
     positional_embedding_theta=10000.0,                                 # [D] rope_theta
-    positional_embedding_max_pos=(20, 2048, 2048), audio_positional_embedding_max_pos=(20,),  # [D] pos_embed_max_pos, base_h/w
+    positional_embedding_max_pos=(20, 2048, 2048),                      # [D] pos_embed_max_pos, base_height / width
+    audio_positional_embedding_max_pos=(20,),                           # [D] audio_pos_embed_max_pos
     rope_type="split", frequencies_precision="float64",                 # [D] rope_type, rope_double_precision
     timestep_scale_multiplier=1000, av_ca_timestep_scale_multiplier=1000,  # [D] cross_attn_timestep_scale_multiplier
     vae_scale_factors=(8, 32, 32), causal_offset=1,                     # [D]

@@ -272,7 +272,8 @@ class LTX2Block(nn.Module):
         self.audio_scale_shift_table = nn.Parameter(torch.empty(cfg.modulation_rows, Da))
         self.audio_to_video_attn = Attention(D, Da, H, Dha, eps, rope, gated)  # q: video, k / v: audio
         self.video_to_audio_attn = Attention(Da, D, H, Dha, eps, rope, gated)  # q: audio, k / v: video
-        self.scale_shift_table_a2v_ca_audio = nn.Parameter(torch.empty(5, Da))  # a2v scale, shift, v2a scale, shift, gate
+        # rows: a2v scale, a2v shift, v2a scale, v2a shift, gate
+        self.scale_shift_table_a2v_ca_audio = nn.Parameter(torch.empty(5, Da))
         self.scale_shift_table_a2v_ca_video = nn.Parameter(torch.empty(5, D))
         if self.adaln:  # the text k / v modulation tables: shift, scale
             self.prompt_scale_shift_table = nn.Parameter(torch.empty(2, D))
