@@ -278,6 +278,26 @@ def test_sequence_parallel_seam_is_the_only_attention_path(monkeypatch):
     assert worst < 3e-6  # measured 1.8e-7 (the halves' attention sums in another order); ~16x
 
 
+def test_bad_inputs_are_named():
+    cfg = CASES["2.3"]
+    model = LTX2DiT(cfg, init_seed=0)
+    kw = inputs(cfg, "i2v")
+    bad = {"video_sigma": ({**kw, "video_sigma": None}, r"per-token video_timestep \(2, 48\) needs video_sigma"),
+           "audio layout": ({**kw, "audio": kw["audio"].transpose(2, 3)}, r"audio has shape \(2, 2, 4, 10\)"),
+           "video timestep": ({**kw, "video_timestep": kw["video_timestep"][:, :5]},
+                              r"expected \(2,\) or \(2, 48\)"),
+           "context width": ({**kw, "audio_context": kw["video_context"]}, r"audio_context .* expected \(2, tokens, 16\)"),
+           "keyframes": ({**kw, "keyframes_mask": torch.ones(2, 48)}, "only by a model with use_keyframes_abs_pos"),
+           "frames": ({**kw, "video": kw["video"][:, :4]}, r"expected \(B, 8, F', h, w\)")}
+    for what, (args, message) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            model(**args)
+    with pytest.raises(ValueError, match=r"LTX2DiTConfig.num_layers=0: a positive integer is accepted"):
+        LTX2DiTConfig(num_layers=0)
+    with pytest.raises(ValueError, match=r"cross_attention_dim: cross_attention_dim=2048 .* hidden_size=4096"):
+        LTX2DiTConfig(cross_attention_dim=2048)
+
+
 def test_conversions_round_trip_and_bad_keys_are_named():
     cfg = CASES["2.5"]
     diffusers_sd = reference(cfg).state_dict()
