@@ -286,7 +286,8 @@ def test_bad_inputs_are_named():
            "audio layout": ({**kw, "audio": kw["audio"].transpose(2, 3)}, r"audio has shape \(2, 2, 4, 10\)"),
            "video timestep": ({**kw, "video_timestep": kw["video_timestep"][:, :5]},
                               r"expected \(2,\) or \(2, 48\)"),
-           "context width": ({**kw, "audio_context": kw["video_context"]}, r"audio_context .* expected \(2, tokens, 16\)"),
+           "context width": ({**kw, "audio_context": kw["video_context"]},
+                             r"audio_context .* expected \(2, tokens, 16\)"),
            "keyframes": ({**kw, "keyframes_mask": torch.ones(2, 48)}, "only by a model with use_keyframes_abs_pos"),
            "frames": ({**kw, "video": kw["video"][:, :4]}, r"expected \(B, 8, F', h, w\)")}
     for what, (args, message) in bad.items():
