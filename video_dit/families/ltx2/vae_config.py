@@ -155,12 +155,12 @@ LTX2_VAE_23 = LTX2VAEConfig(
     decoder_padding="zeros")
 
 # For tests: still 4x4 patches, 32x space and 8x time, 8 latent channels, widths 8 to 32, one res block per
-# stage; both upsample flavours (with and without the residual), both paddings (encoder zeros, decoder reflect),
-# every resample kind, a width-keeping and a width-changing resample on each side.
+# stage; every resample kind, a width-keeping and a width-changing one on each side, an upsample with and
+# without the residual (ltx-core adds it to "all" upsamples only), both paddings (encoder zeros, decoder reflect).
 LTX2_VAE_TINY = LTX2VAEConfig(
     latent_channels=8, encoder_widths=(8, 16, 16, 32, 32), encoder_layers=(1, 1, 1, 1, 1),
     encoder_downsamples=("space", "time", "all", "all"),
     decoder_widths=(32, 16, 16, 8, 8), decoder_layers=(1, 1, 1, 1, 1),
-    decoder_upsamples=("space", "time", "all", "all"), decoder_residual=(True, False, True, False))
+    decoder_upsamples=("space", "time", "all", "all"), decoder_residual=(False, False, True, False))
 
 PRESETS = {"ltx2.0": LTX2_VAE_20, "ltx2.3": LTX2_VAE_23, "ltx2.5": LTX2_VAE_23, "ltx2-tiny": LTX2_VAE_TINY}

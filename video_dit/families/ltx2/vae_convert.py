@@ -301,7 +301,9 @@ def ltx2_vae_config_from_ltx(vae: dict) -> LTX2VAEConfig:
                 if expect_stage:
                     layers.append(0)
                 resamples.append(kinds[block_name])
-                multipliers.append((params.get("multiplier", 2 if side == "encoder" else 1), params.get("residual", False)))
+                # ltx-core `_make_decoder_block` passes `residual` to "compress_all" only; the others never add theirs
+                residual = params.get("residual", False) and block_name == "compress_all"
+                multipliers.append((params.get("multiplier", 2 if side == "encoder" else 1), residual))
                 expect_stage = True
             else:
                 raise ValueError(f"LTX-2 VAE metadata: {side}_blocks has {block_name!r}; accepted: res_x, "
@@ -316,15 +318,16 @@ def ltx2_vae_config_from_ltx(vae: dict) -> LTX2VAEConfig:
     e_widths = [L]
     for m, _ in e_mult:
         e_widths.append(e_widths[-1] * m)
-    d_widths = [vae.get("decoder_base_channels", 128)]  # from the output end
-    for m, _ in d_mult[::-1]:
+    d_widths = [vae.get("decoder_base_channels", 128)]  # the lists start at the output end
+    for m, _ in d_mult:
         d_widths.append(d_widths[-1] * m)
     return LTX2VAEConfig(
         in_channels=vae.get("in_channels", 3), latent_channels=L, patch_size=vae.get("patch_size", 4),
         encoder_widths=tuple(e_widths), encoder_layers=tuple(e_layers), encoder_downsamples=tuple(e_kinds),
         decoder_widths=tuple(d_widths[::-1]), decoder_layers=tuple(d_layers[::-1]),
         decoder_upsamples=tuple(d_kinds[::-1]), decoder_residual=tuple(r for _, r in d_mult[::-1]),
-        encoder_padding=vae.get("encoder_spatial_padding_mode", "zeros"),
+        # ltx-core reads `spatial_padding_mode` for both (since 2026-03; `encoder_spatial_padding_mode` before)
+        encoder_padding=vae.get("spatial_padding_mode", vae.get("encoder_spatial_padding_mode", "zeros")),
         decoder_padding=vae.get("spatial_padding_mode", "reflect"), decoder_causal=vae.get("causal_decoder", False),
         timestep_conditioning=vae.get("timestep_conditioning", True))
 
