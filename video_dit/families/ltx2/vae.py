@@ -255,7 +255,8 @@ class LTX2VideoVAE(nn.Module):
         U(+-1 / sqrt(fan_in)) (PyTorch's default, the references'), the adaLN scale-shift tables zero
         (ltx-core's `ResnetBlock3D`: modulation starts as identity; diffusers draws them), the timestep
         multiplier 1000. The latent statistics are buffers: identity until a checkpoint is loaded."""
-        fan_in = {name: m.weight[0].numel() for name, m in self.named_modules() if isinstance(m, (nn.Conv3d, nn.Linear))}
+        fan_in = {name: m.weight[0].numel() for name, m in self.named_modules()
+                  if isinstance(m, (nn.Conv3d, nn.Linear))}
 
         def init(config, name: str, p: nn.Parameter, generator: torch.Generator) -> None:
             module, _, leaf = name.rpartition(".")

@@ -31,14 +31,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
 from video_dit.families.ltx2.vae import LTX2VideoVAE
-from video_dit.families.ltx2.vae_config import PRESETS, STRIDES, LTX2VAEConfig
+from video_dit.families.ltx2.vae_config import PRESETS, LTX2VAEConfig
 from video_dit.models.layouts import preset_name
 from video_dit.models.weights import WeightsError, materialize, read_state_dict
 
@@ -56,11 +55,14 @@ _SIDE = r"(?P<side>encoder(?=\.down_)|decoder(?=\.up_))\.(?:down|up)_blocks"
 _OURS_STAGE = re.compile(rf"{_SIDE}\.(?P<k>\d*[02468])\.(?P<leaf>res_blocks{_RES}|{_EMB})")
 _OURS_RESAMPLE = re.compile(rf"{_SIDE}\.(?P<k>\d*[13579])\.conv\.conv\.(?P<p>weight|bias)")
 # diffusers: down_blocks.i / up_blocks.i = a stage and its resample (the encoder's stage first, the decoder's last)
-_DIFF_STAGE = re.compile(rf"(?:{_SIDE}\.(?P<i>\d+)|(?P<mid>encoder|decoder)\.mid_block)\.(?P<leaf>resnets{_RES}|{_EMB})")
+_DIFF_STAGE = re.compile(rf"(?:{_SIDE}\.(?P<i>\d+)|(?P<mid>encoder|decoder)\.mid_block)"
+                         rf"\.(?P<leaf>resnets{_RES}|{_EMB})")
 _DIFF_RESAMPLE = re.compile(r"(?:(?P<side>encoder)\.down_blocks\.(?P<i>\d+)\.downsamplers"
-                            r"|(?P<side2>decoder)\.up_blocks\.(?P<j>\d+)\.upsamplers)\.0\.conv\.conv\.(?P<p>weight|bias)")
+                            r"|(?P<side2>decoder)\.up_blocks\.(?P<j>\d+)\.upsamplers)"
+                            r"\.0\.conv\.conv\.(?P<p>weight|bias)")
 _SAME = re.compile(r"(encoder|decoder)\.(conv_in|conv_out)\.conv\.(weight|bias)|decoder\.timestep_scale_multiplier")
-_RENAMED = {"per_channel_statistics.mean-of-means": "latents_mean", "per_channel_statistics.std-of-means": "latents_std",
+_RENAMED = {"per_channel_statistics.mean-of-means": "latents_mean",
+            "per_channel_statistics.std-of-means": "latents_std",
             "decoder.last_scale_shift_table": "decoder.scale_shift_table"}
 _HEAD = re.compile(rf"decoder\.(?P<name>last_time_embedder|time_embedder)\.(?P<leaf>{_EMB_LEAF})")
 _BLOCKS = {"encoder": "down_blocks", "decoder": "up_blocks"}
@@ -117,7 +119,8 @@ def ltx2_vae_from_diffusers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tens
             side, i = m.group("side") or m.group("side2"), m.group("i") or m.group("j")
             out[f"{side}.{_BLOCKS[side]}.{2 * int(i) + 1}.conv.conv.{m.group('p')}"] = value
         elif m := _DIFF_STAGE.fullmatch(key):
-            side, i, leaf = m.group("side") or m.group("mid"), m.group("i"), m.group("leaf").replace("resnets.", "res_blocks.", 1)
+            side, i = m.group("side") or m.group("mid"), m.group("i")
+            leaf = m.group("leaf").replace("resnets.", "res_blocks.", 1)
             if side == "encoder":
                 k = 2 * len(downs) if i is None else 2 * int(i)
             else:
@@ -159,8 +162,8 @@ def ltx2_vae_key_layout(sd) -> str:
         return "single_file"
     if any(".mid_block." in k or ".resnets." in k or k in ("latents_mean", "latents_std") for k in keys):
         return "diffusers"
-    if any(".res_blocks." in k or k.startswith("per_channel_statistics.") or re.match(r"(en|de)coder\.(down|up)_blocks\.", k)
-           for k in keys):
+    if any(".res_blocks." in k or k.startswith("per_channel_statistics.")
+           or re.match(r"(en|de)coder\.(down|up)_blocks\.", k) for k in keys):
         return "original"
     raise ValueError("not an LTX-2 video VAE state dict; accepted: Lightricks' keys (`encoder.down_blocks.0.res_blocks"
                      ".0.conv1.conv.weight`), a combined checkpoint's (the same under `vae.`) or diffusers' "
@@ -227,18 +230,20 @@ def ltx2_vae_config_from_diffusers(d: dict) -> LTX2VAEConfig:
             bad(key, f"accepted: {value!r}")
     if d.get("decoder_upsample_type") is not None:
         bad("decoder_upsample_type", "accepted: null (upsample_type is the one diffusers reads)")
+    def flags(key: str) -> list[bool]:  # diffusers takes one bool or one per level
+        return list(d[key]) if isinstance(d[key], (list, tuple)) else [d[key]]
+
     for key in ("spatio_temporal_scaling", "decoder_spatio_temporal_scaling"):
-        if not all(d[key]) if isinstance(d[key], (list, tuple)) else not d[key]:
+        if not all(flags(key)):
             bad(key, "every level resamples in LTX-2; accepted: all true")
-    if any(d["decoder_inject_noise"]) if isinstance(d["decoder_inject_noise"], (list, tuple)) else d["decoder_inject_noise"]:
+    if any(flags("decoder_inject_noise")):
         bad("decoder_inject_noise", "no LTX-2 VAE injects noise; accepted: all false")
     if any(t != "LTX2VideoDownBlock3D" for t in d["down_block_types"]):
         bad("down_block_types", "accepted: LTX2VideoDownBlock3D")
     if d["out_channels"] != d["in_channels"]:
         bad("out_channels", f"must equal in_channels={d['in_channels']}")
-    residual = d["upsample_residual"]
     n_up = len(d["decoder_block_out_channels"])
-    residual = [residual] * n_up if isinstance(residual, bool) else list(residual)
+    residual = flags("upsample_residual") * (n_up if isinstance(d["upsample_residual"], bool) else 1)
     factors = list(d["upsample_factor"])[::-1]
     rev = list(d["decoder_block_out_channels"])[::-1]  # the width before each upsample, from the latent end
     widths = [rev[0]] + [rev[i] // factors[i] for i in range(n_up)]
@@ -249,7 +254,8 @@ def ltx2_vae_config_from_diffusers(d: dict) -> LTX2VAEConfig:
     try:
         config = LTX2VAEConfig(
             in_channels=d["in_channels"], latent_channels=d["latent_channels"], patch_size=d["patch_size"],
-            encoder_widths=(d["latent_channels"], *d["block_out_channels"]), encoder_layers=tuple(d["layers_per_block"]),
+            encoder_widths=(d["latent_channels"], *d["block_out_channels"]),
+            encoder_layers=tuple(d["layers_per_block"]),
             encoder_downsamples=tuple(_KIND_FROM_DIFFUSERS.get(k, k) for k in d["downsample_type"]),
             decoder_widths=tuple(widths), decoder_layers=tuple(d["decoder_layers_per_block"][::-1]),
             decoder_upsamples=tuple(_KIND_FROM_DIFFUSERS.get(k, k) for k in d["upsample_type"]),  # in run order
@@ -332,7 +338,7 @@ def ltx2_vae_config_from_ltx(vae: dict) -> LTX2VAEConfig:
         timestep_conditioning=vae.get("timestep_conditioning", True))
 
 
-def _preset_for_shapes(sd: dict) -> LTX2VAEConfig:
+def ltx2_vae_release_from_shapes(sd: dict) -> LTX2VAEConfig:
     """The released config whose weights have exactly these names and shapes (residual upsamples and
     paddings leave no trace in the weights, so they are the release's)."""
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
@@ -387,18 +393,8 @@ def load_ltx2_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, d
         if config is None and config_json.is_file():
             config = ltx2_vae_config_from_diffusers(json.loads(config_json.read_text()))
         if config is None:
-            config = _preset_for_shapes(sd)
+            config = ltx2_vae_release_from_shapes(sd)
     except (ValueError, TypeError, KeyError) as exc:
         raise WeightsError(f"{path}: {exc}") from exc
     return materialize(LTX2VideoVAE, config, sd, f"{path} ({layout} layout)", dtype, device)
 
-
-def config_dict(config: LTX2VAEConfig) -> dict:
-    """Our field names and values (lists for tuples), for `LTX2VAEConfig.from_dict`."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
-
-
-__all__ = ["LAYOUTS", "SINGLE_FILE_PREFIX", "STRIDES", "config_dict", "load_ltx2_vae", "ltx2_vae_config_from_diffusers",
-           "ltx2_vae_config_from_ltx", "ltx2_vae_config_to_diffusers", "ltx2_vae_from_diffusers",
-           "ltx2_vae_from_original", "ltx2_vae_from_single_file", "ltx2_vae_key_layout", "ltx2_vae_to_diffusers",
-           "ltx2_vae_to_native", "ltx2_vae_to_single_file"]

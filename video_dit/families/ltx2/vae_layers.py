@@ -253,6 +253,7 @@ class Upsample(nn.Module):
         self.conv.run(x, write, chunk)
         if self.residual:  # + x unfolded (C / p channels), repeated p c / C times along channels: a broadcast add
             p = math.prod(self.stride)
-            x_up = x.view(B, C // p, s0, s1, s2, T, H, W).permute(0, 1, 5, 2, 6, 3, 7, 4)  # (B, C/p, T, s0, H, s1, W, s2)
+            x_up = x.view(B, C // p, s0, s1, s2, T, H, W)
+            x_up = x_up.permute(0, 1, 5, 2, 6, 3, 7, 4)  # (B, C/p, T, s0, H, s1, W, s2)
             out.view(B, p * c // C, C // p, T, s0, H, s1, W, s2).add_(x_up[:, None])
         return out[:, :, s0 - 1:]
