@@ -63,7 +63,8 @@ def _perturb(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> torch.n
 
 
 def _mel(config: AudioVAEConfig, frames: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
-    return torch.randn(batch, config.in_channels, frames, config.mel_bins, generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, config.in_channels, frames, config.mel_bins, generator=g)
 
 
 # ---------------------------------------------------------------- audio VAE
@@ -221,7 +222,8 @@ def test_bwe_vocoder_computes_in_float32():
     f32.resampler.filter.copy_(ours.resampler.filter.float())  # not in the state dict; bf16-rounded by .to()
     mel = torch.randn(1, 2, 5, 16, generator=torch.Generator().manual_seed(3))
     assert torch.equal(ours(mel), f32(mel))
-    assert ours(mel.bfloat16()).dtype == torch.bfloat16 and torch.equal(ours(mel.bfloat16()), f32(mel.bfloat16().float()).bfloat16())
+    half = mel.bfloat16()
+    assert ours(half).dtype == torch.bfloat16 and torch.equal(ours(half), f32(half.float()).bfloat16())
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
 
 
@@ -362,7 +364,8 @@ def test_layouts_round_trip(kind):
         back, found = to_native(converted)
         assert found == layout and back.keys() == sd.keys() and all(back[k] is sd[k] for k in sd)
     assert "latents_mean" in AC.audio_vae_to_diffusers(LTX2AudioVAE(TINY_AUDIO_VAE, seed=0).state_dict())
-    assert "vocoder.vocoder.conv_pre.weight" in AC.vocoder_to_original(LTX2VocoderWithBWE(TINY_VOCODER_BWE, 0).state_dict())
+    assert "vocoder.vocoder.conv_pre.weight" in AC.vocoder_to_original(LTX2VocoderWithBWE(TINY_VOCODER_BWE,
+                                                                                          0).state_dict())
 
 
 def test_bad_keys_are_named():
@@ -373,7 +376,8 @@ def test_bad_keys_are_named():
         AC.audio_vae_to_native(sd)
     voc = AC.vocoder_to_original(LTX2Vocoder(TINY_VOCODER, seed=0).state_dict())
     voc["vocoder.resblocks.0.convs3.0.weight"] = torch.zeros(1)
-    with pytest.raises(ValueError, match="not in the original layout of the LTX-2 vocoder: resblocks.0.convs3.0.weight"):
+    with pytest.raises(ValueError, match="not in the original layout of the LTX-2 vocoder: "
+                                         "resblocks.0.convs3.0.weight"):
         AC.vocoder_to_native(voc)
     with pytest.raises(ValueError, match="not an LTX-2 audio VAE state dict"):
         AC.audio_vae_to_native({"foo.weight": torch.zeros(1)})
@@ -417,7 +421,8 @@ def test_load_from_diffusers_folder_and_lightricks_file(tmp_path):
     hifi = _perturb(LTX2Vocoder(replace(TINY_VOCODER, in_channels=128), seed=0).eval())
     tensors = {**AC.audio_vae_to_original(vae.state_dict()), **AC.vocoder_to_original(hifi.state_dict()),
                "model.diffusion_model.proj_in.weight": torch.zeros(2)}
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, tmp_path / "ltx.safetensors", metadata)
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, tmp_path / "ltx.safetensors",
+              metadata)
     vae3 = AC.load_ltx2_audio_vae(tmp_path / "ltx.safetensors")
     voc3 = AC.load_ltx2_vocoder(tmp_path / "ltx.safetensors", dtype=None)
     assert vae3.config == TINY_AUDIO_VAE and vae3.dtype == torch.float32

@@ -8,7 +8,6 @@ the measure fails on a small change."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -202,7 +201,8 @@ def test_encode_per_prompt_is_batch_independent(pipeline_and_ours):
     rows = ours.encode(PROMPTS)
     assert [tuple(r.video.shape) for r in rows] == [(32, 16)] * 3 and rows[0].audio.shape == (32, 16)
     alone = ours.encode(PROMPTS[1])[0]
-    assert torch.allclose(alone.video, rows[1].video, atol=1e-6) and torch.allclose(alone.audio, rows[1].audio, atol=1e-6)
+    assert torch.allclose(alone.video, rows[1].video, atol=1e-6)
+    assert torch.allclose(alone.audio, rows[1].audio, atol=1e-6)
     assert ours.encode([]) == []
     with pytest.raises(TypeError, match="prompts\\[1\\] must be a string"):
         ours.encode(["a", 3])

@@ -58,7 +58,8 @@ _ACT = r"(act\.(alpha|beta)|upsample\.filter|downsample\.lowpass\.filter)"
 _GENERATOR = (r"((conv_pre|conv_post)" + _P + r"|ups\.\d+" + _P + r"|resblocks\.\d+\.convs[12]\.\d+" + _P
               + r"|resblocks\.\d+\.acts[12]\.\d+\." + _ACT + r"|act_post\." + _ACT + r")")
 _VOCODER_KEY = re.compile(_GENERATOR)
-_BWE_KEY = re.compile(r"(vocoder|bwe_generator)\." + _GENERATOR + r"|mel_stft\.(mel_basis|stft_fn\.(forward|inverse)_basis)")
+_BWE_KEY = re.compile(r"(vocoder|bwe_generator)\." + _GENERATOR
+                      + r"|mel_stft\.(mel_basis|stft_fn\.(forward|inverse)_basis)")
 _CONNECTOR_KEY = re.compile(
     r"text_embedding_projection\.(aggregate_embed|video_aggregate_embed|audio_aggregate_embed)" + _P
     + r"|(video|audio)_embeddings_connector\.(learnable_registers|transformer_1d_blocks\.\d+\.(attn1\.(to_q|to_k|"
@@ -72,10 +73,12 @@ _AUDIO_VAE_FROM_DIFFUSERS = ((r"^latents_mean$", "per_channel_statistics.mean-of
                              (r"^latents_std$", "per_channel_statistics.std-of-means"))
 _GENERATOR_TO_DIFFUSERS = ((r"(^|\.)conv_pre\.", r"\1conv_in."), (r"(^|\.)conv_post\.", r"\1conv_out."),
                            (r"(^|\.)act_post\.", r"\1act_out."), (r"(^|\.)ups\.", r"\1upsamplers."),
-                           (r"(^|\.)resblocks\.", r"\1resnets."), (r"\.downsample\.lowpass\.filter$", ".downsample.filter"))
+                           (r"(^|\.)resblocks\.", r"\1resnets."),
+                           (r"\.downsample\.lowpass\.filter$", ".downsample.filter"))
 _GENERATOR_FROM_DIFFUSERS = ((r"(^|\.)conv_in\.", r"\1conv_pre."), (r"(^|\.)conv_out\.", r"\1conv_post."),
                              (r"(^|\.)act_out\.", r"\1act_post."), (r"(^|\.)upsamplers\.", r"\1ups."),
-                             (r"(^|\.)resnets\.", r"\1resblocks."), (r"\.downsample\.filter$", ".downsample.lowpass.filter"))
+                             (r"(^|\.)resnets\.", r"\1resblocks."),
+                             (r"\.downsample\.filter$", ".downsample.lowpass.filter"))
 _CONNECTOR_TO_DIFFUSERS = ((r"^text_embedding_projection\.aggregate_embed\.", "text_proj_in."),
                            (r"^text_embedding_projection\.video_aggregate_embed\.", "video_text_proj_in."),
                            (r"^text_embedding_projection\.audio_aggregate_embed\.", "audio_text_proj_in."),
@@ -136,8 +139,8 @@ def audio_vae_key_layout(keys) -> str:
     if "per_channel_statistics.mean-of-means" in keys:
         return "native"
     raise ValueError("not an LTX-2 audio VAE state dict: no `audio_vae.*` keys (Lightricks' file), no `latents_mean` "
-                     "(diffusers' AutoencoderKLLTX2Audio), no `per_channel_statistics.mean-of-means` (ours); first keys: "
-                     f"{', '.join(sorted(keys)[:5])}")
+                     "(diffusers' AutoencoderKLLTX2Audio), no `per_channel_statistics.mean-of-means` (ours); "
+                     f"first keys: {', '.join(sorted(keys)[:5])}")
 
 
 def audio_vae_names(keys, layout: str | None = None) -> tuple[dict[str, str], str]:
@@ -273,8 +276,8 @@ def connectors_to_native(sd: dict, layout: str | None = None) -> tuple[dict, str
 
 def connectors_to_diffusers(sd: dict) -> dict:
     """Ours -> diffusers' `LTX2TextConnectors` keys; tensors unchanged."""
-    return _renamed(sd, _names(sd, _CONNECTOR_TO_DIFFUSERS, _CONNECTOR_KEY, "native layout of the LTX-2 text connectors",
-                               to_ours=False))
+    return _renamed(sd, _names(sd, _CONNECTOR_TO_DIFFUSERS, _CONNECTOR_KEY,
+                               "native layout of the LTX-2 text connectors", to_ours=False))
 
 
 def connectors_to_original(sd: dict) -> dict:
@@ -389,9 +392,9 @@ def vocoder_config_from_diffusers(d: dict) -> VocoderConfig | VocoderBWEConfig:
     rate_in, rate_out = d.get("input_sampling_rate", 16000), d.get("output_sampling_rate", 48000)
     first = _generator_from_diffusers({**d, "output_sampling_rate": rate_in})
     bwe = _generator_from_diffusers({**d, "output_sampling_rate": rate_out}, "bwe_")
-    return VocoderBWEConfig(vocoder=first, bwe=bwe, n_fft=d.get("filter_length", 512), hop_length=d.get("hop_length", 80),
-                            num_mels=d.get("num_mel_channels", 64), input_sampling_rate=rate_in,
-                            output_sampling_rate=rate_out)
+    return VocoderBWEConfig(vocoder=first, bwe=bwe, n_fft=d.get("filter_length", 512),
+                            hop_length=d.get("hop_length", 80), num_mels=d.get("num_mel_channels", 64),
+                            input_sampling_rate=rate_in, output_sampling_rate=rate_out)
 
 
 def _generator_to_diffusers(c: VocoderConfig, p: str = "") -> dict:
@@ -438,7 +441,8 @@ def vocoder_config_from_metadata(meta: dict) -> VocoderConfig | VocoderBWEConfig
     return VocoderBWEConfig(vocoder=_generator_from_metadata(cfg.get("vocoder", {}), bwe["input_sampling_rate"], True),
                             bwe=_generator_from_metadata(bwe, bwe["output_sampling_rate"], False),
                             n_fft=bwe["n_fft"], hop_length=bwe["hop_length"], num_mels=bwe["num_mels"],
-                            input_sampling_rate=bwe["input_sampling_rate"], output_sampling_rate=bwe["output_sampling_rate"])
+                            input_sampling_rate=bwe["input_sampling_rate"],
+                            output_sampling_rate=bwe["output_sampling_rate"])
 
 
 _CONNECTOR_DIFFUSERS = ("caption_channels", "text_proj_in_factor", "connector_rope_base_seq_len", "rope_theta",
@@ -466,8 +470,8 @@ def connectors_config_from_diffusers(d: dict) -> ConnectorConfig:
                             registers=d.get(f"{s}_connector_num_learnable_registers", 128),
                             gated_attention=d.get(f"{s}_gated_attn", False))
 
-    return ConnectorConfig(caption_channels=d.get("caption_channels", 3840), text_states=d.get("text_proj_in_factor", 49),
-                           video=stream("video"), audio=stream("audio"),
+    return ConnectorConfig(caption_channels=d.get("caption_channels", 3840),
+                           text_states=d.get("text_proj_in_factor", 49), video=stream("video"), audio=stream("audio"),
                            feature_extractor="v2" if d.get("per_modality_projections", False) else "v1",
                            proj_bias=d.get("proj_bias", False), rope_max_pos=d.get("connector_rope_base_seq_len", 4096),
                            rope_theta=d.get("rope_theta", 10000.0),
@@ -546,7 +550,8 @@ def load_ltx2_audio_vae(source: str | os.PathLike, dtype: torch.dtype | None = t
     name = preset_name(source)
     if name is not None:
         if config is None and name not in AUDIO_VAE_CONFIGS:
-            raise WeightsError(f"{source}: unknown LTX-2 audio VAE preset {name!r}; valid: {', '.join(AUDIO_VAE_CONFIGS)}")
+            raise WeightsError(f"{source}: unknown LTX-2 audio VAE preset {name!r}; "
+                               f"valid: {', '.join(AUDIO_VAE_CONFIGS)}")
         model = LTX2AudioVAE(config or AUDIO_VAE_CONFIGS[name], seed=seed).to(device)
         return model.to(dtype) if dtype is not None else model
     path = _component(str(source), "audio_vae")
@@ -605,7 +610,8 @@ def load_ltx2_connectors(source: str | os.PathLike, dtype: torch.dtype | None = 
     name = preset_name(source)
     if name is not None:
         if config is None and name not in CONNECTOR_CONFIGS:
-            raise WeightsError(f"{source}: unknown LTX-2 connectors preset {name!r}; valid: {', '.join(CONNECTOR_CONFIGS)}")
+            raise WeightsError(f"{source}: unknown LTX-2 connectors preset {name!r}; "
+                               f"valid: {', '.join(CONNECTOR_CONFIGS)}")
         model = LTX2TextConnectors(config or CONNECTOR_CONFIGS[name], seed=seed).to(device)
         return model.to(dtype) if dtype is not None else model
     path = _component(str(source), "connectors")

@@ -69,7 +69,7 @@ class ConnectorConfig:
     feature_extractor: Literal["v1", "v2"] = "v1"   # v1: LTX-2 (masked mean/range, one projection); v2: LTX-2.3
     proj_bias: bool = False                          # the projections' bias (v2: True)
     ff_bias: bool = True                             # ltx-core `connector_ff_bias`
-    rope_max_pos: int = 4096                         # positions are i / rope_max_pos (diffusers connector_rope_base_seq_len)
+    rope_max_pos: int = 4096                         # position i at i / rope_max_pos (connector_rope_base_seq_len)
     rope_theta: float = 10000.0
     rope_double_precision: bool = True               # frequencies in float64 (ltx-core frequencies_precision "float64")
     scale_factor: float = 8.0                        # v1's normalised range
@@ -216,17 +216,26 @@ class Attention(nn.Module):
         return self.to_out(out.flatten(2))
 
 
+class GELUProj(nn.Module):
+    """Linear then GELU (tanh approximation): ltx-core's `GELUApprox`, its weights under `proj`."""
+
+    def __init__(self, dim_in: int, dim_out: int, bias: bool):
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.proj(x), approximate="tanh")
+
+
 class FeedForward(nn.Module):
     """Linear (4x), GELU (tanh), Linear; ltx-core names `net.0.proj`, `net.2`."""
 
     def __init__(self, dim: int, bias: bool):
         super().__init__()
-        proj = nn.Module()
-        proj.proj = nn.Linear(dim, 4 * dim, bias=bias)
-        self.net = nn.Sequential(proj, nn.Identity(), nn.Linear(4 * dim, dim, bias=bias))
+        self.net = nn.Sequential(GELUProj(dim, 4 * dim, bias), nn.Identity(), nn.Linear(4 * dim, dim, bias=bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net[2](F.gelu(self.net[0].proj(x), approximate="tanh"))
+        return self.net(x)                                                           # (B, L, D)
 
 
 class Block(nn.Module):

@@ -316,7 +316,7 @@ class LTX2VocoderWithBWE(nn.Module):
     def __init__(self, config: VocoderBWEConfig, seed: int | None = None):
         super().__init__()
         self.config = config
-        self.vocoder = LTX2Vocoder(config.vocoder, seed=None if seed is None else seed)
+        self.vocoder = LTX2Vocoder(config.vocoder, seed=seed)
         self.bwe_generator = LTX2Vocoder(config.bwe, seed=None if seed is None else seed + 1)
         self.mel_stft = MelSTFT(config)
         self.resampler = UpSample1d(config.output_sampling_rate // config.input_sampling_rate, window="hann",
