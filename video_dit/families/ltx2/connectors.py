@@ -181,10 +181,11 @@ def rope_frequencies(length: int, config: ConnectorConfig, stream: StreamConfig,
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Split RoPE on (B, H, L, Dh): the first and second halves of each head are the pair's two parts.
-    Float32 region: the rotation is computed in float32 (diffusers upcasts; ltx-core rotates in the
-    activations' dtype with tables of that dtype: equal in float32)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    In the activations' dtype with the tables cast to it, as ltx-core (`precompute_freqs_cis(out_dtype=
+    hidden_states.dtype)`, `apply_split_rotary_emb`); diffusers rotates in float32 (the same in float32)."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 class Attention(nn.Module):
@@ -311,7 +312,7 @@ class LTX2TextConnectors(nn.Module):
     """Stacked Gemma hidden states (B, Lt, D, N) + mask (B, Lt) -> video context (B, Lt, Dv) and audio context
     (B, Lt, Da), the DiT's text inputs. Submodules under ltx-core's names (the
     checkpoint's `text_embedding_projection` and `{video,audio}_embeddings_connector`); it computes in
-    its weights' dtype (RoPE in float32)."""
+    its weights' dtype (the RoPE tables are computed in float32 / float64 and cast to it)."""
 
     def __init__(self, config: ConnectorConfig, seed: int | None = None):
         super().__init__()
