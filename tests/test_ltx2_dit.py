@@ -4,18 +4,11 @@ checkpointing, the sequence-parallel seam, the key conversions and LoRA keys, co
 
 import copy
 import threading
-from pathlib import Path
 
 import helpers
 import pytest
 import torch
 
-import video_dit.families
-
-# Until issue 45 turns video_dit/families.py into the video_dit/families/ package, the module is given the
-# folder as its package path so that video_dit.families.ltx2 imports (no-op once it is a package).
-if not hasattr(video_dit.families, "__path__"):
-    video_dit.families.__path__ = [str(Path(video_dit.families.__file__).with_suffix(""))]
 
 from video_dit.families.ltx2 import layers as ltx2_layers  # noqa: E402
 from video_dit.families.ltx2.convert import (ltx2_config_from_diffusers, ltx2_config_to_diffusers,  # noqa: E402
