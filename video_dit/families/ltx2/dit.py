@@ -63,7 +63,7 @@ from video_dit.families.ltx2.layers import (AdaLayerNormSingle, CaptionProjectio
                                             rope_tables, video_positions)
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
-from video_dit.models.dit_layers import RMSNorm, compute_dtype_of, f32
+from video_dit.models.layers import RMSNorm, compute_dtype_of, f32
 
 # ---------------------------------------------------------------- initialisation
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from video_dit.families.ltx2.dit_config import LTX2DiTConfig
 from video_dit.models.attention import attention
-from video_dit.models.dit_layers import RMSNorm, apply_rope, f32, gated_add
+from video_dit.models.layers import RMSNorm, apply_rope, f32, gated_add
 
 
 # ---------------------------------------------------------------- positions and RoPE

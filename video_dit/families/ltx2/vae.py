@@ -48,7 +48,7 @@ from torch import nn
 from video_dit.families.ltx2.vae_config import STRIDES, LTX2VAEConfig
 from video_dit.families.ltx2.vae_layers import Downsample, LTX2Conv3d, ResStage, TimestepEmbedder, Upsample, norm_silu
 from video_dit.models.common import initialize_by_name
-from video_dit.models.vae import DiagonalGaussian
+from video_dit.models.causal_conv import DiagonalGaussian
 
 # Output frames per conv call (every conv runs `LTX2Conv3d.run` chunks of this many frames).
 CHUNK_FRAMES = 4
