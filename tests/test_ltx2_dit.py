@@ -174,6 +174,65 @@ def test_parity_fails_on_one_weight_or_one_flag():
     assert all(max(v) > 100 * PARITY_RTOL for v in failing.values()), failing
 
 
+def test_call_convention_and_video_sigma_from_per_token_timesteps():
+    """The house's call `dit(x, timestep, context, audio=, audio_timestep=, audio_context=)` (the audio stream
+    keyword-only); with per-token timesteps and no video_sigma, the sigma is the per-sample maximum: the same
+    output as the sample's t given explicitly (first-frame conditioning), not as another sigma."""
+    cfg = CASES["2.3"]
+    model = ours_from(reference(cfg).state_dict(), cfg)
+    kw = inputs(cfg, "i2v")
+    given = {k: v for k, v in kw.items() if k not in ("video", "video_timestep", "video_context")}
+    with torch.no_grad():
+        explicit = model(kw["video"], kw["video_timestep"], kw["video_context"], **given)
+        derived = model(kw["video"], kw["video_timestep"], kw["video_context"],
+                        **{k: v for k, v in given.items() if k != "video_sigma"})
+        other = model(**{**kw, "video_sigma": kw["video_sigma"] * 0.5})
+    assert torch.equal(explicit[0], derived[0]) and torch.equal(explicit[1], derived[1])
+    assert rel_err(other[0], explicit[0]) > 1e-3  # the sigma is read: a wrong one would show
+    with pytest.raises(TypeError):
+        model(kw["video"], kw["video_timestep"], kw["video_context"], kw["audio"], kw["audio_timestep"])
+
+
+GUIDANCE_RTOL = 5e-6  # measured (float32, one thread): STG pass 2.6e-7 / 1.5e-7, isolated 3.1e-7 / 2.0e-7; ~16x
+
+
+def test_guidance_passes_match_diffusers():
+    """The perturbed pass of spatio-temporal guidance (both streams' self-attention skipped in block 1:
+    diffusers' `spatio_temporal_guidance_blocks` of a `perturbed_attn` model) and the modality-isolated pass
+    (`isolate_modalities`: no a2v / v2a) equal diffusers' on random weights; each changes the output."""
+    cfg = CASES["2.3"]
+    ref = diffusers.LTX2VideoTransformer3DModel(**ltx2_config_to_diffusers(cfg), perturbed_attn=True).eval()
+    ref = helpers.randomize_all(ref, seed=0, norm_std=0.2, vector_std=0.1)
+    model = ours_from(ref.state_dict(), cfg)
+    kw = inputs(cfg, "t2v")
+    pipe, p = diffusers.LTX2Pipeline, cfg.patch_size[1]
+    measured = {}
+    with torch.no_grad():
+        plain = model(**kw)
+        for name, ours_kw, ref_kw in (("stg", dict(video_stg_blocks=(1,), audio_stg_blocks=(1,)),
+                                       dict(spatio_temporal_guidance_blocks=[1])),
+                                      ("isolated", dict(isolate_modalities=True), dict(isolate_modalities=True))):
+            got = model(**kw, **ours_kw)
+            out_v, out_a = ref(pipe._pack_latents(kw["video"], p, 1), pipe._pack_audio_latents(kw["audio"]),
+                               kw["video_context"], kw["audio_context"], kw["video_timestep"], kw["audio_timestep"],
+                               sigma=kw["video_timestep"], audio_sigma=kw["audio_timestep"],
+                               encoder_attention_mask=kw["video_context_mask"],
+                               audio_encoder_attention_mask=kw["audio_context_mask"], num_frames=FRAMES,
+                               height=HEIGHT, width=WIDTH, fps=FPS, audio_num_frames=AUDIO_FRAMES,
+                               use_cross_timestep=True, return_dict=False, **ref_kw)
+            expected = (pipe._unpack_latents(out_v, FRAMES, HEIGHT // p, WIDTH // p, p, 1),
+                        pipe._unpack_audio_latents(out_a, AUDIO_FRAMES, kw["audio"].shape[3]))
+            measured[name] = (rel_err(got[0], expected[0]), rel_err(got[1], expected[1]))
+            assert min(rel_err(got[0], plain[0]), rel_err(got[1], plain[1])) > 1e-3, name  # the pass differs
+        only_video = model(**kw, video_stg_blocks=(1,))
+        past_the_end = model(**kw, video_stg_blocks=(cfg.num_layers,), audio_stg_blocks=(cfg.num_layers,))
+    print("\nguidance passes vs diffusers: " + ", ".join(f"{k} video {v:.1e} audio {a:.1e}"
+                                                          for k, (v, a) in measured.items()))
+    assert max(max(e) for e in measured.values()) <= GUIDANCE_RTOL, measured
+    assert torch.equal(past_the_end[0], plain[0]) and torch.equal(past_the_end[1], plain[1])
+    assert rel_err(only_video[0], plain[0]) > 1e-3 and rel_err(only_video[1], plain[1]) > 1e-4  # via a2v / v2a
+
+
 def test_block_checkpointing_same_gradients():
     cfg = CASES["2.5"]
     model = ours_from(reference(cfg).state_dict(), cfg).train()
@@ -275,7 +334,7 @@ def test_bad_inputs_are_named():
     cfg = CASES["2.3"]
     model = LTX2DiT(cfg, init_seed=0)
     kw = inputs(cfg, "i2v")
-    bad = {"video_sigma": ({**kw, "video_sigma": None}, r"per-token video_timestep \(2, 48\) needs video_sigma"),
+    bad = {"video_sigma": ({**kw, "video_sigma": kw["video_sigma"][:1]}, r"video_sigma has shape \(1,\); expected \(2,\)"),
            "audio layout": ({**kw, "audio": kw["audio"].transpose(2, 3)}, r"audio has shape \(2, 2, 4, 10\)"),
            "video timestep": ({**kw, "video_timestep": kw["video_timestep"][:, :5]},
                               r"expected \(2,\) or \(2, 48\)"),

@@ -14,6 +14,8 @@
       a2v / v2a attention: both streams' seconds only
       -> num_layers x LTX2Block (layers.py): per stream self-attention, text cross-attention, then
          audio->video and video->audio attention, then the FFN, each adaLN-modulated and gated
+         [guidance passes: a stream's self-attention passed through (its value projection) in the STG
+          blocks; no audio<->video attention at all (isolate_modalities)]
       -> LayerNorm * (1 + scale) + shift (scale_shift_table + emb) -> proj_out, audio_proj_out
       -> unpatchify: video velocity (B, C_out, F', h, w), audio velocity (B, Ca, T, M)
 
@@ -204,32 +206,43 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
 
     # -------------------------------------------------------------- forward
 
-    def forward(self, video: torch.Tensor, video_timestep: torch.Tensor, audio: torch.Tensor,
-                audio_timestep: torch.Tensor, video_context: torch.Tensor, audio_context: torch.Tensor,
+    def forward(self, video: torch.Tensor, video_timestep: torch.Tensor, video_context: torch.Tensor, *,
+                audio: torch.Tensor, audio_timestep: torch.Tensor, audio_context: torch.Tensor,
                 video_context_mask: torch.Tensor | None = None, audio_context_mask: torch.Tensor | None = None,
                 fps: float = 24.0, video_sigma: torch.Tensor | None = None,
-                keyframes_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Velocity prediction of both streams.
+                keyframes_mask: torch.Tensor | None = None, video_stg_blocks: tuple[int, ...] = (),
+                audio_stg_blocks: tuple[int, ...] = (), isolate_modalities: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity prediction of both streams. The house's DiT call (`dit(x, timestep, context, ...)`) with
+        the audio stream as keywords.
 
         video: (B, in_channels, F', h, w) video-VAE latents, F', h, w divisible by patch_size.
         video_timestep: (B,) or (B, L) per video token (L = F'/pt * h/ph * w/pw, row-major (F', h, w)), on
             0..1000 (1000 = pure noise); image-to-video gives the conditioning tokens 0.
-        audio: (B, Ca, T, M) audio-VAE latents (channels, latent frames, mel bins), Ca * M = audio_in_channels.
-        audio_timestep: (B,) on 0..1000.
         video_context, audio_context: (B, Lt, W) the text connectors' outputs; W = caption_channels when the
             model has caption projections (2.0), else hidden_size / audio_hidden_size.
+        audio: (B, Ca, T, M) audio-VAE latents (channels, latent frames, mel bins), Ca * M = audio_in_channels.
+        audio_timestep: (B,) on 0..1000.
         video_context_mask, audio_context_mask: (B, Lt) bool / 0-1 (True = a real token) or None (all real).
         fps: the video's frame rate (positions are seconds: frame / fps).
         video_sigma: (B,) on 0..1000, the video's noise level (read by the text k / v modulation and the
-            audio's v2a gate); required with per-token video_timestep, else video_timestep itself.
+            audio's v2a gate); None: video_timestep itself, or with per-token timesteps their per-sample
+            maximum, which is exact for first-frame conditioning (ltx-trainer's and the pipelines': every
+            unconditioned token carries the sample's t, the conditioned ones 0).
         keyframes_mask: (B, L) bool / 0-1: tokens whose latent frame is one pixel frame (ltx-core marks
             the first latent frame); only for use_keyframes_abs_pos_embedding models; None: none marked.
+        video_stg_blocks, audio_stg_blocks: blocks whose video / audio self-attention is skipped (its value
+            projection passed through, gated and projected: the perturbed pass of spatio-temporal guidance,
+            ltx-core `SKIP_VIDEO_SELF_ATTN` / `SKIP_AUDIO_SELF_ATTN`; indices past the last block skip nothing).
+        isolate_modalities: no audio->video and video->audio attention in any block (the modality
+            guidance's pass, ltx-core `SKIP_A2V_CROSS_ATTN` + `SKIP_V2A_CROSS_ATTN`).
         Returns (video velocity (B, out_channels, F', h, w), audio velocity (B, Ca, T, M)), float32 unless
         the model is cast whole to another dtype.
         """
         with self.precision(video.device.type):
             return self._forward(video, video_timestep, audio, audio_timestep, video_context, audio_context,
-                                 video_context_mask, audio_context_mask, fps, video_sigma, keyframes_mask)
+                                 video_context_mask, audio_context_mask, fps, video_sigma, keyframes_mask,
+                                 (frozenset(video_stg_blocks), frozenset(audio_stg_blocks)), isolate_modalities)
 
     def _check(self, video, video_timestep, audio, audio_timestep, video_context, audio_context, masks,
                video_sigma, keyframes_mask) -> int:
@@ -248,10 +261,9 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
             raise ValueError(f"video_timestep has shape {tuple(video_timestep.shape)}; expected ({B},) or ({B}, {L})")
         if tuple(audio_timestep.shape) != (B,):
             raise ValueError(f"audio_timestep has shape {tuple(audio_timestep.shape)}; expected ({B},)")
-        if video_timestep.dim() == 2 and (video_sigma is None or tuple(video_sigma.shape) != (B,)):
-            got = None if video_sigma is None else tuple(video_sigma.shape)
-            raise ValueError(f"per-token video_timestep ({B}, {L}) needs video_sigma, the ({B},) noise level; "
-                             f"got {got}")
+        if video_sigma is not None and tuple(video_sigma.shape) != (B,):
+            raise ValueError(f"video_sigma has shape {tuple(video_sigma.shape)}; expected ({B},), the video's noise "
+                             "level per sample (or None)")
         widths = (cfg.caption_channels,) * 2 if not cfg.caption_proj_before_connector \
             else (cfg.hidden_size, cfg.audio_hidden_size)
         for name, ctx, width, mask in (("video_context", video_context, widths[0], masks[0]),
@@ -290,7 +302,7 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         return mod[index].view(t.shape[0], -1, mod.shape[-1]), emb[index].view(t.shape[0], -1, emb.shape[-1])
 
     def _forward(self, video, video_timestep, audio, audio_timestep, video_context, audio_context,
-                 video_context_mask, audio_context_mask, fps, video_sigma, keyframes_mask):
+                 video_context_mask, audio_context_mask, fps, video_sigma, keyframes_mask, stg_blocks, isolate):
         cfg = self.config
         L = self._check(video, video_timestep, audio, audio_timestep, video_context, audio_context,
                         (video_context_mask, audio_context_mask), video_sigma, keyframes_mask)
@@ -299,7 +311,8 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         pt, ph, pw = cfg.patch_size
         grid = (Fr // pt, H // ph, W // pw)
         per_token = video_timestep.dim() == 2
-        video_sigma = video_timestep if video_sigma is None else video_sigma
+        if video_sigma is None:  # per-token: the per-sample maximum, exact for first-frame conditioning (forward)
+            video_sigma = video_timestep.amax(dim=1) if per_token else video_timestep
         unit = cfg.timestep_scale_multiplier / 1000  # the adaLN's timestep per unit of ours (0..1000)
         gate_unit = cfg.av_ca_timestep_scale_multiplier / 1000  # ltx-core: sigma (0..1) x av_ca multiplier
 
@@ -342,7 +355,8 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
                 v.temb, v.cross_ss, v_emb = (sp.split(t, 1, "video") for t in (v.temb, v.cross_ss, v_emb))
 
         for i, block in enumerate(self.transformer_blocks):
-            vx, ax = self.run_block(i, block, vx, ax, v, a, cdt, sp)  # (B, L_local, D), (B, T_local, Da)
+            skip = (i in stg_blocks[0], i in stg_blocks[1])  # (video, audio) self-attention passed through
+            vx, ax = self.run_block(i, block, vx, ax, v, a, cdt, sp, skip, not isolate)  # (B, L_l, D), (B, T_l, Da)
 
         out_v = self._output(self.scale_shift_table, self.proj_out, vx, v_emb)  # (B, L_local, C_out * pt ph pw)
         out_a = self._output(self.audio_scale_shift_table, self.audio_proj_out, ax, a_emb)  # (B, T_local, Ca * M)

@@ -279,14 +279,26 @@ class LTX2Block(nn.Module):
             self.prompt_scale_shift_table = nn.Parameter(torch.empty(2, D))
             self.audio_prompt_scale_shift_table = nn.Parameter(torch.empty(2, Da))
 
-    def forward(self, vx: torch.Tensor, ax: torch.Tensor, v: Stream, a: Stream, cdt: torch.dtype, seq_parallel=None):
+    def forward(self, vx: torch.Tensor, ax: torch.Tensor, v: Stream, a: Stream, cdt: torch.dtype, seq_parallel=None,
+                skip_self: tuple[bool, bool] = (False, False), cross_modal: bool = True):
         """vx (B, L, D), ax (B, La, Da) float32 residual streams (this rank's tokens) -> the same, updated.
-        v, a: the streams' `Stream`s; cdt: the Linears' compute dtype; seq_parallel: see `LTX2DiT`."""
+        v, a: the streams' `Stream`s; cdt: the Linears' compute dtype; seq_parallel: see `LTX2DiT`;
+        skip_self: (video, audio) self-attention replaced by its value projection (spatio-temporal guidance's
+        perturbation, ltx-core `Attention` with `all_perturbed`); cross_modal False: no a2v / v2a attention
+        (the modality guidance's isolated pass)."""
         sp = seq_parallel
         vx = self._self_and_text(vx, v, self.attn1, self.attn2, self.scale_shift_table,
-                                 getattr(self, "prompt_scale_shift_table", None), cdt, sp)
+                                 getattr(self, "prompt_scale_shift_table", None), cdt, sp, skip_self[0])
         ax = self._self_and_text(ax, a, self.audio_attn1, self.audio_attn2, self.audio_scale_shift_table,
-                                 getattr(self, "audio_prompt_scale_shift_table", None), cdt, sp)
+                                 getattr(self, "audio_prompt_scale_shift_table", None), cdt, sp, skip_self[1])
+        if cross_modal:
+            vx, ax = self._cross_modal(vx, ax, v, a, cdt, sp)
+        vx = self._ffn(vx, v.temb, self.ff, self.scale_shift_table, cdt)
+        ax = self._ffn(ax, a.temb, self.audio_ff, self.audio_scale_shift_table, cdt)
+        return vx, ax
+
+    def _cross_modal(self, vx, ax, v: Stream, a: Stream, cdt, sp):
+        """audio -> video and video -> audio attention, both from the streams before either update."""
 
         # audio <-> video: the rows are (a2v scale, a2v shift, v2a scale, v2a shift | gate)
         v_a2v_scale, v_a2v_shift, v_v2a_scale, v_v2a_shift = ada_rows(self.scale_shift_table_a2v_ca_video[:4],
@@ -303,11 +315,7 @@ class LTX2Block(nn.Module):
         kv_in = rms_modulate(vx, v_v2a_scale, v_v2a_shift, self.eps, cdt)
         v2a = self._attend(self.video_to_audio_attn, q_in, kv_in, a.cross_rope, v.cross_rope, cdt, sp,
                            ("cross", a.name, v.name))  # (B, La, Da)
-        vx, ax = gated_add(vx, a2v, v_gate), gated_add(ax, v2a, a_gate)
-
-        vx = self._ffn(vx, v.temb, self.ff, self.scale_shift_table, cdt)
-        ax = self._ffn(ax, a.temb, self.audio_ff, self.audio_scale_shift_table, cdt)
-        return vx, ax
+        return gated_add(vx, a2v, v_gate), gated_add(ax, v2a, a_gate)
 
     def _attend(self, attn: Attention, x, context, q_rope, k_rope, cdt, sp, kind: tuple, key_mask=None):
         """attn's output for queries x over keys from context; kind: ("self", stream), ("text", stream) or
@@ -323,10 +331,15 @@ class LTX2Block(nn.Module):
             out = sp.cross_modal_attention(q, k, v, kind[1], kind[2])
         return attn.output(x, out, cdt)
 
-    def _self_and_text(self, x, s: Stream, attn1: Attention, attn2: Attention, table, prompt_table, cdt, sp):
+    def _self_and_text(self, x, s: Stream, attn1: Attention, attn2: Attention, table, prompt_table, cdt, sp,
+                       skip_self: bool):
         shift, scale, gate = ada_rows(table, s.temb, slice(0, 3))  # (B, T, D) each
         h = rms_modulate(x, scale, shift, self.eps, cdt)
-        x = gated_add(x, self._attend(attn1, h, h, s.rope, s.rope, cdt, sp, ("self", s.name)), gate)
+        if skip_self:  # the value projection passed through, then gated and projected (per token: no seam)
+            out = attn1.output(h, attn1.to_v(h).unflatten(2, (attn1.heads, -1)), cdt)  # (B, L, D)
+        else:
+            out = self._attend(attn1, h, h, s.rope, s.rope, cdt, sp, ("self", s.name))
+        x = gated_add(x, out, gate)
 
         if not self.adaln:  # ltx-core: the RMS-normed stream (`PytorchPostSAFunction`) as it is
             with torch.autocast(x.device.type, enabled=False):
