@@ -177,6 +177,15 @@ def ltx2_lora_to_comfy(native: dict[str, torch.Tensor], alpha: float) -> dict[st
     return to_comfy(native, alpha)
 
 
+def ltx2_lora_keys(sd: dict[str, torch.Tensor], source: str = "LoRA") -> dict[str, torch.Tensor]:
+    """A LoRA file's keys with their prefixes stripped (`lora.from_comfy`'s input: `<module>.lora_A.weight`,
+    `<module>.lora_B.weight`, `<module>.alpha`) -> the same under native module names (diffusers' renamed);
+    modules an LTX-2 DiT lacks are named (`WeightsError`)."""
+    native = {_rename(k, diffusers=False): v for k, v in sd.items()}
+    _check_lora_modules(native, source)
+    return native
+
+
 def ltx2_lora_from_file(sd: dict[str, torch.Tensor],
                         source: str = "LoRA") -> tuple[dict[str, torch.Tensor], float, int]:
     """A LoRA file's tensors (ComfyUI / ltx-trainer `diffusion_model.`, diffusers / peft `transformer.` with

@@ -47,6 +47,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from video_dit.models.causal_conv import FirstFrameKept
 from video_dit.typed_config import ConfigError, parse
 
 Resample = Literal["space", "time", "all"]
@@ -57,8 +58,9 @@ STRIDES: dict[str, tuple[int, int, int]] = {"space": (1, 2, 2), "time": (2, 1, 1
 
 
 @dataclass(frozen=True)
-class LTX2VAEConfig:
-    """The LTX-2 causal video VAE. Defaults are LTX-2.0's (`LTX2_VAE_20`)."""
+class LTX2VAEConfig(FirstFrameKept):
+    """The LTX-2 causal video VAE. Defaults are LTX-2.0's (`LTX2_VAE_20`). Its frame rule is the causal VAEs'
+    (`FirstFrameKept`: 8k + 1 frames released, the family contract's `VAEShape`)."""
 
     in_channels: int = 3
     latent_channels: int = 128
