@@ -203,21 +203,33 @@ def _to_array(frames) -> np.ndarray:
     return np.stack([np.asarray(f.convert("RGB")) for f in frames])
 
 
-def write_video(frames, path, fps: float = 16) -> Path:
+AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)  # AAC's sample rates
+
+
+def write_video(frames, path, fps: float = 16, audio=None, audio_rate: int | None = None) -> Path:
     """Write frames (PIL list, `(F, H, W, 3)` uint8 array or `(F, 3, H, W)` tensor in [-1, 1]).
 
     `.mp4`/`.mov`/`.mkv`: H.264 (`libx264`, `yuv420p`, odd sizes padded to even by edge replication),
     single-threaded, without x264's macroblock tree, so equal frames give byte-identical files (tested
     at several sizes: with mbtree on, small frames such as 64x96 encode differently from run to run).
-    `.webp`/`.gif`: animated image through PIL. Written to a temp file, then renamed into place.
+    `audio` (`(C, S)` float array or tensor, C 1 or 2, clipped to [-1, 1]) at `audio_rate` samples per
+    second (one of `AAC_RATES`): an AAC track beside the video, both from time 0.
+    `.webp`/`.gif`: animated image through PIL (no audio track: a `ValueError` when `audio` is given).
+    Written to a temp file, then renamed into place.
     """
     path = Path(path)
     array = _to_array(frames)
     if len(array) == 0:
         raise ValueError(f"{path}: no frames to write")
+    ext = path.suffix.lower()
+    wave = None if audio is None else _audio_array(audio, audio_rate, path)
+    if wave is not None and ext in (".webp", ".gif"):
+        raise ValueError(f"{path}: a {ext} has no audio track; write .mp4 / .mov / .mkv for video with sound")
+    if wave is not None and audio_rate not in AAC_RATES:
+        raise ValueError(f"{path}: audio_rate {audio_rate} is not an AAC sample rate; accepted: "
+                         f"{', '.join(map(str, AAC_RATES))}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}{path.suffix}")
-    ext = path.suffix.lower()
     try:
         if ext in (".webp", ".gif"):
             images = [Image.fromarray(a) for a in array]
@@ -225,7 +237,7 @@ def write_video(frames, path, fps: float = 16) -> Path:
             images[0].save(tmp, save_all=True, append_images=images[1:],
                            duration=max(1, round(1000 / fps)), loop=0, **kw)
         elif ext in (".mp4", ".mov", ".mkv"):
-            _write_h264(array, tmp, fps)
+            _write_h264(array, tmp, fps, wave, audio_rate)
         else:
             raise ValueError(f"{path}: unsupported video extension {ext!r}; accepted: .mp4 .mov .mkv .webp .gif")
         os.replace(tmp, path)
@@ -235,7 +247,22 @@ def write_video(frames, path, fps: float = 16) -> Path:
     return path
 
 
-def _write_h264(array: np.ndarray, path: Path, fps: float) -> None:
+def _audio_array(audio, rate, path) -> np.ndarray:
+    """`audio` as a (C, S) float32 contiguous array clipped to [-1, 1]; a ValueError naming the file otherwise."""
+    if rate is None or int(rate) != rate or rate < 1:
+        raise ValueError(f"{path}: audio needs audio_rate, a positive whole number of samples per second, got {rate!r}")
+    if isinstance(audio, torch.Tensor):
+        audio = audio.detach().float().cpu().numpy()
+    wave = np.asarray(audio, np.float32)
+    if wave.ndim != 2 or wave.shape[0] not in (1, 2) or wave.shape[1] < 1:
+        raise ValueError(f"{path}: audio must be (channels, samples) with 1 or 2 channels, got shape {wave.shape}")
+    if not np.isfinite(wave).all():
+        raise ValueError(f"{path}: audio holds NaN or infinite samples")
+    return np.ascontiguousarray(np.clip(wave, -1.0, 1.0))
+
+
+def _write_h264(array: np.ndarray, path: Path, fps: float, wave: np.ndarray | None = None,
+                audio_rate: int | None = None) -> None:
     import av
 
     h, w = array.shape[1:3]
@@ -253,11 +280,21 @@ def _write_h264(array: np.ndarray, path: Path, fps: float) -> None:
         # (and with asm or B-frames off, both slower or larger) the output is a function of the frames.
         stream.options = {"crf": "18", "preset": "medium", "threads": "1", "x264-params": "mbtree=0"}
         stream.codec_context.thread_count = 1
+        sound = None
+        if wave is not None:  # every stream is added before the first packet is muxed
+            sound = container.add_stream("aac", rate=int(audio_rate))  # FFmpeg's native AAC encoder
+            sound.layout = "mono" if wave.shape[0] == 1 else "stereo"
+            sound.codec_context.thread_count = 1
         for a in array:
             for packet in stream.encode(av.VideoFrame.from_ndarray(a, format="rgb24")):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+        if sound is not None:  # one planar frame from time 0; the encoder cuts it into its 1024-sample frames
+            frame = av.AudioFrame.from_ndarray(wave, format="fltp", layout=sound.layout.name)
+            frame.sample_rate, frame.pts, frame.time_base = int(audio_rate), 0, Fraction(1, int(audio_rate))
+            for packet in [*sound.encode(frame), *sound.encode()]:
+                container.mux(packet)
 
 
 def contact_sheet(frames, cols: int | None = None, pad: int = 2) -> Image.Image:
