@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -221,7 +222,14 @@ def load_codec(source: str | os.PathLike, dtype: torch.dtype | None = torch.floa
         codec = LTX2AudioCodec(LTX2AudioVAE(config.vae, seed=seed), cls(config.vocoder, seed=seed + 1)).to(device)
         return codec.to(dtype) if dtype is not None else codec
     vae = AC.load_ltx2_audio_vae(source, dtype, device)
-    vocoder = AC.load_ltx2_vocoder(source, dtype, device)
+    meta = metadata_config(Path(str(source)))
+    config = None
+    if meta is not None and "vocoder" in meta:  # ltx-core hard-codes the vocoder's input, the audio VAE's 2 x 64
+        config = AC.vocoder_config_from_metadata(meta)
+        width = vae.config.out_ch * vae.config.mel_bins
+        config = replace(config, vocoder=replace(config.vocoder, in_channels=width)) if hasattr(config, "bwe") \
+            else replace(config, in_channels=width)
+    vocoder = AC.load_ltx2_vocoder(source, dtype, device, config=config)
     try:
         return LTX2AudioCodec(vae, vocoder)
     except ValueError as exc:
