@@ -6,7 +6,8 @@
            i2v mode, seed, boundary, the experts asked for, the audio codec) + Keys (what that front end calls each)
         -> resolve() -> ModelSpec: the preset; the DiT source and seed (or every loadable expert's,
            and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the audio codec of
-           a family with sound (`Family.audio`); the i2v mode; what an export recorded (`video_dit_sources.json`: sources, sampling settings)
+           a family with sound (`Family.audio`); the i2v mode; what an export recorded
+           (`video_dit_sources.json`: sources, sampling settings)
 
 The model family (`families.py`: Wan, HunyuanVideo 1.5) is the preset's; without a preset, the
 weights' own (their metadata or key names, `families.identify`); weights of another family than the

@@ -157,8 +157,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "LTX-2); a model with sound (LTX-2) also samples at it: its positions and the sound's "
                              "length follow the frame rate")
     parser.add_argument("--audio-codec", default=None,
-                        help="a model with sound (LTX-2): its audio VAE and vocoder, a diffusers folder with audio_vae/ "
-                             "+ vocoder/ or Lightricks' single file (default: the model's own, or a tiny preset's)")
+                        help="a model with sound (LTX-2): its audio VAE and vocoder, a diffusers folder with "
+                             "audio_vae/ + vocoder/ or Lightricks' single file (default: the model's own, or a tiny "
+                             "preset's)")
     parser.add_argument("--no-audio", action="store_true",
                         help="a model with sound: write the picture alone (the sound is still sampled with it: the "
                              "model generates both)")

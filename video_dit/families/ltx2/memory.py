@@ -17,7 +17,8 @@ Per block, counted op by op in `layers.py` (per token of a stream of width W):
   audio <-> video  per stream its two rms_modulates (4a + 2s), its query's Linear and gated residual (s + 2a)
                    at W, and at the cross width Dx: q, k, v, their norms, RoPE, casts, output, gates (11a + 7s)
   FFN              rms_modulate 2a + s, 4W up 4s, GELU 4s, down s, gated residual 2a      -> 4a + 10s
-  (per-token timesteps, image-to-video: the modulation rows per token, (6 + 3 + 5) W a more per token)
+  (per-token timesteps, image-to-video: the modulation rows per token, (6 + 3 + 5) W a more per token, and
+  once outside the blocks the per-token adaLN outputs, (rows + 4 + 1) D a per video token)
 A checkpointed block keeps its two inputs (Lv D a + La Da a) and re-runs once in backward. Outside the blocks:
 the patch embeddings' inputs and outputs, the output layers (LayerNorm, modulate, Linear: 4 W a + C s per
 token), the loss's difference (L C a, the whole prediction on every rank). Weight copies: full fine-tuning
@@ -62,6 +63,8 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
     kept = n_ckpt * (Lv * D + La * Da) * a
     outside = (Lv * (cfg.patch_in_channels * s + D * a + 4 * D * a + C * s) + L * C * a
                + La * (cfg.audio_in_channels * s + Da * a + 4 * Da * a + cfg.audio_out_channels * s))
+    if per_token:  # the per-token adaLN outputs, made once: block rows, a2v / v2a scale-shift, the output's
+        outside += L * (cfg.modulation_rows + 4 + 1) * D * a
     # the Linears of one block: video / audio self and text attention 4 W^2 each (+ the text's k, v of width W),
     # the two cross attentions (D + Da) Da x 2 each way, the FFNs 8 W^2
     per_block_weights = 16 * D * D + 16 * Da * Da + 4 * (D + Da) * Da

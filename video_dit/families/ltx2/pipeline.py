@@ -173,8 +173,8 @@ class LTX2Pipeline:
                              f"has {z}")
         a = audio_codec.vae.config
         if a.token_dim != cfg.audio_in_channels:
-            raise ValueError(f"the DiT reads audio tokens of {cfg.audio_in_channels}; the audio VAE makes {a.z_channels}"
-                             f" x {a.latent_mel_bins} = {a.token_dim}")
+            raise ValueError(f"the DiT reads audio tokens of {cfg.audio_in_channels}; the audio VAE makes "
+                             f"{a.z_channels} x {a.latent_mel_bins} = {a.token_dim}")
         self.guidance = guidance if guidance is not None else guidance_for(cfg)
         self.temporal, self.spatial = self.vae_config.temporal_compression, self.vae_config.spatial_compression
         self.divisibility = self.spatial * cfg.patch_size[1]
@@ -188,10 +188,10 @@ class LTX2Pipeline:
     @torch.no_grad()
     def generate_latents(self, prompt_embeds, negative_embeds=None, num_frames: int = 121, height: int = 512,
                          width: int = 768, steps: int = 30, guidance_scale: float = 3.0, shift: float = LTX2_SHIFT,
-                         generator: torch.Generator | None = None, first_frame=None, latents: torch.Tensor | None = None,
-                         audio_latents: torch.Tensor | None = None, solver: str = "euler", grid: str = "reference",
-                         fps: float = 24.0, progress: bool = False, image_embeds=None
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
+                         generator: torch.Generator | None = None, first_frame=None,
+                         latents: torch.Tensor | None = None, audio_latents: torch.Tensor | None = None,
+                         solver: str = "euler", grid: str = "reference", fps: float = 24.0, progress: bool = False,
+                         image_embeds=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(video latents (B, C, F', h, w), audio latents (B, z, T', M')), normalized, float32; arguments as
         for `generate`."""
         if image_embeds is not None:

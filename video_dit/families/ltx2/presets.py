@@ -163,8 +163,9 @@ TINY_LTX2_TEXT = LTX2TextConfig(TINY_GEMMA, TINY_LTX2_CONNECTORS)
 # hop 80 (5 x 4 x 4) on the 100 mel frames a second: 8 kHz, an AAC rate
 TINY_LTX2_AUDIO = LTX2AudioConfig(
     AudioVAEConfig(ch=8, num_res_blocks=1, z_channels=2, mel_bins=16, resolution=16),
-    VocoderConfig(in_channels=32, upsample_initial_channel=16, upsample_rates=(5, 4, 4), upsample_kernel_sizes=(11, 8, 8),
-                  resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3, 5),), output_sampling_rate=8000),
+    VocoderConfig(in_channels=32, upsample_initial_channel=16, upsample_rates=(5, 4, 4),
+                  upsample_kernel_sizes=(11, 8, 8), resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3, 5),),
+                  output_sampling_rate=8000),
     tiny=True)
 # No reference: Euler at 8 steps, the release's shift and guidance, no negative prompt (the text encoder is random)
 _TINY = dict(sample_solver="euler", sample_steps=8, sample_shift=LTX2_SHIFT, sample_guidance=3.0, sample_negative="",
@@ -175,7 +176,7 @@ LTX2_PRESETS: dict[str, Preset] = {
     for p in [
         _dev("ltx2-19b-dev", "2.0", "ltx2.0", LTX2_TEXT, steps=40),       # Lightricks/LTX-2 ltx-2-19b-dev
         _dev("ltx2.3-22b-dev", "2.3", "ltx2.3", LTX23_TEXT, steps=30),    # Lightricks/LTX-2.3 ltx-2.3-22b-dev
-        _dev("ltx2.5-dev", "2.5", "ltx2.5", LTX25_TEXT, steps=30),        # Lightricks/LTX-2.5 (file name not public here)
+        _dev("ltx2.5-dev", "2.5", "ltx2.5", LTX25_TEXT, steps=30),        # Lightricks/LTX-2.5 (its file name: not read)
         # image-to-video needs no other preset: any LTX-2 DiT takes the first frame in "replace" mode
         Preset("tiny-ltx2-t2v", "ltx2", TINY_LTX2_DIT, VAE_PRESETS["ltx2-tiny"], "ltx2-tiny", TINY_LTX2_TEXT, **_TINY),
     ]
