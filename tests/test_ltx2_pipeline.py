@@ -420,3 +420,34 @@ def test_dynamic_scheduler_config_is_read_and_refused_where_it_cannot_be_sampled
     (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps({**data, "base_shift": 0.5}))
     with pytest.raises(ValueError, match=r"scheduler_config.json: base_shift = 0.5 is not supported"):
         read_scheduler_config(tmp_path)
+
+
+def test_comfyui_dit_file_and_lora_keys(parts, tmp_path):
+    """ComfyUI's DiT file (Lightricks' names under `diffusion_model.`) is identified and loaded as the same
+    weights; a LoRA in ComfyUI's LTX-2 keys (`diffusion_model.<Lightricks module>.lora_A.weight`, `.alpha`) reads
+    back to the adapters written, a diffusers-named one (`transformer.proj_in`) to the native module, and one on a
+    module the DiT lacks is named."""
+    from video_dit.lora import from_comfy
+
+    _, ours, _ = parts
+    save_file({"diffusion_model." + k: v.contiguous() for k, v in ours.dit.state_dict().items()},
+              tmp_path / "comfy.safetensors")
+    assert identify(tmp_path / "comfy.safetensors")[0] is LTX2
+    loaded = LTX2.load_dit(str(tmp_path / "comfy.safetensors"), config=TINY_LTX2_DIT)
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in ours.dit.state_dict().items())
+    g = torch.Generator().manual_seed(0)
+    native = {"transformer_blocks.1.audio_to_video_attn.to_q.lora_A.weight": torch.randn(4, 32, generator=g),
+              "transformer_blocks.1.audio_to_video_attn.to_q.lora_B.weight": torch.randn(16, 4, generator=g)}
+    file = LTX2.lora_to_comfy(native, 2.0)
+    assert set(file) == {"diffusion_model.transformer_blocks.1.audio_to_video_attn.to_q." + leaf
+                         for leaf in ("lora_A.weight", "lora_B.weight", "alpha")}
+    back, alpha, rank = from_comfy(file, "x", from_file=LTX2.lora_from_file)
+    assert alpha == 2.0 and rank == 4 and back.keys() == native.keys()
+    diffusers_named = {"transformer.proj_in.lora_A.weight": torch.zeros(4, 8), "transformer.proj_in.lora_B.weight":
+                       torch.zeros(32, 4)}
+    assert set(from_comfy(diffusers_named, "y", from_file=LTX2.lora_from_file)[0]) == {
+        "patchify_proj.lora_A.weight", "patchify_proj.lora_B.weight"}
+    with pytest.raises(WeightsError, match="z.safetensors: LoRA on 1 modules an LTX-2 DiT does not have, first: "
+                                           "transformer_blocks.0.attn3.to_q"):
+        from_comfy({"diffusion_model.transformer_blocks.0.attn3.to_q.lora_A.weight": torch.zeros(4, 32)},
+                   "z.safetensors", from_file=LTX2.lora_from_file)
