@@ -167,6 +167,8 @@ FAMILY = Family(
     vae_presets=VAE_PRESETS,
     # ltx-trainer: one sigma for both streams (text_to_video.py `_prepare_audio_inputs`: "same sigma as video"),
     # loss = video_loss + audio_loss (`compute_loss`)
+    # rate / channels: the audio VAE's mel front end (16 kHz stereo, every release); out_rate: LTX-2.3's and 2.5's
+    # vocoder (LTX-2.0's writes 24 kHz, the tiny preset's 8 kHz: a loaded codec's `out_rate` is its own)
     audio=AudioPath(rate=16000, channels=2, out_rate=48000, load_codec=ltx2_load.load_codec, timesteps="tied",
                     loss_weight=1.0),
 )

@@ -6,7 +6,7 @@
     Euler over the schedule (`ltx2_schedule`), each step:
       [frame 0 := the first frame's latent, its tokens at t = 0]   (FirstFrameConditioning "replace")
       passes: conditional, unconditional (negative text), perturbed (STG blocks' self-attention skipped),
-              isolated (no audio<->video attention), each -> both velocities -> denoised x0 = x - t v
+              isolated (no audio<->video attention), each -> both velocities -> denoised x0 = x - sigma v
       per stream: x0 = cond + (cfg - 1)(cond - uncond) + stg (cond - ptb) + (mod - 1)(cond - iso), rescaled
       v = (x - x0) / sigma;  x += (sigma' - sigma) v
     VAE decode (B, 3, F, H, W) -> PIL frames;  audio VAE + vocoder -> wave (B, 2, S) at the vocoder's rate
@@ -16,11 +16,11 @@ The pipeline never sees text. With the same weights, embeds, noise and settings 
 Lightricks. Lightricks' own code (ltx-pipelines `TI2VidOneStagePipeline`, ltx-core's guiders, X0 model and
 Euler step, mirror commit 400fd31) is followed where the two differ:
   - the schedule (grid "reference"): ltx-core `LTX2Scheduler` at its default 4096 tokens whatever the size;
-    diffusers shifts by the video token count (grid "diffusers-dynamic", what a diffusers folder's dynamic-shifting
-    scheduler config asks for: `sampling_settings`); the two agree at 4096 tokens;
-  - image-to-video: the denoised latent of a conditioning token is the clean latent (ltx-core `X0Model` divides
-    by the token's own timestep, 0), so the guidance rescale's statistics see it; diffusers converts every token
-    with the step's sigma. They agree with rescale 0 (frame 0 is replaced after every step in both);
+    diffusers shifts by the video token count (grid "diffusers-dynamic", what a diffusers folder's
+    dynamic-shifting scheduler config asks for: `sampling_settings`); the two agree at 4096 tokens;
+  - image-to-video: the denoised latent of a conditioning token is the clean latent (ltx-core `X0Model`: x -
+    sigma v with the token's own sigma, 0), so the guidance rescale's statistics see it; diffusers converts
+    every token with the step's sigma. They agree with rescale 0 (frame 0 is replaced after every step in both);
   - the audio->video attention's scale / shift of conditioning tokens from their own timestep 0 (the DiT's, see
     dit.py); diffusers' pipelines (use_cross_timestep) take the audio's sigma;
   - the first frame is resized to cover and centre-cropped (ltx-pipelines `resize_and_center_crop`, bilinear);
