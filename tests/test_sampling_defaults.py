@@ -3,6 +3,7 @@
 solver and shift; the command or job wins over both; the line that says which were used."""
 
 import json
+import math
 
 import pytest
 from helpers import ROOT
@@ -49,6 +50,29 @@ EXPECTED = {
     "hunyuan15-720p-i2v-cfg-distilled": ("euler", 50, 7.0, 1.0, ""),
     "hunyuan15-480p-i2v-step-distilled": ("euler", 12, 7.0, 1.0, ""),
 }
+# Lightricks/LTX-2 packages/ltx-pipelines/src/ltx_pipelines/utils/constants.py (commit 400fd31):
+# DEFAULT_NEGATIVE_PROMPT; steps 40 (LTX_2_PARAMS), 30 from 2.3 on (LTX_2_3_PARAMS, LTX_2_4_PARAMS: 2.5); video
+# cfg_scale 3.0; the shift exp(2.05): ltx-core components/schedulers.py LTX2Scheduler (max_shift 2.05 at its
+# default 4096 tokens); Euler (ltx-core EulerDiffusionStep, diffusers' FlowMatchEulerDiscreteScheduler)
+LTX2_NEG = ("has_subtitles, has_blurbox, transition from black, transition to black, speech_ending_short, blurry, out "
+            "of focus, overexposed, underexposed, low contrast, washed out colors, excessive noise, grainy texture, "
+            "poor lighting, flickering, motion blur, distorted proportions, unnatural skin tones, deformed facial "
+            "features, asymmetrical face, missing facial features, extra limbs, disfigured hands, wrong hand count, "
+            "artifacts around text, inconsistent perspective, camera shake, incorrect depth of field, background too "
+            "sharp, background clutter, distracting reflections, harsh shadows, inconsistent lighting direction, "
+            "color banding, cartoonish rendering, 3D CGI look, unrealistic materials, uncanny valley effect, "
+            "incorrect ethnicity, wrong gender, exaggerated expressions, wrong gaze direction, mismatched lip sync, "
+            "silent or muted audio, distorted voice, robotic voice, echo, background noise, off-sync audio, "
+            "incorrect dialogue, added dialogue, repetitive speech, jittery movement, awkward pauses, incorrect "
+            "timing, unnatural transitions, inconsistent framing, tilted camera, flat lighting, inconsistent tone, "
+            "cinematic oversaturation, stylized filters, or AI artifacts.")
+EXPECTED.update({
+    "ltx2-19b-dev": ("euler", 40, math.exp(2.05), 3.0, LTX2_NEG),
+    "ltx2.3-22b-dev": ("euler", 30, math.exp(2.05), 3.0, LTX2_NEG),
+    "ltx2.5-dev": ("euler", 30, math.exp(2.05), 3.0, LTX2_NEG),
+    # ours (no reference): 8 steps, the release's shift and guidance, no negative prompt (random text encoder)
+    "tiny-ltx2-t2v": ("euler", 8, math.exp(2.05), 3.0, ""),
+})
 # ours (no reference): Euler at 20 steps, shift 3, guidance 5, no negative prompt (random text encoder)
 TINY = ("euler", 20, 3.0, 5.0, "")
 

@@ -3,10 +3,11 @@
 
     a job's model block / a command line / an ai-toolkit config
         -> Request (what was given: name_or_path, preset, VAE, text encoder, tokenizer, image encoder,
-           i2v mode, seed, boundary, the experts asked for) + Keys (what that front end calls each)
+           i2v mode, seed, boundary, the experts asked for, the audio codec) + Keys (what that front end calls each)
         -> resolve() -> ModelSpec: the preset; the DiT source and seed (or every loadable expert's,
-           and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the i2v
-           mode; what an export recorded (`video_dit_sources.json`: sources, sampling settings)
+           and the boundary); the VAE; the text encoder and tokenizer; the image encoder; the audio codec of
+           a family with sound (`Family.audio`); the i2v mode; what an export recorded
+           (`video_dit_sources.json`: sources, sampling settings)
 
 The model family (`video_dit.families`: Wan, HunyuanVideo 1.5, one folder each) is the preset's; without a preset, the
 weights' own (their metadata or key names, `families.identify`); weights of another family than the
@@ -57,6 +58,7 @@ class Keys:
     network: str = "network"
     flags: bool = False  # a command line: errors read "--model PATH: ...", and say "pass" rather than "set"
     trainer: str = "video_dit"  # the trainer whose settings these are (`Family.trains`): "video_dit", "ai-toolkit"
+    audio: str = "audio_path"  # the audio codec of a family with sound (`Family.audio`)
 
     def error(self, key: str, value, message: str) -> ConfigError:
         """The error about `key` (given `value`): "KEY: VALUE: message", or "--flag VALUE: message"."""
@@ -71,15 +73,16 @@ def job_keys(process_path: str = "config.process[0]") -> Keys:
     m = f"{process_path}.model"
     return Keys(f"{m}.name_or_path", f"{m}.preset", f"{m}.vae_path", f"{m}.text_encoder_path", f"{m}.tokenizer_path",
                 f"{m}.image_encoder_path", f"{m}.i2v_mode", f"{m}.boundary_ratio", f"{m}.model_kwargs",
-                f"{process_path}.network")
+                f"{process_path}.network", audio=f"{m}.audio_path")
 
 
 JOB_KEYS = job_keys()
 CLI_KEYS = Keys("--model", "--preset", "--vae", "--text-encoder", "--tokenizer", "--image-encoder", "--i2v-mode",
-                "--boundary-ratio", "--model", flags=True)
+                "--boundary-ratio", "--model", flags=True, audio="--audio-codec")
 AITK_KEYS = Keys("model.name_or_path", "model.model_kwargs.preset", "model.vae_path", "model.te_name_or_path",
                  "model.tokenizer_path", "model.model_kwargs.image_encoder_path", "model.model_kwargs.i2v_mode",
-                 "model.model_kwargs.boundary_ratio", "model.model_kwargs", "network", trainer="ai-toolkit")
+                 "model.model_kwargs.boundary_ratio", "model.model_kwargs", "network", trainer="ai-toolkit",
+                 audio="model.model_kwargs.audio_path")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class Request:
     train_high_noise: bool | None = None
     train_low_noise: bool | None = None
     preset_required: bool = True  # a trainer needs the preset; `video-dit sample` reads the DiT config from the weights
+    audio: str | None = None  # the audio codec of a family with sound (audio VAE + vocoder)
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,11 @@ class ModelSpec:
         return _image_encoder(self.request, self, self.recorded, self.keys)
 
     @functools.cached_property
+    def audio(self) -> str | None:
+        """The audio codec's source of a family with sound (`Family.audio`: its audio VAE and vocoder), else None."""
+        return _audio(self.request, self.preset, self.recorded, self.keys, self.family)
+
+    @functools.cached_property
     def dit_config(self):
         """The DiT's config: the preset's for `preset:NAME`, else the weights' own (config.json or shapes)."""
         name = preset_name(self.dit)
@@ -189,6 +198,8 @@ class ModelSpec:
         out = {"preset": self.preset.name if self.preset else None, "vae": where(self.vae), "text_encoder": where(self.text_encoder)}
         if self.image_encoder is not None:
             out["image_encoder"] = where(self.image_encoder)
+        if self.audio is not None:
+            out["audio"] = where(self.audio)
         return out
 
 
@@ -305,7 +316,7 @@ def _task(req: Request, preset: Preset | None, dit: str, family: Family, keys: K
 def check_sources(spec: ModelSpec) -> ModelSpec:
     """Every part's source resolved now (each refused naming its key), for the checks that run before
     any rank starts."""
-    spec.vae, spec.text_encoder, spec.image_encoder  # noqa: B018 (resolved and cached)
+    spec.vae, spec.text_encoder, spec.image_encoder, spec.audio  # noqa: B018 (resolved and cached)
     check_image_encoder(spec)
     return spec
 
@@ -422,6 +433,28 @@ def _text_encoder(req: Request, preset: Preset | None, recorded: dict, keys: Key
     what = f"preset {preset.name!r} needs {family.needs['text_encoder']}" if preset else family.needs["text_folder"]
     raise keys.error(keys.text_encoder if preset else keys.model, req.name_or_path if not preset else "(not set)",
                      f"{what}: {keys.give} {keys.text_encoder} ({family.accepts['text_encoder']})")
+
+
+def _audio(req: Request, preset: Preset | None, recorded: dict, keys: Keys, family: Family) -> str | None:
+    """The audio codec of a family with sound, resolved as the VAE is: given, recorded by an export, the
+    model's own layout (`Family.folder_source(base, "audio")`), a tiny preset's random one; else an error."""
+    if family.audio is None:
+        if req.audio is not None:
+            raise keys.error(keys.audio, req.audio, f"{family.title} makes no sound (no audio codec); remove it")
+        return None
+    given = req.audio or _recorded_path(req, recorded, "audio", keys.audio, keys)
+    if given:
+        return given
+    name = preset_name(req.name_or_path)
+    found = family.folder_source(Path(req.name_or_path), "audio") if name is None else None
+    if found is not None:
+        return found
+    random = family.random_source(preset, "audio") if preset is not None else None
+    if random is not None:  # a tiny preset's random audio codec
+        return random
+    where = (keys.audio, "(not set)") if name is not None else (keys.model, req.name_or_path)
+    raise keys.error(*where, f"{family.title} needs {family.needs['audio']}: {keys.give} {keys.audio} "
+                             f"({family.accepts['audio']})")
 
 
 def _image_encoder(req: Request, spec: ModelSpec, recorded: dict, keys: Keys) -> str | None:

@@ -30,7 +30,10 @@ never share memory; so are the images' CLIP features for a Wan 2.1 I2V / FLF2V m
 PATH, or --image-encoder; SigLIP for HunyuanVideo 1.5 i2v). Sampling settings left out come from
 PATH/scheduler/scheduler_config.json (solver, shift) and PATH/guider/guider_config.json (guidance), then
 the preset's defaults (diffusion/sampling_settings.py); one printed line says
-which were used. Errors are one line (`video-dit`'s top level), never a traceback.
+which were used. A model with sound (LTX-2, `Family.audio`) writes its waveform as the MP4's AAC track
+(--no-audio: the picture alone), its audio codec from the model (or --audio-codec), and samples at --fps:
+    video-dit sample --model MODELS/LTX-2 --prompt "..." --frames 121 --height 512 --width 768 --out ltx2.mp4
+Errors are one line (`video-dit`'s top level), never a traceback.
 """
 
 from __future__ import annotations
@@ -150,7 +153,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "else the preset's)")
     parser.add_argument("--seed", type=int, default=None, help="noise seed (default: an export's first preview's, else 0)")
     parser.add_argument("--fps", type=_float_in(0.0, strict=True), default=None,
-                        help="output fps (default: the preset's, else the family's: 16 Wan, 24 HunyuanVideo 1.5)")
+                        help="output fps (default: the preset's, else the family's: 16 Wan, 24 HunyuanVideo 1.5 and "
+                             "LTX-2); a model with sound (LTX-2) also samples at it: its positions and the sound's "
+                             "length follow the frame rate")
+    parser.add_argument("--audio-codec", default=None,
+                        help="a model with sound (LTX-2): its audio VAE and vocoder, a diffusers folder with "
+                             "audio_vae/ + vocoder/ or Lightricks' single file (default: the model's own, or a tiny "
+                             "preset's)")
+    parser.add_argument("--no-audio", action="store_true",
+                        help="a model with sound: write the picture alone (the sound is still sampled with it: the "
+                             "model generates both)")
     parser.add_argument("--dtype", choices=DTYPES, default=None,
                         help="DiT and text-encoder dtype (default: an export's previews', else float32; bfloat16 "
                              "keeps the DiT's float32 islands)")
@@ -181,7 +193,8 @@ def spec_of_args(args: argparse.Namespace) -> ModelSpec:
     config comes from its weights; the preset only brings sampling defaults)."""
     return check_sources(resolve(Request(args.model, preset=args.preset, vae=args.vae, text_encoder=args.text_encoder,
                                          tokenizer=args.tokenizer, image_encoder=args.image_encoder,
-                                         boundary=args.boundary_ratio, preset_required=False), CLI_KEYS))
+                                         boundary=args.boundary_ratio, preset_required=False,
+                                         audio=args.audio_codec), CLI_KEYS))
 
 
 def load_models(spec: ModelSpec, args, dtype, device):
@@ -242,6 +255,11 @@ def check_args(spec: ModelSpec, args, image, last) -> None:
     for path, expert, flag in ((args.lora, HIGH, "--lora"), (args.lora_2, LOW, "--lora-2")):
         if path is not None and two:
             check_lora_slot(path, expert, flag)
+    if family.audio is None and args.no_audio:
+        raise ValueError(f"--no-audio: {family.title} makes no sound; remove it")
+    if family.audio is not None and not args.no_audio and args.out.suffix.lower() in (".webp", ".gif"):
+        raise ValueError(f"--out {args.out}: a {args.out.suffix} has no audio track and {family.title} makes sound; "
+                         "write .mp4 / .mov / .mkv, or pass --no-audio")
     if last is not None and image is None:
         raise ValueError("--last-image needs --image (the first frame)")
     if spec.last_frame and last is None:
@@ -297,20 +315,30 @@ def main(args: argparse.Namespace) -> int:
     for expert in (dit.high, dit.low) if isinstance(dit, TwoExperts) else (dit,):
         expert.set_attention_backend(args.attention_backend)
     vae = family.load_vae(spec.vae, dtype=vae_dtype, device=device).eval()
-    pipe = family.pipeline(dit, vae)
+    extra = {}  # what only some models take: a two-expert model's low-noise scale, FLF2V's last frame, the fps
+    codec = None
+    if family.audio is not None:  # a model with sound: its codec, and the frame rate it samples at
+        codec = family.audio.load_codec(spec.audio, dtype=vae_dtype, device=device, seed=spec.seed).eval()
+        pipe = family.pipeline(dit, vae, audio_codec=codec)
+        extra["fps"] = fps
+    else:
+        pipe = family.pipeline(dit, vae)
     # 3. sample, decode, write
     generator = torch.Generator("cpu").manual_seed(size["seed"])
-    extra = {}  # what only some models take: a two-expert model's low-noise scale, FLF2V's last frame
     if two:
         extra["guidance_scale_2"] = settings.guidance_2
     if last is not None:
         extra["last_frame"] = last
-    frames = pipe.generate(embeds[0], embeds[1] if guided else None, num_frames=size["frames"],
-                           height=size["height"], width=size["width"], steps=settings.steps,
-                           guidance_scale=settings.guidance, shift=settings.shift, solver=settings.solver,
-                           grid=settings.grid, generator=generator, first_frame=image, progress=True,
-                           image_embeds=image_embeds, **extra)
-    write_video(frames, args.out, fps=fps)
+    sound = codec is not None and not args.no_audio
+    out = (pipe.generate_with_audio if sound else pipe.generate)(
+        embeds[0], embeds[1] if guided else None, num_frames=size["frames"], height=size["height"],
+        width=size["width"], steps=settings.steps, guidance_scale=settings.guidance, shift=settings.shift,
+        solver=settings.solver, grid=settings.grid, generator=generator, first_frame=image, progress=True,
+        image_embeds=image_embeds, **extra)
+    frames, wave = out if sound else (out, None)
+    write_video(frames, args.out, fps=fps, audio=wave, audio_rate=codec.out_rate if sound else None)
     kind = "flf2v" if last is not None else "i2v" if image is not None else "t2v"
-    print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps)")
+    with_sound = f", sound {wave.shape[0]} x {wave.shape[1]} at {codec.out_rate} Hz" if sound else ""
+    print(f"wrote {args.out} ({kind}, {len(frames)} frames, {frames[0].width}x{frames[0].height}, {fps:g} fps"
+          f"{with_sound})")
     return 0

@@ -70,6 +70,11 @@ SOLVERS: tuple[str, ...] = ("unipc", "euler")
 # "reference": the family's own model code's grid (`Family.sampling_schedule`); "diffusers": diffusers'
 # scheduler's (`diffusers_schedule`), for a diffusers folder whose scheduler config names it
 SCHEDULE_GRIDS: tuple[str, ...] = ("reference", "diffusers")
+# diffusers' FlowMatchEulerDiscreteScheduler with dynamic shifting (`use_dynamic_shifting`, as LTX-2's folders
+# carry it): the shift follows the video token count, so only a family listing this grid in its
+# `sampling_grids` (whose pipeline knows its tokens) samples it; the schedule's `shift` is the one at
+# `max_image_seq_len` tokens, exp(max_shift)
+DYNAMIC_GRID = "diffusers-dynamic"
 # the grid names exports of earlier versions recorded (`video_dit_sources.json` "sampling"): each family's own
 # grid had its name then; today's name for it is "reference"
 LEGACY_GRIDS = {"wan": "reference", "hunyuan": "reference"}

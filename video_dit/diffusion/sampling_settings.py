@@ -7,7 +7,9 @@ Precedence, highest first:
    expert's scale (`--cfg` / `guidance_scale` is then the high-noise one's, and both when given alone);
 2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
    and diffusers' sigma grid (`flow.diffusers_schedule`, grid "diffusers") where the family samples on it
-   (`Family.sampling_grids`); and its `guider/guider_config.json`: the guidance scale;
+   (`Family.sampling_grids`); a dynamic-shifting Euler scheduler (LTX-2's folders) gives the shift at its
+   longest anchor, exp(max_shift), and grid `flow.DYNAMIC_GRID` (the family's pipeline shifts by its token
+   count), refused for a family without it; and its `guider/guider_config.json`: the guidance scale;
 3. the preset's `sample_*` fields (the reference's defaults for that model);
 4. for a model with no preset, its family's defaults (`Family.sampling_defaults`: the reference's own).
 Otherwise a render samples on the family's own grid ("reference": `Family.sampling_schedule`), with the
@@ -18,10 +20,11 @@ solvers the family has (`Family.solvers`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from video_dit.diffusion.flow import SOLVERS
+from video_dit.diffusion.flow import DYNAMIC_GRID, SOLVERS
 from video_dit.models.layouts import preset_name
 
 FIELDS: tuple[str, ...] = ("solver", "steps", "shift", "guidance", "guidance_2", "negative")
@@ -67,6 +70,24 @@ _SCHEDULERS = {
 }
 
 
+# FlowMatchEulerDiscreteScheduler with `use_dynamic_shifting` (grid `flow.DYNAMIC_GRID`): the keys that must keep
+# the values the family's dynamic grid implements (diffusers' LTX-2 folders: scripts/convert_ltx2_to_diffusers.py
+# base_shift 0.95 at 1024 tokens, max_shift at 4096, shift_terminal 0.1); the shift read is exp(max_shift)
+_DYNAMIC_EULER = {
+    "base_shift": ((0.95,), 0.5),
+    "base_image_seq_len": ((1024,), 256),
+    "max_image_seq_len": ((4096,), 4096),
+    "shift_terminal": ((0.1,), None),
+    "time_shift_type": (("exponential",), "exponential"),
+    "invert_sigmas": ((False,), False),
+    "use_karras_sigmas": ((False,), False),
+    "use_exponential_sigmas": ((False,), False),
+    "use_beta_sigmas": ((False,), False),
+    "stochastic_sampling": ((False,), False),
+    "num_train_timesteps": ((1000,), 1000),
+}
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """What a diffusers folder's scheduler config says: our solver, its shift, its sigma grid."""
@@ -104,15 +125,18 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
         raise ValueError(f"{path}: scheduler class {name!r} is not one we sample; accepted: "
                          f"{', '.join(_SCHEDULERS)} (or give the solver and shift explicitly)")
     solver, shift_key, required = _SCHEDULERS[name]
+    grid = "diffusers"
+    if name == "FlowMatchEulerDiscreteScheduler" and cfg.get("use_dynamic_shifting", False) is True:
+        shift_key, required, grid = "max_shift", _DYNAMIC_EULER, DYNAMIC_GRID
     for key, (accepted, default) in required.items():
         value = cfg.get(key, default)
         if value not in accepted:
             raise ValueError(f"{path}: {key} = {value!r} is not supported for {name}; accepted: "
                              f"{', '.join(map(repr, accepted))} (or give the solver and shift explicitly)")
     shift = cfg.get(shift_key, 1.0)
-    if not isinstance(shift, (int, float)) or isinstance(shift, bool) or shift <= 0:
+    if not isinstance(shift, (int, float)) or isinstance(shift, bool) or (shift <= 0 and grid != DYNAMIC_GRID):
         raise ValueError(f"{path}: {shift_key} = {shift!r}; expected a number > 0")
-    return SchedulerConfig(solver, float(shift), "diffusers", path)
+    return SchedulerConfig(solver, math.exp(shift) if grid == DYNAMIC_GRID else float(shift), grid, path)
 
 
 @dataclass(frozen=True)
@@ -166,7 +190,9 @@ class SamplingSettings:
     def describe(self) -> str:
         """One line: the values, then which came from where."""
         solver = self.solver + (" on diffusers' grid" if self.solver == "unipc" and self.grid == "diffusers"
-                                else f" on {self.reference}'s grid" if self.solver == "unipc" else "")
+                                else f" on {self.reference}'s grid" if self.solver == "unipc"
+                                else " on diffusers' grid shifted by the token count" if self.grid == DYNAMIC_GRID
+                                else "")
         guided = self.guided
         neg = f", negative prompt {self._negative_name()}" if guided else " (off: no negative pass)"
         guidance = (f"guidance {self.guidance:g}" if self.guidance_2 is None else
@@ -231,6 +257,10 @@ def resolve_sampling(preset, scheduler: SchedulerConfig | None = None,
     # the family's own grid; diffusers' only when the folder's own scheduler is what samples and the family
     # samples on diffusers' grids at all
     folder = scheduler is not None and values["solver"] == scheduler.solver
+    if folder and scheduler.grid == DYNAMIC_GRID and DYNAMIC_GRID not in family.sampling_grids \
+            and sources["shift"] == str(scheduler.path):
+        raise ValueError(f"{scheduler.path}: use_dynamic_shifting = True (the shift follows the token count) is not "
+                         f"one {family.title} samples; accepted: a scheduler without it (or give the shift explicitly)")
     grid = scheduler.grid if folder and scheduler.grid in family.sampling_grids else "reference"
     return SamplingSettings(**values, grid=grid, sources=sources, negative_names=dict(family.negative_prompts),
                             reference=family.title)

@@ -191,12 +191,16 @@ class AudioPath:
           encode(wave (B, channels, S) float32 at `rate`) -> normalized latents (B, ...): the DiT's audio input
           decode(latents (B, ...)) -> wave (B, C, S') float32 in [-1, 1] at `out_rate`
           latent_shape(num_frames, fps) -> the latents' shape (no batch) of a clip of that many frames
+          rate, channels, out_rate: the loaded model's own (where a family's models differ, e.g. LTX-2.0's
+          vocoder writes 24 kHz and LTX-2.3's 48 kHz, these are what a waveform is read and written at)
       timesteps: the reference trainer's draw of the audio stream's timesteps, "tied" (the video's, per
           sample) or "independent" (its own draw from the same distribution); `train.audio_timesteps` overrides
       loss_weight: the reference trainer's weight of the audio loss beside the video's 1
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
-    returns (video velocity, audio velocity); its pipeline's `generate_with_audio(...)` (the arguments of
-    `generate`) returns (frames, wave (C, S) at `out_rate`).
+    returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
+    takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
+    `generate_with_audio(...)` (the arguments of `generate`) returns (frames, wave (C, S) at the codec's
+    `out_rate`).
     """
 
     rate: int
@@ -225,7 +229,8 @@ class Family:
     claims_config: Callable      # (a DiT folder's config.json dict) -> whether it is this family's DiT config
     claim_order: int             # `identify` asks the strictest `claims` first (lower first)
     classes: tuple[str, ...]     # diffusers / original `_class_name`s of its pipelines and DiTs (metadata)
-    pipeline: Callable           # (dit, vae, *, image_encoder=None, i2v_mode=None) -> pipeline with generate / decode
+    pipeline: Callable           # (dit, vae, *, image_encoder=None, i2v_mode=None) -> pipeline with generate / decode;
+                                 # a family with `audio` also takes audio_codec= (its `AudioPath.load_codec`'s)
     image_embeds: Callable       # (image_encoder, image, last_image, height, width) -> the DiT's image embeds
     random_source: Callable      # (preset, part) -> "preset:NAME" when the preset builds `part` at random, else None
     folder_source: Callable      # (model folder Path, part) -> the part's source in that folder's layout, or None
