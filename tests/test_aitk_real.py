@@ -43,6 +43,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
+
 AITK_PATH = os.environ.get("AITK_PATH")
 pytestmark = pytest.mark.skipif(
     not AITK_PATH, reason="opt-in: set AITK_PATH to an ai-toolkit checkout with its requirements installed "
@@ -58,7 +60,6 @@ import json, runpy, sys
 record, jobs = sys.argv[1], sys.argv[2:]
 sys.path.insert(0, ".")
 import video_dit.integrations.ai_toolkit.model as m
-from video_dit.families.wan.dit import LORA_TARGETS as WAN_LORA_TARGETS
 calls, scale_loss = [], m.VideoDiTModel.scale_loss
 def recording(self, loss):
     mask, skipped = self._i2v_loss_mask, self._skip_loss

@@ -157,15 +157,15 @@ def test_resampling_and_mixing_against_sines_computed_here(tmp_path):
     assert native.shape == (2, 2 * src) and np.abs(native - stereo).max() < 1 / 32767
 
 
-def _dataset(folder):
+def _dataset(folder, size: int = 16):
     """sound.mp4 (a tone), nosound.mp4 (no audio stream), silent.mp4 (an AAC track of zeros),
-    corrupt.mp4 (its AAC packets overwritten with random bytes; the video intact)."""
+    corrupt.mp4 (its AAC packets overwritten with random bytes; the video intact); frames size x size."""
     folder.mkdir()
     t = np.arange(int(1.5 * 16000)) / 16000
-    write_clip(folder / "sound.mp4", 24, 16, 0.5 * np.sin(2 * np.pi * 440 * t)[None], rate=16000)
-    write_clip(folder / "nosound.mp4", 24, 16)
-    write_clip(folder / "silent.mp4", 24, 16, np.zeros((1, t.size)), rate=16000)
-    write_clip(folder / "corrupt.mp4", 24, 16, 0.5 * np.sin(2 * np.pi * 440 * t)[None], rate=16000)
+    write_clip(folder / "sound.mp4", 24, 16, 0.5 * np.sin(2 * np.pi * 440 * t)[None], rate=16000, size=size)
+    write_clip(folder / "nosound.mp4", 24, 16, size=size)
+    write_clip(folder / "silent.mp4", 24, 16, np.zeros((1, t.size)), rate=16000, size=size)
+    write_clip(folder / "corrupt.mp4", 24, 16, 0.5 * np.sin(2 * np.pi * 440 * t)[None], rate=16000, size=size)
     with av.open(str(folder / "corrupt.mp4")) as c:
         spans = [(p.pos, p.size) for p in c.demux(c.streams.audio[0]) if p.size]
     data, rng = bytearray((folder / "corrupt.mp4").read_bytes()), np.random.default_rng(0)
@@ -224,26 +224,29 @@ def test_a_dataset_with_sound_none_silence_and_a_corrupt_track(tmp_path, capsys)
 
 
 def test_inspect_data_counts_sound_silence_and_none(tmp_path, capsys):
+    """A model with sound (`Family.audio`: LTX-2) has its clips' tracks counted; one without reads none."""
     folder = tmp_path / "d"
-    _dataset(folder)
-    job = tmp_path / "job.yaml"
-    job.write_text(f"""job: extension
+    _dataset(folder, size=32)
+    for preset, counted in (("tiny-ltx2-t2v", True), ("tiny", False)):
+        job = tmp_path / f"{preset}.yaml"
+        job.write_text(f"""job: extension
 config:
   name: t
   process:
     - type: sd_trainer
-      model: {{name_or_path: "preset:tiny"}}
+      model: {{name_or_path: "preset:{preset}"}}
       datasets:
         - folder_path: {folder}
           num_frames: 17
           fps: 16
           shrink_video_to_frames: false
-          resolution: [16]
+          resolution: [32]
 """)
-    assert cli_main(["inspect-data", str(job)]) == 0
-    out = capsys.readouterr().out
-    assert ("sound: 2 clips with sound (1 silent: peak below -60 dBFS), 1 without an audio stream, 1 with a "
-            "corrupt audio stream") in out
+        assert cli_main(["inspect-data", str(job)]) == 0
+        out = capsys.readouterr().out
+        line = ("sound: 2 clips with sound (1 silent: peak below -60 dBFS), 1 without an audio stream, 1 with a "
+                "corrupt audio stream (skipped)")
+        assert (line in out) is counted and ("sound:" in out) is counted, out
     assert re.search(r"skipped .*corrupt\.mp4: corrupt audio stream", out)
 
 
