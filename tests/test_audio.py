@@ -247,7 +247,7 @@ config:
         line = ("sound: 2 clips with sound (1 silent: peak below -60 dBFS), 1 without an audio stream, 1 with a "
                 "corrupt audio stream (skipped)")
         assert (line in out) is counted and ("sound:" in out) is counted, out
-    assert re.search(r"skipped .*corrupt\.mp4: corrupt audio stream", out)
+        assert bool(re.search(r"skipped .*corrupt\.mp4: corrupt audio stream", out)) is counted
 
 
 # The AAC track written and read back. Measured (FFmpeg 8.1's native encoder, its defaults): SNR 30.6 dB
