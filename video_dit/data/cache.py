@@ -47,9 +47,11 @@ LATENT_DIR = "_latent_cache"
 TEXT_DIR = "_text_cache"
 
 
-# What a caption's text cache entry may hold: every family's `text_embeds` (Lt, D); HunyuanVideo 1.5's
-# ByT5 `glyph_embeds` (Lg, Dg), Lg = 0 for a caption that quotes no text.
-TEXT_KEYS = ("text_embeds", "glyph_embeds")
+# A caption's text cache entry: whatever its family's `Training.text_entry` names, each (Lt, D) (Wan's
+# `text_embeds`; HunyuanVideo 1.5's and its ByT5 `glyph_embeds` (Lg, Dg), Lg = 0 without quoted text; LTX-2's
+# `video_context` and `audio_context`). A sample carries their names under TEXT_NAMES: the batch keeps them
+# as lists (captions of several lengths).
+TEXT_NAMES = "text_keys"
 
 
 def _sha(obj) -> str:
@@ -246,8 +248,8 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
     `encode_fn(video)`: `video` is `(1, 3, F, H, W)` float32 in [-1, 1] on CPU; returns a dict of
     tensors with a leading batch dim of 1 (e.g. `latents` `(1, C, F', h, w)`, and with `do_i2v`
     `first_frame_latents`); every key is stored, without the batch dim. `text_fn(captions)` returns
-    per caption one `(Lt, D)` tensor (stored as `text_embeds`) or a dict of such tensors named by
-    TEXT_KEYS (HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `audio_fn(item)`
+    per caption one `(Lt, D)` tensor (stored as `text_embeds`) or a dict of such tensors (the family's
+    names; HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `audio_fn(item)`
     (a job with sound): the item's audio entries, with the same leading batch dim (`audio_latents`, and
     `has_audio`), stored in the same entry. `cache_dir` overrides every dataset's own cache root. A file
     whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
@@ -306,11 +308,11 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
             raise ValueError(f"text_fn returned {len(embeds)} embeddings for {len(chunk)} captions")
         for (path, caption), e in zip(chunk, embeds):
             entry = {"text_embeds": e} if isinstance(e, torch.Tensor) else e
-            bad = [k for k, t in entry.items() if k not in TEXT_KEYS or not isinstance(t, torch.Tensor) or t.ndim != 2] \
-                if isinstance(entry, dict) else ["?"]
-            if bad or "text_embeds" not in entry:
-                raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a dict of them with keys in "
-                                 f"{TEXT_KEYS} (text_embeds required), got {type(e).__name__} ({bad or sorted(entry)})")
+            bad = [k for k, t in entry.items() if not isinstance(t, torch.Tensor) or t.ndim != 2] \
+                if isinstance(entry, dict) and entry else ["?"]
+            if bad:
+                raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a non-empty dict of them, got "
+                                 f"{type(e).__name__} ({bad})")
             _atomic_save({k: t.contiguous() for k, t in entry.items()}, path,
                          {"caption": caption, "space_version": text_space_version, "format": "video_dit.text.v1"})
         report.text_misses += len(chunk)
@@ -386,13 +388,15 @@ class CachedDataset(torch.utils.data.Dataset):
         dropped = self.caption_dropped(index)
         caption = "" if dropped else item.caption
         tp = text_path(cache_root_of(item, self.cache_dir), caption, self.text_space_version)
-        out.update(load_file(str(tp)))  # text_embeds (+ glyph_embeds): TEXT_KEYS
+        text = load_file(str(tp))  # the family's text entry (Wan: text_embeds)
+        out.update(text)
+        out[TEXT_NAMES] = tuple(sorted(text))
         out.update(caption=caption, caption_dropped=dropped, index=index)
         return out
 
 
 def collate(samples: list[dict]) -> dict:
-    """Stack a batch from one bucket: cached tensors -> `(B, ...)`; the text keys (TEXT_KEYS) stay lists
+    """Stack a batch from one bucket: cached tensors -> `(B, ...)`; the text keys (a sample's TEXT_NAMES) stay lists
     of `(Lt, D)` (lengths may differ); `caption` a list; `index` and `caption_dropped` 1D tensors."""
     keys = list(samples[0])
     for s in samples[1:]:
@@ -403,7 +407,9 @@ def collate(samples: list[dict]) -> dict:
     batch: dict = {}
     for key in keys:
         values = [s[key] for s in samples]
-        if key in TEXT_KEYS or key == "caption":
+        if key == TEXT_NAMES:
+            batch[key] = samples[0][key]
+        elif key in samples[0].get(TEXT_NAMES, ()) or key == "caption":
             batch[key] = values
         elif key == "index":
             batch[key] = torch.tensor(values, dtype=torch.long)

@@ -149,7 +149,7 @@ def renderer_of(k: int, world: int, every_rank: bool, share: bool) -> int | None
 
 
 def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_rank: bool, i2v_mode: str,
-           log, pipeline, share: bool = True) -> list[Path]:
+           log, pipeline, share: bool = True, audio_codec=None) -> list[Path]:
     """Render every preview of `step`; returns the MP4 paths written (rank 0).
 
     `every_rank`: a forward is a collective (ZeRO-3's gathers, sequence-parallel attention), so every
@@ -159,10 +159,11 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
     timeout with a big model and many prompts); the frames are gathered to rank 0, which writes every
     file and logs which rank rendered what. `share` False: rank 0 renders alone (a model only rank 0
     holds). A preview that fails is logged with its rank and training continues. `pipeline(dit, vae,
-    i2v_mode=)`: the family's (`Family.pipeline`)."""
+    i2v_mode=)`: the family's (`Family.pipeline`). `audio_codec`: a model with sound (`Family.audio`): its
+    pipeline samples both streams at the preview's frame rate and each MP4 carries its AAC track."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = [j for k, j in enumerate(jobs) if renderer_of(k, world, every_rank, share) in (None, rank)]
-    results = _render_jobs(dit, vae, mine, i2v_mode, pipeline) if mine else {}
+    results = _render_jobs(dit, vae, mine, i2v_mode, pipeline, audio_codec) if mine else {}
     if every_rank or world == 1:
         gathered = [results]
     else:  # a collective: every rank sends its share (rank 0 also its own)
@@ -174,14 +175,15 @@ def render(dit, vae, jobs: list[PreviewJob], out_dir: Path, step: int, *, every_
         by_rank: dict[int, list[int]] = {}
         for part in gathered:
             who, got = (part["rank"], part["results"]) if "rank" in part else (0, part)
-            for index, (frames, error) in sorted(got.items()):
+            for index, (frames, error, wave) in sorted(got.items()):
                 by_rank.setdefault(who, []).append(index)
                 if error is not None:
                     log(f"preview {index} at step {step} failed: {error}(rendered on rank {who})")
                     continue
                 job = next(j for j in jobs if j.index == index)
                 path = Path(out_dir) / "samples" / f"{step:09d}_{index}.mp4"
-                written.append(save_preview(frames, path, job.fps))
+                written.append(save_preview(frames, path, job.fps, audio=wave,
+                                            audio_rate=audio_codec.out_rate if wave is not None else None))
         if not every_rank and world > 1:
             log(f"step {step}: previews " + "; ".join(f"{', '.join(map(str, idx))} on rank {r}"
                                                      for r, idx in sorted(by_rank.items())))
@@ -198,14 +200,14 @@ def save_preview(frames, path: Path, fps: float, audio=None, audio_rate: int | N
     return path
 
 
-def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> dict[int, tuple[list | None, str | None]]:
-    """{preview index: (frames, None) or (None, the error)} of `jobs` rendered on this rank."""
+def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline, audio_codec=None) -> dict:
+    """{preview index: (frames, None, wave or None) or (None, the error, None)} of `jobs` rendered on this rank."""
     models = [dit.high, dit.low] if isinstance(dit, TwoExperts) else [dit]  # a two-expert model: both experts
     was_training = [m.training for m in models]
     for m in models:
         m.eval()
     param = next(p for p in dit.parameters())
-    pipe = pipeline(dit, vae, i2v_mode=i2v_mode)
+    pipe = pipeline(dit, vae, i2v_mode=i2v_mode, **({"audio_codec": audio_codec} if audio_codec is not None else {}))
     out = {}
     try:
         for job in jobs:
@@ -218,8 +220,10 @@ def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> d
                 st = job.settings
                 # a last frame, the low-noise expert's scale: given only when set (pipelines without them take neither)
                 optional = {"last_frame": last,
-                            "guidance_scale_2": st.guidance_2 if isinstance(dit, TwoExperts) else None}
-                frames = pipe.generate(_to(job.embeds, param.device), _to(job.negative, param.device)
+                            "guidance_scale_2": st.guidance_2 if isinstance(dit, TwoExperts) else None,
+                            "fps": job.fps if audio_codec is not None else None}  # (sound's positions are seconds)
+                run = pipe.generate_with_audio if audio_codec is not None else pipe.generate
+                frames = run(_to(job.embeds, param.device), _to(job.negative, param.device)
                                        if job.negative is not None else None,
                                        num_frames=job.num_frames, height=job.height, width=job.width,
                                        steps=st.steps, guidance_scale=st.guidance, shift=st.shift, solver=st.solver,
@@ -227,9 +231,11 @@ def _render_jobs(dit, vae, jobs: list[PreviewJob], i2v_mode: str, pipeline) -> d
                                        image_embeds=None if job.clip_features is None
                                        else job.clip_features.to(param.device),
                                        **{k: v for k, v in optional.items() if v is not None})
-                out[job.index] = (frames, None)
+                frames, wave = frames if audio_codec is not None else (frames, None)
+                out[job.index] = (frames, None, None if wave is None else wave.float().cpu())
             except Exception as exc:  # a preview must never stop a training run: it is reported, training goes on
-                out[job.index] = (None, f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]))
+                out[job.index] = (None, f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc)[-3:]),
+                                  None)
     finally:
         for m, mode in zip(models, was_training):
             m.train(mode)

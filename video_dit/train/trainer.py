@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from video_dit.data import BucketBatchSampler, CachedDataset, DataError, ScanResult, build_cache, collate, scan_datasets
 from video_dit.data.demo import preview_steps, report
+from video_dit.data.cache import TEXT_NAMES
 from video_dit.data.frames import load_item_audio
 from video_dit.devices import device_peak_flops, local_device, pin_memory, to_device
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
@@ -349,13 +350,16 @@ class Trainer:
         def audio_fn(item):  # a DiT with sound: the clip's track over its frames' span, encoded (zeros without)
             codec = self.audio_codec
             wave = load_item_audio(item, sound.rate, sound.channels)  # (C, S) or None
+            # the clip's frame rate (the DiT's positions are seconds): its frames over its span, else the dataset's
             fps = len(item.frames) / item.audio_span.duration if item.audio_span is not None else \
                 p.datasets[item.dataset].fps
+            rate = torch.tensor([float(fps)])
             if wave is None:
                 shape = codec.latent_shape(len(item.frames), fps)
-                return {"audio_latents": torch.zeros(1, *shape), "has_audio": torch.zeros(1, dtype=torch.bool)}
-            latents = codec.encode(wave[None].to(self.device)).float().cpu()
-            return {"audio_latents": latents, "has_audio": torch.ones(1, dtype=torch.bool)}
+                return {"audio_latents": torch.zeros(1, *shape), "has_audio": torch.zeros(1, dtype=torch.bool),
+                        "fps": rate}
+            latents = codec.encode(wave[None].to(self.device, vae.dtype)).float().cpu()
+            return {"audio_latents": latents, "has_audio": torch.ones(1, dtype=torch.bool), "fps": rate}
 
         t0 = time.perf_counter()
         everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
@@ -430,6 +434,9 @@ class Trainer:
         context, text_kwargs = self.family.training.text_inputs(batch, dev, self.dit_config)
         audio = None
         if "audio_latents" in batch:
+            # the batch's frame rate, which a DiT with sound positions its tokens by (seconds); one per batch, as
+            # ltx-trainer takes the first of its batch's (its buckets share one dataset fps)
+            text_kwargs = {**text_kwargs, "fps": float(batch["fps"][0])}
             if audio_noise is None:
                 raise ValueError("a batch with sound needs its audio noise (audio_noise=)")
             audio_t = t if audio_t is None else to_device(audio_t, dev, torch.float32)
@@ -459,7 +466,8 @@ class Trainer:
         """The text tokens the DiT attends to in this batch: its config's fixed length (Wan pads to
         text_len), else the batch's longest caption (HunyuanVideo 1.5 pads to the batch)."""
         fixed = getattr(self.dit_config, "text_len", None)
-        return fixed if fixed is not None else max(e.shape[0] for e in batch["text_embeds"])
+        key = "text_embeds" if "text_embeds" in batch else batch[TEXT_NAMES][0]  # the main stream's, else the first
+        return fixed if fixed is not None else max(e.shape[0] for e in batch[key])
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> int:
@@ -632,7 +640,7 @@ class Trainer:
             share = not (frozen and self.dist.frozen_on_host)
             paths = render(self._preview_model(), self.vae, self.previews, self.out_dir, self.step,
                            every_rank=self.dist.collective_forward, i2v_mode=self.i2v_mode, log=self.log,
-                           share=share, pipeline=self.family.pipeline)
+                           share=share, pipeline=self.family.pipeline, audio_codec=self.audio_codec)
         self.log(f"step {self.step}: {len(paths)} preview(s) in {time.perf_counter() - t0:.1f}s")
 
     @contextmanager

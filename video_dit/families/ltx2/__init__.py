@@ -123,8 +123,8 @@ def _no_image_encoder(*args, **kwargs):
 
 FAMILY = Family(
     name="ltx2", title="LTX-2", presets=LTX2_PRESETS,
-    # sampling today; our trainer takes it once its audio path (cache, objective, the DiT's two outputs) is in
-    trains=(),
+    # our trainer (its audio path: the codec caches each clip's track, the step trains both streams)
+    trains=("video_dit",),
     load_dit=ltx2_load.load_ltx2_dit, load_vae=ltx2_load.load_vae, load_text_encoder=ltx2_load.load_prompt_encoder,
     load_image_encoder=_no_image_encoder, dit_config=ltx2_load.dit_config, claims=ltx2_load.claims,
     claims_config=ltx2_load.claims_config, claim_order=0,  # the strict key test (every DiT key mapped)
