@@ -135,6 +135,14 @@ class LTX2PromptEncoder(nn.Module):
         self.text_encoder = text_encoder
         self.connectors = connectors.eval().requires_grad_(False)
 
+    @property
+    def dtype(self) -> torch.dtype:  # the Gemma's (the trainer names its caches by it)
+        return next(self.text_encoder.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.text_encoder.parameters()).device
+
     @torch.no_grad()
     def encode_padded(self, prompts: list[str] | str) -> tuple[torch.Tensor, torch.Tensor]:
         """video (B, max_length, Dv), audio (B, max_length, Da) in the connectors' dtype."""
