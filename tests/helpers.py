@@ -259,6 +259,23 @@ def max_abs_diff(a: dict, b: dict) -> float:
 # what training changed, per tensor and in norm, not element by element against a fixed epsilon:
 # a LoRA by its weight delta (alpha/r) B A, zero at the start; a full fine-tune by theta - theta_base.
 TRAINED_RTOL = 1e-3  # measured <= 5e-5 for SP=2 vs SP=1 (4 Adam steps); a missing or doubled gradient term is O(1)
+# What counts as trained: a LoRA delta B A starts at exactly 0 (B = 0) and weight decay keeps it there, so any
+# change is training. A full fine-tune's tensor changes under AdamW's weight decay alone (theta *= 1 - lr wd, a
+# change along theta itself), so its change is counted with the part along the base removed, and must exceed
+# TRAINED_MIN_CHANGE of the base's norm: Adam moves every element with a gradient by about lr a step (a few
+# steps at lr 1e-3 .. 3e-2 change a tiny model's tensor by 1e-2 .. 1e-1 of its norm, in other directions than
+# theta's), while decay leaves only float rounding (~1e-7 of the norm a step) off theta's direction.
+TRAINED_MIN_CHANGE = 1e-4
+
+
+def _trained_part(change: torch.Tensor, base: torch.Tensor | None) -> float:
+    """||change|| with its component along `base` (weight decay's direction) removed; all of it without a base
+    (or for a one-element tensor, whose every change is along itself)."""
+    if base is None or base.numel() == 1 or not base.any():
+        return change.norm().item()
+    theta = base.flatten()
+    along = (change.flatten() @ theta) / (theta @ theta)
+    return (change.flatten() - along * theta).norm().item()
 
 
 def lora_deltas(state: dict) -> dict:
@@ -267,22 +284,34 @@ def lora_deltas(state: dict) -> dict:
             for k in state if k.endswith(".lora_B.weight")}
 
 
-def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float = TRAINED_RTOL) -> float:
+def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float = TRAINED_RTOL,
+                         untrained: frozenset | set = frozenset()) -> float:
     """Two trained results agree in what training changed, tensor by tensor: `a`, `b` LoRA states
     (compared by `lora_deltas`) or, with `base`, full state dicts (compared by the change from `base`).
+    Every compared tensor must have trained in BOTH runs (a LoRA delta non-zero; a full tensor moved off its
+    base's direction by more than TRAINED_MIN_CHANGE of its norm): runs that trained nothing are not "alike".
+    `untrained`: names that get no gradient by design (e.g. a stream that feeds nothing), compared without that
+    demand.
     Returns the worst ||change_a - change_b|| / ||change_b||; raises naming the tensor."""
     if base is None:
         a, b = lora_deltas(a), lora_deltas(b)
         assert a, "no lora_B tensors: not a LoRA file"
+        base = {}
     else:
-        a = {k: a[k].float() - base[k].float() for k in base}
-        b = {k: b[k].float() - base[k].float() for k in base}
+        base = {k: v.float() for k, v in base.items()}
+        a = {k: a[k].float() - base[k] for k in base}
+        b = {k: b[k].float() - base[k] for k in base}
     assert set(a) == set(b), sorted(set(a) ^ set(b))[:5]
+    assert set(untrained) <= set(a), sorted(set(untrained) - set(a))[:5]
     worst, name = 0.0, None
     for k in a:
+        if k not in untrained:
+            need = TRAINED_MIN_CHANGE * base[k].norm().item() if k in base else 0.0
+            for run, change in (("a", a), ("b", b)):
+                size = _trained_part(change[k], base.get(k))
+                assert size > need, f"{k}: run {run} did not train it (change {size:.2e} off the base, needs > {need:.2e})"
         scale = b[k].norm().item()
-        assert scale > 0 or a[k].norm().item() == 0, f"{k}: trained in one run only"
-        err = (a[k] - b[k]).norm().item() / scale if scale > 0 else 0.0
+        err = (a[k] - b[k]).norm().item() / scale if scale > 0 else float(a[k].norm().item() > 0)
         if err > worst:
             worst, name = err, k
     assert worst <= rtol, f"{name}: trained change differs by {worst:.2e} (relative, > {rtol:.0e})"
