@@ -111,6 +111,19 @@ def write_hy15_base(path: Path, preset: str = "tiny-hy15-t2v", seed: int = 0, st
     return Path(path)
 
 
+def hy15_no_gradient(preset: str, lora: bool = False) -> set[str]:
+    """What gets no gradient by design in a HunyuanVideo 1.5 DiT: the last double block's text stream feeds
+    nothing but its keys and values (its query, query norm, output projection and MLP), as full-model names
+    or, with `lora`, as the LoRA file's module names (q, k, v fused into one qkv there: k and v train it)."""
+    from video_dit.models.presets import get_preset
+
+    last = f"double_blocks.{get_preset(preset).dit.mm_double_blocks_depth - 1}.txt_"
+    if lora:
+        return {f"diffusion_model.{last}{m}" for m in ("attn_proj", "mlp.fc1", "mlp.fc2")}
+    return {f"{last}{m}.{kind}" for m in ("attn_q", "attn_proj", "mlp.fc1", "mlp.fc2") for kind in ("weight", "bias")} \
+        | {f"{last}attn_q_norm.weight"}
+
+
 def randomize_all(model, seed: int = 0, norm_std: float = 0.2, vector_std: float = 0.1):
     """Every parameter of `model` random and non-trivial, from one generator (the same on every rank):
     matrices N(0, 1/fan_in), norm scales 1 + N(0, norm_std), other vectors N(0, vector_std). Seeded inits
@@ -290,8 +303,8 @@ def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float
     (compared by `lora_deltas`) or, with `base`, full state dicts (compared by the change from `base`).
     Every compared tensor must have trained in BOTH runs (a LoRA delta non-zero; a full tensor moved off its
     base's direction by more than TRAINED_MIN_CHANGE of its norm): runs that trained nothing are not "alike".
-    `untrained`: names that get no gradient by design (e.g. a stream that feeds nothing), compared without that
-    demand.
+    `untrained`: names that get no gradient by design (e.g. a stream that feeds nothing), checked to have
+    trained in neither run.
     Returns the worst ||change_a - change_b|| / ||change_b||; raises naming the tensor."""
     if base is None:
         a, b = lora_deltas(a), lora_deltas(b)
@@ -305,10 +318,12 @@ def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float
     assert set(untrained) <= set(a), sorted(set(untrained) - set(a))[:5]
     worst, name = 0.0, None
     for k in a:
-        if k not in untrained:
-            need = TRAINED_MIN_CHANGE * base[k].norm().item() if k in base else 0.0
-            for run, change in (("a", a), ("b", b)):
-                size = _trained_part(change[k], base.get(k))
+        need = TRAINED_MIN_CHANGE * base[k].norm().item() if k in base else 0.0
+        for run, change in (("a", a), ("b", b)):
+            size = _trained_part(change[k], base.get(k))
+            if k in untrained:
+                assert size <= need, f"{k}: run {run} trained it (change {size:.2e} off the base), said untrained"
+            else:
                 assert size > need, f"{k}: run {run} did not train it (change {size:.2e} off the base, needs > {need:.2e})"
         scale = b[k].norm().item()
         err = (a[k] - b[k]).norm().item() / scale if scale > 0 else float(a[k].norm().item() > 0)

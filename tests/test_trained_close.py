@@ -61,6 +61,8 @@ def test_full_fine_tunes_count_weight_decay_alone_as_untrained():
     with pytest.raises(AssertionError, match="bias: run a did not train it"):
         helpers.assert_trained_close(decayed, decayed, base=base)
     assert helpers.assert_trained_close(decayed, decayed, base=base, untrained={"bias"}) == 0.0
+    with pytest.raises(AssertionError, match="weight: run a trained it .* said untrained"):
+        helpers.assert_trained_close(decayed, decayed, base=base, untrained={"weight"})
     # a run that trained differently (another learning rate) fails on the comparison itself
     with pytest.raises(AssertionError, match="trained change differs"):
         helpers.assert_trained_close(_adamw_run(lr=1.1e-2)[1], trained, base=base)
