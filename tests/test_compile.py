@@ -2,8 +2,12 @@
 block compiled in place trains like the eager model (loss and every gradient to float32 rounding), for each
 family: Wan over a long sequence with per-token (scale, shift) through the fused ops (opaque custom ops
 inside the graph), HunyuanVideo 1.5's double blocks with padded text; the Inductor option that produced wrong
-gradients is off. Inductor on CPU compiles C++ per kernel (CI pays it once per family: one shape, one
-compile each; measured cold on 2 cores below); Wan's one (scale, shift) per sample, its torch path and
+gradients is off.
+
+Inductor on CPU compiles C++ per kernel, so CI pays one compile per family (one shape): measured with a cold
+Inductor cache on the 2-core machine (load ~3), forward and backward, Wan's 41 s (the first also starts
+Inductor) and HunyuanVideo's 43 s; HunyuanVideo's two blocks share one graph, so one block would cost the
+same (a second Wan shape reuses most kernels: 8 s). Wan's one (scale, shift) per sample, its torch path and
 HunyuanVideo at 1,024 tokens run with -m slow on CPU; on CUDA (`gpu`) every combination runs, and
 tests/test_gpu.py trains each family with compile on and off."""
 
