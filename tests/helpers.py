@@ -271,7 +271,10 @@ def max_abs_diff(a: dict, b: dict) -> float:
 # rounding error) moves by a different fraction of lr in each run. So trained weights are compared by
 # what training changed, per tensor and in norm, not element by element against a fixed epsilon:
 # a LoRA by its weight delta (alpha/r) B A, zero at the start; a full fine-tune by theta - theta_base.
-TRAINED_RTOL = 1e-3  # measured <= 5e-5 for SP=2 vs SP=1 (4 Adam steps); a missing or doubled gradient term is O(1)
+# TRAINED_RTOL: measured <= 2.9e-5 over the suite's LoRA comparisons (SP=2 vs SP=1, ZeRO-3 vs ZeRO-2 experts,
+# accumulation, offload, checkpointing: 0 .. 2.9e-5), tolerance 5e-4 (17x); a missing or doubled gradient term
+# is O(1). Full fine-tunes whose small tensors Adam amplifies more pass their own (HunyuanVideo 1.5's: 3e-3).
+TRAINED_RTOL = 5e-4
 # What counts as trained: a LoRA delta B A starts at exactly 0 (B = 0) and weight decay keeps it there, so any
 # change is training. A full fine-tune's tensor changes under AdamW's weight decay alone (theta *= 1 - lr wd, a
 # change along theta itself), so its change is counted with the part along the base removed, and must exceed
