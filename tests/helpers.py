@@ -327,7 +327,8 @@ def assert_trained_close(a: dict, b: dict, base: dict | None = None, rtol: float
             if k in untrained:
                 assert size <= need, f"{k}: run {run} trained it (change {size:.2e} off the base), said untrained"
             else:
-                assert size > need, f"{k}: run {run} did not train it (change {size:.2e} off the base, needs > {need:.2e})"
+                assert size > need, (f"{k}: run {run} did not train it (change {size:.2e} off the base, "
+                                     f"needs > {need:.2e})")
         scale = b[k].norm().item()
         err = (a[k] - b[k]).norm().item() / scale if scale > 0 else float(a[k].norm().item() > 0)
         if err > worst:

@@ -52,7 +52,8 @@ def assert_gradients_equal(eager, compiled) -> None:
 # reduction Inductor got wrong on CUDA (see COMPILE_OPTIONS; CPU Inductor cannot reproduce it), and the torch
 # path run with -m slow here and on CUDA in test_cuda_compiled_blocks_train_like_eager.
 @pytest.mark.parametrize("per_token, fused", [
-    pytest.param(False, True, marks=pytest.mark.slow), (True, True), pytest.param(False, False, marks=pytest.mark.slow)])
+    pytest.param(False, True, marks=pytest.mark.slow), (True, True),
+    pytest.param(False, False, marks=pytest.mark.slow)])
 def test_compiled_blocks_train_like_eager(per_token, fused):
     """Wan's block, compiled in place, at 4,096 tokens."""
     torch._dynamo.reset()  # a first compile (static shapes), not the dynamic recompile of another test's shapes

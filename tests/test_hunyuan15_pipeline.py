@@ -6,9 +6,10 @@ Tiny random diffusers folders (written by `HunyuanVideo15Pipeline.save_pretraine
 and their tokenizers, scheduler, guider; i2v: SigLIP + its processor) are sampled by diffusers in memory
 and by us from the folder (our loaders, `HunyuanVideo15Pipeline`, `video-dit sample`), with the same
 prompts, seed (or initial latents) and settings: the same latents and frames (fp32, within LATENT_ATOL and
-FRAME_ATOL: 1% more guidance, or a latent statistic off by 1% of its std, fails them). diffusers hard-codes the Qwen template crop (108, the real tokenizer's); its pipelines are given
-ours for the tiny tokenizer, as tests/test_hunyuan15_encoders.py does. The prompts quote text (the ByT5
-glyph path) and the negative prompt does not (the one place Tencent and diffusers differ there).
+FRAME_ATOL: 1% more guidance, or a latent statistic off by 1% of its std, fails them). diffusers hard-codes
+the Qwen template crop (108, the real tokenizer's); its pipelines are given ours for the tiny tokenizer, as
+tests/test_hunyuan15_encoders.py does. The prompts quote text (the ByT5 glyph path) and the negative prompt
+does not (the one place Tencent and diffusers differ there).
 """
 
 import json
