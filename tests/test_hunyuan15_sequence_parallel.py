@@ -34,7 +34,9 @@ from video_dit.parallel.sequence import SPInfo, attach, init_sequence_parallel, 
 
 # tiny_i2v with 4 heads (2 per rank: the exchange must keep the heads in order), head dim 16
 CONFIG = replace(HY15_DIT_CONFIGS["tiny_i2v"], heads_num=4, rope_dim_list=(4, 6, 6))
-RTOL = 1e-5  # max abs difference / max abs value, output and each gradient (fp32; summation order differs)
+# max abs difference / max abs value (fp32; summation order differs): measured 0 on the output (the same bits
+# here), tolerance 1e-6; 7.6e-7 on the gradients, tolerance 1e-5 (13x)
+OUT_RTOL, GRAD_RTOL = 1e-6, 1e-5
 
 # name -> (mode, latent grid (F', h, w), text padded?, block checkpointing?)
 CASES = {
@@ -92,8 +94,8 @@ def test_hunyuan15_sp2_matches_single_process(tmp_path):
     for rank, res in enumerate(results):
         assert sorted(res) == sorted([*CASES, "memory"]), res
         for name, c in ((n, c) for n, c in res.items() if n != "memory"):
-            assert c["out_err"] < RTOL, (rank, name, c)
-            assert c["grad_err"] < RTOL, (rank, name, c["grad_err"], c["worst"])
+            assert c["out_err"] < OUT_RTOL, (rank, name, c)
+            assert c["grad_err"] < GRAD_RTOL, (rank, name, c["grad_err"], c["worst"])
             # the text k/v Linears (weight, bias) of every block get a gradient through the seam, and the text
             # q of all but the last block (whose text output nothing reads)
             assert c["txt_qkv_grads"] == CONFIG.mm_double_blocks_depth * 6 - 2, (rank, name, c)

@@ -40,6 +40,11 @@ TINY = HY15_VAE_TINY
 UNMATCHED = HY15VAEConfig(latent_channels=4, block_out_channels=(8, 16, 16, 16, 16), layers_per_block=1,
                           downsample_match_channel=False, upsample_match_channel=False)
 H, W = 32, 48  # pixels: a 2 x 3 latent grid
+# Parity tolerance, relative to the output's scale (`_rel`): measured 6e-7 .. 2.6e-6 (both configs, 1 / 5 / 17
+# frames, both chunkings, mean / logvar / decoded; tiled 1.5e-6; the autograd path 2.5e-6; 2-core x86 CPU, torch
+# 2.13, diffusers 0.42.1), tolerance
+# 3e-5 (12x); one entry of the encoder's / decoder's output norm gamma left at 1 fails it (checked below).
+PARITY_RTOL = 3e-5
 
 
 def _reference(cfg: HY15VAEConfig, seed: int = 0):
@@ -108,7 +113,7 @@ def setup(request):
 @torch.no_grad()
 def test_parity_with_diffusers_in_each_layout(setup, layout):
     """Weights read from each layout (detected from the names) encode and decode as diffusers does:
-    posterior mean / logvar and the decoded clip within 1e-4 of the reference's scale, for 1, 5 and 17
+    posterior mean / logvar and the decoded clip within PARITY_RTOL of the reference's scale, for 1, 5 and 17
     frames, in the default chunking and in chunks of one latent frame (one frame per call above)."""
     cfg, ref, outputs = setup
     sd, found = hy15_vae_to_native(LAYOUTS[layout](ref.state_dict()))
@@ -120,12 +125,18 @@ def test_parity_with_diffusers_in_each_layout(setup, layout):
         for frames, (video, mean, logvar, z, decoded) in outputs.items():
             post = vae.encode(video)
             assert post.mean.shape == (1, cfg.latent_channels, (frames - 1) // 4 + 1, H // 16, W // 16)
-            assert _rel(post.mean, mean) <= 1e-4, (layout, chunk_cells, frames)
-            assert _rel(post.logvar, logvar) <= 1e-4, (layout, chunk_cells, frames)
+            assert _rel(post.mean, mean) <= PARITY_RTOL, (layout, chunk_cells, frames)
+            assert _rel(post.logvar, logvar) <= PARITY_RTOL, (layout, chunk_cells, frames)
             out = vae.decode(z, clamp=False)
             assert out.shape == video.shape
-            assert _rel(out, decoded) <= 1e-4, (layout, chunk_cells, frames)
+            assert _rel(out, decoded) <= PARITY_RTOL, (layout, chunk_cells, frames)
             assert torch.equal(vae.decode(z), out.clamp(-1, 1))  # decode clamps by default
+    if layout == "diffusers":  # the comparisons can fail: one entry of an output norm's gamma left at 1
+        video, mean, _, z, decoded = outputs[5]
+        vae.encoder.norm_out.gamma.view(-1)[0] = 1.0
+        vae.decoder.norm_out.gamma.view(-1)[0] = 1.0
+        assert _rel(vae.encode(video).mean, mean) > PARITY_RTOL
+        assert _rel(vae.decode(z, clamp=False), decoded) > PARITY_RTOL
 
 
 @pytest.mark.parametrize("threshold,min_positions", [(1, 0), (16, 0), (16, 10 ** 9)],
@@ -155,8 +166,8 @@ def test_wide_layers_in_winograd_tap_layout_on_the_cpu(setup, monkeypatch, thres
         vae.chunk_cells = chunk_cells
         for frames, (video, mean, logvar, z, decoded) in outputs.items():
             post = vae.encode(video)
-            assert _rel(post.mean, mean) <= 1e-4, (chunk_cells, frames)
-            assert _rel(vae.decode(z, clamp=False), decoded) <= 1e-4, (chunk_cells, frames)
+            assert _rel(post.mean, mean) <= PARITY_RTOL, (chunk_cells, frames)
+            assert _rel(vae.decode(z, clamp=False), decoded) <= PARITY_RTOL, (chunk_cells, frames)
 
 
 @torch.no_grad()
@@ -217,9 +228,9 @@ def test_tiled_parity_with_diffusers():
     vae.enable_tiling(tile_size=64, overlap_factor=0.25)
     video = _video(5, 144, 176, seed=4)  # a 9 x 11 latent grid: 3 x 4 tiles, partial ones at the edges
     post, post_ref = vae.encode(video), ref.encode(video).latent_dist
-    assert _rel(post.mean, post_ref.mean) <= 1e-4
+    assert _rel(post.mean, post_ref.mean) <= PARITY_RTOL
     z = post_ref.mean
-    assert _rel(vae.decode(z, clamp=False), ref.decode(z).sample) <= 1e-4
+    assert _rel(vae.decode(z, clamp=False), ref.decode(z).sample) <= PARITY_RTOL
     vae.disable_tiling()
     assert _rel(vae.decode(z, clamp=False), ref.decode(z).sample) > 1e-3  # the tiles do differ from one pass
     with pytest.raises(ValueError, match="whole number of latent cells"):
@@ -240,7 +251,7 @@ def test_autograd_path_parity_with_diffusers(frames, chunked):
         out_ref = ref.decode(post_ref.mean).sample
     post = vae.encode(video.requires_grad_(), chunked=chunked)
     out = vae.decode(post.mean, chunked=chunked, clamp=False)
-    assert _rel(post.mean, post_ref.mean) <= 1e-4 and _rel(out, out_ref) <= 1e-4
+    assert _rel(post.mean, post_ref.mean) <= PARITY_RTOL and _rel(out, out_ref) <= PARITY_RTOL
     (out.square().mean() + post.kl().mean()).backward()
     assert vae.encoder.conv_in.conv.weight.grad.abs().sum() > 0
     assert vae.decoder.conv_out.conv.weight.grad.abs().sum() > 0

@@ -96,6 +96,25 @@ def test_the_rendezvous_port(monkeypatch):
     assert launcher.choose_port(["--hostfile", "hosts"])[0] == ["--hostfile", "hosts"]
 
 
+def test_a_master_port_in_use_exits_2_naming_it(monkeypatch, capsys):
+    """The launcher's own exit for a given port in use: 2, one line naming the port, before any rank starts
+    (the job's checks before it are stubbed: a real job's are tests/test_bad_input.py's)."""
+    from types import SimpleNamespace
+
+    from video_dit.train import launcher
+
+    monkeypatch.setattr(launcher, "validate_file", lambda *a, **k: SimpleNamespace(for_ranks=lambda ranks: None))
+    monkeypatch.setattr(launcher, "memory_check", lambda *a, **k: None)
+    monkeypatch.setattr(launcher, "summary_line", lambda *a: "[video_dit] job summary")
+    monkeypatch.setattr(launcher, "Supervisor", None)  # no rank may start
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert launcher.main(["job.yaml", "--master_port", str(port)]) == 2
+    assert f"[video_dit] error: --master_port {port} is in use on this machine" in capsys.readouterr().err
+
+
 def test_placement_keeps_the_users_choice(monkeypatch):
     from video_dit.train import launcher
 

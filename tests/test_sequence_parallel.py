@@ -4,8 +4,9 @@ One launch of 2 ranks checks the DiT: with SP=2 the forward output and the param
 (averaged over the ranks, as DeepSpeed does) equal a single process on the same inputs, at a token
 count that is not a multiple of 2, with per-token timesteps, with block checkpointing and with LoRA;
 and the per-rank activation peak of forward+backward at a longer sequence is at most 0.6x SP=1's.
-Two more launches (SP=2 on 2 ranks, SP=1 on 1 rank, at once) train 4 steps with the real trainer in three
-configurations each (ZeRO-2 LoRA, ZeRO-3 LoRA, ZeRO-2 full fine-tune) and compare them.
+Two more launches (SP=2 on 2 ranks, SP=1 on 1 rank, at once) train 4 steps with the real trainer in four
+configurations each (Wan: ZeRO-2 LoRA, ZeRO-3 LoRA, ZeRO-2 full fine-tune; HunyuanVideo 1.5: i2v ZeRO-2 LoRA)
+and compare them.
 Run this file as a script (`--worker CASE OUT`) to be one rank of a launch.
 """
 
@@ -60,15 +61,22 @@ def test_heads_not_divisible_names_valid_sizes():
 # ---------------------------------------------------------------- 2-rank DiT parity and memory
 
 
+# max |SP=2 - SP off| / max |SP off| (fp32; the exchange and the split attention sum in another order):
+# measured 2.5e-7 on the output, tolerance 3e-6 (12x); 1.2e-6 on the gradients, tolerance 1e-5 (9x). A
+# timestep one unit off (900 -> 901) moves the output far more (checked: "off_err").
+OUT_RTOL, GRAD_RTOL = 3e-6, 1e-5
+
+
 @pytest.mark.multirank
 def test_dit_sp2_matches_single_process(tmp_path):
     wait(tmp_path, "dit", start(tmp_path, "dit", 2))
     results = [json.loads((tmp_path / f"dit_rank{r}.json").read_text()) for r in range(2)]
     for rank, res in enumerate(results):
         for name, c in res["cases"].items():
-            assert c["out_err"] < 1e-5, (rank, name, c)
-            assert c["grad_err"] < 1e-5, (rank, name, c)
+            assert c["out_err"] < OUT_RTOL, (rank, name, c)
+            assert c["grad_err"] < GRAD_RTOL, (rank, name, c)
             assert c["n_grads"] > 0, (rank, name, c)
+        assert res["cases"]["scalar_t"]["off_err"] > OUT_RTOL, res["cases"]["scalar_t"]  # the comparison can fail
         assert res["layout"] == {"sp_rank": rank, "sp_size": 2, "dp_rank": 0, "dp_size": 1}
     # Ulysses keeps L/N tokens per rank: the activation peak of a long sequence must drop accordingly
     for res in results:
@@ -130,6 +138,10 @@ def _dit_worker(out: Path) -> None:
             grad_err = max(grad_err, ((gr / 2 - g_ref[n]).abs().max() / g_ref[n].abs().max().clamp_min(1e-12)).item())
         cases[name] = {"out_err": (y_sp - y_ref).abs().max().item() / y_ref.abs().max().item(),
                        "grad_err": grad_err, "n_grads": len(g_sp)}
+        if name == "scalar_t":  # the SP output against the reference at a timestep one unit off
+            with torch.no_grad():
+                y_off = model(x, t + torch.tensor([1.0, 0.0]), ctx)
+            cases[name]["off_err"] = (y_sp - y_off).abs().max().item() / y_off.abs().max().item()
 
     # activation peak of forward+backward at a longer sequence (L = 1024), same model, same rank
     model = tiny_dit(num_heads=4, dim=64, layers=2)
@@ -163,15 +175,28 @@ def _train_job(root: Path, name: str, data: str, sp: int, checkpointing: bool, z
                              deepspeed={"sequence_parallel_size": sp})
 
 
-# each configuration: (ZeRO stage, LoRA?); the first also renders the step-4 preview
-CONFIGS = {"lora_z2": (2, True), "lora_z3": (3, True), "full_z2": (2, False)}
+def _hy15_job(root: Path, name: str, sp: int, checkpointing: bool) -> Path:
+    """HunyuanVideo 1.5 i2v (first-frame latents and SigLIP tokens), ZeRO-2 LoRA, as `_train_job` (48 px, 9
+    frames: 16x VAE latents 3 x 3 x 3, 27 video tokens per sample, odd) on its own copy of the data."""
+    dataset = {"folder_path": str(root / f"hy15_data_sp{sp}"), "num_frames": 9, "resolution": [48], "do_i2v": True,
+               "caption_ext": "txt"}
+    return helpers.write_job(root, name, datasets=[dataset], base=root / "hy15_i2v.safetensors", steps=4, save_every=4,
+                             keep=1, lr=1e-2, zero=2, model={"preset": "tiny-hy15-i2v"},
+                             train={"seed": 3, "warmup_steps": 1, "gradient_checkpointing": checkpointing,
+                                    "lr_scheduler": "constant"},
+                             deepspeed={"sequence_parallel_size": sp})
+
+
+# each configuration: (ZeRO stage, LoRA?); the first also renders the step-4 preview; hy15_lora_z2 is
+# HunyuanVideo 1.5's (`_hy15_job`)
+CONFIGS = {"lora_z2": (2, True), "lora_z3": (3, True), "full_z2": (2, False), "hy15_lora_z2": (2, True)}
 
 
 @pytest.mark.multirank
 def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
-    """The real trainer, i2v (per-token timesteps), ZeRO-2 LoRA, ZeRO-3 LoRA and a ZeRO-2 full fine-tune:
-    2 ranks x SP=2 (one data-parallel rank) against 1 rank x SP=1 on the same data: the same losses,
-    gradient norms and trained weights (and, for the first, preview)."""
+    """The real trainer, i2v (per-token timesteps), ZeRO-2 LoRA, ZeRO-3 LoRA and a ZeRO-2 full fine-tune, and
+    HunyuanVideo 1.5's i2v ZeRO-2 LoRA: 2 ranks x SP=2 (one data-parallel rank) against 1 rank x SP=1 on the
+    same data: the same losses, gradient norms and trained weights (and, for the first, preview)."""
     from safetensors.torch import load_file
 
     from video_dit.data.demo import make_demo_data
@@ -179,16 +204,21 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     from video_dit.media import read_video
 
     for sp in (1, 2):  # one copy of the data each: the two launches build their caches at once
-        make_demo_data(tmp_path / f"data_sp{sp}", count=2, frames=9, size=48, seed=0, holdout=1)
+        for data in (f"data_sp{sp}", f"hy15_data_sp{sp}"):
+            make_demo_data(tmp_path / data, count=2, frames=9, size=48, seed=0, holdout=1)
     helpers.write_base(tmp_path / "base.safetensors")
+    helpers.write_hy15_base(tmp_path / "hy15_i2v.safetensors", "tiny-hy15-i2v")
 
     # SP=2 without block checkpointing (the seam recomputes the exchanged attention), SP=1 with it;
     # each launch runs the three configurations in one process group
-    runs = {sp: ranks.start_jobs(tmp_path, [{"config": str(_train_job(tmp_path, f"{c}_sp{sp}", f"data_sp{sp}", sp,
-                                                                      checkpointing=sp == 1, zero=zero, lora=lora,
-                                                                      preview=c == "lora_z2"))}
-                                            for c, (zero, lora) in CONFIGS.items()], sp)
-            for sp in (2, 1)}
+    def job(c, sp):
+        if c == "hy15_lora_z2":
+            return _hy15_job(tmp_path, f"{c}_sp{sp}", sp, checkpointing=sp == 1)
+        zero, lora = CONFIGS[c]
+        return _train_job(tmp_path, f"{c}_sp{sp}", f"data_sp{sp}", sp, checkpointing=sp == 1, zero=zero, lora=lora,
+                          preview=c == "lora_z2")
+
+    runs = {sp: ranks.start_jobs(tmp_path, [{"config": str(job(c, sp))} for c in CONFIGS], sp) for sp in (2, 1)}
     for procs, prefix in runs.values():
         ranks.wait(procs, prefix, timeout=900)
 
@@ -196,10 +226,12 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     for c, (zero, lora) in CONFIGS.items():
         rows = {sp: helpers.metrics(tmp_path / "out" / f"{c}_sp{sp}") for sp in (1, 2)}
         assert [r["step"] for r in rows[2]] == [1, 2, 3, 4] == [r["step"] for r in rows[1]], c
-        # not bit-exact: the head exchange and the split attention sum in another order (fp32 rounding)
+        # not bit-exact: the head exchange and the split attention sum in another order (fp32 rounding):
+        # measured over the four configurations 2.2e-7 relative on the losses, tolerance 3e-6 (14x), and
+        # 4.2e-7 on the gradient norms, tolerance 5e-6 (12x)
         for a, b in zip(rows[2], rows[1]):
-            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (c, a["step"], a["loss"], b["loss"])
-            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (c, a["step"])
+            assert a["loss"] == pytest.approx(b["loss"], rel=3e-6), (c, a["step"], a["loss"], b["loss"])
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=5e-6), (c, a["step"])
         assert len({r["loss"] for r in rows[1]}) == 4  # four different batches/noises, not one repeated
         assert [r["sp_degree"] for r in rows[2]] == [2] * 4 and rows[1][0]["sp_degree"] == 1
         assert all(r["act_peak_gb"] > 0 for r in rows[2] + rows[1])
@@ -207,7 +239,8 @@ def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
         # by element: see helpers): LoRA weight deltas, or the full weights' change from the base
         if lora:
             a, b = (load_file(str(tmp_path / "out" / f"{c}_sp{sp}" / f"{c}_sp{sp}.safetensors")) for sp in (2, 1))
-            helpers.assert_trained_close(a, b)
+            helpers.assert_trained_close(a, b, untrained=helpers.hy15_no_gradient("tiny-hy15-i2v", lora=True)
+                                         if c.startswith("hy15") else set())
         else:
             a, b = (load_dit(str(tmp_path / "out" / f"{c}_sp{sp}" / f"{c}_sp{sp}")).state_dict() for sp in (2, 1))
             helpers.assert_trained_close(a, b, base=base)

@@ -1,6 +1,5 @@
 """Stand-in `AdvancedPromptEmbeds`: every key holds a LIST with one tensor per batch item."""
 
-import torch
 
 
 class AdvancedPromptEmbeds:
