@@ -274,8 +274,8 @@ class NodeRun:
         end = time.monotonic() + FAILURE_WINDOW_S
         while any(p.poll() is None for p in self.procs) and time.monotonic() < end:
             time.sleep(poll_s)
-        self.stop()
         bad = [(i, p.returncode) for i, p in enumerate(self.procs) if p.returncode not in (None, 0)]
+        self.stop()  # the agents still running: stopped by us, not failed
         for i, code in bad:
             if self.labels[i] == "srun":
                 self.failures.append(self._srun_failure(code))

@@ -371,10 +371,11 @@ def rendezvous_problems(r: dict, master_addr: str, port: int, port_given: bool, 
     out = []
     loop = [a for a in r["addresses"] if ipaddress.ip_address(a).is_loopback]
     if loop:
-        out.append(f"--master_addr {master_addr} resolves to {', '.join(loop)} (loopback) here, so the ranks of "
-                   f"this node would meet another store than the others' (a host's own name on 127.0.1.1 is "
-                   f"Debian's /etc/hosts default); give --master_addr as {first_host}'s address on the network the "
-                   f"nodes share, or map {master_addr} to that address in /etc/hosts")
+        out.append(f"--master_addr {master_addr} resolves to {', '.join(loop)} (loopback) here (a host's own name on "
+                   "127.0.1.1 is Debian's /etc/hosts default): this node would reach the rendezvous, and its ranks "
+                   "would listen, on an address no other node reaches; give --master_addr as "
+                   f"{first_host}'s address on the network the nodes share, or map {master_addr} to that address "
+                   "in this node's /etc/hosts")
     elif r["iface"] is None:
         out.append(f"the address {r['source']} this node reaches {master_addr} from belongs to no interface listed "
                    "here; set GLOO_SOCKET_IFNAME (CPU) / NCCL_SOCKET_IFNAME (GPU) yourself")
