@@ -163,25 +163,29 @@ class LocalShell(nodes.Ssh):
         return ["sh", "-c", command]
 
 
-def test_a_failing_node_ends_the_job_and_is_named(tmp_path):
-    """node2's "DeepSpeed launcher" exits 247 (a rank SIGKILLed: sys.exit(-9)); node1's runs on until the
-    launcher stops it. The job ends within seconds, node1's processes are gone, node2 is named."""
+@pytest.mark.parametrize("code, what", [(247, "a rank was killed by SIGKILL (exit 247)"),
+                                        (255, "ssh ended with 255: unreachable, or its node agent killed")])
+def test_a_failing_node_ends_the_job_and_is_named(tmp_path, code, what):
+    """node2's "DeepSpeed launcher" exits 247 (a rank SIGKILLed: sys.exit(-9)), or its "ssh" ends with 255
+    (a node lost); node1's runs on until the launcher stops it. The job ends within seconds, node1's
+    processes are gone, node2 is named with what happened."""
     specs = []
     for i, host in enumerate(("node1", "node2")):
         (tmp_path / host).mkdir()
         s = spec(tmp_path / host, node=i)
         if host == "node2":
-            s["launch"] = [*s["launch"], "--fail", "247"]
+            s["launch"] = [*s["launch"], "--fail", str(code)]
         specs.append(s)
     out = open(tmp_path / "relayed", "wb")
     run = nodes.NodeRun(LocalShell(), ["node1", "node2"], nodes.agent_command(str(ROOT), sys.executable), specs,
                         out=out)
     start = time.monotonic()
     run.start()
-    code = run.wait()
+    ended = run.wait()
     took = time.monotonic() - start
     node1 = wait_file(tmp_path / "node1" / "launch")
-    assert code == 247 and run.failures == [("node2", "a rank was killed by SIGKILL (exit 247)")]
+    assert ended == code and len(run.failures) == 1 and run.failures[0][0] == "node2", run.failures
+    assert run.failures[0][1].startswith(what)
     assert took < nodes.FAILURE_WINDOW_S + 8, took
     assert not any(alive(p) for p in node1["pids"])
     assert all(p.poll() is not None for p in run.procs)
@@ -323,3 +327,15 @@ def test_supervisor_stop_returns_once_the_group_is_gone():
     sup.stop()
     assert time.monotonic() - start < 2.0 and not group_alive(sup.proc.pid)
     sup.wait()
+
+
+def test_plan_with_a_hostfile_takes_its_ranks_from_it(tmp_path):
+    from video_dit.commands import plan
+
+    parser = __import__("argparse").ArgumentParser()
+    plan.add_arguments(parser)
+    args = parser.parse_args(["job.yaml", "--hostfile", "h", "--master_addr", "node1", "--num_gpus", "4"])
+    assert plan.node_args(args) == ["--hostfile", "h", "--master_addr", "node1", "--num_gpus", "4"]
+    assert plan.node_args(parser.parse_args(["job.yaml"])) == []
+    with pytest.raises(plan.PlanError, match="--hostfile / --launcher slurm place the ranks"):
+        plan.node_args(parser.parse_args(["job.yaml", "--hostfile", "h", "--gpus", "8"]))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("ip", "unshare", "sshd", "ssh", "ssh-keygen")
-SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "sinfo", "munged")
+SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "scancel", "sinfo", "munged")
 
 
 def tool(name: str) -> str | None:

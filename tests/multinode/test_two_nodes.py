@@ -90,15 +90,17 @@ def job_tag(log: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def launch(cluster, cfg: Path, log: Path, *, fault: str | None = None, ssh_config: Path | None = None):
-    """The user's command on node1: ./launch/train.sh CONFIG --hostfile H --master_addr node1."""
+def launch(cluster, cfg: Path, log: Path, *, fault: str | None = None, ssh_config: Path | None = None,
+           plan: bool = False):
+    """The user's command on node1: ./launch/train.sh CONFIG --hostfile H --master_addr node1 (`plan`:
+    `video-dit plan CONFIG` with the same options, through the interpreter train.sh runs)."""
     hostfile = cluster.tmp / "hostfile"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
     env = ranks.rank_env(**({"VIDEO_DIT_FAULT": fault} if fault else {}))
     env["VIDEO_DIT_SSH_ARGS"] = f"-F {ssh_config or cluster.ssh_config}"
-    return cluster.run_in("node1", ["bash", str(ROOT / "launch/train.sh"), str(cfg), "--hostfile", str(hostfile),
-                                    "--master_addr", "node1"], env=env, cwd=ROOT, stdout=open(log, "w"),
-                          stderr=subprocess.STDOUT)
+    command = [cluster.python, "-m", "video_dit.cli", "plan"] if plan else ["bash", str(ROOT / "launch/train.sh")]
+    return cluster.run_in("node1", [*command, str(cfg), "--hostfile", str(hostfile), "--master_addr", "node1"],
+                          env=env, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 
 
 def finish(proc, log: Path, timeout: float) -> tuple[int, float]:
@@ -112,13 +114,35 @@ def finish(proc, log: Path, timeout: float) -> tuple[int, float]:
     return proc.returncode, time.monotonic() - start
 
 
+def sbatch(cluster, env: dict, argv: list[str], log: Path, timeout: float = 300) -> tuple[int, str]:
+    """`sbatch --nodes=2 ARGV` from node1, waited for (`scontrol` polled: `sbatch --wait` notices the end
+    up to 10 s late); (the job's exit code, what sbatch and scontrol said)."""
+    def slurm(*args):
+        return subprocess.run([cl.tool("ip"), "netns", "exec", cluster.ns["node1"], *args], capture_output=True,
+                              text=True, env=env, cwd=ROOT)
+
+    sent = slurm(cl.tool("sbatch"), "--parsable", "--nodes=2", f"--output={log}", *argv)
+    assert sent.returncode == 0, sent.stderr
+    job_id = sent.stdout.strip().split(";")[0]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        shown = slurm(cl.tool("scontrol"), "show", "job", job_id, "-o").stdout
+        state = re.search(r"JobState=(\S+)", shown)
+        if state and state.group(1) not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            code = re.search(r"ExitCode=(\d+):(\d+)", shown)
+            return int(code.group(1)), shown
+        time.sleep(0.1)
+    slurm(cl.tool("scancel"), job_id)
+    pytest.fail(f"Slurm job {job_id} did not end within {timeout} s:\n{log.read_text()[-4000:]}")
+
+
 @pytest.fixture(scope="module")
 def runs(cluster, launcher_python, tmp_path_factory):
     root = tmp_path_factory.mktemp("two_nodes")
     helpers.make_world(root, count=6)
     cfg, ref_cfg = job(root, "two"), job(root, "one")
     out = root / "out" / "two"
-    times, logs = {}, {name: root / f"{name}.log" for name in ("A", "B", "C", "loopback", "no_venv", "other")}
+    times, logs = {}, {name: root / f"{name}.log" for name in ("A", "B", "C", "loopback", "plan", "no_venv", "other")}
     cluster.write_hosts("node2", loopback_name=True)
     slurm_why = cl.slurm_unavailable()
     if slurm_why is None:
@@ -143,6 +167,9 @@ def _launches(cluster, launcher_python, root, cfg, out, times, logs, slurm_why, 
         start = time.monotonic()
         p = launch(cluster, cfg, logs["loopback"])
         refused["loopback"] = (finish(p, logs["loopback"], 120)[0], time.monotonic() - start)
+        start = time.monotonic()  # `video-dit plan` runs the same pre-flight before its plan
+        p = launch(cluster, cfg, logs["plan"], plan=True)
+        refused["plan"] = (finish(p, logs["plan"], 120)[0], time.monotonic() - start)
     finally:
         cluster.write_hosts("node1")
     if cl.venv_of(launcher_python) is not None:
@@ -167,6 +194,7 @@ def _launches(cluster, launcher_python, root, cfg, out, times, logs, slurm_why, 
     wait_until(lambda: latest(out) >= 2, a, logs["A"])  # rank 1 dies in the next step
     rc_a, a_end_s = finish(a, logs["A"], 300)
     times["A: start to the end after rank 1's SIGKILL"] = time.monotonic() - t
+    times["A: checkpoint 2 (rank 1 dies in the next step) to the launcher's exit"] = a_end_s
     tag_a = job_tag(logs["A"])
     left_a = cluster.job_processes(tag_a) if tag_a else ["no job tag in the log"]
 
@@ -193,11 +221,7 @@ def _launches(cluster, launcher_python, root, cfg, out, times, logs, slurm_why, 
     t = time.monotonic()  # C: to the end, under Slurm where it runs
     if slurm_why is None:
         env = {**ranks.rank_env(), **cluster.slurm_wait()}
-        c = cluster.run_in("node1", [cl.tool("sbatch"), "--wait", "--nodes=2", f"--output={logs['C']}",
-                                     str(ROOT / "launch/slurm.sh"), str(cfg), "--num_gpus", "1"],
-                           env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        rc_c, _ = finish(c, logs["C"], 300)
-        c_out = c.stdout.read().decode()
+        rc_c, c_out = sbatch(cluster, env, [str(ROOT / "launch/slurm.sh"), str(cfg), "--num_gpus", "1"], logs["C"])
     else:
         c = launch(cluster, cfg, logs["C"])
         rc_c, _ = finish(c, logs["C"], 300)
@@ -270,7 +294,7 @@ def test_under_slurm_the_job_resumes_and_ends(runs):
     assert latest(runs["out"]) == STEPS
 
 
-@pytest.mark.parametrize("case", ["loopback", "no_venv"])
+@pytest.mark.parametrize("case", ["loopback", "plan", "no_venv"])
 def test_the_preflight_refuses_in_seconds(runs, case, cluster):
     if case not in runs["refused"]:
         pytest.skip(f"{runs['python']} is not in a virtual environment: nothing to hide from node2")
@@ -278,7 +302,8 @@ def test_the_preflight_refuses_in_seconds(runs, case, cluster):
     rc, seconds = runs["refused"][case]
     assert rc == 2 and seconds < REFUSED_S, (rc, seconds, log[-3000:])
     assert "[video_dit] pre-flight failed, no rank started:" in log and "[video_dit] job " not in log
-    if case == "loopback":
+    assert "memory plan" not in log
+    if case in ("loopback", "plan"):  # plan: `video-dit plan --hostfile` refuses as train.sh does
         assert re.search(r"node1: --master_addr node1 resolves to 127\.0\.1\.1 \(loopback\) here.*give --master_addr "
                          r"as node1's address", log), log
     else:

@@ -87,6 +87,9 @@ def job_hosts(args: list[str], local_slots: int) -> Hosts:
         per = num_gpus if num_gpus > 0 else local_slots
         return Hosts(OrderedDict((h, list(range(per))) for h in names), "the Slurm allocation")
     path = launcher_option(args, "--hostfile")
+    if path is None:
+        raise DeviceError("several nodes are given by --hostfile FILE (DeepSpeed's `node1 slots=8` lines), or by "
+                          "--launcher slurm inside a Slurm allocation")
     try:
         pool = fetch_hostfile(path)
     except ValueError as exc:  # DeepSpeed's message names the line

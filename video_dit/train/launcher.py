@@ -59,7 +59,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from video_dit.data import DataError
@@ -250,9 +250,24 @@ def node_options(argv: list[str]) -> list[str]:
     return passed
 
 
-def run_nodes(config: str, argv: list[str], place, log) -> int:
-    """A job on several nodes (module docstring, "Several nodes"): pre-flight, validation, one node
-    agent per node, the end. Returns the exit code."""
+@dataclass
+class NodesReady:
+    """What a multi-node launch's pre-flight found: the hosts, how to reach them, the rendezvous
+    (address, port), each host's interface variables, the options for DeepSpeed's per-node launcher."""
+
+    hosts: nodes.Hosts
+    transport: object
+    master_addr: str
+    port: int
+    interfaces: dict
+    passed: list
+    place: object
+
+
+def preflight_nodes(config: str, argv: list[str], place, log) -> NodesReady | int:
+    """Steps 0 and 1 of "Several nodes" (module docstring): the hosts, then the pre-flight of every node.
+    Returns what it found, or exit code 2 (the reason logged: a bad option or hostfile, a problem on a
+    node naming the host and the fix)."""
     slurm = launcher_option(argv, "--launcher") == "slurm"
     try:  # 0. the hosts
         passed = node_options(argv)
@@ -264,7 +279,6 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
     except ConfigError as exc:
         log(f"config error in {config}: {exc}")
         return 2
-    place = replace(place, ranks=hosts.ranks, nodes=len(hosts.names))
     transport = nodes.Srun() if slurm else nodes.Ssh(port=launcher_option(argv, "--ssh_port"))
     master_addr = launcher_option(argv, "--master_addr") or hosts.names[0]
     given_port = launcher_option(argv, "--master_port")
@@ -283,6 +297,17 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
         log(f"[video_dit] {note}")
     log(f"[video_dit] pre-flight: every node OK in {time.monotonic() - start:.1f} s; interfaces "
         + ", ".join(f"{h} {e.get('GLOO_SOCKET_IFNAME', 'as set')}" for h, e in interfaces.items()))
+    return NodesReady(hosts, transport, master_addr, port, interfaces, passed,
+                      replace(place, ranks=hosts.ranks, nodes=len(hosts.names)))
+
+
+def run_nodes(config: str, argv: list[str], place, log) -> int:
+    """A job on several nodes (module docstring, "Several nodes"): pre-flight, validation, one node
+    agent per node, the end. Returns the exit code."""
+    ready = preflight_nodes(config, argv, place, log)  # 0.-1.
+    if isinstance(ready, int):
+        return ready
+    hosts, transport, master_addr, port, place = ready.hosts, ready.transport, ready.master_addr, ready.port, ready.place
     job = validated(config, argv, place, log)  # 2.
     if isinstance(job, int):
         return job
@@ -290,9 +315,9 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
     env = nodes.carried_env(os.environ, place.env, ROOT)  # 3.
     launch = [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
               f"--world_info={nodes.world_info(hosts.slots)}", f"--master_addr={master_addr}",
-              f"--master_port={port}", *passed]
+              f"--master_port={port}", *ready.passed]
     script = [str(ROOT / "launch" / "train.py"), "--config", str(Path(config).resolve())]
-    spec = {"tag": tag, "hosts": hosts.names, "env": env, "node_env": interfaces, "launch": launch,
+    spec = {"tag": tag, "hosts": hosts.names, "env": env, "node_env": ready.interfaces, "launch": launch,
             "script": script, "cwd": str(ROOT)}
     specs = [{**spec, "node": i} for i in range(len(hosts.names))] if transport.per_host else [spec]
     log(f"[video_dit] job {tag}: {hosts.ranks} ranks on {len(hosts.names)} nodes; every rank gets "
