@@ -232,6 +232,7 @@ class NodeRun:
         self.labels: list[str] = []
         self.tails: list[str] = []
         self.srun_errors: list[str] = []
+        self.relays: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.failures: list[tuple[str, str]] = []  # (host, what happened), the likely cause first
 
@@ -248,7 +249,9 @@ class NodeRun:
             self.procs.append(proc)
             self.labels.append(label)
             self.tails.append("")
-            threading.Thread(target=self._relay, args=(len(self.procs) - 1,), daemon=True).start()
+            relay = threading.Thread(target=self._relay, args=(len(self.procs) - 1,), daemon=True)
+            relay.start()
+            self.relays.append(relay)
 
     def _relay(self, i: int) -> None:
         """Copy agent i's output to ours, each line prefixed with its host (srun labels its own)."""
@@ -272,6 +275,7 @@ class NodeRun:
             if any(c not in (None, 0) for c in codes):
                 break
             if all(c == 0 for c in codes):
+                self._drain()
                 return 0
             time.sleep(poll_s)
         end = time.monotonic() + FAILURE_WINDOW_S
@@ -288,7 +292,15 @@ class NodeRun:
         order = sorted(range(len(bad)), key=lambda k: (0 if "killed by" in self.failures[k][1] else
                                                        1 if "ssh ended" in self.failures[k][1] else 2))
         self.failures = [self.failures[k] for k in order]
+        self._drain()
         return bad[order[0]][1]
+
+    def _drain(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) until the ended agents' last output is relayed: the launcher's closing line
+        must come after it."""
+        end = time.monotonic() + timeout
+        for relay in self.relays:
+            relay.join(max(0.0, end - time.monotonic()))
 
     def _srun_failure(self, code: int) -> tuple[str, str]:
         """The node srun names in its error line ("srun: error: node2: task 1: Exited with exit code 247")."""

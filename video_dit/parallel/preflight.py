@@ -264,17 +264,21 @@ def run_commands(transport, hosts: list[str], command_of, timeout: float) -> tup
                               stdin=subprocess.DEVNULL, text=True, start_new_session=True)
              for i, h in enumerate(hosts)]
     end = time.monotonic() + timeout
-    for i, proc in enumerate(procs):
-        try:
-            out, err = proc.communicate(timeout=max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            errors[i] = f"no answer within {timeout:.0f} s"
-            continue
-        outputs[i] = out
-        if proc.returncode != 0:
-            errors[i] = transport.describe(proc.returncode, last_line(err))
+    try:
+        for i, proc in enumerate(procs):
+            try:
+                out, err = proc.communicate(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                errors[i] = f"no answer within {timeout:.0f} s"
+                continue
+            outputs[i] = out
+            if proc.returncode != 0:
+                errors[i] = transport.describe(proc.returncode, last_line(err))
+    finally:  # also on Ctrl-C: no probe left behind
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return outputs, errors
 
 

@@ -293,6 +293,9 @@ def preflight_nodes(config: str, argv: list[str], place, log) -> NodesReady | in
     except PreflightError as exc:
         log("[video_dit] pre-flight failed, no rank started:\n  " + "\n  ".join(str(exc).splitlines()))
         return 2
+    except KeyboardInterrupt:
+        log("[video_dit] interrupted during the pre-flight, before any rank started")
+        return 128 + signal.SIGINT
     for note in notes:
         log(f"[video_dit] {note}")
     log(f"[video_dit] pre-flight: every node OK in {time.monotonic() - start:.1f} s; interfaces "
@@ -335,6 +338,8 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
     previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
     try:
         run.start()
+        if got:  # a signal while the agents were being started: stop those started after it too
+            run.stop()
         code = run.wait()  # 4.
     finally:
         for s, handler in previous.items():
