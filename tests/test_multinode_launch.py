@@ -186,7 +186,7 @@ def test_a_failing_node_ends_the_job_and_is_named(tmp_path, code, what):
     node1 = wait_file(tmp_path / "node1" / "launch")
     assert ended == code and len(run.failures) == 1 and run.failures[0][0] == "node2", run.failures
     assert run.failures[0][1].startswith(what)
-    assert took < nodes.FAILURE_WINDOW_S + 8, took
+    assert took < nodes.FAILURE_WINDOW_S, took  # a first cause seen: no wait for node1 to fail too
     assert not any(alive(p) for p in node1["pids"])
     assert all(p.poll() is not None for p in run.procs)
 

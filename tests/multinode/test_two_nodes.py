@@ -146,7 +146,10 @@ def runs(cluster, launcher_python, tmp_path_factory):
     cluster.write_hosts("node2", loopback_name=True)
     slurm_why = cl.slurm_unavailable()
     if slurm_why is None:
-        cluster.slurm_start()  # its daemons come up while the reference runs
+        try:
+            cluster.slurm_start()  # its daemons come up while the reference runs
+        except (OSError, subprocess.SubprocessError) as exc:
+            slurm_why = f"Slurm's daemons could not be started here: {exc}"
 
     t = time.monotonic()  # the reference: one host, two ranks, the same threads per rank (in the background)
     reference, prefix = ranks.start_jobs(root, [{"config": str(ref_cfg), "resume": "none", "run": True}], 2)
@@ -220,7 +223,11 @@ def _launches(cluster, launcher_python, root, cfg, out, times, logs, slurm_why, 
 
     t = time.monotonic()  # C: to the end, under Slurm where it runs
     if slurm_why is None:
-        env = {**ranks.rank_env(), **cluster.slurm_wait()}
+        try:
+            env = {**ranks.rank_env(), **cluster.slurm_wait()}
+        except RuntimeError as exc:  # installed, but its daemons cannot run here: said by the Slurm test
+            slurm_why = f"Slurm's daemons did not come up here: {str(exc)[-1500:]}"
+    if slurm_why is None:
         rc_c, c_out = sbatch(cluster, env, [str(ROOT / "launch/slurm.sh"), str(cfg), "--num_gpus", "1"], logs["C"])
     else:
         c = launch(cluster, cfg, logs["C"])

@@ -47,7 +47,7 @@ DEEPSPEED_ENV_FILE = os.environ.get("DS_ENV_FILE", ".deepspeed_env")  # DeepSpee
 SSH_ARGS_VAR = "VIDEO_DIT_SSH_ARGS"  # extra ssh options, e.g. "-F ~/.ssh/cluster_config -i KEY"
 CONNECT_S = 10      # ssh ConnectTimeout
 ALIVE_S, ALIVE_COUNT = 5, 3  # ssh ServerAlive*: a node unreachable mid-run is noticed within ~15 s
-FAILURE_WINDOW_S = 2.0  # after a node agent fails, how long the others get to end on their own
+FAILURE_WINDOW_S = 5.0  # after a node agent fails, how long the others get to end on their own
 STOP_WAIT_S = 10.0  # after closing the agents' stdin: how long they get to kill their ranks and exit
 
 
@@ -267,9 +267,10 @@ class NodeRun:
                 self.srun_errors.append(text)
 
     def wait(self, poll_s: float = 0.05) -> int:
-        """0 when every agent ended with 0; else the first failure's code, after the other agents got
-        `FAILURE_WINDOW_S` to end on their own (a rank's death on one node makes its peers fail too, and
-        whichever node's launcher notices first should not hide what happened), then were stopped."""
+        """0 when every agent ended with 0; else the likeliest cause's code, after the other agents got up
+        to `FAILURE_WINDOW_S` to end on their own (a rank's death on one node makes its peers fail too,
+        and whichever node's launcher notices first should not hide what happened; the wait ends as
+        soon as an agent shows a first cause, `_cause_seen`), then were stopped."""
         while True:
             codes = [p.poll() for p in self.procs]
             if any(c not in (None, 0) for c in codes):
@@ -279,7 +280,7 @@ class NodeRun:
                 return 0
             time.sleep(poll_s)
         end = time.monotonic() + FAILURE_WINDOW_S
-        while any(p.poll() is None for p in self.procs) and time.monotonic() < end:
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < end and not self._cause_seen():
             time.sleep(poll_s)
         bad = [(i, p.returncode) for i, p in enumerate(self.procs) if p.returncode not in (None, 0)]
         self.stop()  # the agents still running: stopped by us, not failed
@@ -294,6 +295,15 @@ class NodeRun:
         self.failures = [self.failures[k] for k in order]
         self._drain()
         return bad[order[0]][1]
+
+    def _cause_seen(self) -> bool:
+        """Whether an agent already ended the way a first cause ends: a rank killed by a signal, or ssh's
+        255 (a lost node). A plain error code is often a peer's reaction to another node's failure."""
+        for p in self.procs:
+            code = p.poll()
+            if code is not None and (code == 255 or "killed by" in describe_exit(code)):
+                return True
+        return False
 
     def _drain(self, timeout: float = 2.0) -> None:
         """Wait (bounded) until the ended agents' last output is relayed: the launcher's closing line
