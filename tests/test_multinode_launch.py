@@ -222,8 +222,8 @@ def judge(a2: dict | None, errors=None, **kw) -> list[str]:
     ({"missing": "checkout"}, "node2: no folder /c (this checkout)"),
     ({"missing": "python"}, "node2: no interpreter /c/.venv/bin/python (every node runs the launcher's); create it "
                             "there: ssh node2 'cd /c && bash -c \"source launch/_env.sh && vd_python\"'"),
-    (answer(video_dit="/elsewhere/video_dit"), "node2: /c/.venv/bin/python imports video_dit from /elsewhere/video_dit, "
-                                               "not from this checkout (/c)"),
+    (answer(video_dit="/elsewhere/video_dit"),
+     "node2: /c/.venv/bin/python imports video_dit from /elsewhere/video_dit, not from this checkout (/c)"),
     (answer(packages={"torch": "2.12.0"}), "node2: other package versions: torch 2.12.0 (here 2.13.0)"),
     (answer(commit="fff999"), "node2: the checkout is at commit fff999 (here abc123)"),
     (answer(changes="other"), "node2: the checkout has other uncommitted changes than here"),

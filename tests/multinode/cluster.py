@@ -207,7 +207,8 @@ class Cluster:
         for host in self.ns:
             (t / f"spool.{host}").mkdir()
         (t / "state").mkdir()
-        nodes = "\n".join(f"NodeName={h} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN" for h, a in self.addr.items())
+        nodes = "\n".join(f"NodeName={h} NodeAddr={a} CPUs={os.cpu_count()} State=UNKNOWN"
+                          for h, a in self.addr.items())
         self.slurm_conf = t / "slurm.conf"
         self.slurm_conf.write_text(textwrap.dedent(f"""\
             ClusterName=vdmn

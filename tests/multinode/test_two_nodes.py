@@ -2,21 +2,22 @@
 and `sbatch launch/slurm.sh CONFIG` under a real Slurm, on the two namespace hosts of cluster.py (own
 addresses, host names, /etc/hosts and sshd; one file system).
 
-One job (tiny LoRA, ZeRO-2, 6 steps, checkpoints at 2, 4, 6), 1 rank per node, in three launches:
-  A  ssh; VIDEO_DIT_FAULT=kill_rank1_at_step:3 in the launcher's environment: rank 1, on node2,
-     SIGKILLs itself in step 3 (it can only if the variable was carried to node2)
+One module fixture (`runs`) serves every test:
+  reference  the job (tiny LoRA, ZeRO-2, 6 steps, checkpoints at 2, 4, 6) on one host with two ranks
+             (tests/ranks.py, no launcher), 1 thread per rank; beside it, three launches the pre-flight
+             refuses: node1's own name on 127.0.1.1 with --master_addr node1 (train.sh, and `video-dit
+             plan --hostfile`), and node2 without the launcher's .venv (an sshd that has it hidden)
+  A  ssh, 1 rank per node; VIDEO_DIT_FAULT=kill_rank1_at_step:3 in the launcher's environment: rank 1,
+     on node2, SIGKILLs itself in step 3 (it can only if the variable was carried to node2)
   B  the same command: resumes from step 2; VIDEO_DIT_FAULT=stall_rank1_at_step:5 keeps rank 1 alive
      but stuck in step 5; once checkpoint 4 exists, the ranks' environments are read on both nodes
      and SIGTERM goes to the launcher's pid
-  C  `sbatch --wait launch/slurm.sh` (srun, ranks placed from SLURM_*): resumes from 4 and ends at 6
-     (over ssh where Slurm is not installed: then the Slurm test is skipped with the reason)
+  C  `sbatch launch/slurm.sh` (srun, ranks placed from SLURM_*): resumes from 4 and ends at 6 (over ssh
+     where Slurm is not installed or cannot run: then the Slurm test is skipped with the reason)
 All along node2's own name is on 127.0.1.1 in its /etc/hosts (Debian's default, which made gloo
 advertise loopback) and an unrelated DeepSpeed job runs on node2 from the same interpreter, with the
 command line DeepSpeed's pdsh runner stops remote ranks by (`pkill -f "<python> -u -m
-deepspeed.launcher.launch"`). Then two launches the pre-flight refuses: node1's own name on
-127.0.1.1 with --master_addr node1, and node2 without the launcher's .venv (an sshd that has it
-hidden). The reference: the same job on one host with two ranks (tests/ranks.py, no launcher), the
-same thread count per rank.
+deepspeed.launcher.launch"`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -163,7 +163,7 @@ def runs(cluster, launcher_python, tmp_path_factory):
 
 
 def _launches(cluster, launcher_python, root, cfg, out, times, logs, slurm_why, reference, prefix, t):
-
+    """The rest of `runs` (module docstring), the reference already running."""
     refused = {}  # meanwhile, the launches the pre-flight refuses (no rank starts)
     cluster.write_hosts("node1", loopback_name=True)
     try:
@@ -314,4 +314,5 @@ def test_the_preflight_refuses_in_seconds(runs, case, cluster):
         assert re.search(r"node1: --master_addr node1 resolves to 127\.0\.1\.1 \(loopback\) here.*give --master_addr "
                          r"as node1's address", log), log
     else:
-        assert f"node2: no interpreter {runs['python']}" in log and "node1:" not in log.split("no rank started:")[1], log
+        problems = log.split("no rank started:")[1]
+        assert f"node2: no interpreter {runs['python']}" in problems and "node1:" not in problems, log

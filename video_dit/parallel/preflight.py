@@ -20,10 +20,11 @@ What is checked, per node (`probe`):
               store run) to an address of that host whose port is free; the interface each node
               reaches it by (its GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, `interface_env`)
 
-Why each: a node without the interpreter made the first node's rank wait in the rendezvous for the
-collective timeout (30 minutes by default); a host whose own name maps to 127.0.1.1 (Debian's
-/etc/hosts) made gloo advertise a loopback address (the other node failed in 3 s, this one hung for
-~150 s); an extensions folder not carried made every node compile the op (88 s, with a compiler).
+Why each (issue 49, under DeepSpeed's pdsh runner): a node without the interpreter made the first
+node's rank wait in the rendezvous for the collective timeout (30 minutes by default); a host whose
+own name maps to 127.0.1.1 (Debian's /etc/hosts) made gloo advertise a loopback address (the other
+node failed in 3 s, this one hung for ~150 s); an extensions folder not carried made every node
+compile the op (88 s, with a compiler).
 
 The probe side is standard library only (it runs before anything is known to work on that node).
 """

@@ -310,7 +310,8 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
     ready = preflight_nodes(config, argv, place, log)  # 0.-1.
     if isinstance(ready, int):
         return ready
-    hosts, transport, master_addr, port, place = ready.hosts, ready.transport, ready.master_addr, ready.port, ready.place
+    hosts, transport, master_addr, port, place = (ready.hosts, ready.transport, ready.master_addr, ready.port,
+                                                  ready.place)
     job = validated(config, argv, place, log)  # 2.
     if isinstance(job, int):
         return job
