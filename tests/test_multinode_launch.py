@@ -218,7 +218,7 @@ def judge(a2: dict | None, errors=None, **kw) -> list[str]:
 
 @pytest.mark.parametrize("a2, expected", [
     (answer(), None),
-    (None, "node2: not reachable (ssh ended with 255: Connection refused); FIX"),
+    (None, "node2: not reachable (ssh exit 255: ssh: connect to host node2 port 22: Connection refused); FIX"),
     ({"missing": "checkout"}, "node2: no folder /c (this checkout)"),
     ({"missing": "python"}, "node2: no interpreter /c/.venv/bin/python (every node runs the launcher's); create it "
                             "there: ssh node2 'cd /c && bash -c \"source launch/_env.sh && vd_python\"'"),
@@ -237,7 +237,7 @@ def judge(a2: dict | None, errors=None, **kw) -> list[str]:
      "node2: --master_addr node1 does not resolve (Name or service not known)"),
 ])
 def test_the_preflight_names_the_host_the_problem_and_the_fix(a2, expected):
-    errors = {1: "ssh ended with 255: Connection refused"} if a2 is None else {}
+    errors = {1: "ssh exit 255: ssh: connect to host node2 port 22: Connection refused"} if a2 is None else {}
     found = judge(a2, errors)
     if expected is None:
         assert found == []

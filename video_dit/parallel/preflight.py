@@ -261,9 +261,12 @@ def run_commands(transport, hosts: list[str], command_of, timeout: float) -> tup
         if proc.returncode != 0:
             errors.update({i: f"srun: {last_line(proc.stderr)}" for i in range(len(hosts))})
         return outputs, errors
-    procs = [subprocess.Popen(transport.argv(h, command_of(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-             for i, h in enumerate(hosts)]
+    argvs = [transport.argv(h, command_of(i)) for i, h in enumerate(hosts)]
+    try:
+        procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  text=True, start_new_session=True) for argv in argvs]
+    except FileNotFoundError:
+        return {}, {i: f"{argvs[0][0]} is not installed on this host" for i in range(len(hosts))}
     end = time.monotonic() + timeout
     try:
         for i, proc in enumerate(procs):
@@ -274,7 +277,7 @@ def run_commands(transport, hosts: list[str], command_of, timeout: float) -> tup
                 continue
             outputs[i] = out
             if proc.returncode != 0:
-                errors[i] = transport.describe(proc.returncode, last_line(err))
+                errors[i] = f"{argvs[i][0]} exit {proc.returncode}: {last_line(err) or 'no message'}"
     finally:  # also on Ctrl-C: no probe left behind
         for proc in procs:
             if proc.poll() is None:
