@@ -4,7 +4,8 @@ Usually started through `launch/train.sh`, which validates the config before any
     ./launch/train.sh                                     # the embedded default (configs/demo_i2v_tiny.yaml)
     ./launch/train.sh configs/wan21_t2v_1.3b_lora.yaml    # 1 GPU
     ./launch/train.sh configs/wan22_i2v_a14b_lora_zero3.yaml   # 8 GPUs on this node (all visible GPUs)
-    ./launch/train.sh CONFIG --hostfile hostfile          # 2 nodes (DeepSpeed hostfile: `node1 slots=8` lines)
+    ./launch/train.sh CONFIG --hostfile hostfile --master_addr node1   # 2 nodes (`node1 slots=8` lines), over ssh
+    sbatch launch/slurm.sh CONFIG                         # the nodes of a Slurm allocation, over srun
     ./launch/train.sh CONFIG                              # no GPU: 2 CPU ranks over gloo
 Directly:
     deepspeed --num_gpus 8 launch/train.py --config CONFIG [--resume auto|none|PATH]

@@ -10,11 +10,15 @@ Usage: ./launch/train.sh [CONFIG.yaml] [DeepSpeed launcher args]
   ./launch/train.sh                          the embedded default: configs/demo_i2v_tiny.yaml (tiny model,
                                              generated data, i2v previews) on 2 CPU ranks or all GPUs
   ./launch/train.sh CONFIG.yaml              your job (ai-toolkit's job YAML); rerun it to resume
-  ./launch/train.sh CONFIG.yaml --hostfile FILE --master_addr NODE1    several nodes (DeepSpeed's hostfile)
+  ./launch/train.sh CONFIG.yaml --hostfile FILE --master_addr NODE1    several nodes over ssh (DeepSpeed's hostfile)
+  ./launch/train.sh CONFIG.yaml --launcher slurm [--num_gpus N]         the nodes of a Slurm allocation (srun;
+                                             sbatch launch/slurm.sh CONFIG.yaml does this)
   ./launch/train.sh CONFIG.yaml --num_gpus 4 | --include localhost:0,1 | --master_port PORT
 
 Before any rank starts the job is validated (a bad key, value, path or dataset exits 2 naming it) and
-its prepare: stages run. Ranks: every visible GPU of this node, else 2 CPU ranks. Ctrl-C, `kill PID`
+its prepare: stages run; on several nodes every node is checked first (ssh or srun, this checkout and
+its .venv, package versions, the shared training folder, --master_addr), exit 2 naming the host and the
+fix. Ranks: every visible GPU of this node (of each node), else 2 CPU ranks. Ctrl-C, `kill PID`
 or a closed terminal stops every rank at once and prints the step reached, the last checkpoint and
 how to resume. Port 29500 in use: another free port is picked (said in the log).
 

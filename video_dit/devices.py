@@ -290,6 +290,15 @@ def _hostfile_slots(path: str) -> list[int]:
     return slots
 
 
+def _slurm_nodes() -> int:
+    """The node count of the Slurm allocation this runs in (`--launcher slurm`)."""
+    count = os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES")
+    if not count:
+        raise DeviceError("--launcher slurm runs inside a Slurm allocation (sbatch launch/slurm.sh, or salloc): "
+                          "SLURM_JOB_NUM_NODES is not set here")
+    return _count(count, "SLURM_JOB_NUM_NODES")
+
+
 def _included(spec: str, visible: list[int]) -> list[int]:
     """The local GPU ids of `--include localhost:0,1` (`localhost` alone: every visible GPU)."""
     hosts = [h for h in spec.split("@") if h]
@@ -310,11 +319,19 @@ def placement(args: list[str], cpu_ranks: int = CPU_RANKS) -> Placement:
     visible ids: DeepSpeed's runner drops CUDA_VISIBLE_DEVICES when given --num_gpus, which would put
     the ranks on GPUs 0..N-1 whatever a scheduler handed out); else every visible GPU, named by
     `--include localhost:IDS` when CUDA_VISIBLE_DEVICES is set; else `cpu_ranks` CPU ranks with the
-    cores split between them. Asking for GPUs where torch sees none (or fewer) is a `DeviceError`."""
+    cores split between them. Several nodes (--hostfile, or --launcher slurm: the allocation's nodes with
+    --num_gpus, the visible GPUs or `cpu_ranks` ranks each): CPU ranks get this host's cores split by
+    the ranks per node, carried to every node. Asking for GPUs where torch sees none (or fewer) is a
+    `DeviceError`."""
     hostfile = launcher_option(args, "--hostfile")
-    if hostfile is not None:
+    device = "cuda" if on_gpu() else "cpu"
+    if hostfile is not None:  # several nodes: the threads every CPU rank gets, the same on every node
         slots = _hostfile_slots(hostfile)
-        return Placement(sum(slots), len(slots), "cuda" if on_gpu() else "cpu")
+        return Placement(sum(slots), len(slots), device, env=_cpu_env(max(slots)) if device == "cpu" else {})
+    if launcher_option(args, "--launcher") == "slurm":
+        nodes, per = _slurm_nodes(), launcher_option(args, "--num_gpus")
+        per = _count(per, "--num_gpus") if per is not None else (len(visible_gpus()) or cpu_ranks)
+        return Placement(nodes * per, nodes, device, env=_cpu_env(per) if device == "cpu" else {})
     visible = visible_gpus()
     include, num = launcher_option(args, "--include"), launcher_option(args, "--num_gpus")
     if include is not None:

@@ -1,24 +1,42 @@
 """`./launch/train.sh [CONFIG] [DeepSpeed launcher args]`: validate the job, then run its ranks under a
-parent that owns them, so that a signal to this one process ends the whole job.
+parent that owns them, so that a signal to this one process ends the whole job, on every node.
 
     train.sh (bash: --help, the .venv set-up) --exec--> python -m video_dit.train.launcher CONFIG [ARGS]
       1. validation and the `prepare:` stages (`video_dit.train.validate`), in this process, then the
          memory plan of the ranks about to start (`deepspeed.memory_check`): exit 2
       2. the ranks (`devices.placement`, which the memory plan of step 1 counts too): every visible
          GPU of this node (named by id under CUDA_VISIBLE_DEVICES, which DeepSpeed's runner would
-         otherwise drop), else 2 CPU ranks with the cores split between them; a user's --hostfile /
-         --num_gpus / --include is passed on (a --num_gpus under CUDA_VISIBLE_DEVICES as --include)
+         otherwise drop), else 2 CPU ranks with the cores split between them; a user's --num_gpus /
+         --include is passed on (a --num_gpus under CUDA_VISIBLE_DEVICES as --include)
       3. the rendezvous port: --master_port if given (refused when in use here), else 29500, or a
          free port when 29500 is taken (logged)
       4. DeepSpeed's runner (`deepspeed.launcher.runner` -> `deepspeed.launcher.launch` -> ranks) in
-         a process group of its own; this process waits for it and exits with its code, or with the
-         code a rank recorded when it ended the job on purpose (`train/outcome.py`)
+         a process group of its own (`parallel/supervise.py`); this process waits for it and exits
+         with its code, or with the code a rank recorded when it ended the job on purpose
+         (`train/outcome.py`)
       5. SIGINT (Ctrl-C), SIGTERM (`kill PID`, `timeout`, a scheduler) or SIGHUP (a closed terminal)
-         to this process: the group is killed at once and one line says after which step the run
-         stopped, its last complete checkpoint and how to resume; exit 128 + the signal.
-      6. SIGKILL of this process, which no handler sees: a watchdog child blocks reading a pipe
-         whose only writer is this process; the kernel closes it when this process dies, and the
-         watchdog then kills the group.
+         to this process: the group is killed at once; SIGKILL of this process, which no handler
+         sees: a watchdog child kills the group (`Supervisor`)
+      6. every end but success prints one line: what ended it, after which step, the last complete
+         checkpoint and how to resume; exit 128 + the signal, or the job's code
+
+Several nodes (`--hostfile FILE`, DeepSpeed's hostfile; or `--launcher slurm` inside a Slurm
+allocation), `run_nodes`:
+      0. the hosts (`parallel/nodes.py`: DeepSpeed's hostfile rules, or the allocation's nodes)
+      1. the pre-flight (`parallel/preflight.py`), before validation and before any rank: every node
+         reachable, the same checkout, interpreter and packages, the comm op, the shared training
+         folder, the rendezvous address and each node's interface; exit 2 in seconds naming the
+         host, what is missing and how to fix it
+      2. validation and the memory plan as on one host
+      3. one node agent per node (`parallel/node.py`; over ssh, or one srun), each given the job's spec
+         on stdin: the environment every rank gets (`nodes.carried_env`: threads, extensions folder,
+         the job's variables, plus the node's GLOO/NCCL_SOCKET_IFNAME), then DeepSpeed's per-node
+         launcher in a process group of its own; output relayed prefixed with the host
+      4. the job ends when every agent has; the first agent to fail (a rank's death on its node, its
+         node unreachable: ssh exits 255 within ~15 s) stops the others
+      5. a signal to this process, or any end but success: every agent's stdin is closed, each kills
+         its own process group (nothing is matched by name), this process returns once they are gone
+         and prints the same one line as on one host. SIGKILL of this process closes the same pipes.
 
 Why: train.sh used to `exec` DeepSpeed's runner, which forwards signals only for multi-node PDSH
 jobs; a `kill` reached the runner alone, and its launcher and ranks trained on to the end (holding
@@ -28,59 +46,45 @@ foreground group) printed a KeyboardInterrupt traceback per rank. Here the ranks
 terminal's foreground group, and the group is killed with SIGKILL: no rank prints anything, and
 nothing is lost that a kill at any other moment would not lose (every checkpoint, export and cache
 entry is written to a temporary name and renamed, so the last complete checkpoint stays intact).
-A multi-node job (--hostfile) first gets SIGINT on DeepSpeed's runner, whose PDSH handler stops the
-remote ranks, and up to `GRACE_S` seconds before the local group is killed.
+On several nodes DeepSpeed's pdsh runner stopped remote ranks with a `pkill -f` pattern that also
+killed other jobs (`parallel/nodes.py` says why we start the nodes ourselves).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from video_dit.data import DataError
-from video_dit.devices import DeviceError, free_port, launcher_option
+from video_dit.devices import CPU_RANKS, DeviceError, free_port, launcher_option, visible_gpus
 from video_dit.devices import placement as rank_placement
+from video_dit.parallel import nodes
+from video_dit.parallel.preflight import PreflightError, check_nodes, describe_exit
+from video_dit.parallel.supervise import SIGNALS, Supervisor
 from video_dit.train import checkpoint as ckpt
 from video_dit.train import outcome
+from video_dit.train.config import parse_job, read_yaml
 from video_dit.train.validate import memory_check, summary_line, validate_file
 from video_dit.typed_config import ConfigError
 
+__all__ = ["Supervisor", "main"]  # Supervisor lives in parallel/supervise.py; tests start it from here
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_PORT = 29500  # DeepSpeed's (and torch.distributed's) default rendezvous port
-GRACE_S = 10.0        # multi-node: how long DeepSpeed's runner gets to stop the remote ranks
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-# The watchdog: started with SIGINT/SIGTERM/SIGHUP ignored (dispositions survive exec), it reads its
-# stdin until EOF, i.e. until the launcher is gone, then kills the ranks' process group.
-WATCHDOG = r"""
-import os, signal, sys, time
-pgid, runner, grace = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-sys.stdin.buffer.read()
-def alive():
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-if grace > 0 and alive():
-    try:
-        os.kill(runner, signal.SIGINT)
-    except ProcessLookupError:
-        pass
-    end = time.monotonic() + grace
-    while alive() and time.monotonic() < end:
-        time.sleep(0.1)
-try:
-    os.killpg(pgid, signal.SIGKILL)
-except ProcessLookupError:
-    pass
-"""
+# DeepSpeed runner options a multi-node launch takes: those the launcher reads itself, and those passed
+# on to DeepSpeed's per-node launcher (`deepspeed.launcher.launch`) on every node
+NODES_OPTIONS = {"--hostfile", "--include", "--exclude", "--num_nodes", "--num_gpus", "--master_addr",
+                 "--master_port", "--ssh_port", "--launcher"}
+NODES_FLAGS = {"--no_ssh_check", "--force_multi"}  # accepted, nothing to do: the pre-flight checks ssh
+PASSED_OPTIONS = {"--enable_each_rank_log", "--bind_core_list", "--log_level"}
+PASSED_FLAGS = {"--bind_cores_to_rank", "--quiet", "-q"}
 
 
 def port_in_use(port: int) -> bool:
@@ -149,74 +153,18 @@ def last_step(out_dir: Path) -> int:
 
 def interrupted_line(sig: int, job) -> str:
     """One line for a run stopped by `sig`: after which step, its last checkpoint, how to resume."""
-    name = signal.Signals(sig).name
-    return (f"[video_dit] interrupted ({name}) after step {last_step(job.out_dir)} of {job.process.train.steps}; "
+    return ended_line(f"interrupted ({signal.Signals(sig).name})", job)
+
+
+def ended_line(what: str, job) -> str:
+    """The one line every end but success prints: `what` ended it, after which step, its last complete
+    checkpoint, how to resume."""
+    return (f"[video_dit] {what} after step {last_step(job.out_dir)} of {job.process.train.steps}; "
             f"{ckpt.resume_hint(job.out_dir / 'checkpoints')}")
 
 
-class Supervisor:
-    """Runs `cmd` in a process group of its own and makes sure that group ends when this process does
-    (see the module docstring, steps 4-6). `grace_s` > 0 (multi-node): SIGINT to the runner first."""
-
-    def __init__(self, cmd: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None,
-                 grace_s: float = 0.0):
-        self.cmd, self.env, self.cwd, self.grace_s = cmd, env, cwd, grace_s
-        self.signal: int | None = None
-        self.proc: subprocess.Popen | None = None
-        self.watchdog: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
-        self.proc = subprocess.Popen(self.cmd, env=self.env, cwd=self.cwd, **group)
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in SIGNALS}  # inherited by the watchdog
-        try:
-            self.watchdog = subprocess.Popen(
-                [sys.executable, "-c", WATCHDOG, str(self.proc.pid), str(self.proc.pid), str(self.grace_s)],
-                stdin=subprocess.PIPE, close_fds=True)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        for s in SIGNALS:
-            signal.signal(s, self._on_signal)
-
-    def _on_signal(self, signum, frame) -> None:
-        if self.signal is None:
-            self.signal = signum
-            self.stop()
-
-    def stop(self) -> None:
-        """End the group: SIGINT to the runner and a grace period (multi-node), then SIGKILL."""
-        pgid = self.proc.pid
-        if self.grace_s > 0 and self._alive(pgid):
-            try:
-                self.proc.send_signal(signal.SIGINT)
-            except ProcessLookupError:
-                pass
-            end = time.monotonic() + self.grace_s
-            while self._alive(pgid) and time.monotonic() < end:
-                time.sleep(0.1)
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    @staticmethod
-    def _alive(pgid: int) -> bool:
-        try:
-            os.killpg(pgid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def wait(self) -> int:
-        """The runner's exit code, or 128 + the signal this process got; the group is gone after it."""
-        code = self.proc.wait()
-        self.stop()  # whatever the runner left behind (nothing, normally)
-        self.watchdog.stdin.close()  # the watchdog finds nothing left and exits
-        self.watchdog.wait()
-        for s in SIGNALS:
-            signal.signal(s, signal.SIG_DFL)
-        return 128 + self.signal if self.signal is not None else code
+def is_multinode(args: list[str]) -> bool:
+    return launcher_option(args, "--hostfile") is not None or launcher_option(args, "--launcher") is not None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,6 +179,35 @@ def main(argv: list[str] | None = None) -> int:
     except DeviceError as exc:
         log(f"[video_dit] error: {exc}")
         return 2
+    if is_multinode(argv):
+        return run_nodes(config, argv, place, log)
+    job = validated(config, argv, place, log)
+    if isinstance(job, int):
+        return job
+    try:  # 3.
+        args, _ = choose_port(argv, log=log)
+    except PortInUse as exc:
+        log(f"[video_dit] error: {exc}")
+        return 2
+    env = dict(os.environ, **place.env, PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *place.runner(args),
+           str(ROOT / "launch" / "train.py"), "--config", config]
+    outcome.clear(job.out_dir)
+    sup = Supervisor(cmd, env=env, cwd=ROOT)
+    sup.start()  # 4.-5.
+    code = sup.wait()
+    if sup.signal is not None:
+        log(f"\n{interrupted_line(sup.signal, job)}")
+        return code
+    if code != 0:  # 6.
+        code = outcome.recorded(job.out_dir) or code  # the rank that ended the job said why (train/outcome.py)
+        log(f"\n{ended_line(f'ended ({describe_exit(code)})', job)}")
+    return code
+
+
+def validated(config: str, argv: list[str], place, log):
+    """The validated job (prepare: stages run, the memory plan of `place`'s ranks printed and applied),
+    or the exit code: 2 naming the key, 130 when interrupted."""
     try:  # 1. before any rank: a bad job exits 2 naming the key
         job = validate_file(config, do_prepare=True, log=log)
         job.for_ranks(place.ranks)  # train.global_batch_size splits over the ranks about to start
@@ -244,23 +221,137 @@ def main(argv: list[str] | None = None) -> int:
     log(summary_line(config, job))
     if place.note:
         log(f"[video_dit] {place.note}")
-    try:  # 3.
-        args, _ = choose_port(argv, log=log)
-    except PortInUse as exc:
+    return job
+
+
+def node_options(argv: list[str]) -> list[str]:
+    """The user's options that DeepSpeed's per-node launcher takes, to pass on; `DeviceError` for a
+    runner option a multi-node launch does not support."""
+    passed, i = [], 0
+    while i < len(argv):
+        name, _, value = argv[i].partition("=")
+        takes_value = name in NODES_OPTIONS or name in PASSED_OPTIONS
+        if takes_value and not value:
+            if i + 1 >= len(argv):
+                raise DeviceError(f"{name} needs a value")
+            value = argv[i + 1]
+            i += 1
+        if name == "--launcher" and value not in ("pdsh", "ssh", "slurm"):
+            raise DeviceError(f"--launcher {value}: the nodes are started over ssh (the default) or srun "
+                              "(--launcher slurm); accepted: ssh, slurm")
+        if name in PASSED_OPTIONS:
+            passed.append(f"{name}={value}")
+        elif name in PASSED_FLAGS:
+            passed.append(name)
+        elif name not in NODES_OPTIONS and name not in NODES_FLAGS:
+            raise DeviceError(f"{argv[i]}: not an option of a multi-node launch; accepted: "
+                              f"{', '.join(sorted(NODES_OPTIONS | NODES_FLAGS | PASSED_OPTIONS | PASSED_FLAGS))}")
+        i += 1
+    return passed
+
+
+@dataclass
+class NodesReady:
+    """What a multi-node launch's pre-flight found: the hosts, how to reach them, the rendezvous
+    (address, port), each host's interface variables, the options for DeepSpeed's per-node launcher."""
+
+    hosts: nodes.Hosts
+    transport: object
+    master_addr: str
+    port: int
+    interfaces: dict
+    passed: list
+    place: object
+
+
+def preflight_nodes(config: str, argv: list[str], place, log) -> NodesReady | int:
+    """Steps 0 and 1 of "Several nodes" (module docstring): the hosts, then the pre-flight of every node.
+    Returns what it found, or exit code 2 (the reason logged: a bad option or hostfile, a problem on a
+    node naming the host and the fix)."""
+    slurm = launcher_option(argv, "--launcher") == "slurm"
+    try:  # 0. the hosts
+        passed = node_options(argv)
+        hosts = nodes.job_hosts(argv, local_slots=len(visible_gpus()) or CPU_RANKS)
+        first = parse_job(read_yaml(config), config)  # its training folder, for the pre-flight
+    except DeviceError as exc:
         log(f"[video_dit] error: {exc}")
         return 2
-    env = dict(os.environ, **place.env, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", *place.runner(args),
-           str(ROOT / "launch" / "train.py"), "--config", config]
-    multi_node = launcher_option(argv, "--hostfile") is not None
+    except ConfigError as exc:
+        log(f"config error in {config}: {exc}")
+        return 2
+    transport = nodes.Srun() if slurm else nodes.Ssh(port=launcher_option(argv, "--ssh_port"))
+    master_addr = launcher_option(argv, "--master_addr") or hosts.names[0]
+    given_port = launcher_option(argv, "--master_port")
+    log(f"[video_dit] pre-flight: {len(hosts.names)} nodes ({', '.join(hosts.names)}, from {hosts.source}) over "
+        f"{'srun' if slurm else 'ssh'}, rendezvous {master_addr}")
+    start = time.monotonic()
+    try:  # 1.
+        interfaces, port, notes = check_nodes(
+            transport, hosts.names, root=str(ROOT), python=sys.executable, master_addr=master_addr,
+            port=int(given_port or DEFAULT_PORT), port_given=given_port is not None, folder=first.out_dir,
+            ext=nodes.comm_op(place.device, os.environ))
+    except PreflightError as exc:
+        log("[video_dit] pre-flight failed, no rank started:\n  " + "\n  ".join(str(exc).splitlines()))
+        return 2
+    except KeyboardInterrupt:
+        log("[video_dit] interrupted during the pre-flight, before any rank started")
+        return 128 + signal.SIGINT
+    for note in notes:
+        log(f"[video_dit] {note}")
+    log(f"[video_dit] pre-flight: every node OK in {time.monotonic() - start:.1f} s; interfaces "
+        + ", ".join(f"{h} {e.get('GLOO_SOCKET_IFNAME', 'as set')}" for h, e in interfaces.items()))
+    return NodesReady(hosts, transport, master_addr, port, interfaces, passed,
+                      replace(place, ranks=hosts.ranks, nodes=len(hosts.names)))
+
+
+def run_nodes(config: str, argv: list[str], place, log) -> int:
+    """A job on several nodes (module docstring, "Several nodes"): pre-flight, validation, one node
+    agent per node, the end. Returns the exit code."""
+    ready = preflight_nodes(config, argv, place, log)  # 0.-1.
+    if isinstance(ready, int):
+        return ready
+    hosts, transport, master_addr, port, place = (ready.hosts, ready.transport, ready.master_addr, ready.port,
+                                                  ready.place)
+    job = validated(config, argv, place, log)  # 2.
+    if isinstance(job, int):
+        return job
+    tag = f"{job.name}-{secrets.token_hex(4)}"
+    env = nodes.carried_env(os.environ, place.env, ROOT)  # 3.
+    launch = [sys.executable, "-u", "-m", "deepspeed.launcher.launch",
+              f"--world_info={nodes.world_info(hosts.slots)}", f"--master_addr={master_addr}",
+              f"--master_port={port}", *ready.passed]
+    script = [str(ROOT / "launch" / "train.py"), "--config", str(Path(config).resolve())]
+    spec = {"tag": tag, "hosts": hosts.names, "env": env, "node_env": ready.interfaces, "launch": launch,
+            "script": script, "cwd": str(ROOT)}
+    specs = [{**spec, "node": i} for i in range(len(hosts.names))] if transport.per_host else [spec]
+    log(f"[video_dit] job {tag}: {hosts.ranks} ranks on {len(hosts.names)} nodes; every rank gets "
+        + ", ".join(f"{k}={env[k]}" for k in ("OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR") if k in env)
+        + f" and {len(env)} carried variables in all")
     outcome.clear(job.out_dir)
-    sup = Supervisor(cmd, env=env, cwd=ROOT, grace_s=GRACE_S if multi_node else 0.0)
-    sup.start()  # 4.-6.
-    code = sup.wait()
-    if code != 0 and sup.signal is None and outcome.recorded(job.out_dir) is not None:
-        code = outcome.recorded(job.out_dir)  # the rank that ended the job said why (train/outcome.py)
-    if sup.signal is not None:
-        log(f"\n{interrupted_line(sup.signal, job)}")
+    run = nodes.NodeRun(transport, hosts.names, nodes.agent_command(str(ROOT), sys.executable), specs)
+    got = []
+
+    def on_signal(signum, frame):
+        if not got:
+            got.append(signum)
+            run.stop()  # 5. every agent kills its own ranks; returns once they are gone
+
+    previous = {s: signal.signal(s, on_signal) for s in SIGNALS}
+    try:
+        run.start()
+        if got:  # a signal while the agents were being started: stop those started after it too
+            run.stop()
+        code = run.wait()  # 4.
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if got:
+        log(f"\n{interrupted_line(got[0], job)}")
+        return 128 + got[0]
+    if code != 0:
+        code = outcome.recorded(job.out_dir) or code
+        what = "; ".join(f"{host}: {why}" for host, why in run.failures)
+        log(f"\n{ended_line(f'ended ({what})', job)}")
     return code
 
 
