@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from video_dit.models.causal_conv import DiagonalGaussian
+from video_dit.models.causal_conv import DiagonalGaussian, FirstFrameKept
 from video_dit.models.common import initialize_by_name
 
 
 @dataclass(frozen=True)
-class StandinVAEConfig:
-    """`z_dim`, `spatial_compression`, `temporal_compression` are the contract's `VAEShape`."""
+class StandinVAEConfig(FirstFrameKept):
+    """`z_dim`, `spatial_compression` and the frame rule (`FirstFrameKept`: t k + 1) are the contract's `VAEShape`."""
 
     z_dim: int = 4
     spatial_compression: int = 8
