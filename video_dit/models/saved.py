@@ -39,9 +39,10 @@ def dit_folder(folder: str | os.PathLike, expert: str | None) -> Path:
 
 
 def write_dit(folder: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor]], config, metadata: dict,
-              shard_bytes: int = SHARD_BYTES) -> Path:
+              shard_bytes: int = SHARD_BYTES, config_json=asdict) -> Path:
     """One DiT's weights (`items`: (native name, CPU tensor at the dtype it is stored in), any order) as
-    safetensors shards of at most `shard_bytes` + their index + `config.json` in `folder` (created)."""
+    safetensors shards of at most `shard_bytes` + their index + `config.json` (`config_json(config)`: the
+    family's `Family.config_json`, what its `dit_config` reads back) in `folder` (created)."""
     from safetensors.torch import save_file
 
     folder = Path(folder)
@@ -64,7 +65,7 @@ def write_dit(folder: str | os.PathLike, items: Iterable[tuple[str, torch.Tensor
     total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
     (folder / WEIGHTS_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
                                                    indent=1))
-    (folder / "config.json").write_text(json.dumps(asdict(config), indent=1))  # tuples become lists
+    (folder / "config.json").write_text(json.dumps(config_json(config), indent=1))  # tuples become lists
     return folder
 
 
@@ -77,11 +78,13 @@ def stored_state(dit: torch.nn.Module, dtype: torch.dtype, storage) -> Iterable[
             yield key, value.detach().to("cpu", dtypes.get(key, dtype), copy=True)
 
 
-def write_model(folder: str | os.PathLike, dits: dict, dtype: torch.dtype, storage, metadata: dict,
+def write_model(folder: str | os.PathLike, dits: dict, dtype: torch.dtype, family, metadata: dict,
                 sources: dict) -> Path:
     """A whole saved model from DiTs in memory (`dits`: {None: dit} or {expert: dit} of a two-expert model;
-    the ai-toolkit arch's save): each one's weights (`write_dit`) in its place (`dit_folder`), and the sources."""
+    the ai-toolkit arch's save) of `family` (its float32 islands, its config.json): each one's weights
+    (`write_dit`) in its place (`dit_folder`), and the sources."""
     for expert, dit in dits.items():
-        write_dit(dit_folder(folder, expert), stored_state(dit, dtype, storage), dit.config, metadata)
+        write_dit(dit_folder(folder, expert), stored_state(dit, dtype, family.arch.param_dtypes), dit.config,
+                  metadata, config_json=family.config_json)
     write_sources(folder, sources)
     return Path(folder)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -67,12 +68,13 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage):
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
-                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, *, storage) -> Path | None:
+                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, *, storage,
+                config_json=asdict) -> Path | None:
     """One DiT's folder of a saved model (`video_dit.models.saved`: sharded native safetensors + index +
     config.json) in `folder` (rank 0 writes, through `<folder>.tmp` and a rename); every rank must call.
     `sources` (preset, VAE, text encoder, the previews' sampling settings) goes to `video_dit_sources.json`
     beside them, so `video-dit sample --model FOLDER` needs no other flag. `storage`: the family's
-    `param_dtypes` (`DiTArch.param_dtypes`)."""
+    `param_dtypes` (`DiTArch.param_dtypes`); `config_json`: its `Family.config_json`."""
     rank0 = dist.get_rank() == 0
     tmp = folder.with_name(folder.name + ".tmp")
     if rank0:
@@ -82,7 +84,7 @@ def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metad
         for _ in items:
             pass
         return None
-    write_dit(tmp, items, module.config, metadata, shard_bytes)
+    write_dit(tmp, items, module.config, metadata, shard_bytes, config_json=config_json)
     if sources is not None:
         write_sources(tmp, sources)
     if folder.exists():

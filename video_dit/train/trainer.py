@@ -730,7 +730,7 @@ class Trainer:
             else:  # one model: its sources beside its weights; two experts: beside both expert folders
                 out = export.export_full(e.module, self.zero_stage, dit_folder(folder, expert), dtype, meta_e,
                                          sources=None if expert else self._sources(),
-                                         storage=self.family.arch.param_dtypes)
+                                         storage=self.family.arch.param_dtypes, config_json=self.family.config_json)
         if self.rank0:
             if p.network is None:
                 if self.expert_plan is not None:
