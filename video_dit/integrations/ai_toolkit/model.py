@@ -749,6 +749,6 @@ class VideoDiTModel(BaseModel):
         `plain_meta`), which ai-toolkit's resume reads. ai-toolkit names the folder `<name>_<step>.safetensors`."""
         model = getattr(self.model, "module", self.model)
         dits = {e: model.expert(e) for e in EXPERTS} if isinstance(model, TwoExperts) else {None: model}
-        write_model(output_path, dits, save_dtype, self.family.arch.param_dtypes, {"format": "pt"}, self.sources)
+        write_model(output_path, dits, save_dtype, self.family, {"format": "pt"}, self.sources)
         with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:
             yaml.safe_dump(plain_meta(meta), f)
