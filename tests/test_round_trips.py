@@ -35,6 +35,7 @@ import pytest
 import ranks
 import torch
 import torch.nn.functional as F
+import yaml
 from safetensors.torch import load_file, save_file
 
 from video_dit.cli import main as cli_main
@@ -101,7 +102,9 @@ def _our_job(root: Path, cell: str, *, lora: bool, steps: int, base: str | None 
                                     datasets=[_dataset(root, cell)], train={"warmup_steps": 0})
     if not lora:
         process.pop("network", None)
-    return helpers.write_job(root, name, process)
+    path = root / f"{name}_{steps}.yaml"  # a resume: the same job name, its own file
+    path.write_text(yaml.safe_dump({"job": "extension", "config": {"name": name, "process": [process]}}))
+    return path
 
 
 def _export(root: Path, name: str) -> Path:
@@ -133,10 +136,10 @@ def world(root, request):
     jobs = []
     for cell in cells:
         jobs += [{"config": str(_our_job(root, cell, lora=False, steps=2)), "resume": "none"}]
-        jobs += [{"config": str(_our_job(root, cell, lora=False, steps=3)), "resume": "auto", "dump": True}]
+        jobs += [{"config": str(_our_job(root, cell, lora=False, steps=3)), "resume": "auto", "dump": "params"}]
         base = str(_step_export(root, f"ft_{cell}", 2))
         jobs += [{"config": str(_our_job(root, cell, lora=True, steps=2, base=base)), "resume": "none"}]
-        jobs += [{"config": str(_our_job(root, cell, lora=True, steps=3, base=base)), "resume": "auto", "dump": True}]
+        jobs += [{"config": str(_our_job(root, cell, lora=True, steps=3, base=base)), "resume": "auto", "dump": "params"}]
     _, _, seconds = ranks.run_jobs(root, jobs, timeout=1200)
     print(f"round trips: our trainer's launch {seconds:.1f} s, {len(jobs)} jobs ({', '.join(cells)})")
     return root
@@ -346,6 +349,7 @@ def test_our_full_fine_tune_round_trips(cell, world, aitk, tmp_path, monkeypatch
     final = _saved_dits(_export(world, name).resolve())
     for expert, weights in final.items():
         _assert_same(dits[expert].state_dict(), weights, f"{cell} sample --model")
+        assert dits[expert].config == get_preset(preset).dit, f"{cell}: config.json read back as another DiT"
     assert out.stat().st_size > 0
     # the other trainer: the arch with name_or_path the export
     if _aitk_cell(cell):
@@ -416,6 +420,7 @@ def test_arch_full_fine_tune_round_trips(cell, arch, aitk, root, tmp_path, monke
     dits, out = _sampled(["--model", str(folder), *_render(cell, root, tmp_path / "a.mp4")], tmp_path, monkeypatch)
     for expert, weights in state.items():
         _assert_same(dits[expert].state_dict(), weights, f"{cell} sample --model (arch)")
+        assert dits[expert].config == get_preset(preset).dit, f"{cell}: config.json read back as another DiT"
     again = _arch(aitk, str(folder), preset)  # ai-toolkit's resume: name_or_path = the latest save
     loaded = {e: again.model.expert(e) for e in EXPERTS} if isinstance(again.model, TwoExperts) else {None: again.model}
     for expert, weights in state.items():
