@@ -11,6 +11,7 @@ runs a list of trainer jobs as one rank of such a launch.
     nan       {"rank", "calls", "from_call"}: the k-th losses on that rank made non-finite
     record    every trained batch's dataset indices -> items_rank<r>.jsonl ([step, rank, indices])
     dump      the full trainable state after a resume and after each save -> state_<tag>_<step>.safetensors
+              ("params": the parameters without Adam's moments, which a tensor without a gradient lacks)
     init      the trainable parameters as built, before any step (full tensors) -> init.safetensors
     stop_at   stop after this step (the LR schedule keeps the configured length)
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
@@ -124,9 +125,9 @@ def result(out_dir: Path, rank: int = 0) -> dict:
 
 # ---------------------------------------------------------------- the worker (one rank)
 
-def full_state(trainer) -> dict:
+def full_state(trainer, moments: bool = True) -> dict:
     """The trainable state as full tensors, whatever the ZeRO partitioning: fp32 params and Adam moments
-    (collective under ZeRO; every rank calls), plus the step and the LR scheduler's position (each
+    (`moments`; collective under ZeRO; every rank calls), plus the step and the LR scheduler's position (each
     expert's, keys prefixed `<expert>/`, in a two-expert job)."""
     import torch
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
@@ -138,7 +139,7 @@ def full_state(trainer) -> dict:
             if not p.requires_grad:
                 continue
             out[f"{pre}param/{name}"] = safe_get_full_fp32_param(p).detach().cpu().clone()
-            for key in ("exp_avg", "exp_avg_sq") if e.scheduler.last_epoch > 0 else ():  # none before its 1st step
+            for key in ("exp_avg", "exp_avg_sq") if moments and e.scheduler.last_epoch > 0 else ():  # none before step 1
                 out[f"{pre}{key}/{name}"] = safe_get_full_optimizer_state(p, key).detach().cpu().clone()
         out[f"{pre}lr_step"] = torch.tensor(e.scheduler.last_epoch)
     out["step"] = torch.tensor(trainer.step)
@@ -186,11 +187,11 @@ def _record(trainer, out: Path):
     return record
 
 
-def _dump(trainer, out: Path) -> None:
+def _dump(trainer, out: Path, moments: bool = True) -> None:
     from safetensors.torch import save_file
 
     def dump(tag):
-        state = full_state(trainer)
+        state = full_state(trainer, moments)
         if trainer.rank == 0:
             save_file(state, str(out / f"state_{tag}_{trainer.step}.safetensors"))
 
@@ -294,7 +295,7 @@ def worker(spec_path: str) -> int:
         if item.get("init"):
             _save_init(trainer, out)
         if item.get("dump"):
-            _dump(trainer, out)
+            _dump(trainer, out, moments=item["dump"] != "params")
         if item.get("stop_at"):
             trainer.p.train.steps = item["stop_at"]
         code = 0

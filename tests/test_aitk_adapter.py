@@ -569,10 +569,15 @@ def test_lora_on_a_random_preset_is_refused_when_ai_toolkit_attaches_its_network
     assert ours_in_their_keys == theirs
     with pytest.raises(ConfigError, match=r"^network\.type: 'lokr': .*accepted: lora"):  # accelerate wraps it
         model.network = types.SimpleNamespace(module=types.SimpleNamespace(network_type="lokr"))
+    from toolkit.lora_special import LoRASpecialNetwork
+
     trained = build(aitk, name_or_path=str(helpers.write_base(tmp_path / "base.safetensors")),
                     model_kwargs={"preset": "tiny"})
-    trained.network = lora
-    assert trained.network is lora
+    trained.load_model()
+    net = LoRASpecialNetwork(trained.model, lora_dim=4, base_model=trained,
+                             target_lin_modules=trained.target_lora_modules)
+    trained.network = net
+    assert trained.network is net
 
 
 def _their_files(folder, **dataset) -> list[str]:

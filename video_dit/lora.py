@@ -11,8 +11,17 @@ targeted `nn.Linear` gains `lora_A` / `lora_B`), on the modules a family's regex
 with string metadata (`format`, `base_preset`, `rank`, `alpha`, `step`, ...). Each family's parameter
 names are its original checkpoint names, so a native module path maps to ComfyUI's `diffusion_model.`
 path (`to_comfy`); a family whose ComfyUI keys differ (HunyuanVideo 1.5's fused q / k / v) converts
-both ways (`Family.lora_to_comfy`, `Family.lora_from_file`). Loading a file adds adapters on exactly the
-modules it holds (`load_lora`), whichever targets it was trained with.
+both ways (`Family.lora_to_comfy`, `Family.lora_from_file`).
+
+What a LoRA may target, one definition per family for both trainers, `video-dit sample`, resume and ComfyUI:
+any `nn.Linear` of its DiT whose adapter the family's file keys write and read back unchanged
+(`check_targets`: `Family.lora_to_comfy` then `Family.lora_from_file`; HunyuanVideo 1.5's fused q / k / v need
+all three of a stream). Our trainer's `network` block adapts the family's default set (`Family.lora_targets`),
+ai-toolkit's network whatever its options pick (every Linear of the blocks by default, `Family.arch.block_list`;
+`transformer_only: false` every Linear of the DiT), each checked by `check_targets` before a step. Loading a
+file adds adapters on exactly the modules it holds (`load_lora`), whichever target set it was trained with; a
+file starting our trainer's LoRA (`network.pretrained_lora_path`) adds its modules to the job's
+(`start_from`).
 """
 
 from __future__ import annotations
@@ -154,6 +163,52 @@ def _strip(key: str) -> str:
         if key.startswith(prefix):
             return key[len(prefix):]
     return key
+
+
+def check_targets(modules, to_comfy=to_comfy, from_file=None, where: str = "LoRA") -> None:
+    """Whether a LoRA on the native `modules` (Linear module names) can be written in the family's file keys
+    (`to_comfy`: `Family.lora_to_comfy`) and read back onto the same modules (`from_file`:
+    `Family.lora_from_file`); a `ValueError` naming `where` and what the file keys cannot hold otherwise."""
+    native = {}
+    if not modules:
+        return
+    for m in modules:
+        native[f"{m}.lora_A.weight"], native[f"{m}.lora_B.weight"] = torch.ones(1, 1), torch.ones(1, 1)
+    try:
+        back, _, _ = from_comfy(to_comfy(native, 1.0), where, from_file)
+    except (ValueError, KeyError, WeightsError) as exc:
+        raise ValueError(f"{where}: a LoRA file cannot hold adapters on these modules: {exc}") from exc
+    if set(back) != set(native):
+        lost = sorted({k.rsplit(".", 2)[0] for k in set(native) ^ set(back)})
+        raise ValueError(f"{where}: the family's LoRA file keys do not read back onto the same modules: "
+                         f"{', '.join(lost[:6])}")
+
+
+def start_from(path, model: nn.Module, rank: int, alpha: float, targets: str, from_file=None,
+               key: str = "network.pretrained_lora_path", dropout: float = 0.0) -> nn.Module:
+    """Adapters of rank `rank`, alpha `alpha` on the `targets` regex's modules and every module the LoRA file
+    `path` holds (whatever targets it was trained with), those of the file starting from its update (its
+    lora_B rescaled by its alpha / `alpha`: the same B A alpha / rank); the others from peft's init. A file of
+    another rank, or with modules `model` lacks, is a `WeightsError` naming `key`, the file and the keys."""
+    native, file_alpha, file_rank, _ = read_lora(path, from_file)
+    if file_rank != rank:
+        raise WeightsError(f"{key}: {path} has rank {file_rank}, the job's network.linear is {rank}; accepted: "
+                           f"network.linear: {file_rank}")
+    modules = sorted({k.rsplit(".", 2)[0] for k in native})
+    linears = {name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    absent = [m for m in modules if m not in linears]
+    if absent:
+        raise WeightsError(f"{key}: {path} holds LoRA on {len(absent)} modules this model does not have: "
+                           f"{', '.join(absent[:6])}")
+    add_lora(model, rank, alpha, targets="|".join([f"({targets})", *(re.escape(m) for m in modules)]),
+             dropout=dropout)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in native.items():
+            module, kind = name.rsplit(".", 2)[0], name.rsplit(".", 2)[1]
+            value = value.float() * (file_alpha / alpha) if kind == "lora_B" else value
+            params[f"{module}.{kind}.default.weight"].copy_(value)
+    return model
 
 
 def load_lora(path, model: nn.Module, from_file=None) -> nn.Module:

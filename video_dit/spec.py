@@ -34,7 +34,15 @@ from pathlib import Path
 
 from video_dit.diffusion.experts import EXPERTS, check_boundary
 from video_dit.families import PRESETS, Family, Preset, UnknownFamily, family_of, get_family, get_preset, identify
-from video_dit.models.layouts import expert_seed, expert_sources, folder_boundary, preset_name, read_sources
+from video_dit.models.layouts import (
+    expert_seed,
+    expert_sources,
+    folder_boundary,
+    portable,
+    preset_name,
+    read_sources,
+    recorded_path,
+)
 from video_dit.models.weights import WeightsError
 from video_dit.typed_config import ConfigError
 
@@ -168,8 +176,8 @@ class ModelSpec:
         name = preset_name(self.dit)
         if name is not None:
             return get_preset(name).dit
-        try:
-            return self.family.dit_config(self.dit)
+        try:  # a two-expert folder: its experts share one architecture; the first one's files say it
+            return self.family.dit_config(_one_dit(self.dit, self.keys))
         except WeightsError as exc:
             raise self.keys.error(self.keys.model, self.dit, str(exc)) from exc
 
@@ -191,17 +199,17 @@ class ModelSpec:
         """A first-last-frame model: one that needs the last frame too (`Family.last_frame`)."""
         return self.family.last_frame(self.dit_shape, self.i2v_mode) == "required"
 
-    def sources(self, absolute: bool = True) -> dict:
-        """What an export records beside its weights (`video_dit_sources.json`), paths made absolute."""
+    def sources(self) -> dict:
+        """What a full fine-tune records beside its weights (`video_dit_sources.json`), whichever trainer wrote
+        it: every path resolved absolute (`layouts.portable`), so the folder samples from any directory."""
         def where(src):
-            return src if preset_name(src) is not None or not absolute else str(Path(src).absolute())
+            return src if preset_name(src) is not None else portable(src)
         out = {"preset": self.preset.name if self.preset else None, "vae": where(self.vae), "text_encoder": where(self.text_encoder)}
         if self.image_encoder is not None:
             out["image_encoder"] = where(self.image_encoder)
         if self.audio is not None:
             out["audio"] = where(self.audio)
         return out
-
 
 
 def check_lora(name_or_path: str, lora: bool, keys: Keys = JOB_KEYS) -> None:
@@ -277,7 +285,7 @@ def _family(req: Request, preset: Preset | None, dit: str, keys: Keys) -> Family
     """The preset's family, else the weights' (`identify`); weights no family claims, or of another family
     than the preset's, are a `ConfigError` naming the key, the file and what is accepted."""
     try:
-        found = identify(dit)
+        found = identify(_one_dit(dit, keys))
     except UnknownFamily as exc:
         raise keys.error(keys.model, req.name_or_path, str(exc)) from exc
     if preset is None:
@@ -380,6 +388,13 @@ def _dit_source(path: Path, keys: Keys) -> str:
     return str(files[0]) if len(files) == 1 else str(path)  # several files: sharded weights, read as a folder
 
 
+def _one_dit(dit: str, keys: Keys) -> str:
+    """The files of one DiT of `dit`: a two-expert folder's first expert's (`EXPERT_FOLDERS`: both trainers save
+    a two-expert full fine-tune as high_noise_model/ + low_noise_model/), else `dit` itself."""
+    found = _experts_of(dit, keys) if preset_name(dit) is None else None
+    return found[EXPERTS[0]] if found is not None else dit
+
+
 def _experts_of(path, keys: Keys):
     try:
         return expert_sources(path)
@@ -388,8 +403,11 @@ def _experts_of(path, keys: Keys):
 
 
 def _recorded_path(req: Request, recorded: dict, part: str, key: str, keys: Keys) -> str | None:
-    """An export's recorded source of `part`, which must still exist here."""
+    """An export's recorded source of `part` (a relative path is relative to the saved folder:
+    `layouts.recorded_path`), which must exist here."""
     src = recorded.get(part)
+    if src is not None and preset_name(src) is None:
+        src = recorded_path(req.name_or_path, src)
     if src is not None and preset_name(src) is None and not Path(src).exists():
         raise keys.error(keys.model, req.name_or_path, f"its video_dit_sources.json names the {part.replace('_', ' ')} "
                                                        f"{src}, which does not exist here; {keys.give} {key}")

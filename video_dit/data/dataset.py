@@ -103,7 +103,9 @@ class DatasetConfig:
     always reads cached tensors, which equal what encoding every step would give, since the VAE's
     posterior mode and the text encoder are deterministic; false is ai-toolkit's default),
     `num_repeats` (each item appears this many times per epoch),
-    `default_caption` (prompt of files without a caption file, instead of the empty prompt).
+    `default_caption` (prompt of files without a caption file, instead of the empty prompt), `trigger_word`
+    (default: the process's; `inject_trigger`: every caption's `[trigger]` / `[name]` become it, and a caption
+    without it gets it prepended, as ai-toolkit's captions; without a trigger word those tokens are removed).
     Accepted for ai-toolkit files, with this meaning here: `cache_latents` (ai-toolkit's in-memory
     latent cache; latents here are always cached on disk and read per step, either value is
     accepted), `buckets` (true: aspect buckets; false: every item center-cropped to one square
@@ -135,6 +137,7 @@ class DatasetConfig:
     cache_text_embeddings: bool = True
     num_repeats: int = 1
     default_caption: str | None = None
+    trigger_word: str | None = None  # (None: the process's `trigger_word`, as ai-toolkit)
     cache_latents: bool | None = None
     buckets: bool = True
     shuffle_tokens: bool = False
@@ -457,6 +460,19 @@ def _probe_sound(path: Path, cfg: DatasetConfig, info: media.VideoInfo, idx: lis
     return ("silent" if audio_mod.is_silent(wave) else "sound"), span
 
 
+def inject_trigger(prompt: str, trigger: str | None, add_if_not_present: bool) -> str:
+    """ai-toolkit's trigger word (toolkit/prompt_utils.py `inject_trigger_into_prompt`, at 27a03a91): `[name]`
+    and `[trigger]` become `trigger` (removed when it is None); when `add_if_not_present` and the prompt does
+    not then hold the word, it is prepended with a space. Captions add it (`FileItemDTO.get_caption`), preview
+    prompts only replace the tokens (BaseSDTrainProcess.sample)."""
+    word = trigger or ""
+    for token in ("[name]", "[trigger]"):
+        prompt = prompt.replace(token, word)
+    if word.strip() and add_if_not_present and word not in prompt:
+        prompt = f"{word} {prompt}"
+    return prompt
+
+
 def list_media(folder: str | os.PathLike, caption_ext: str = "txt", files=None) -> tuple[list[Path], int]:
     """(absolute paths of the videos and images in `folder`, sorted; how many other files there are,
     captions and cache files excluded). The one listing rule of dataset folders, ai-toolkit's
@@ -556,6 +572,7 @@ def scan_dataset(cfg: DatasetConfig, divisibility: int, *, dataset_index: int = 
         if caption is None:
             caption = cfg.default_caption if cfg.default_caption is not None else ""
             missing.append(str(path))
+        caption = inject_trigger(caption, cfg.trigger_word, add_if_not_present=cfg.trigger_word is not None)
         for res, hw, factor in fitted:
             if hw is None:
                 continue

@@ -21,7 +21,7 @@ end without a shared file knowing it.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Protocol, runtime_checkable
 
 
@@ -265,6 +265,10 @@ class Family:
     # trains one of its VAE presets on a folder of clips (the embedded demo's first stage); None: it has none
     vae_stage: Callable | None = None
     audio: AudioPath | None = None  # a DiT that generates sound with the picture (its audio path); None: picture only
+    # (DiT config) -> the dict a saved model folder's config.json holds (`video_dit.models.saved`), which its
+    # `dit_config` reads back: the config dataclass's fields by default, a family whose folders follow another
+    # layout (LTX-2: diffusers' `LTX2VideoTransformer3DModel` config) its own
+    config_json: Callable = asdict
 
     def describe(self) -> str:
         return f"{self.title} (presets: {', '.join(self.presets)})"

@@ -27,8 +27,21 @@ def preset_name(source: str | os.PathLike | None) -> str | None:
 
 
 # Written beside full fine-tune weights (our trainer's exports, the ai-toolkit arch's save_model):
-# {"preset", "vae", "text_encoder"[, "i2v_mode", "sampling"]}, so that the folder loads and samples alone.
+# {"preset", "vae", "text_encoder"[, "image_encoder", "audio", "i2v_mode", "sampling", "trainer"]}, so that the
+# folder loads and samples alone, from any working directory: both trainers record every path absolute
+# (`portable`); a relative path (written by hand, or a folder moved with its parts) is read relative to the
+# saved folder (`recorded_path`).
 SOURCES_FILE = "video_dit_sources.json"
+
+
+def portable(path: str | os.PathLike) -> str:
+    """`path` as a source file records it: absolute (resolved against the working directory it was given in)."""
+    return str(Path(path).absolute())
+
+
+def recorded_path(folder: str | os.PathLike, path: str) -> str:
+    """A path a sources file in `folder` records: as it is when absolute, else relative to `folder`."""
+    return path if Path(path).is_absolute() else str(Path(folder) / path)
 
 
 def read_sources(folder: str | os.PathLike) -> dict:
@@ -50,6 +63,33 @@ def write_sources(folder: str | os.PathLike, sources: dict) -> Path:
     path.write_text(json.dumps(sources, indent=2) + "\n", encoding="utf-8")
     return path
 
+
+
+# What each trainer leaves in a job's folder `<training_folder>/<name>/`, which is ai-toolkit's `save_root` and
+# our trainer's output folder alike: ours, its checkpoints and metrics; ai-toolkit, the copy of the job file it
+# writes at every start (jobs/process/BaseTrainProcess.py `save_training_config`) and its optimizer state.
+# ai-toolkit resumes from any `<name>*` file or folder there (BaseSDTrainProcess.get_latest_save_path), so two
+# trainers on one job file would mix their outputs and resume from each other's: each refuses such a folder.
+TRAINER_FILES = {"video_dit": ("metrics.jsonl", "checkpoints"), "ai-toolkit": ("config.yaml", "optimizer.pt")}
+TRAINER_NAMES = {"video_dit": "video_dit's DeepSpeed trainer", "ai-toolkit": "ai-toolkit (arch: video_dit)"}
+
+
+def trainer_files(folder: str | os.PathLike, trainer: str) -> list[Path]:
+    """The files and folders `trainer` ("video_dit", "ai-toolkit") leaves in a job folder found in `folder`."""
+    return [Path(folder) / n for n in TRAINER_FILES[trainer] if (Path(folder) / n).exists()]
+
+
+def mixed_outputs(folder: str | os.PathLike, trainer: str, also_own: bool = False) -> str | None:
+    """Why `trainer` must not write (or resume) in the job folder `folder`: it holds the other trainer's files
+    (`also_own`: only when it holds `trainer`'s own too, i.e. both have written there). None when it is its own."""
+    other = next(t for t in TRAINER_FILES if t != trainer)
+    theirs = trainer_files(folder, other)
+    if not theirs or (also_own and not trainer_files(folder, trainer)):
+        return None
+    return (f"{folder} holds {TRAINER_NAMES[other]}'s outputs ({', '.join(p.name for p in theirs)}): both trainers "
+            f"write a job's outputs to <training_folder>/<config.name>/, and {TRAINER_NAMES[trainer]} would mix its "
+            "own with them (ai-toolkit resumes from any <name>* file or folder there); give one of the two jobs "
+            "another config.name or training_folder")
 
 
 # Where a two-expert model folder (Wan 2.2 A14B) keeps each expert's weights: diffusers' layout

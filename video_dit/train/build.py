@@ -15,7 +15,8 @@ import os
 import torch
 
 from video_dit.families import family_of
-from video_dit.lora import add_lora
+from video_dit.diffusion.experts import EXPERTS
+from video_dit.lora import add_lora, start_from
 from video_dit.models.layouts import preset_name
 from video_dit.models.weights import check_matches_preset
 from video_dit.parallel.partition import build_partitioned
@@ -54,9 +55,21 @@ def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dt
     return build_partitioned(str(source), preset, dtype, seed, ds_config, config, family.arch)
 
 
-def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family):
+def expert_lora(path: str, expert: str | None) -> str:
+    """The LoRA file of `expert` of a two-expert pair named like `path` (`NAME_high_noise.safetensors` /
+    `NAME_low_noise.safetensors`, the names both trainers export); `path` itself for one model or a file
+    not named for an expert."""
+    for name in EXPERTS:
+        if expert is not None and path.endswith(f"_{name}.safetensors"):
+            return path[: -len(f"_{name}.safetensors")] + f"_{expert}.safetensors"
+    return path
+
+
+def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, expert: str | None = None):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
-    attention backend; LoRA adapters (peft, `network`) or the whole DiT trainable; the storage for
+    attention backend; LoRA adapters (peft, `network`: the family's targets, with `pretrained_lora_path` also
+    the file's modules, started from it; `expert`: a two-expert job's, whose file of a pair it reads) or the
+    whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
     in `dtype`, the float32 islands float32); block checkpointing (`train.gradient_checkpointing`: every
     block, none, the first N, or for "auto" every block until the trainer sets each bucket's choice,
@@ -65,9 +78,13 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family):
     (`train.compile`; last, as torchtitan orders it: checkpointing, then compile). `family`: the
     model family, whose LoRA targets the adapters go on."""
     dit.set_attention_backend(process.model.attention_backend)
-    if process.network is not None:
-        add_lora(dit, process.network.linear, process.network.alpha, dropout=process.network.dropout,
-                 targets=family.lora_targets(process.network.include_img_emb))
+    net = process.network
+    if net is not None and net.pretrained_lora_path:  # a LoRA file to start from: its modules join the job's
+        start_from(expert_lora(net.pretrained_lora_path, expert), dit, net.linear, net.alpha,
+                   family.lora_targets(net.include_img_emb), from_file=family.lora_from_file,
+                   key="config.process[0].network.pretrained_lora_path", dropout=net.dropout)
+    elif net is not None:
+        add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=family.lora_targets(net.include_img_emb))
     else:
         dit.requires_grad_(True)
     cast_for_training(dit, dtype, family.arch)

@@ -21,6 +21,7 @@ Checks that need the file system (dataset folders, control images, output folder
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 import yaml
 
 from video_dit.data import DatasetConfig
+from video_dit.data.dataset import inject_trigger
 from video_dit.families import PRESETS, family_of, get_preset
 from video_dit.models.layouts import preset_name
 from video_dit.parallel.zero import partitioned, shards_optimizer
@@ -47,8 +49,9 @@ from video_dit.typed_config import ConfigError, did_you_mean, parse
 
 # ai-toolkit keys accepted for compatibility that have no effect here (documented, by block).
 IGNORED = {
-    "process": ("device", "logging"),  # ranks use DeepSpeed's accelerator; metrics.jsonl is always written
-    "network": ("transformer_only",),  # LoRA always targets the blocks' attention and FFN Linears
+    "process": ("device",),  # ranks use DeepSpeed's accelerator
+    "logging": ("verbose", "use_ui_logger"),  # ai-toolkit's console detail and its UI's loss database
+    "network": ("transformer_only",),  # LoRA targets the family's default set (`Family.lora_targets`)
     "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
               "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
     "model": ("low_vram",),  # ZeRO offload is the memory lever here
@@ -75,6 +78,9 @@ class NetworkConfig:
     dropout: float = 0.0
     transformer_only: bool = True  # ignored (always the transformer blocks)
     include_img_emb: bool = False
+    # ai-toolkit's key: a LoRA file (either trainer's, ComfyUI's keys) the adapters start from; its modules,
+    # whatever targets it was trained with, are adapted beside the family's (`lora.start_from`)
+    pretrained_lora_path: str | None = None
 
     def validate(self, path: str) -> None:
         if self.linear <= 0:
@@ -83,6 +89,9 @@ class NetworkConfig:
             raise ConfigError(f"{path}.linear_alpha", f"must be > 0, got {self.linear_alpha}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"{path}.dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.pretrained_lora_path is not None and not Path(self.pretrained_lora_path).is_file():
+            raise ConfigError(f"{path}.pretrained_lora_path", f"{self.pretrained_lora_path!r}: no such file; "
+                                                             "accepted: a LoRA .safetensors file")
 
     @property
     def alpha(self) -> float:
@@ -632,6 +641,29 @@ class PrepareConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """`logging` (ai-toolkit's keys, its defaults: toolkit/config_modules.py LoggingConfig at 27a03a91).
+    metrics.jsonl (and TensorBoard, when installed) get every step; with `use_wandb`, Weights & Biases
+    gets what ai-toolkit sends it (toolkit/logging_aitk.py WandbLogger): `learning_rate` and `loss/loss`
+    every `log_every` steps (plus our step's other figures), in project `project_name`, run `run_name`, the
+    job file as the run's config (`metrics.WandbLog`). wandb is not a dependency: `pip install wandb`."""
+
+    log_every: int = 100
+    verbose: bool = False
+    use_wandb: bool = False
+    use_ui_logger: bool = False
+    project_name: str = "ai-toolkit"
+    run_name: str | None = None
+
+    def validate(self, path: str) -> None:
+        if self.log_every < 1:
+            raise ConfigError(f"{path}.log_every", f"must be >= 1, got {self.log_every}")
+        if self.use_wandb and importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"{path}.use_wandb", "true needs Weights & Biases, which is not installed here: "
+                                                   "pip install wandb (or set use_wandb: false)")
+
+
+@dataclass
 class ProcessConfig:
     type: Literal["sd_trainer"] = "sd_trainer"
     training_folder: str = "output"
@@ -645,14 +677,12 @@ class ProcessConfig:
     sample: SampleConfig | None = None
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     prepare: PrepareConfig | None = None
-    logging: dict | None = None  # ai-toolkit key (`log_every`, `use_wandb`); metrics.jsonl is always written
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self, path: str) -> None:
         if not self.datasets:
             raise ConfigError(f"{path}.datasets", "at least one dataset is required")
-        if self.trigger_word:
-            raise ConfigError(f"{path}.trigger_word", "not supported by video_dit's trainer; put the word in "
-                                                     "the captions instead")
+        self._apply_trigger_word()
         preset = get_preset(self.model.preset)
         for i, d in enumerate(self.datasets):  # clip lengths the model's VAE encodes
             d.fit_frames(preset.vae.snap_frames, f"{path}.datasets[{i}]")
@@ -665,6 +695,17 @@ class ProcessConfig:
         self._check_i2v(path, preset)
         self._check_image_branch(path, preset)
         self._check_validation_and_training(path)
+
+    def _apply_trigger_word(self) -> None:
+        """ai-toolkit's `trigger_word` (BaseSDTrainProcess at 27a03a91): a dataset without its own takes the
+        process's (its captions get it: `dataset.inject_trigger`), and the previews' prompts have `[trigger]` /
+        `[name]` replaced by it (not prepended)."""
+        for d in self.datasets:
+            if d.trigger_word is None:
+                d.trigger_word = self.trigger_word
+        if self.trigger_word is not None and self.sample is not None:
+            for item in self.sample.samples:
+                item.prompt = inject_trigger(item.prompt, self.trigger_word, add_if_not_present=False)
 
     def _check_audio(self, path: str, preset) -> None:
         """The sound keys: for a model with sound only; its clips' tracks cut by the span of consecutive

@@ -1,5 +1,5 @@
 """Weights out of a DeepSpeed engine: the LoRA file (ComfyUI keys, shared with ai-toolkit) and, for a
-full fine-tune, native sharded safetensors + config.json that `load_dit` reads.
+full fine-tune, a saved model folder (`video_dit.models.saved`, the layout the ai-toolkit arch writes too).
 
 Under ZeRO-3 every rank holds 1/N of each parameter: all ranks gather (collective), rank 0 writes.
 The full export gathers one top-level module (one DiT block) at a time, so no rank ever holds more
@@ -8,7 +8,6 @@ than one block beyond its own shard.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import asdict
@@ -19,9 +18,9 @@ import torch.distributed as dist
 
 from video_dit.lora import lora_state_dict, save_lora, to_comfy
 from video_dit.models.layouts import write_sources
+from video_dit.models.saved import SHARD_BYTES, write_dit
 from video_dit.parallel.zero import gathered
 
-SHARD_BYTES = 2 * 2 ** 30
 
 
 def lora_export_state(module, zero_stage: int) -> dict[str, torch.Tensor]:
@@ -69,43 +68,23 @@ def _gathered_state(module, zero_stage: int, dtype: torch.dtype, storage):
 
 
 def export_full(module, zero_stage: int, folder: Path, dtype: torch.dtype, metadata: dict,
-                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, *, storage) -> Path | None:
-    """Native (original Wan / Tencent key) sharded safetensors + index + config.json in `folder` (rank 0 writes,
-    through `<folder>.tmp` and a rename); every rank must call. `sources` (preset, VAE, text encoder,
-    the previews' sampling settings) goes to `video_dit_sources.json` beside them, so `video-dit sample
-    --model FOLDER` needs no other flag. `storage`: the family's `param_dtypes` (`DiTArch.param_dtypes`)."""
-    from safetensors.torch import save_file
-
+                shard_bytes: int = SHARD_BYTES, sources: dict | None = None, *, storage,
+                config_json=asdict) -> Path | None:
+    """One DiT's folder of a saved model (`video_dit.models.saved`: sharded native safetensors + index +
+    config.json) in `folder` (rank 0 writes, through `<folder>.tmp` and a rename); every rank must call.
+    `sources` (preset, VAE, text encoder, the previews' sampling settings) goes to `video_dit_sources.json`
+    beside them, so `video-dit sample --model FOLDER` needs no other flag. `storage`: the family's
+    `param_dtypes` (`DiTArch.param_dtypes`); `config_json`: its `Family.config_json`."""
     rank0 = dist.get_rank() == 0
     tmp = folder.with_name(folder.name + ".tmp")
     if rank0:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for key, tensor in _gathered_state(module, zero_stage, dtype, storage):
-        if not rank0:
-            continue
-        nbytes = tensor.numel() * tensor.element_size()
-        if size and size + nbytes > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = tensor.contiguous()
-        size += nbytes
+    items = _gathered_state(module, zero_stage, dtype, storage)  # every rank gathers; rank 0 keeps
     if not rank0:
+        for _ in items:
+            pass
         return None
-    weight_map = {}
-    meta = {k: str(v) for k, v in metadata.items()}
-    for i, shard in enumerate(shards):
-        name = f"diffusion_pytorch_model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(tmp / name), metadata=meta)
-        weight_map.update({k: name for k in shard})
-    total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
-    (tmp / "diffusion_pytorch_model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
-    config = asdict(module.config)
-    config["patch_size"] = list(config["patch_size"])
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    write_dit(tmp, items, module.config, metadata, shard_bytes, config_json=config_json)
     if sources is not None:
         write_sources(tmp, sources)
     if folder.exists():

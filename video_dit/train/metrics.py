@@ -1,5 +1,6 @@
 """Per-step metrics: `metrics.jsonl` (one JSON object per optimizer step, rank 0), TensorBoard when
-installed, and the figures that go in them (peak memory per rank, analytic MFU)."""
+installed, Weights & Biases when the job asks (`logging.use_wandb`, `WandbLog`), and the figures that go in
+them (peak memory per rank, analytic MFU)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,13 @@ class MetricsLog:
     first keeps only the rows of earlier steps (those a killed run wrote past its last checkpoint are
     done again now, and a fresh start begins an empty history); a half-written last line goes too."""
 
-    def __init__(self, out_dir: Path, enabled: bool, resume_step: int = 0):
+    def __init__(self, out_dir: Path, enabled: bool, resume_step: int = 0, wandb: "WandbLog | None" = None):
         self.enabled = enabled
         self.path = Path(out_dir) / "metrics.jsonl"
         self.tb = None
+        self.wandb = wandb if enabled else None
+        if self.wandb is not None:
+            self.wandb.start()
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._truncate(resume_step)
@@ -82,10 +86,55 @@ class MetricsLog:
             for k, v in clean.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                     self.tb.add_scalar(f"train/{k}", v, row["step"])
+        if self.wandb is not None:
+            self.wandb.write(clean)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+class WandbLog:
+    """What ai-toolkit sends Weights & Biases (toolkit/logging_aitk.py `WandbLogger`, BaseSDTrainProcess's
+    loop, at 27a03a91): `wandb.init(project=, name=, config=the job file)`; every `log_every` optimizer
+    steps `learning_rate` and `loss/loss`, with our step's other figures under their metrics.jsonl names
+    (ai-toolkit's `additional_logs`), committed at that step; `finish()` at the end. Validation rows (not a
+    multiple of `log_every`) are sent when they come. Previews are not sent (ai-toolkit's arch does not
+    send its video previews either). Offline runs: `WANDB_MODE=offline`, as wandb reads it."""
+
+    def __init__(self, project: str, run_name: str | None, config: dict, every: int, folder: Path,
+                 key: str = "config.process[0].logging.use_wandb"):
+        self.project, self.run_name, self.config, self.every = project, run_name, config, every
+        self.folder, self.key, self.run = Path(folder), key, None
+
+    def start(self) -> None:
+        try:
+            import wandb  # optional: only a job with logging.use_wandb imports it
+        except ImportError as exc:
+            raise ImportError(f"{self.key}: true needs Weights & Biases, which is not installed here: pip install "
+                              f"wandb (or set use_wandb: false) ({exc})") from exc
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=self.project, name=self.run_name, config=self.config, dir=str(self.folder))
+
+    def write(self, row: dict) -> None:
+        step = row["step"]
+        if step % self.every and not any(k.startswith("val_") for k in row):
+            return
+        out = {}
+        if "lr" in row:
+            out["learning_rate"] = row["lr"]
+        if "loss" in row:
+            out["loss/loss"] = row["loss"]
+        out.update({k: v for k, v in row.items() if k not in ("step", "lr", "loss")
+                    and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        self.run.log(out, step=step)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
 
 
 def read_metrics(path: str | Path) -> list[dict]:

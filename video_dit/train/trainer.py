@@ -50,7 +50,8 @@ from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_r
 from video_dit.diffusion.flow import TimestepSampler
 from video_dit.diffusion.objective import AudioBatch, flow_matching_loss
 from video_dit.models.common import te_quantization
-from video_dit.models.layouts import EXPERT_FOLDERS, write_sources
+from video_dit.models.layouts import mixed_outputs, write_sources
+from video_dit.models.saved import dit_folder
 from video_dit.models.weights import WeightsError
 from video_dit.parallel.memory import ActivationPeak, release_heap_per_block
 from video_dit.parallel.process import init_distributed
@@ -64,7 +65,7 @@ from video_dit.train.caches import cache_spaces, encoder_dtypes
 from video_dit.train.ema import EMA
 from video_dit.train.engine import LRSchedule, initialize, schedule_change, sync_lr
 from video_dit.train.experts import ExpertSchedule, plan_experts
-from video_dit.train.metrics import MetricsLog, peak_memory_gb, read_metrics, step_flops
+from video_dit.train.metrics import MetricsLog, WandbLog, peak_memory_gb, read_metrics, step_flops
 from video_dit.train.plan import AutoCheckpointing, auto_checkpointing, machine_here, oom_message
 from video_dit.train.precision import build_dtype, cpu_fp32_notice, quantize_frozen, train_dtype
 from video_dit.train.preview import describe, encode_preview_images, encode_prompts, job_scheduler, render
@@ -111,7 +112,10 @@ class Trainer:
         plan = self._build_models(resume)  # 2.-3. the DiTs trained (one, or experts) under DeepSpeed
         self._restore(plan)                # 4. a checkpoint's weights, optimizer, EMA and data position
         # metrics.jsonl is the run's history: rows of steps after the resumed one (done again now) are dropped
-        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0, resume_step=self.step)
+        lg = self.p.logging  # Weights & Biases as ai-toolkit sends it (`logging.use_wandb`), rank 0
+        wandb = WandbLog(lg.project_name, lg.run_name, self.job.raw, lg.log_every, self.out_dir) \
+            if lg.use_wandb else None
+        self.metrics = MetricsLog(self.out_dir, enabled=self.rank0, resume_step=self.step, wandb=wandb)
         self.act_peak = ActivationPeak(self.device)  # activation peak per rank, for metrics
         self.peak_flops, self.peak_source = device_peak_flops(self.dtype)
         faults.install(self)  # the fault suite's hooks (tests/faults/); inert unless VIDEO_DIT_FAULT is set
@@ -129,6 +133,9 @@ class Trainer:
         self.zero_stage = self.dist.stage
         self.out_dir = self.job.out_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
+        mixed = mixed_outputs(self.out_dir, "video_dit")  # the launcher refused it already (validate.check_paths)
+        if mixed is not None:
+            raise ckpt.ResumeError(f"config.name: {mixed}")
         if self.rank0:
             (self.out_dir / "samples").mkdir(parents=True, exist_ok=True)
             ckpt.clean_incomplete(self.ckpt_dir)
@@ -265,7 +272,7 @@ class Trainer:
             release_heap_per_block(dit)
         if trainable:
             # attention backend, LoRA or full, float32 trainable / bf16 frozen bulk, checkpointing, Ulysses SP
-            return make_trainable(dit, p, self.dtype, self.sp_info, family=self.family).train()
+            return make_trainable(dit, p, self.dtype, self.sp_info, family=self.family, expert=expert).train()
         dit.set_attention_backend(p.model.attention_backend)
         attach(dit, self.sp_info)  # dit.seq_parallel: Ulysses attention when sequence_parallel_size > 1
         return dit.requires_grad_(False).eval()
@@ -721,10 +728,9 @@ class Trainer:
                 if out is not None:
                     export.point_latest(self.out_dir / f"{name}{suffix}.safetensors", out)
             else:  # one model: its sources beside its weights; two experts: beside both expert folders
-                out = export.export_full(e.module, self.zero_stage,
-                                         folder / EXPERT_FOLDERS["original"][expert] if expert else folder, dtype, meta_e,
+                out = export.export_full(e.module, self.zero_stage, dit_folder(folder, expert), dtype, meta_e,
                                          sources=None if expert else self._sources(),
-                                         storage=self.family.arch.param_dtypes)
+                                         storage=self.family.arch.param_dtypes, config_json=self.family.config_json)
         if self.rank0:
             if p.network is None:
                 if self.expert_plan is not None:

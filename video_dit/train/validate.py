@@ -31,7 +31,7 @@ from video_dit.diffusion.experts import expert_at
 from video_dit.families import get_preset, vae_family
 from video_dit.media import MediaError, load_image
 from video_dit.models.attention import available, missing_backend
-from video_dit.models.layouts import preset_name
+from video_dit.models.layouts import mixed_outputs, preset_name
 from video_dit.spec import check_image_encoder, check_sources, last_frame_presets, spec_of_job
 from video_dit.train import checkpoint as ckpt
 from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
@@ -163,6 +163,9 @@ def check_paths(job) -> None:
     if p.save.resume not in ("auto", "none") and not Path(p.save.resume).is_dir():
         raise ConfigError(f"{PROCESS}.save.resume", f"{p.save.resume!r} is not a checkpoint folder; accepted: "
                                                     "auto, none or a checkpoint folder")
+    mixed = mixed_outputs(job.out_dir, "video_dit")  # ai-toolkit's outputs of a job of this name: not mixed
+    if mixed is not None:
+        raise ConfigError("config.name", mixed)
     out = Path(p.training_folder)
     probe = out
     while not probe.exists():

@@ -325,6 +325,8 @@ def hy15_config_to_diffusers(config: HY15DiTConfig) -> dict:
 # exactly blockdiag(B_q, B_k, B_v) @ [A_q; A_k; A_v]: rank 3r, and alpha 3a keeps the scale a / r.
 _LORA_SPLIT = re.compile(r"(?P<stream>double_blocks\.\d+\.(?:img|txt))_attn_(?P<part>[qkv])\.(?P<kind>lora_[AB])\.weight")
 _LORA_FUSED = re.compile(r"(?P<stream>double_blocks\.\d+\.(?:img|txt))_attn_qkv\.(?P<kind>lora_[AB])\.weight")
+# (the token refiner's `self_attn_qkv` is one Linear in our DiT too: its adapter and alpha stay as they are)
+_LORA_FUSED_ALPHA = re.compile(r"double_blocks\.\d+\.(?:img|txt)_attn_qkv\.alpha")
 
 
 def hy15_lora_to_comfy(native: dict[str, torch.Tensor], alpha: float) -> dict[str, torch.Tensor]:
@@ -356,7 +358,7 @@ def hy15_lora_split(sd: dict[str, torch.Tensor], source: str) -> dict[str, torch
     """The inverse of `hy15_lora_to_comfy` on prefix-stripped keys: each fused `<stream>_attn_qkv` adapter
     back to q / k / v ones of rank r (its alpha / 3). Only a block-diagonal B splits exactly at rank r; a
     fused LoRA trained elsewhere (B mixing q, k and v) is a ValueError naming `source` and the module."""
-    out = {k: v for k, v in sd.items() if not (_LORA_FUSED.fullmatch(k) or k.endswith("_attn_qkv.alpha"))}
+    out = {k: v for k, v in sd.items() if not (_LORA_FUSED.fullmatch(k) or _LORA_FUSED_ALPHA.fullmatch(k))}
     for key, a in sd.items():
         m = _LORA_FUSED.fullmatch(key)
         if not m or m["kind"] != "lora_A":

@@ -20,7 +20,7 @@ from video_dit.diffusion.conditioning import FirstFrameConditioning, encode_cond
 from video_dit.diffusion.flow import DYNAMIC_GRID
 from video_dit.families.contract import AudioPath, DiTArch, Family, MemoryModel, Preset, Training
 from video_dit.families.ltx2 import loading as ltx2_load
-from video_dit.families.ltx2.convert import ltx2_lora_keys, ltx2_lora_to_comfy
+from video_dit.families.ltx2.convert import ltx2_config_to_diffusers, ltx2_lora_keys, ltx2_lora_to_comfy
 from video_dit.families.ltx2.dit import (FLOAT32_MODULES, LORA_TARGETS, LTX2DiT, cast_ltx2_dit, init_parameter,
                                          ltx2_dit_flops, param_dtypes)
 from video_dit.families.ltx2.memory import audio_tokens_of, ltx2_activation_bytes
@@ -171,4 +171,6 @@ FAMILY = Family(
     # vocoder (LTX-2.0's writes 24 kHz, the tiny preset's 8 kHz: a loaded codec's `out_rate` is its own)
     audio=AudioPath(rate=16000, channels=2, out_rate=48000, load_codec=ltx2_load.load_codec, timesteps="tied",
                     loss_weight=1.0),
+    # a saved folder's config.json is diffusers' (what `dit_config` reads from a folder)
+    config_json=lambda cfg: {"_class_name": ltx2_load.DIT_CLASSES[0], **ltx2_config_to_diffusers(cfg)},
 )

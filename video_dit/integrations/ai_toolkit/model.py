@@ -42,7 +42,7 @@ import json
 import os
 import sys
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -54,10 +54,11 @@ from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
 from video_dit.families import PRESETS, Preset
-from video_dit.lora import from_comfy
+from video_dit.lora import check_targets, from_comfy
 from video_dit.media import load_image, write_video
 from video_dit.models.common import te_quantization
-from video_dit.models.layouts import EXPERT_FOLDERS, SOURCES_FILE, write_sources
+from video_dit.models.layouts import SOURCES_FILE, mixed_outputs, preset_name
+from video_dit.models.saved import write_model
 from video_dit.models.weights import WeightsError, read_state_dict
 from video_dit.spec import (
     AITK_KEYS,
@@ -143,6 +144,17 @@ def plain_meta(meta) -> dict:
     return json.loads(json.dumps(out, default=str))  # nested OrderedDicts -> dicts, odd objects -> str
 
 
+def network_modules(net) -> list[str]:
+    """The module paths ai-toolkit's network adapts: its LoRA modules' `lora_name`s (`transformer.<path>` with
+    `$$` for `.` in peft format: toolkit/lora_special.py `create_modules`), made before `apply_to` registers them."""
+    net = getattr(net, "module", net)  # accelerate may wrap it
+    out = []
+    for lora in getattr(net, "unet_loras", []):
+        path = lora.lora_name.replace("$$", ".")
+        out.append(path[len(PEFT_PREFIX):] if path.startswith(PEFT_PREFIX) else path)
+    return sorted(out)
+
+
 # GenerateImageConfig fields our previews do not act on, with ai-toolkit's default (accepted silently)
 PREVIEW_IGNORED = (("guidance_rescale", 0.0, "plain classifier-free guidance"),
                    ("do_cfg_norm", False, "plain classifier-free guidance"),
@@ -196,6 +208,12 @@ class VideoDiTModel(BaseModel):
         self.is_transformer = True  # LoRA keys `transformer.<path>.lora_A/B.weight`, peft format (scale 1)
         self.use_old_lokr_format = False
         self.options = parse(ModelKwargs, model_config.model_kwargs or {}, "model.model_kwargs")
+        # ai-toolkit's full fine-tune resume points name_or_path at the latest save in the job's folder
+        if model_config.name_or_path and preset_name(model_config.name_or_path) is None:
+            mixed = mixed_outputs(os.path.dirname(os.path.abspath(model_config.name_or_path)), "ai-toolkit",
+                                  also_own=True)
+            if mixed is not None:
+                raise ConfigError("model.name_or_path", f"{model_config.name_or_path}: {mixed}")
         self.spec = resolve(self._request(model_config), AITK_KEYS)  # which files make up the model, once
         self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (`families.contract.Family`)
         self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
@@ -224,6 +242,13 @@ class VideoDiTModel(BaseModel):
                 raise ConfigError("network.type", f"{kind!r}: video_dit's LoRA files (shared with its DeepSpeed "
                                                   "trainer) hold plain LoRA; accepted: lora")
             check_lora(self.spec.request.name_or_path, True, AITK_KEYS)
+            try:  # what ai-toolkit's options picked must be a LoRA our files write and read back (`check_targets`)
+                check_targets(network_modules(net), self.family.lora_to_comfy, self.family.lora_from_file,
+                              f"network (ai-toolkit's LoRA on {self.family.title}'s DiT)")
+            except ValueError as exc:
+                raise ConfigError("network", f"{exc}; accepted: network_kwargs (only_if_contains, "
+                                             "ignore_if_contains) that keep or drop whole modules the file can "
+                                             "hold") from exc
         self._network = net
 
     def _request(self, cfg) -> Request:
@@ -367,7 +392,7 @@ class VideoDiTModel(BaseModel):
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = getattr(te, "tokenizer", None)  # (HunyuanVideo 1.5's two encoders: each its own)
-        self.sources = spec.sources(absolute=False)
+        self.sources = {**spec.sources(), "trainer": "ai-toolkit"}  # paths absolute: samples from any directory
         # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
         # everything that changes what they hold, as our trainer's caches do (data/cache.py)
         self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}." + latent_space(
@@ -645,6 +670,14 @@ class VideoDiTModel(BaseModel):
         """Our LoRA file (or a ComfyUI / peft one) -> ai-toolkit's peft keys. ai-toolkit applies B @ A
         with scale 1 and drops alphas, so alpha / rank is folded into lora_B: same update, any alpha."""
         native, alpha, rank = from_comfy(state_dict, source="LoRA file", from_file=self.family.lora_from_file)
+        if self.network is not None:  # ai-toolkit would keep a module its network lacks aside, silently
+            have = set(network_modules(self.network))
+            absent = sorted({k.rsplit(".", 2)[0] for k in native} - have)
+            if absent:
+                raise WeightsError(f"LoRA file: adapters on {len(absent)} modules ai-toolkit's network does not "
+                                   f"adapt ({', '.join(absent[:6])}): it would leave them out and train without "
+                                   "them; accepted: a network covering them (network.transformer_only: false "
+                                   "adapts every Linear of the DiT, not the blocks' alone)")
         scale = alpha / rank
         out = {}
         for key, value in native.items():
@@ -683,6 +716,9 @@ class VideoDiTModel(BaseModel):
         a `WeightsError` naming it. Any other file loads as it is."""
         from safetensors import safe_open
 
+        mixed = mixed_outputs(os.path.dirname(os.path.abspath(file)), "ai-toolkit", also_own=True)
+        if mixed is not None:  # ai-toolkit resuming from our trainer's LoRA of a job of the same name
+            raise WeightsError(f"{file}: {mixed}")
         named = next((e for e in EXPERTS if file.endswith(f"_{e}.safetensors")), None)
         if not self.experts or named is None:
             return read_state_dict(file)
@@ -706,25 +742,13 @@ class VideoDiTModel(BaseModel):
         return combined
 
     def save_model(self, output_path, meta, save_dtype):
-        """Full fine-tune: native DiT weights (`model.safetensors`, at `save_dtype` but for the float32
-        islands) + `config.json`, read by `load_dit`,
-        and the preset / VAE / text-encoder sources, so that `name_or_path: <this folder>` loads alone;
-        `aitk_meta.yaml` holds `meta` as plain data (see `plain_meta`), which ai-toolkit's resume reads.
-        Two experts: each in its subfolder of the original layout (`high_noise_model/`, `low_noise_model/`)."""
-        from safetensors.torch import save_file
-
+        """Full fine-tune: a saved model folder (`video_dit.models.saved`, the layout our trainer exports: native
+        weights at `save_dtype` but for the float32 islands, config.json, the sources with absolute paths; two
+        experts in high_noise_model/ + low_noise_model/), so that `name_or_path: <this folder>` and `video-dit
+        sample --model <this folder>` load it alone; `aitk_meta.yaml` holds `meta` as plain data (see
+        `plain_meta`), which ai-toolkit's resume reads. ai-toolkit names the folder `<name>_<step>.safetensors`."""
         model = getattr(self.model, "module", self.model)
-        parts = ([(os.path.join(output_path, EXPERT_FOLDERS["original"][e]), model.expert(e)) for e in EXPERTS]
-                 if isinstance(model, TwoExperts) else [(output_path, model)])
-        os.makedirs(output_path, exist_ok=True)
-        for folder, dit in parts:
-            os.makedirs(folder, exist_ok=True)
-            dtypes = self.family.arch.param_dtypes(dit, save_dtype)  # the float32 islands stay float32, as our export
-            sd = {k: v.detach().to("cpu", dtypes.get(k, save_dtype)).contiguous() for k, v in dit.state_dict().items()
-                  if ".lora_" not in k}
-            save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-            with open(os.path.join(folder, "config.json"), "w") as f:
-                json.dump(asdict(dit.config), f, indent=2)
-        write_sources(output_path, self.sources)
+        dits = {e: model.expert(e) for e in EXPERTS} if isinstance(model, TwoExperts) else {None: model}
+        write_model(output_path, dits, save_dtype, self.family, {"format": "pt"}, self.sources)
         with open(os.path.join(output_path, "aitk_meta.yaml"), "w") as f:
             yaml.safe_dump(plain_meta(meta), f)
