@@ -29,8 +29,8 @@ preset, its family and the VAE's frame rule:
 For every entry: `model_kwargs.preset` (the arch's preset for a weights path; our trainer also takes it
 from the `video_dit:<preset>` tag, which ai-toolkit strips), flowmatch training with `timestep_type:
 shift` (the scheduler at the preset's `train_shift`), `optimizer: adamw` (the UI's adamw8bit needs
-bitsandbytes, absent on CPU, and our DeepSpeed trainer has no 8-bit Adam) and `network.conv` hidden (Conv3d
-is never LoRA-targeted). The unselected values are the UI's own defaults at 27a03a91 (`UI_DEFAULTS`).
+bitsandbytes, absent on CPU, and our DeepSpeed trainer has no 8-bit Adam) and the sections neither trainer acts
+on hidden (`DISABLED`). The unselected values are the UI's own defaults at 27a03a91 (`UI_DEFAULTS`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ UI_DEFAULTS = {
     "datasets[x].fps": None, "datasets[x].do_i2v": None, "datasets[x].do_flf2v": None,
     "datasets[x].do_audio": None, "datasets[x].shrink_video_to_frames": True,
 }
+# The UI's sections hidden for every entry (what neither our arch nor our trainer acts on): the conv rank
+# (Conv3d is never LoRA-targeted), the trigger word (our trainer takes the words from the captions), differential
+# output and blank prompt preservation (not in our trainer)
+DISABLED = ["network.conv", "trigger_word", "train.diff_output_preservation", "train.blank_prompt_preservation"]
 # Parameters above which weights are quantized to qfloat8 (bf16 copies over 4 GB): the 5B to 16B DiTs, not
 # the 1.3B one, as ai-toolkit's own Wan entries choose (options.tsx wan21:1b, wan22_5b, wan21:14b)
 QUANTIZE_ABOVE = 2e9
@@ -151,7 +155,7 @@ def entry(preset: Preset, base: str | None = None) -> dict:
     out = {"name": ARCH_TAG + preset.name, "label": _label(preset, smoke, mode, flf2v), "group": "video",
            "isVideoModel": True,
            "defaults": {P + key: [value, UI_DEFAULTS[key]] for key, value in selected.items()},
-           "disableSections": ["network.conv"], "additionalSections": sections}
+           "disableSections": DISABLED, "additionalSections": sections}
     notes = _notes(preset, smoke, mode, flf2v)
     if notes:
         out["modelNotes"] = notes
