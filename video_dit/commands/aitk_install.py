@@ -14,6 +14,10 @@ What it writes (ai-toolkit read at commit 27a03a91):
   ui/src/app/jobs/new/video_dit.tsx   the UI entries, generated from the family registry (`integrations/aitk_ui.py`)
   ui/src/app/jobs/new/options.tsx     two lines, each ending `// video-dit aitk-install`: the import and
                                       `...videoDitModelArchs,` in `modelArchs` (the UI has no plug-in point)
+  ui/src/app/jobs/new/SimpleJob.tsx   one line, so tagged: its LoKr target is not offered for a video_dit model (our
+                                      LoRA files, shared with our DeepSpeed trainer and ComfyUI, hold plain LoRA;
+                                      the arch refuses LoKr, and HunyuanVideo 1.5's fused q / k / v would have no
+                                      LoKr file form)
 The UI serves what it was built from: the command prints the rebuild command when the UI files changed.
 
 Running it again changes nothing that is current (each file reports installed / updated / unchanged); a
@@ -40,6 +44,9 @@ LINE_TAG = "// video-dit aitk-install"
 IMPORT_LINE = f"import {{ videoDitModelArchs }} from './video_dit'; {LINE_TAG}"
 SPREAD_LINE = f"  ...videoDitModelArchs, {LINE_TAG}"
 MODEL_LIST = "export const modelArchs: ModelArch[] = ["  # options.tsx (27a03a91 line 81)
+LOKR_OPTION = "{ value: 'lokr', label: 'LoKr' },"  # SimpleJob.tsx's Target Type options (27a03a91 line 563)
+LOKR_HIDDEN = ("...(jobConfig.config.process[0].model.arch?.startsWith('video_dit:') ? [] : "
+               f"[{LOKR_OPTION[:-1]}]), {LINE_TAG}")
 BASES = "bases"
 BASE_STAMP = "video_dit_base.json"
 BASE_STD = 0.05  # the zero-initialised parameters' draw (N(0, 0.05), as the tests' trained bases)
@@ -197,37 +204,70 @@ def unpatched_options(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not line.rstrip("\r\n").endswith(LINE_TAG))
 
 
+def ui_folder(aitk_dir: str | Path) -> Path:
+    """The UI's model-list folder of a checkout; `InstallError` when its options.tsx is missing."""
+    folder = checkout(aitk_dir) / UI_FOLDER
+    for name in ("options.tsx", "SimpleJob.tsx"):
+        if not (folder / name).is_file():
+            raise InstallError(f"{folder / name}: missing (an ai-toolkit checkout without its web UI?); pass "
+                               "--no-ui to install the Python extension alone")
+    return folder
+
+
+def patched_simple_job(text: str, path: Path) -> str:
+    """SimpleJob.tsx with its LoKr option shown for every model but a video_dit one; `InstallError` naming the
+    file when the option is not the one line 27a03a91 has."""
+    lines = text.splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if line.strip() in (LOKR_OPTION, LOKR_HIDDEN)]
+    if len(found) != 1:
+        raise InstallError(f"{path}: {len(found)} lines `{LOKR_OPTION}` (ai-toolkit's UI changed since 27a03a91); "
+                           "expected one: LoKr stays offered for video_dit models, which refuse it at load")
+    line = lines[found[0]]
+    indent = line[:len(line) - len(line.lstrip())]
+    lines[found[0]] = indent + LOKR_HIDDEN + line[len(line.rstrip("\r\n")):]
+    return "".join(lines)
+
+
+def unpatched_simple_job(text: str) -> str:
+    """SimpleJob.tsx with its LoKr option as ai-toolkit has it."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() == LOKR_HIDDEN:
+            lines[i] = line[:len(line) - len(line.lstrip())] + LOKR_OPTION + line[len(line.rstrip("\r\n")):]
+    return "".join(lines)
+
+
+def _patch(path: Path, patch) -> tuple[Path, str]:
+    current = path.read_text(encoding="utf-8")
+    patched = patch(current, path)
+    status = "unchanged" if patched == current else "updated" if LINE_TAG in current else "installed"
+    if status != "unchanged":
+        _write(path, patched)
+    return path, status
+
+
 def install_ui(aitk_dir: str | Path, bases: dict[str, Path]) -> list[tuple[Path, str]]:
     """Write `video_dit.tsx` (the generated entries; `bases`: each smoke-test preset's base folder) and patch
-    `options.tsx`; [(path, status)]. `InstallError` when the UI folder is missing or a file is not ours."""
+    `options.tsx` and `SimpleJob.tsx`; [(path, status)]. `InstallError` when the UI folder is missing, a file
+    is not ours or ai-toolkit's lines are not where 27a03a91 has them."""
     from video_dit.integrations.aitk_ui import MARKER as TSX_MARKER
     from video_dit.integrations.aitk_ui import entries, render_tsx
 
-    folder = checkout(aitk_dir) / UI_FOLDER
+    folder = ui_folder(aitk_dir)
     options = folder / "options.tsx"
-    if not options.is_file():
-        raise InstallError(f"{options}: missing (an ai-toolkit checkout without its web UI?); pass --no-ui to "
-                           "install the Python extension alone")
     out = []
     tsx = folder / UI_FILE
+    current = tsx.read_text(encoding="utf-8", errors="replace") if tsx.exists() else None
+    if current is not None and not current.startswith(TSX_MARKER):
+        raise InstallError(f"{tsx}: exists and was not written by video-dit aitk-install; refusing to "
+                           "overwrite it (move it away first)")
     text = render_tsx(entries({name: str(path) for name, path in bases.items()}))
-    if tsx.exists():
-        current = tsx.read_text(encoding="utf-8", errors="replace")
-        if not current.startswith(TSX_MARKER):
-            raise InstallError(f"{tsx}: exists and was not written by video-dit aitk-install; refusing to "
-                               "overwrite it (move it away first)")
-        status = "unchanged" if current == text else "updated"
-    else:
-        status = "installed"
+    status = "installed" if current is None else "unchanged" if current == text else "updated"
     if status != "unchanged":
         _write(tsx, text)
     out.append((tsx, status))
-    current = options.read_text(encoding="utf-8")
-    patched = patched_options(current, options)
-    status = "unchanged" if patched == current else "updated" if LINE_TAG in current else "installed"
-    if status != "unchanged":
-        _write(options, patched)
-    out.append((options, status))
+    out.append(_patch(options, patched_options))
+    out.append(_patch(folder / "SimpleJob.tsx", patched_simple_job))
     return out
 
 
@@ -247,12 +287,12 @@ def uninstall(aitk_dir: str | Path) -> list[tuple[Path, str]]:
             raise InstallError(f"{tsx}: was not written by video-dit aitk-install; left in place")
         tsx.unlink()
         out.append((tsx, "removed"))
-    options = root / UI_FOLDER / "options.tsx"
-    if options.is_file():
-        current = options.read_text(encoding="utf-8")
+    for name, unpatch in (("options.tsx", unpatched_options), ("SimpleJob.tsx", unpatched_simple_job)):
+        path = root / UI_FOLDER / name
+        current = path.read_text(encoding="utf-8") if path.is_file() else ""
         if LINE_TAG in current:
-            _write(options, unpatched_options(current))
-            out.append((options, "restored"))
+            _write(path, unpatch(current))
+            out.append((path, "restored"))
     return out
 
 
@@ -268,6 +308,8 @@ def main(args: argparse.Namespace) -> int:
         if args.uninstall:
             done = uninstall(args.aitk_dir)
         else:
+            if not args.no_ui:
+                ui_folder(args.aitk_dir)  # before writing anything
             done = [install(args.aitk_dir)]
             bases = install_bases(args.aitk_dir)
             done += [(folder, status) for folder, status in bases.values()]

@@ -26,7 +26,8 @@ preset, its family and the VAE's frame rule:
     a smoke-test preset (every part random)     name_or_path: the trainable tiny base the installer writes,
                                                 train.dtype fp32 (a CPU run)
 
-For every entry: `model_kwargs.preset` (the arch's preset for a weights path; our trainer also takes it
+For every entry: `network.type: lora` (the installer hides the UI's LoKr for video_dit models:
+`commands/aitk_install.py`), `model_kwargs.preset` (the arch's preset for a weights path; our trainer also takes it
 from the `video_dit:<preset>` tag, which ai-toolkit strips), flowmatch training with `timestep_type:
 shift` (the scheduler at the preset's `train_shift`), `optimizer: adamw` (the UI's adamw8bit needs
 bitsandbytes, absent on CPU, and our DeepSpeed trainer has no 8-bit Adam) and the sections neither trainer acts
@@ -54,7 +55,7 @@ UI_RESOLUTIONS = (256, 512, 768, 1024, 1280, 1328, 1536, 2048)
 # helpers/defaultSamples.ts defaultSampleConfig; None = absent, `undefined` in the TSX): restored when
 # another model is picked.
 UI_DEFAULTS = {
-    "model.name_or_path": "", "model.quantize": False, "model.quantize_te": False, "model.model_kwargs": {},
+    "network.type": "lora", "model.name_or_path": "", "model.quantize": False, "model.quantize_te": False, "model.model_kwargs": {},
     "sample.sampler": "flowmatch", "train.noise_scheduler": "flowmatch", "train.timestep_type": "sigmoid",
     "train.optimizer": "adamw8bit", "train.dtype": "bf16", "sample.num_frames": 1, "sample.fps": 1,
     "sample.width": 1024, "sample.height": 1024, "sample.guidance_scale": 4, "sample.sample_steps": 30,
@@ -128,7 +129,7 @@ def entry(preset: Preset, base: str | None = None) -> dict:
     kwargs = {"preset": preset.name, **({"train_high_noise": True, "train_low_noise": True}
                                         if preset.two_experts else {})}
     selected = {
-        "model.name_or_path": base or "", "model.quantize": large, "model.quantize_te": large_te,
+        "network.type": "lora", "model.name_or_path": base or "", "model.quantize": large, "model.quantize_te": large_te,
         "model.model_kwargs": kwargs, "sample.sampler": "flowmatch", "train.noise_scheduler": "flowmatch",
         "train.timestep_type": "shift", "train.optimizer": "adamw", "sample.num_frames": frames, "sample.fps": preset.fps,
         "sample.width": width, "sample.height": height, "sample.guidance_scale": preset.sample_guidance,
