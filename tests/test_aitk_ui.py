@@ -382,3 +382,4 @@ def test_ignored_table_has_every_new_field():
         if block in classes:
             names = {f.name for f in dataclasses.fields(classes[block])}
             assert set(keys) <= names, (block, set(keys) - names)
+
