@@ -383,3 +383,19 @@ def test_ignored_table_has_every_new_field():
             names = {f.name for f in dataclasses.fields(classes[block])}
             assert set(keys) <= names, (block, set(keys) - names)
 
+
+
+def test_an_entry_of_a_family_with_sound_trains_its_track_in_our_trainer(data):
+    """A family with sound (LTX-2; not yet an ai-toolkit family here, so generated directly): Do Audio on and
+    consecutive frames, which our trainer reads as `audio: auto` and requires; Do Audio off is `audio: off`."""
+    preset = PRESETS["tiny-ltx2-t2v"]
+    assert family_of(preset).audio is not None
+    e = aitk_ui.entry(preset, "/a/trainable/base")
+    assert "datasets.do_audio" in e["additionalSections"] and selected(e)["datasets[x].do_audio"] is True
+    d = parse_job(json.loads(json.dumps(ui.ui_job(e, str(data)))), "ui").process.datasets[0]
+    assert d.audio == "auto" and d.shrink_video_to_frames is False and d.num_frames == preset.sample_size[0]
+    off = ui.ui_job(e, str(data), **{"datasets[0].do_audio": False})
+    assert parse_job(json.loads(json.dumps(off)), "ui").process.datasets[0].audio == "off"
+    both = ui.ui_job(e, str(data), **{"datasets[0].do_audio": False, "datasets[0].audio": "required"})
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.do_audio: False conflicts with audio: required"):
+        parse_job(json.loads(json.dumps(both)), "ui")
