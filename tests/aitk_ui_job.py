@@ -55,8 +55,8 @@ def pick(job: dict, current: dict, new: dict) -> dict:
     if "model.low_vram" not in sections:
         p["model"]["low_vram"] = False
     if "model.layer_offloading" not in sections:
-        for key in ("layer_offloading", "layer_offloading_text_encoder_percent", "layer_offloading_transformer_percent"):
-            p["model"].pop(key, None)
+        for key in ("", "_text_encoder_percent", "_transformer_percent"):
+            p["model"].pop("layer_offloading" + key, None)
     elif "layer_offloading" not in p["model"]:
         p["model"].update(layer_offloading=False, layer_offloading_text_encoder_percent=1.0,
                           layer_offloading_transformer_percent=1.0)

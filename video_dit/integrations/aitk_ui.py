@@ -55,7 +55,8 @@ UI_RESOLUTIONS = (256, 512, 768, 1024, 1280, 1328, 1536, 2048)
 # helpers/defaultSamples.ts defaultSampleConfig; None = absent, `undefined` in the TSX): restored when
 # another model is picked.
 UI_DEFAULTS = {
-    "network.type": "lora", "model.name_or_path": "", "model.quantize": False, "model.quantize_te": False, "model.model_kwargs": {},
+    "network.type": "lora", "model.name_or_path": "", "model.quantize": False, "model.quantize_te": False,
+    "model.model_kwargs": {},
     "sample.sampler": "flowmatch", "train.noise_scheduler": "flowmatch", "train.timestep_type": "sigmoid",
     "train.optimizer": "adamw8bit", "train.dtype": "bf16", "sample.num_frames": 1, "sample.fps": 1,
     "sample.width": 1024, "sample.height": 1024, "sample.guidance_scale": 4, "sample.sample_steps": 30,
@@ -129,9 +130,10 @@ def entry(preset: Preset, base: str | None = None) -> dict:
     kwargs = {"preset": preset.name, **({"train_high_noise": True, "train_low_noise": True}
                                         if preset.two_experts else {})}
     selected = {
-        "network.type": "lora", "model.name_or_path": base or "", "model.quantize": large, "model.quantize_te": large_te,
-        "model.model_kwargs": kwargs, "sample.sampler": "flowmatch", "train.noise_scheduler": "flowmatch",
-        "train.timestep_type": "shift", "train.optimizer": "adamw", "sample.num_frames": frames, "sample.fps": preset.fps,
+        "network.type": "lora", "model.name_or_path": base or "", "model.quantize": large,
+        "model.quantize_te": large_te, "model.model_kwargs": kwargs, "sample.sampler": "flowmatch",
+        "train.noise_scheduler": "flowmatch", "train.timestep_type": "shift", "train.optimizer": "adamw",
+        "sample.num_frames": frames, "sample.fps": preset.fps,
         "sample.width": width, "sample.height": height, "sample.guidance_scale": preset.sample_guidance,
         "sample.sample_steps": preset.sample_steps, "sample.neg": preset.sample_negative,
         "datasets[x].num_frames": frames, "datasets[x].resolution": [train_resolution(preset)],
