@@ -30,7 +30,7 @@ from video_dit.commands.aitk_install import (
 )
 from video_dit.families import PRESETS, family_of
 from video_dit.integrations import aitk_ui
-from video_dit.spec import i2v_mode_of, untrainable
+from video_dit.spec import check_preview_frames, i2v_mode_of, untrainable
 from video_dit.train.config import IGNORED, parse_job
 from video_dit.typed_config import ConfigError
 
@@ -322,6 +322,8 @@ def test_the_arch_refuses_the_same_previews_before_step_1(aitk, installed, data,
     model.add_after_sample_image_hook(Trainer(ui.ui_job(entry, str(data), **{"train.disable_sampling": True}))
                                       .sample_step_hook)
     model.add_after_sample_image_hook(lambda img_num, total: None)  # a hook of no trainer: nothing to check
+    # HunyuanVideo 1.5's i2v DiT has an unconditioned input: its samples need no control image
+    check_preview_frames(PRESETS["tiny-hy15-i2v"], "concat", [(False, False)] * 3, "sample.samples")
     # generate_images (any preview round, e.g. the UI's "Sample now"): refused before anything renders
     from toolkit.config_modules import GenerateImageConfig
 

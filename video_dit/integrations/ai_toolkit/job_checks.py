@@ -50,11 +50,11 @@ def check_job(model, process) -> None:
     for i, d in enumerate(getattr(process, "dataset_configs", None) or []):
         check_dataset_i2v(model.preset, bool(d.do_i2v), f"datasets[{i}].do_i2v")
         if skipping and d.do_i2v and d.num_frames == 1 and not getattr(d, "auto_frame_count", False):
-            frames = model.preset.sample_size[0] if model.preset.sample_size else model.preset.vae.snap_frames(81)
+            size = model.preset.sample_size
             raise ConfigError(f"datasets[{i}].num_frames",
                               f"1: every item of this do_i2v dataset ({d.folder_path}) is a single frame, which "
                               f"preset {model.preset.name!r} (i2v_mode {model.i2v_mode!r}) skips: nothing would "
-                              f"train; accepted: a clip length its VAE encodes, e.g. {frames}")
+                              "train; accepted: a clip length its VAE encodes" + (f", e.g. {size[0]}" if size else ""))
 
 
 def check_generation(model, gen_configs) -> None:
