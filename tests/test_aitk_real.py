@@ -20,6 +20,13 @@ One ai-toolkit process (`run.py` with three job files, run in order; a driver re
   - full fine-tune job (2 steps, then the same job at 3 steps): the saves load alone with `load_dit`,
     and the second run resumes from the step-2 save (BaseSDTrainProcess L1757-1765 point
     `name_or_path` at it and read its step from `aitk_meta.yaml`, L870-889) and trains on to step 3;
+  - the web UI's entries (`video-dit aitk-install`, with its UI files; uninstalled at the end unless the checkout
+    had them before): a job made from the `tiny` entry's defaults, as the UI writes it (tests/aitk_ui_job.py:
+    ai-toolkit 27a03a91's starting job and model pick; the dataset folder and 2 steps filled in, `device: cpu`)
+    trains two steps and renders its 10 default previews as MP4s; a job from the `tiny-clip-i2v` entry's defaults
+    is refused at load, naming every sample without a control image and the key, before the data is read;
+    with `AITK_PATH/ui/node_modules` installed (`npm install` in ui/), the UI type-checks (`tsc --noEmit`) with
+    the entries and patches in;
   - the decisions both trainers share (`video_dit.spec`): a folder written by `make-demo-data` is its
     training clips to ai-toolkit (its recursive scan, toolkit/data_loader.py L437-450: "Found 2
     videos", no held-out clip or first frame); a `do_i2v` folder of clips and stills on
@@ -133,14 +140,15 @@ def aitk_run():
     sys.path.insert(0, str(Path(__file__).parent))
     import helpers
 
-    from video_dit.commands.aitk_install import install
+    from video_dit.commands.aitk_install import uninstall
     from video_dit.data.demo import make_demo_data
 
     # a private folder: this runs for minutes, and pytest prunes old basetemp folders of other sessions
     with tempfile.TemporaryDirectory(prefix="aitk_real_") as name:
         tmp = Path(name)
         aitk = Path(AITK_PATH).resolve()
-        install(aitk)
+        had = (aitk / "extensions" / "video_dit").exists()
+        video_dit_cli("aitk-install", aitk)  # the extension, the smoke-test bases, the UI's entries
         resolved = run_aitk(["-c", "from toolkit.config_modules import ModelConfig\n"
                                    "from toolkit.util.get_model import get_model_class\n"
                                    "c = get_model_class(ModelConfig(arch='video_dit', name_or_path='preset:tiny'))\n"
@@ -178,10 +186,38 @@ def aitk_run():
                        "cache_latents_to_disk": False, "num_workers": 0}],
             model={"name_or_path": "preset:tiny-clip-i2v", "vae_path": None, "te_name_or_path": None,
                    "model_kwargs": {}}))
+        ui_job = _ui_job(tmp, aitk, "video_dit:tiny")
         record = tmp / "scale_loss.json"
-        log = run_aitk(["-c", DRIVER, str(record), str(lora), str(full2), str(full3), str(stills)], cwd=aitk,
-                       timeout=3600)
-        yield tmp, log, json.loads(record.read_text())
+        try:
+            log = run_aitk(["-c", DRIVER, str(record), str(lora), str(full2), str(full3), str(stills), str(ui_job)],
+                           cwd=aitk, timeout=3600)
+            yield tmp, log, json.loads(record.read_text())
+        finally:
+            if not had:
+                uninstall(aitk)
+
+
+def _ui_job(tmp: Path, aitk: Path, name: str, steps: int = 2) -> Path:
+    """The job the web UI writes when `name` is picked (its installed entry, read back from video_dit.tsx),
+    with the fields a user fills: a dataset folder of the entry's clip size, the steps, a job name;
+    `device: cpu` (a CPU machine; the UI writes its GPU's)."""
+    import aitk_ui_job
+
+    from video_dit.data.demo import make_demo_data
+    from video_dit.integrations.aitk_ui import parse_tsx
+
+    entries = {e["name"]: e for e in parse_tsx((aitk / "ui/src/app/jobs/new/video_dit.tsx").read_text())}
+    defaults = {k.split("config.process[0].", 1)[1]: v[0] for k, v in entries[name]["defaults"].items()}
+    folder = tmp / f"ui_data_{defaults['datasets[x].num_frames']}_{defaults['datasets[x].resolution'][0]}"
+    if not folder.exists():
+        make_demo_data(folder, count=2, frames=defaults["datasets[x].num_frames"],
+                       size=defaults["datasets[x].resolution"][0], holdout=0)
+    job = aitk_ui_job.ui_job(entries[name], str(folder), **{
+        "train.steps": steps, "device": "cpu", "training_folder": str(tmp / "out")})
+    aitk_ui_job.set_key(job, "config.name", "ui_" + name.split(":", 1)[1].replace("-", "_"))
+    path = tmp / f"{job['config']['name']}.json"
+    path.write_text(json.dumps(job, indent=2))  # as the UI's worker writes it: JSON
+    return path
 
 
 def test_lora_steps_apply_the_i2v_loss_mask_on_video_items(aitk_run):
@@ -333,3 +369,37 @@ def test_lora_on_a_random_preset_is_refused_before_ai_toolkit_reads_the_data(ait
     assert "network: LoRA on 'preset:tiny' trains nothing" in log and "model.name_or_path" in log, log[-4000:]
     data = tmp_path / "data"
     assert not (data / ".aitk_size.json").exists() and not (data / "_latent_cache").exists(), sorted(data.iterdir())
+
+
+def test_a_job_from_the_tiny_entrys_ui_defaults_trains_two_steps_and_previews(aitk_run):
+    tmp, log, calls = aitk_run
+    out = tmp / "out" / "ui_tiny"
+    rows = [row for row in calls if "bases" in row["model"] and row["model"].endswith("/tiny")]
+    assert len(rows) == 2 and all(row["scaled_max"] > 0 for row in rows), rows  # two steps of the UI's job
+    assert (out / "ui_tiny.safetensors").is_file(), sorted(p.name for p in out.iterdir())
+    from video_dit.media import probe_video
+
+    videos = sorted((out / "samples").glob("*.mp4"))
+    assert len(videos) >= 10, [p.name for p in (out / "samples").iterdir()]  # the UI's 10 default prompts
+    assert probe_video(videos[0]).num_frames == 17  # the entry's frame count
+
+
+def test_a_job_from_an_i2v_entrys_ui_defaults_is_refused_before_the_data_is_read(aitk_run, tmp_path):
+    aitk = Path(AITK_PATH).resolve()  # installed by the module's fixture until the module ends
+    path = _ui_job(tmp_path, aitk, "video_dit:tiny-clip-i2v")
+    log = run_aitk(["run.py", str(path)], cwd=aitk, timeout=900, fails=True)
+    assert "sample.samples[0].ctrl_img: preset 'tiny-clip-i2v' is image-to-video only" in log, log[-4000:]
+    assert "samples 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 of 10 have none" in log, log[-4000:]
+    data = next(tmp_path.glob("ui_data_*"))
+    assert not (data / "_latent_cache").exists() and not (data / ".aitk_size.json").exists()
+
+
+def test_the_web_ui_type_checks_with_the_entries_installed(aitk_run):
+    """tsc over ai-toolkit's UI project with video_dit.tsx and the two patched files (needs ui/node_modules)."""
+    aitk = Path(AITK_PATH).resolve()
+    tsc = aitk / "ui/node_modules/.bin/tsc"
+    if not tsc.exists():
+        pytest.skip(f"{tsc}: missing (run `npm install` in {aitk / 'ui'} to type-check the UI)")
+    out = subprocess.run([str(tsc), "--noEmit", "-p", "tsconfig.json"], cwd=aitk / "ui", capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

@@ -12,7 +12,7 @@ launch costs more than the steps), and one test per claim:
        gradient accumulation against one bigger batch and CPU offload against none (ZeRO-2 each; ZeRO-3
        both in one job; on a world of identical clips, see `same_world`), both offloaded
        runs resumed, and channel-concat i2v (an in_dim-36 tiny preset) whose second, cached run makes no
-       VAE call.
+       VAE call; and a job file as ai-toolkit's web UI writes it from the `tiny` entry (tests/aitk_ui_job.py).
 """
 
 from __future__ import annotations
@@ -173,9 +173,33 @@ def launch_c(world):
                                              model={"preset": CONCAT["name"], "vae_path": "preset:tiny",
                                                     "text_encoder_path": "preset:tiny"})),
                       "resume": "none"})
+    # the web UI's job file (JSON) of the `tiny` entry, the fields a user fills changed (tests/test_aitk_ui.py)
+    import json
+
+    import aitk_ui_job
+
+    from video_dit.families import PRESETS
+    from video_dit.integrations.aitk_ui import entry
+
+    ui = aitk_ui_job.ui_job(entry(PRESETS["tiny"], str(world / "base.safetensors")), str(world / "data"), **{
+        "datasets[0].num_frames": 9, "datasets[0].resolution": [32], "train.steps": 2,
+        "train.disable_sampling": True, "training_folder": str(world / "out"), "save.save_every": 2})
+    aitk_ui_job.set_key(ui, "config.name", "ui")
+    (world / "ui.json").write_text(json.dumps(ui, indent=2))
+    specs.append({"config": str(world / "ui.json"), "resume": "none"})
     _, logs, _ = ranks.run_jobs(world, specs, presets=[CONCAT])
     (world / "launch_c.log").write_text(logs)
     return world
+
+
+def test_a_job_file_of_the_web_ui_trains(launch_c):
+    """type diffusion_trainer, model.arch video_dit:tiny, the UI's rank 32 / alpha 32, every key the UI writes."""
+    from video_dit.lora import read_lora
+
+    steps = losses(launch_c, "ui")
+    assert sorted(steps) == [1, 2] and all(torch.isfinite(torch.tensor(v)) for v in steps.values())
+    native, alpha, rank, _ = read_lora(launch_c / "out/ui/ui.safetensors")
+    assert rank == alpha == 32 and any(k.endswith(".lora_B.weight") and v.abs().max() > 0 for k, v in native.items())
 
 
 def test_zero3_exports_equal_zero0_and_full_exports_load(launch_c):

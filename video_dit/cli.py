@@ -19,7 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-vae": ("video_dit.commands.train_vae", "train the tiny VAE of the embedded default"),
     "plot": ("video_dit.commands.plot", "draw loss, throughput and memory curves from metrics.jsonl"),
     "check-demo": ("video_dit.commands.check_demo", "check the demo's previews: shape, colour and motion as captioned"),
-    "aitk-install": ("video_dit.commands.aitk_install", "register the video_dit arch in an ai-toolkit checkout"),
+    "aitk-install": ("video_dit.commands.aitk_install",
+                     "register the video_dit arch and its web UI entries in an ai-toolkit checkout"),
     "bench": ("video_dit.commands.bench", "benchmarks side by side with the reference implementation"),
     "plan": ("video_dit.commands.plan", "per-rank memory of a job per bucket, before anything is loaded, and the settings that fit"),
 }

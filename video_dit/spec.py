@@ -231,6 +231,30 @@ def check_dataset_i2v(preset: Preset, do_i2v: bool, key: str) -> None:
                                "do_i2v: true")
 
 
+def check_preview_frames(preset: Preset, i2v_mode: str | None, frames: list[tuple[bool, bool]], key: str) -> None:
+    """Previews a DiT can render, checked before step 1 by every trainer in the same words: an image-to-video-only
+    DiT (`Family.i2v_only`: no unconditioned input) needs each sample's first frame, a first-last-frame one
+    (`Family.last_frame`: "required") its last frame too. `frames`: per sample, (has a first frame, has a last
+    frame); `key`: the samples' list (`...sample.samples`). One `ConfigError` naming every sample without one
+    and the key to set; a sample is never left to fail mid-run."""
+    family = family_of(preset)
+    need_first = family.i2v_only(preset.dit)
+    need_last = family.last_frame(preset.dit, i2v_mode) == "required"
+    for needed, index, name, what in (
+            (need_first, 0, "ctrl_img", f"preset {preset.name!r} is image-to-video only (its DiT has no "
+                                        "unconditioned input): every preview starts from a first frame"),
+            (need_last, 1, "ctrl_img_2", f"preset {preset.name!r} is first-last-frame: every preview needs the "
+                                         "last frame as ctrl_img_2 beside the first (ctrl_img or ctrl_img_1)")):
+        missing = [i for i, have in enumerate(frames) if needed and not have[index]]
+        if missing:
+            ui = "its control image" if name == "ctrl_img" else "Control Image 2 (Control Image 1: the first)"
+            raise ConfigError(f"{key}[{missing[0]}].{name}",
+                              f"{what}, and sample{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(map(str, missing))} of {len(frames)} ha{'ve' if len(missing) > 1 else 's'} "
+                              f"none. Set {name} on each (ai-toolkit's UI: {ui}), or turn previews off "
+                              "(train.disable_sampling: true)")
+
+
 def last_frame_presets() -> list[str]:
     """The presets that take a last frame with the first (`Family.last_frame`: "required"), for messages."""
     return [n for n, p in PRESETS.items() if family_of(p).last_frame(p.dit, p.i2v_mode) == "required"]

@@ -51,17 +51,21 @@ def _process(doc, path: str) -> dict:
 
 
 def preset_name(process: dict) -> str:
-    """The preset a job's model names: `model.preset`, or `model.name_or_path: preset:NAME`."""
+    """The preset a job's model names: `model.preset`, `model.model_kwargs.preset`, the web UI's arch tag
+    (`model.arch: video_dit:NAME`), or `model.name_or_path: preset:NAME`."""
     model = process.get("model") or {}
     if not isinstance(model, dict):
         raise ConfigError(f"{PROCESS}.model", "expected a mapping")
-    if model.get("preset"):
-        return str(model["preset"])
+    kwargs = model.get("model_kwargs") or {}
+    tag = str(model.get("arch") or "").partition(":")[2]
+    for name in (model.get("preset"), kwargs.get("preset") if isinstance(kwargs, dict) else None, tag):
+        if name:
+            return str(name)
     nop = str(model.get("name_or_path") or "")
     if layout_preset_name(nop) is not None:
         return layout_preset_name(nop)
-    raise ConfigError(f"{PROCESS}.model", "names no preset: set model.preset or name_or_path: 'preset:NAME' "
-                                          "(or pass --preset)")
+    raise ConfigError(f"{PROCESS}.model", "names no preset: set model.preset, model.model_kwargs.preset or "
+                                          "name_or_path: 'preset:NAME' (or pass --preset)")
 
 
 def _bar(n: int, top: int, width: int = 30) -> str:

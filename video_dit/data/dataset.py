@@ -121,7 +121,10 @@ class DatasetConfig:
     smaller than `resolution` trains at its own size; true: it is upscaled to it), `audio` (in a job
     whose model generates sound: `auto` reads each clip's audio track, a clip without one trains the
     picture alone with its audio loss masked; `required` skips items without sound; `off` reads no
-    track; see the module docstring).
+    track; see the module docstring); `do_audio` (ai-toolkit's: false is `audio: off`).
+    ai-toolkit keys its web UI writes that this trainer does not act on (`mask_path`, `is_reg`, `network_weight`,
+    `controls`, `control_path*`, `flip_x` / `flip_y`, `auto_frame_count`, `batch_size`, ...): accepted at
+    their no-op values only, with the reason (train/config.py `IGNORED["datasets"]`).
     """
 
     folder_path: str
@@ -147,6 +150,21 @@ class DatasetConfig:
     validation_split: float = 0.0
     allow_upscale: bool = False
     audio: Literal["auto", "required", "off"] = "auto"
+    do_audio: bool | None = None  # ai-toolkit's key: false is `audio: off`, true the sound read (`audio` auto)
+    # ai-toolkit keys (its web UI writes them) accepted at their no-op values only: train/config.py IGNORED
+    mask_path: str | None = None
+    mask_min_value: float | None = None
+    is_reg: bool = False
+    network_weight: float = 1.0
+    controls: list[str] = field(default_factory=list)
+    control_path: str | None = None
+    control_path_1: str | None = None
+    control_path_2: str | None = None
+    control_path_3: str | None = None
+    flip_x: bool = False
+    flip_y: bool = False
+    auto_frame_count: bool = False
+    batch_size: int | None = None
     config_path: str = field(default="datasets[0]", init=False, repr=False, compare=False)
     validated: bool = field(default=False, init=False, repr=False, compare=False)
     # the model's VAE's frame rule (`fit_frames`: n -> the longest clip it encodes of at most n frames);
@@ -185,6 +203,11 @@ class DatasetConfig:
             raise ConfigError(f"{path}.num_workers", f"must be >= 0, got {self.num_workers}")
         if not self.caption_ext or "/" in self.caption_ext:
             raise ConfigError(f"{path}.caption_ext", f"expected an extension such as 'txt', got {self.caption_ext!r}")
+        if self.do_audio is not None:
+            if self.audio == ("off" if self.do_audio else "required"):
+                raise ConfigError(f"{path}.do_audio", f"{self.do_audio} conflicts with audio: {self.audio}; give one")
+            if not self.do_audio:
+                self.audio = "off"
         if self.audio not in AUDIO_MODES:  # typed_config checks a parsed file; this, a config built in code
             raise ConfigError(f"{path}.audio", f"{self.audio!r} is not accepted; accepted: "
                                                f"{' | '.join(AUDIO_MODES)}")

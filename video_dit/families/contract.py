@@ -85,6 +85,9 @@ class Preset:
     # Two experts of this DiT shape: the high-noise expert denoises t >= boundary_ratio x 1000, the
     # low-noise one the rest (diffusion/experts.py). None: one model.
     boundary_ratio: float | None = None
+    # (frames, height, width) the reference renders by default, its frame count one the VAE encodes; what the
+    # ai-toolkit UI entries default to (`integrations/aitk_ui.py`). None: not stated (no UI entry is made of it)
+    sample_size: tuple[int, int, int] | None = None
 
     @property
     def two_experts(self) -> bool:

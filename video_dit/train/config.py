@@ -12,8 +12,12 @@
     meta: {...}                      # ai-toolkit's free-form metadata, kept in exports
 
 Every key is checked (`video_dit.typed_config.parse`): an unknown key is an error with the nearest
-valid name. ai-toolkit keys we accept but do not act on are listed per block in `IGNORED` (they are
-validated for type where it matters and otherwise have no effect on our trainer).
+valid name. ai-toolkit keys we accept but do not act on are listed per block in `IGNORED` with the reason
+(they are validated for type where it matters and otherwise have no effect on our trainer); a key whose
+other values would change training is accepted at its no-op value only (`IGNORED` says which), any other
+value refused naming it. The job files ai-toolkit's web UI writes read here as they are (`.job_config.json`
+is JSON, which YAML reads): `type: diffusion_trainer`, the UI's arch tag `model.arch: video_dit:<preset>`
+(the preset taken from it) and every key the UI writes (tests/test_aitk_ui.py, from ai-toolkit 27a03a91).
 Checks that need the file system (dataset folders, control images, output folder) live in
 `video_dit.train.validate`, which `launch/train.sh` runs before any rank starts.
 """
@@ -47,17 +51,89 @@ from video_dit.spec import (
 from video_dit.train.experts import check_ranges
 from video_dit.typed_config import ConfigError, did_you_mean, parse
 
-# ai-toolkit keys accepted for compatibility that have no effect here (documented, by block).
+# ai-toolkit keys accepted for compatibility that have no effect here, by block, each with the reason;
+# "(X only)": other values are refused naming the key (they would change what trains).
 IGNORED = {
-    "process": ("device",),  # ranks use DeepSpeed's accelerator
-    "logging": ("verbose", "use_ui_logger"),  # ai-toolkit's console detail and its UI's loss database
-    "network": ("transformer_only",),  # LoRA targets the family's default set (`Family.lora_targets`)
-    "train": ("noise_scheduler", "train_unet", "train_text_encoder", "cache_text_embeddings",
-              "disable_sampling_at_start"),  # flowmatch only; TE frozen; embeds always cached
-    "model": ("low_vram",),  # ZeRO offload is the memory lever here
-    "sample": ("format",),  # previews are always MP4 + PNG sheet
-    "job": ("meta",),  # kept and written into the exports' metadata
+    "process": {
+        "device": "ranks use DeepSpeed's accelerator",
+        "sqlite_db_path": "the web UI's job database, where ai-toolkit's diffusion_trainer reports progress",
+        "performance_log_every": "ai-toolkit's timing printout; metrics.jsonl records each step's time",
+    },
+    "network": {
+        "transformer_only": "LoRA targets the family's default set (`Family.lora_targets`)",
+        "conv": "convolutions are never LoRA-targeted (the UI writes 16 with its conv rank hidden)",
+        "conv_alpha": "convolutions are never LoRA-targeted",
+        "lokr_full_rank": "LoKr's shape, read with type: lokr only",
+        "lokr_factor": "LoKr's shape, read with type: lokr only",
+        "network_kwargs": "ai-toolkit's extra network arguments (ignore_if_contains: [] only)",
+    },
+    "logging": {
+        "verbose": "ai-toolkit's console detail",
+        "use_ui_logger": "ai-toolkit's UI loss database",
+    },
+    "save": {"save_format": "a LoRA is one ComfyUI-keyed safetensors file, a full fine-tune native safetensors"},
+    "datasets": {
+        "mask_path": "loss masks (null only)",
+        "mask_min_value": "read with mask_path only",
+        "is_reg": "regularisation datasets (false only)",
+        "network_weight": "a dataset's LoRA strength (1 only)",
+        "controls": "control images of image models (empty only)",
+        "control_path": "control images of image models (null only): first and last frames come from each clip",
+        "control_path_1": "the UI's first control folder (null only): frames come from each clip",
+        "control_path_2": "the UI's second control folder (null only): frames come from each clip",
+        "control_path_3": "the UI's third control folder (null only): frames come from each clip",
+        "flip_x": "mirrored copies (false only): latents are cached once per item",
+        "flip_y": "mirrored copies (false only): latents are cached once per item",
+        "auto_frame_count": "each clip's own length (false only): num_frames is one per dataset here",
+        "batch_size": "a dataset's own batch size (null only): train.batch_size is one per job here",
+    },
+    "train": {
+        "noise_scheduler": "flow matching either way",
+        "train_unet": "the DiT is what trains (true only)",
+        "train_text_encoder": "the text encoder is frozen (false only)",
+        "cache_text_embeddings": "caption embeds are always cached",
+        "unload_text_encoder": "the text encoder only encodes the captions, once, before training",
+        "disable_sampling_at_start": "previews before step 1 follow skip_first_sample",
+        "force_first_sample": "previews before step 1 follow skip_first_sample (false only)",
+        "bypass_guidance_embedding": "Flux's guidance embedding; these DiTs have none",
+        "content_or_style": "the timestep draw is timestep_type's (balanced only)",
+        "loss_type": "the flow-matching MSE (mse only)",
+        "diff_output_preservation": "differential output preservation (false only)",
+        "diff_output_preservation_multiplier": "read with diff_output_preservation only",
+        "diff_output_preservation_class": "read with diff_output_preservation only",
+        "blank_prompt_preservation": "blank prompt preservation (false only)",
+        "blank_prompt_preservation_multiplier": "read with blank_prompt_preservation only",
+        "do_guidance_loss": "guidance loss (false only)",
+        "guidance_loss_target": "read with do_guidance_loss only",
+        "do_differential_guidance": "differential guidance (false only)",
+        "differential_guidance_scale": "read with do_differential_guidance only",
+    },
+    "model": {
+        "low_vram": "ZeRO offload is the memory lever here",
+        "block_compile": "compilation is per block always (train.compile)",
+    },
+    "sample": {"format": "previews are always MP4 + PNG sheet"},
+    "job": {"meta": "kept and written into the exports' metadata"},
 }
+
+
+# the dataset keys of IGNORED accepted at their no-op values only
+DATASET_INERT = {"mask_path": (None,), "is_reg": (False,), "network_weight": (1.0,), "controls": ([],),
+                 "control_path": (None, ""), "control_path_1": (None, ""), "control_path_2": (None, ""),
+                 "control_path_3": (None, ""), "flip_x": (False,), "flip_y": (False,), "auto_frame_count": (False,),
+                 "batch_size": (None,)}
+
+
+def check_inert(obj, path: str, accepted: dict) -> None:
+    """`accepted`: {field of `obj`: its accepted values}: the no-op values of ai-toolkit keys this trainer does
+    not act on (`IGNORED`); any other value is a `ConfigError` naming the key, the reason and what is accepted."""
+    block = path.rsplit(".", 1)[-1].split("[")[0]
+    for key, values in accepted.items():
+        value = getattr(obj, key)
+        if value not in values:
+            shown = ", ".join("null" if v is None else json.dumps(v) for v in values)
+            raise ConfigError(f"{path}.{key}", f"{value!r} is not supported by video_dit's trainer "
+                                               f"({IGNORED[block][key]}); accepted: {shown}")
 
 
 def torch_dtype(name: str):
@@ -81,8 +157,19 @@ class NetworkConfig:
     # ai-toolkit's key: a LoRA file (either trainer's, ComfyUI's keys) the adapters start from; its modules,
     # whatever targets it was trained with, are adapted beside the family's (`lora.start_from`)
     pretrained_lora_path: str | None = None
+    # ai-toolkit keys ignored (IGNORED["network"]); the web UI writes them all
+    conv: int | None = None
+    conv_alpha: float | None = None
+    lokr_full_rank: bool | None = None
+    lokr_factor: int | None = None
+    network_kwargs: dict | None = None
 
     def validate(self, path: str) -> None:
+        extra = dict(self.network_kwargs or {})
+        if extra.get("ignore_if_contains", []) != [] or set(extra) - {"ignore_if_contains"}:
+            raise ConfigError(f"{path}.network_kwargs", f"{extra!r} is not supported by video_dit's trainer "
+                                                        f"({IGNORED['network']['network_kwargs']}); accepted: "
+                                                        "{} or {ignore_if_contains: []}")
         if self.linear <= 0:
             raise ConfigError(f"{path}.linear", f"LoRA rank must be a positive integer, got {self.linear}")
         if self.linear_alpha is not None and self.linear_alpha <= 0:
@@ -107,6 +194,7 @@ class SaveConfig:
     max_step_saves_to_keep: int = 4
     resume: str = "auto"         # ours: auto | none | a checkpoint folder (overridden by --resume)
     push_to_hub: bool = False    # ai-toolkit key; true is refused (no network here)
+    save_format: Literal["safetensors", "diffusers"] | None = None  # ai-toolkit key; ignored (IGNORED["save"])
 
     def validate(self, path: str) -> None:
         if self.save_every < 1:
@@ -265,10 +353,28 @@ class TrainConfig:
     train_text_encoder: Literal[False] = False
     cache_text_embeddings: bool = True
     disable_sampling_at_start: bool | None = None
+    unload_text_encoder: bool = False
+    force_first_sample: bool = False
+    bypass_guidance_embedding: bool | None = None
+    content_or_style: Literal["balanced", "content", "style"] = "balanced"
+    loss_type: Literal["mse", "mae", "wavelet", "stepped"] = "mse"
+    diff_output_preservation: bool = False
+    diff_output_preservation_multiplier: float | None = None
+    diff_output_preservation_class: str | None = None
+    blank_prompt_preservation: bool = False
+    blank_prompt_preservation_multiplier: float | None = None
+    do_guidance_loss: bool | None = None
+    guidance_loss_target: float | None = None
+    do_differential_guidance: bool | None = None
+    differential_guidance_scale: float | None = None
     ema_config: EMAConfig = field(default_factory=EMAConfig)
     validation_config: ValidationConfig | None = None
 
     def validate(self, path: str) -> None:
+        check_inert(self, path, {"force_first_sample": (False,), "content_or_style": ("balanced",),
+                                 "loss_type": ("mse",), "diff_output_preservation": (False,),
+                                 "blank_prompt_preservation": (False,), "do_guidance_loss": (None, False),
+                                 "do_differential_guidance": (None, False)})
         check_checkpointing(self.gradient_checkpointing, f"{path}.gradient_checkpointing")
         for key in ("batch_size", "steps", "gradient_accumulation", "max_nonfinite_steps", "switch_boundary_every"):
             if getattr(self, key) < 1:
@@ -378,7 +484,7 @@ class ModelConfig:
     `train_low_noise` (ai-toolkit's model_kwargs; None = true), `boundary_ratio` (ours; None = the
     folder's model_index.json, else the preset's)."""
 
-    arch: Literal["video_dit"] = "video_dit"
+    arch: str = "video_dit"  # or the UI's `video_dit:<preset>` (ai-toolkit strips the tag; the preset here)
     name_or_path: str = "preset:tiny"
     preset: str | None = None
     quantize: bool = False
@@ -401,6 +507,8 @@ class ModelConfig:
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
     model_kwargs: dict | None = None  # ai-toolkit key; the MODEL_KWARGS keys may sit here (the arch reads them)
+    compile: bool | None = None    # ai-toolkit key: torch.compile of the blocks, honoured as train.compile
+    block_compile: bool | None = None  # ai-toolkit key; ignored (IGNORED["model"])
 
     def validate(self, path: str) -> None:
         kwargs = dict(self.model_kwargs or {})
@@ -414,6 +522,7 @@ class ModelConfig:
             key = next(iter(kwargs))
             raise ConfigError(f"{path}.model_kwargs.{key}", f"unknown key{did_you_mean(key, MODEL_KWARGS)}; "
                                                             f"accepted in model_kwargs: {', '.join(MODEL_KWARGS)}")
+        self._arch_tag(path)
         for key in ("train_high_noise", "train_low_noise"):
             if getattr(self, key) not in (None, True, False):
                 raise ConfigError(f"{path}.model_kwargs.{key}", f"{getattr(self, key)!r}; accepted: true, false")
@@ -442,6 +551,19 @@ class ModelConfig:
                                                 f"encoder and schedule family); accepted: {', '.join(PRESETS)}")
         if self.preset not in PRESETS:
             raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
+
+    def _arch_tag(self, path: str) -> None:
+        """`arch`: video_dit, or ai-toolkit's UI tag `video_dit:<preset>` naming the preset."""
+        base, colon, tag = self.arch.partition(":")
+        if base != "video_dit" or (colon and tag not in PRESETS):
+            raise ConfigError(f"{path}.arch", f"{self.arch!r}; accepted: video_dit, or video_dit:<preset> (the web "
+                                              f"UI's entries) with a preset among {', '.join(PRESETS)}"
+                                              f"{did_you_mean(tag, PRESETS) if base == 'video_dit' else ''}")
+        if colon and self.preset not in (None, tag):
+            raise ConfigError(f"{path}.arch", f"{self.arch!r} names preset {tag!r}, but the job's preset (model.preset "
+                                              f"or model_kwargs.preset) is {self.preset!r}; give one")
+        if colon:
+            self.preset = tag
 
     @property
     def vae_torch_dtype(self):
@@ -665,7 +787,7 @@ class LoggingConfig:
 
 @dataclass
 class ProcessConfig:
-    type: Literal["sd_trainer"] = "sd_trainer"
+    type: Literal["sd_trainer", "diffusion_trainer"] = "sd_trainer"  # diffusion_trainer: the web UI's (the same)
     training_folder: str = "output"
     device: str | None = None
     trigger_word: str | None = None
@@ -678,13 +800,21 @@ class ProcessConfig:
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     prepare: PrepareConfig | None = None
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sqlite_db_path: str | None = None  # the web UI's keys; ignored (IGNORED["process"])
+    performance_log_every: int | None = None
 
     def validate(self, path: str) -> None:
+        if self.model.compile is not None:  # ai-toolkit's model.compile is our train.compile
+            if self.train.compile not in ("auto", self.model.compile):
+                raise ConfigError(f"{path}.model.compile", f"{self.model.compile} conflicts with train.compile "
+                                                           f"{self.train.compile}; give one")
+            self.train.compile = self.model.compile
         if not self.datasets:
             raise ConfigError(f"{path}.datasets", "at least one dataset is required")
         self._apply_trigger_word()
         preset = get_preset(self.model.preset)
         for i, d in enumerate(self.datasets):  # clip lengths the model's VAE encodes
+            check_inert(d, f"{path}.datasets[{i}]", DATASET_INERT)
             d.fit_frames(preset.vae.snap_frames, f"{path}.datasets[{i}]")
         self._check_audio(path, preset)
         self._check_quantize(path)

@@ -32,7 +32,7 @@ from video_dit.families import get_preset, vae_family
 from video_dit.media import MediaError, load_image
 from video_dit.models.attention import available, missing_backend
 from video_dit.models.layouts import mixed_outputs, preset_name
-from video_dit.spec import check_image_encoder, check_sources, last_frame_presets, spec_of_job
+from video_dit.spec import check_image_encoder, check_preview_frames, check_sources, last_frame_presets, spec_of_job
 from video_dit.train import checkpoint as ckpt
 from video_dit.train.config import ModelConfig, PrepareConfig, parse_job, raw_process, read_yaml
 from video_dit.train.engine import schedule_change
@@ -131,16 +131,12 @@ def check_paths(job) -> None:
             raise ConfigError(f"{PROCESS}.model.name_or_path", str(exc)) from exc
         family = spec.family
         last = family.last_frame(preset.dit, p.i2v_mode)
+        # every sample without the frames the DiT needs, named at once (the ai-toolkit arch's words too)
+        check_preview_frames(preset, p.i2v_mode, [(s.ctrl_img is not None, s.ctrl_img_2 is not None)
+                                                   for s in p.sample.samples], f"{PROCESS}.sample.samples")
         for i, s in enumerate(p.sample.samples):
             for key in ("ctrl_img", "ctrl_img_2"):
                 _check_image(getattr(s, key), f"{PROCESS}.sample.samples[{i}].{key}")
-            if s.ctrl_img is None and family.i2v_only(preset.dit):
-                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img",
-                                  f"preset {preset.name!r} is image-to-video: every preview needs a ctrl_img")
-            if last == "required" and s.ctrl_img_2 is None:
-                raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
-                                  f"preset {preset.name!r} is first-last-frame: every preview needs the last frame "
-                                  "as ctrl_img_2 (and the first as ctrl_img)")
             if s.ctrl_img_2 is not None and (last == "no" or s.ctrl_img is None):
                 raise ConfigError(f"{PROCESS}.sample.samples[{i}].ctrl_img_2",
                                   f"a last frame (ctrl_img_2) needs ctrl_img and a first-last-frame model; preset "

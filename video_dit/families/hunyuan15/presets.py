@@ -13,7 +13,7 @@ from video_dit.families.hunyuan15.vae import HY15_VAE_CONFIG, HY15_VAE_TINY
 # The tiny presets' sampling defaults. No reference: Euler at 20 steps, shift 3, guidance 5, no negative
 # prompt (the text encoder is random); 24 fps as Tencent's.
 TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=5.0, sample_negative="",
-                     train_shift=3.0, fps=24)
+                     train_shift=3.0, fps=24, sample_size=(17, 64, 64))  # the embedded demo's clip size, as Wan's tiny
 
 # HunyuanVideo 1.5 (Tencent-Hunyuan/HunyuanVideo-1.5; diffusers' hunyuanvideo-community/HunyuanVideo-1.5-*).
 # Every released variant has one DiT architecture (HY15_DIT_CONFIGS), the one VAE and the Qwen2.5-VL + ByT5
@@ -31,13 +31,18 @@ TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, s
 # i2v_mode "concat": the i2v models read the first frame's latent and a mask in extra input channels (and
 # SigLIP tokens), frame 0 is generated (nothing replaces it): Wan I2V's "concat" semantics. t2v: None.
 # The 720p sparse-attention variant (720p_i2v_distilled_sparse) needs Tencent's SSTA kernel: not a preset.
+#   default size (frames, height, width): diffusers' HunyuanVideo15Pipeline, 121 frames (pipeline_hunyuan_video1_5.py
+#     line 550), 16:9 at the transformer's `target_size` (line 652: `calculate_default_height_width(9, 16,
+#     target_size)`; scripts/convert_hunyuan_video1_5_to_diffusers.py lines 47-76: 640 for 480p, 960 for 720p),
+#     which gives 480 x 848 and 720 x 1280.
 _HY15 = dict(sample_solver="euler", sample_steps=50, sample_negative="", train_shift=3.0, fps=24)
+_SIZE = {"480p": (121, 480, 848), "720p": (121, 720, 1280)}
 
 
 def _hy15(name: str, variant: str, shift: float, guidance: float, i2v: bool, **changes) -> Preset:
     return Preset(name, "hunyuan15", HY15_DIT_CONFIGS[variant], HY15_VAE_CONFIG, "hy15", HY15_TEXT,
                   **{**_HY15, "sample_shift": shift, "sample_guidance": guidance, "i2v_mode": "concat" if i2v else None,
-                     "image_encoder": HY15_SIGLIP if i2v else None, **changes})
+                     "image_encoder": HY15_SIGLIP if i2v else None, "sample_size": _SIZE[variant[:4]], **changes})
 
 
 # Tiny HunyuanVideo 1.5 (random init, tests): the tiny DiT (HY15_DIT_CONFIGS "tiny_t2v") with its text,

@@ -137,7 +137,9 @@ LTX25_TEXT = LTX2TextConfig(None, None)
 _DEV = dict(sample_solver="euler", sample_shift=LTX2_SHIFT, sample_guidance=3.0, sample_negative=LTX2_NEGATIVE_PROMPT,
             # `timestep_type: shift` at ltx-trainer's 4096-token shift; ltx-trainer's own draw is a stretched
             # shifted logit-normal whose mean follows the token count (timestep_samplers.py)
-            train_shift=LTX2_SHIFT, fps=24)
+            train_shift=LTX2_SHIFT, fps=24,
+            # [P] `PipelineParams`: num_frames 121, stage_1_height 512, stage_1_width 768 (the one-stage size)
+            sample_size=(121, 512, 768))
 
 
 def _dev(name: str, version: str, vae: str, text: LTX2TextConfig, steps: int) -> Preset:
@@ -169,7 +171,7 @@ TINY_LTX2_AUDIO = LTX2AudioConfig(
     tiny=True)
 # No reference: Euler at 8 steps, the release's shift and guidance, no negative prompt (the text encoder is random)
 _TINY = dict(sample_solver="euler", sample_steps=8, sample_shift=LTX2_SHIFT, sample_guidance=3.0, sample_negative="",
-             train_shift=LTX2_SHIFT, fps=24)
+             train_shift=LTX2_SHIFT, fps=24, sample_size=(17, 64, 64))  # the other tiny presets' clip, 8k + 1 frames
 
 LTX2_PRESETS: dict[str, Preset] = {
     p.name: p

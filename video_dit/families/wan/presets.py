@@ -84,7 +84,14 @@ _WAN = dict(sample_solver="unipc", sample_steps=50, sample_shift=5.0, sample_gui
 # The tiny presets' sampling defaults. No reference: Euler at 20 steps (the demo's previews were tuned
 # with them), shift 3, guidance 5, no negative prompt (the text encoder is random: Wan's means nothing).
 TINY_SAMPLING = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=5.0, sample_negative="",
-                   train_shift=3.0)
+                   train_shift=3.0, sample_size=(17, 64, 64))
+
+# Default sizes (frames, height, width). 480p: diffusers' WanPipeline / WanImageToVideoPipeline defaults
+# (pipeline_wan.py lines 330-332, pipeline_wan_i2v.py lines 401-403 in diffusers 0.42.1: 81 frames, 480 x 832).
+# 720p: Wan's '1280*720' size (wan/configs/__init__.py SIZE_CONFIGS; diffusers' WanPipeline example, line 68)
+# at Wan's default 81 frames (generate.py `frame_num`). The tiny presets: the embedded demo's clips
+# (`make-demo-data`: 17 frames of 64 x 64).
+SIZE_480P, SIZE_720P = (81, 480, 832), (81, 720, 1280)
 
 
 WAN_PRESETS: dict[str, Preset] = {
@@ -98,16 +105,19 @@ WAN_PRESETS: dict[str, Preset] = {
         # guidance 5.0 (line 244), unipc (line 231); the shared negative prompt.
         _wan("wan2.1-t2v-1.3b",
              DiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30),
-             VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0),
+             VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0,
+             sample_size=SIZE_480P),  # Wan's SUPPORTED_SIZES['t2v-1.3B']: 480p only
         _wan("wan2.1-t2v-14b",
              DiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
-             VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0),
+             VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=50, sample_shift=5.0, sample_guidance=5.0,
+             sample_size=SIZE_720P),
         # Wan2.2 wan/configs/wan_ti2v_5B.py lines 32-35: fps 24, shift 5.0, 50 steps, guidance 5.0 (t2v
         # and i2v alike: generate.py lines 84-91 take them from the config); unipc (generate.py line 204).
         _wan("wan2.2-ti2v-5b",
              DiTConfig(in_dim=48, out_dim=48, dim=3072, ffn_dim=14336, num_heads=24, num_layers=30),
              VAE_PRESETS["wan2.2"], "wan2.2", UMT5_XXL, sample_steps=50, sample_shift=5.0,
-             sample_guidance=5.0, train_shift=5.0, i2v_mode="replace", fps=24),
+             sample_guidance=5.0, train_shift=5.0, i2v_mode="replace", fps=24,
+             sample_size=(121, 704, 1280)),  # wan_ti2v_5B.py frame_num 121; SUPPORTED_SIZES['ti2v-5B'] 1280*704
         # Wan 2.2 A14B: two experts of one 14B shape (diffusion/experts.py), Wan 2.1's VAE (wan/configs/
         # wan_t2v_A14B.py, wan_i2v_A14B.py: `vae_checkpoint = 'Wan2.1_VAE.pth'`), the shared negative prompt.
         # wan_t2v_A14B.py lines 34-37: shift 12.0, 40 steps, boundary 0.875, guidance (3.0, 4.0) for (low,
@@ -118,11 +128,13 @@ WAN_PRESETS: dict[str, Preset] = {
         _wan("wan2.2-t2v-a14b",
              DiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
              VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=40, sample_shift=12.0,
-             sample_guidance=4.0, sample_guidance_2=3.0, train_shift=5.0, boundary_ratio=0.875),
+             sample_guidance=4.0, sample_guidance_2=3.0, train_shift=5.0, boundary_ratio=0.875,
+             sample_size=SIZE_720P),
         _wan("wan2.2-i2v-a14b",
              DiTConfig(in_dim=36, out_dim=16, dim=5120, ffn_dim=13824, num_heads=40, num_layers=40),
              VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL, sample_steps=40, sample_shift=5.0,
-             sample_guidance=3.5, sample_guidance_2=3.5, train_shift=5.0, i2v_mode="concat", boundary_ratio=0.9),
+             sample_guidance=3.5, sample_guidance_2=3.5, train_shift=5.0, i2v_mode="concat", boundary_ratio=0.9,
+             sample_size=SIZE_720P),
         # Wan 2.1 I2V: channel concat (in_dim 36) + the first frame's CLIP features through the image
         # branch. 480P and 720P share the architecture. Wan2.1 generate.py samples i2v with 40 steps
         # (line 74) at shift 3 for 480p sizes, else 5 (lines 77-79), guidance 5.0 (line 244), and the
@@ -130,17 +142,17 @@ WAN_PRESETS: dict[str, Preset] = {
         # Train shifts are ours (Wan publishes none): the sampling shift of the resolution.
         _wan("wan2.1-i2v-14b-480p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
              sample_steps=40, sample_shift=3.0, sample_guidance=5.0, sample_negative=WAN21_I2V_NEGATIVE_PROMPT,
-             train_shift=3.0, i2v_mode="concat", image_encoder=VIT_H_14),
+             train_shift=3.0, i2v_mode="concat", image_encoder=VIT_H_14, sample_size=SIZE_480P),
         _wan("wan2.1-i2v-14b-720p", WAN21_I2V_DIT, VAE_PRESETS["wan2.1"], "wan2.1", UMT5_XXL,
              sample_steps=40, sample_shift=5.0, sample_guidance=5.0, sample_negative=WAN21_I2V_NEGATIVE_PROMPT,
-             train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14),
+             train_shift=5.0, i2v_mode="concat", image_encoder=VIT_H_14, sample_size=SIZE_720P),
         # Wan 2.1 FLF2V: the first and last frame (mask + VAE) and both frames' CLIP features (514 tokens,
         # + img_emb.emb_pos). Wan2.1 generate.py: 50 steps ("i2v" is not in "flf2v-14B", line 73), shift
         # 16 (line 81), guidance 5.0; its negative prompt (wan/configs/__init__.py line 18).
         _wan("wan2.1-flf2v-14b-720p", replace(WAN21_I2V_DIT, num_images=2), VAE_PRESETS["wan2.1"], "wan2.1",
              UMT5_XXL, sample_steps=50, sample_shift=16.0, sample_guidance=5.0,
              sample_negative=WAN21_FLF2V_NEGATIVE_PROMPT, train_shift=5.0, i2v_mode="concat",
-             image_encoder=VIT_H_14),
+             image_encoder=VIT_H_14, sample_size=SIZE_720P),
         # Tiny Wan 2.1-style I2V / FLF2V (random init, tests): tiny DiT widths, in_dim 36, a tiny CLIP;
         # the tiny preset's sampling defaults.
         _wan("tiny-clip-i2v", TINY_CLIP_I2V_DIT, VAE_PRESETS["tiny"], "tiny", TINY_TE, **TINY_SAMPLING,

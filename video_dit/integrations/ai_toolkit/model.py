@@ -54,6 +54,7 @@ from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
 from video_dit.diffusion.flow import velocity_target
 from video_dit.families import PRESETS, Preset
+from video_dit.integrations.ai_toolkit.job_checks import check_generation, check_job
 from video_dit.lora import check_targets, from_comfy
 from video_dit.media import load_image, write_video
 from video_dit.models.common import te_quantization
@@ -596,6 +597,16 @@ class VideoDiTModel(BaseModel):
 
     # ---------------------------------------------------------------- previews
 
+    def add_after_sample_image_hook(self, func):
+        """ai-toolkit's trainer registers its per-preview hook here right after `load_model()`, before the
+        network, the data or any preview: the job's previews and datasets are checked now (`job_checks`)."""
+        super().add_after_sample_image_hook(func)
+        check_job(self, getattr(func, "__self__", None))
+
+    def generate_images(self, image_configs, *args, **kwargs):
+        check_generation(self, image_configs)  # before a preview of the round renders (`job_checks`)
+        return super().generate_images(image_configs, *args, **kwargs)
+
     def get_generation_pipeline(self):
         return self.family.pipeline(self.model, self.vae, image_encoder=getattr(self, "image_encoder", None),
                                     i2v_mode=self.i2v_mode)
@@ -604,8 +615,9 @@ class VideoDiTModel(BaseModel):
                               extra):
         """One preview: a list of PIL frames (saved as MP4) or, for `num_frames: 1`, one PIL image.
 
-        `gen_config.ctrl_img` (a path) makes it image-to-video; ai-toolkit leaves opening it to us;
-        `ctrl_img_2` (ai-toolkit's second control image) is the last frame of a first-last-frame model.
+        `gen_config.ctrl_img` (a path; or `ctrl_img_1`, the UI's first of three control images) makes it
+        image-to-video; ai-toolkit leaves opening it to us; `ctrl_img_2` (its second control image) is the last
+        frame of a first-last-frame model.
         num_frames is snapped to a count the VAE encodes and width/height to the bucket divisibility, in place.
         """
         if extra:
@@ -618,8 +630,9 @@ class VideoDiTModel(BaseModel):
         d = self.get_bucket_divisibility()
         gen_config.width, gen_config.height = max(d, gen_config.width // d * d), max(d, gen_config.height // d * d)
         first_frame = None
-        if gen_config.ctrl_img is not None:
-            first_frame = load_image(gen_config.ctrl_img)  # resized to cover W x H and centre-cropped
+        first = gen_config.ctrl_img or getattr(gen_config, "ctrl_img_1", None)  # the UI's Control Image 1 too
+        if first is not None:
+            first_frame = load_image(first)  # resized to cover W x H and centre-cropped
         last_frame = None
         if getattr(gen_config, "ctrl_img_2", None) is not None:
             if self.last_frame:

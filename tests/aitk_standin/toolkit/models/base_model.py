@@ -54,6 +54,8 @@ class BaseModel:
         self.do_masked_loss = True
         self.x0_pred = False
         self.sample_prompts_cache = None
+        self._after_sample_img_hooks = []
+        self.generated = []  # the stand-in's generate_images records its configs (see there)
 
     @property
     def unet(self):
@@ -77,6 +79,16 @@ class BaseModel:
 
     def print_and_status_update(self, status):
         print(status)
+
+    def add_after_sample_image_hook(self, func):
+        """As ai-toolkit (L381-382): appended; BaseSDTrainProcess.run calls it with its bound
+        `sample_step_hook` right after `load_model()` (L1806)."""
+        self._after_sample_img_hooks.append(func)
+
+    def generate_images(self, image_configs, sampler=None, pipeline=None):
+        """Stand-in: records the GenerateImageConfig list (the real one, L396-753, renders each through
+        `generate_single_image`; tests/test_aitk_real.py runs it)."""
+        self.generated.append(list(image_configs))
 
     def get_model_has_grad(self):
         raise NotImplementedError("get_model_has_grad must be implemented in child classes")
