@@ -53,7 +53,7 @@ def ours_from(sd: dict, cfg: H3DiTConfig = CFG, qkv_layout: str = "stacked") -> 
 
 def inputs(task: str, seed: int = 1) -> dict:
     """Our forward's keyword arguments for two samples at their own timesteps. fl2va: a first and a last keyframe
-    (held at 999.9: the pipeline's t = 0.999 is 1 - 0.0001, here on 0..1000 ~ 0.1), sample 0's prompt padded."""
+    at timestep 1 (0..1000: the pipeline's max(t, 0.999) in MiniMax's time), sample 0's prompt padded."""
     g = torch.Generator().manual_seed(seed)
     kw = dict(video=torch.randn(2, CFG.in_channels, FRAMES, HEIGHT, WIDTH, generator=g),
               audio=torch.randn(2, CFG.audio_channels, CFG.audio_in_channels, AUDIO_FRAMES, generator=g),
@@ -255,11 +255,16 @@ def test_bad_inputs_are_named():
            "anchor": ({**kw, "keyframe_anchors": ("first", "middle")}, "'middle' is not accepted"),
            "keyframes": ({**kw, "keyframes": kw["keyframes"][:, :, :1]}, r"len\(keyframe_anchors\)=2"),
            "left padding": ({**kw, "text_mask": kw["text_mask"].flip(1)}, "right-padded"),
+           "mask shape": ({**kw, "text_mask": kw["text_mask"][:, :5]}, r"text_mask \(2, 5\): expected \(2, 7\)"),
            "tags": ({**kw, "text_tags": torch.full((TEXT,), 2)}, r"text_tags \(7,\)"),
            "video": ({**kw, "video": kw["video"][:, :, :, :3]}, r"h, w divisible by patch_size")}
     for what, (args, message) in bad.items():
         with pytest.raises(ValueError, match=message):
             model(**args)
+    t2va = inputs("t2va")
+    with torch.no_grad():  # a mask with no padding is no mask
+        same = [torch.equal(a, b) for a, b in zip(model(**t2va), model(**t2va, text_mask=torch.ones(2, TEXT)))]
+    assert same == [True, True]
     with pytest.raises(ValueError, match=r"H3DiTConfig.num_layers=0: a positive integer"):
         H3DiTConfig(num_layers=0)
     with pytest.raises(ValueError, match=r"rope_freq_dim=32: 6 x rope_freq_dim = 192"):

@@ -239,11 +239,14 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
         lengths = None
         if text_mask is not None:
             mask = text_mask.bool()
-            lengths = mask.sum(1).tolist()
-            right_padded = torch.arange(Lt, device=mask.device)[None] < mask.sum(1, keepdim=True)
-            if tuple(mask.shape) != (B, Lt) or min(lengths) < 1 or not torch.equal(mask, right_padded):
+            count = mask.sum(-1, keepdim=True)  # real rows per sample
+            right_padded = torch.arange(Lt, device=mask.device) < count
+            if tuple(mask.shape) != (B, Lt) or not torch.equal(mask, right_padded) or bool((count < 1).any()):
                 raise ValueError(f"text_mask {tuple(text_mask.shape)}: expected ({B}, {Lt}), each row's real rows "
                                  "first (right-padded) and at least one")
+            lengths = count.flatten().tolist()
+            if min(lengths) == Lt:
+                lengths = None  # no padding: no key mask (the optional attention kernels stay usable)
         pt, ph, pw = cfg.patch_size
         layout = Layout(text_len=Lt, text_tags=tags, anchors=anchors, grid=(Fr // pt, H // ph, W // pw),
                         latent_hw=(H, W), audio_channels=cfg.audio_channels, audio_frames=audio.shape[3])
@@ -255,7 +258,7 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
         layout, lengths = self._layout(video, audio, text, timestep, audio_timestep, text_mask, text_tags,
                                        keyframes, anchors, keyframe_timestep)
         B, device = video.shape[0], video.device
-        key_text = None if text_mask is None else text_mask.bool()
+        key_text = None if lengths is None else text_mask.bool()
 
         txt = self.condition_proj(text.to(self.dtype))  # (B, Lt, D)
         cdt = compute_dtype_of(txt)  # the Linears' dtype: bf16 under a bf16 model's autocast
