@@ -45,7 +45,7 @@ ENTRIES = ((VIDEO, VIDEO_TAG), (VIDEO, TEXT_TAG), (AUDIO, AUDIO_TAG), (KEYFRAME,
 E_VIDEO, E_TEXT, E_AUDIO, E_KEYFRAME = range(4)
 ANCHORS = ("first", "last")
 
-FRAME_RESCALE = 5.0 / 3.0               # rotary time units per pixel frame: the 40 Hz clock at 24 fps (`_ROPE_FRAME_RESCALE`)
+FRAME_RESCALE = 5.0 / 3.0               # rotary units per pixel frame: a 40 Hz clock at 24 fps
 FRAMES_PER_LATENT = (1, 4, 4, 4, 4)     # `_ROPE_FRAMES_PER_LATENT`
 SPATIAL_SCALE = 32                      # `_ROPE_SPATIAL_SCALE`
 
