@@ -250,6 +250,8 @@ def h3_vae_config_from_original(source: dict, wrapper: dict) -> tuple[H3VAEConfi
                   block_out_channels=tuple(s["ch"] * m for m in s["ch_mult"]), layers_per_block=s["num_res_blocks"],
                   spatial_downsample_factors=tuple(s["space_down"]), temporal_downsample_factors=tuple(s["time_down"]),
                   spatial_padding_mode=s.get("padding_mode", "zeros"), decoder_num_layers=vit["num_layers"],
+                  # hard-coded in MiniMax's code: GroupNorm(32, eps 1e-6) (norm.py), FeedForward(mult=4) (base_module.py)
+                  norm_num_groups=32, norm_eps=1e-6, decoder_ffn_mult=4,
                   decoder_num_attention_heads=vit["heads"], decoder_attention_head_dim=vit["dim_head"],
                   decoder_rope_theta=vit.get("rope_theta", 100.0), decoder_rope_dim_ratio=vit.get("rope_dim_ratio", 1.0),
                   decoder_num_register_tokens=vit.get("num_register_tokens", 4), decoder_norm_eps=vit.get("eps", 1e-5),
@@ -298,7 +300,6 @@ def load_h3_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, dev
                            "MiniMax's video_vae/ folder or a .safetensors file (huggingface-cli download "
                            "MiniMaxAI/MiniMax-H3 --include 'vae/*' --local-dir MODELS/minimax-h3)")
     tiling = H3Tiling()
-    weights = path
     if path.is_dir():
         path = _folder(path)
         cfg_json = path / "config.json"
@@ -311,11 +312,13 @@ def load_h3_vae(source: str | os.PathLike, dtype: torch.dtype | None = None, dev
                 found, tiling = h3_vae_config_from_original(json.loads((src_dir / "config.json").read_text()), wrapper)
                 weights = src_dir / wrapper.get("source_safetensors_path", "model.safetensors")
             else:
-                found = h3_vae_config_from_diffusers(wrapper)
+                found, weights = h3_vae_config_from_diffusers(wrapper), path
         except (ValueError, TypeError, KeyError) as exc:
             raise WeightsError(f"{cfg_json}: not a MiniMax H3 video VAE config ({exc})") from exc
         config = config or found
-    elif config is None:
+    else:
+        weights = path
+    if config is None and not path.is_dir():
         beside = path.parent / "config.json"
         if beside.is_file():
             try:
