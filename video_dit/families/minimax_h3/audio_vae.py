@@ -32,6 +32,7 @@ The release is float32 and diffusers pins it so: bfloat16 decodes come out about
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -54,10 +55,12 @@ ALIAS_RATIO = 2
 ALIAS_TAPS = 12
 
 
-def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _kaiser_sinc(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
     """(1, 1, taps) low-pass filter: a sinc of cutoff `cutoff` (in cycles per sample) under a Kaiser window whose
     beta follows Kaiser's formula for the transition width 4 `half_width`, normalised to sum 1. The arithmetic is
-    alias-free-torch's (MiniMax dac_alias_free_filter.py), since its result is stored in the checkpoint."""
+    alias-free-torch's (MiniMax dac_alias_free_filter.py), since its result is stored in the checkpoint. Always
+    computed on the CPU (on the meta device torch would run it through slow decompositions, for no values)."""
     half = taps // 2
     attenuation = 2.285 * (half - 1) * math.pi * (4 * half_width) + 7.95
     if attenuation > 50.0:
@@ -66,10 +69,15 @@ def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Ten
         beta = 0.5842 * (attenuation - 21) ** 0.4 + 0.07886 * (attenuation - 21.0)
     else:
         beta = 0.0
-    window = torch.kaiser_window(taps, beta=beta, periodic=False)
-    time = torch.arange(-half, half) + 0.5 if taps % 2 == 0 else torch.arange(taps) - half
+    window = torch.kaiser_window(taps, beta=beta, periodic=False, device="cpu")
+    time = torch.arange(-half, half, device="cpu") + 0.5 if taps % 2 == 0 else torch.arange(taps, device="cpu") - half
     filt = 2 * cutoff * window * torch.sinc(2 * cutoff * time)
     return (filt / filt.sum()).view(1, 1, taps)
+
+
+def kaiser_sinc_filter(cutoff: float, half_width: float, taps: int) -> torch.Tensor:
+    """A fresh copy of `_kaiser_sinc` (each module's buffer its own tensor)."""
+    return _kaiser_sinc(cutoff, half_width, taps).clone()
 
 
 # ---------------------------------------------------------------- layers
@@ -525,7 +533,6 @@ def load_h3_audio_vae(source: str | os.PathLike, dtype: torch.dtype | None = Non
         model = H3AudioVAE(config or AUDIO_PRESETS[name], seed=seed).to(device)
         return model.to(dtype=dtype) if dtype is not None else model
     path = Path(src)
-    weights = path
     if path.is_dir():
         for sub in ("audio_vae", "FL2VA/audio_vae", "Ref2VA/audio_vae"):
             if (path / sub / "config.json").is_file():
@@ -543,11 +550,13 @@ def load_h3_audio_vae(source: str | os.PathLike, dtype: torch.dtype | None = Non
                     json.loads((path / wrapper["source_metadata_path"]).read_text()), wrapper)
                 weights = path / wrapper.get("source_safetensors_path", "model.safetensors")
             else:
-                found = h3_audio_config_from_diffusers(wrapper)
+                found, weights = h3_audio_config_from_diffusers(wrapper), path
         except (ValueError, TypeError, KeyError) as exc:
             raise WeightsError(f"{cfg_json}: not a MiniMax H3 audio VAE config ({exc})") from exc
         config = config or found
     elif config is None:
         raise WeightsError(f"{path}: a bare weights file; pass config= (an H3AudioVAEConfig) or load its folder")
+    else:
+        weights = path
     sd = h3_audio_vae_to_native(read_state_dict(weights))
     return materialize(H3AudioVAE, config, sd, str(weights), dtype, device)
