@@ -15,9 +15,9 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 
-from video_dit.families.minimax_h3.encoders import (TEXT_LAYER, TEXT_TAG, VIDEO_TAG, H3TextEncoder, load_h3_text_encoder,
-                                                    tiny_h3_text_encoder, tiny_qwen3vl, tiny_qwen3vl_image_processor,
-                                                    tiny_qwen3vl_tokenizer)
+from video_dit.families.minimax_h3.encoders import (TEXT_LAYER, TEXT_TAG, VIDEO_TAG, H3TextEncoder,
+                                                    load_h3_text_encoder, tiny_h3_text_encoder, tiny_qwen3vl,
+                                                    tiny_qwen3vl_image_processor, tiny_qwen3vl_tokenizer)
 from video_dit.models.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
@@ -51,7 +51,8 @@ def _processor():
 def pair():
     """(diffusers' components over the whole tiny Qwen3VLForConditionalGeneration, our encoder over a second copy
     of the same weights: ours cuts its layers in place)."""
-    components = SimpleNamespace(text_encoder=tiny_qwen3vl(0), tokenizer=tiny_qwen3vl_tokenizer(), processor=_processor(),
+    components = SimpleNamespace(text_encoder=tiny_qwen3vl(0), tokenizer=tiny_qwen3vl_tokenizer(),
+                                 processor=_processor(),
                                  text_encoder_layer=P.text_encoder_layer.fget(None), text_tag=P.text_tag.fget(None),
                                  video_tag=P.video_tag.fget(None), _execution_device=torch.device("cpu"))
     return components, tiny_h3_text_encoder(0)
@@ -73,7 +74,8 @@ def test_t2va_rows_match_the_pipeline(pair):
     """A prompt alone: the same rows as `MiniMaxH3TextEncoderStep` (the prompt verbatim, no template, no special
     tokens, hidden_states[50]), all tagged text."""
     components, encoder = pair
-    assert components.text_encoder_layer == TEXT_LAYER and (components.text_tag, components.video_tag) == (TEXT_TAG, VIDEO_TAG)
+    assert components.text_encoder_layer == TEXT_LAYER
+    assert (components.text_tag, components.video_tag) == (TEXT_TAG, VIDEO_TAG)
     want, want_tags = _run(h3_encoders.MiniMaxH3TextEncoderStep(), components, prompt=PROMPT)
     (got,) = encoder.encode(PROMPT)
     assert got.embeds.shape == want.shape == (len(PROMPT.encode()), 32)
@@ -84,7 +86,8 @@ def test_t2va_rows_match_the_pipeline(pair):
 def test_fl2va_rows_match_the_pipeline(pair):
     """With a first and a last keyframe: the same rows as `MiniMaxH3FL2VATextEncoderStep` ("<Picture i>: " and a
     vision block per image through Qwen3-VL's vision tower and 3-axis RoPE, then the prompt), the vision blocks
-    tagged as video; the images reach the prompt's rows (they differ from the t2va rows by far more than the tolerance)."""
+    tagged as video; the images reach the prompt's rows (they differ from the t2va rows by far more than the
+    tolerance)."""
     components, encoder = pair
     frames = _keyframes()
     want, want_tags = _run(h3_encoders.MiniMaxH3FL2VATextEncoderStep(), components, prompt=PROMPT, keyframes=frames)

@@ -5,7 +5,8 @@ Field names are diffusers' `AutoencoderKLMiniMaxH3Audio` constructor names. Mini
 `audio_vae/metadata.json` (the `DacAudioVAE` kwargs: encoder_dim, encoder_rates, latent_dim, decoder_dim,
 decoder_rates, sample_rate, vae_latent_channels, attn_proj, decoder_type) and `audio_vae/config.json` (the latent
 statistics); MiniMax's dac_audio_vae.py hard-codes the rest (8 attention heads; the BigVGAN table of 32 kHz:
-upsample kernels 9, 9, 4, ..., AMP kernels 3, 7, 11 with dilations 1, 3, 5), read by `audio_vae.h3_audio_config_from_original`.
+upsample kernels 9, 9, 4, ..., AMP kernels 3, 7, 11 with dilations 1, 3, 5), read by
+`audio_vae.h3_audio_config_from_original`.
 
 The waveform is mono at 32 kHz; the VAE hops 800 samples per latent (prod(encoder_rates)), 40 latents a second.
 MiniMax H3's soundtrack is stereo, its two channels encoded as two mono waveforms and laid channel-major in the
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from video_dit.families.minimax_h3.vae_config import FPS
 from video_dit.typed_config import ConfigError, parse
 
-# Per-channel latent statistics of the release (MiniMaxAI/MiniMax-H3 audio_vae/config.json = FL2VA/audio_vae/config.json)
+# Per-channel latent statistics of the release (MiniMaxAI/MiniMax-H3 audio_vae/config.json, the same values as
+# FL2VA/audio_vae/config.json)
 RELEASED_AUDIO_LATENTS_MEAN = (
     -0.020211687488382354, 0.3876466479950502, -0.04398279799186767, -0.28591514936373, 0.08179686214561671,
     -0.35782641352446604, 0.040623809960919084, -0.01552534501956604, -0.223362481667332, 0.1821006842509091,
@@ -79,7 +81,8 @@ class H3AudioVAEConfig:
             bad("decoder_rates", f"{self.decoder_rates} upsample by {math.prod(self.decoder_rates)}; the encoder hops "
                 f"{self.hop_length} samples (prod(encoder_rates))")
         if len(self.decoder_kernel_sizes) != len(self.decoder_rates):
-            bad("decoder_kernel_sizes", f"{self.decoder_kernel_sizes}: one per decoder rate ({len(self.decoder_rates)})")
+            bad("decoder_kernel_sizes",
+                f"{self.decoder_kernel_sizes}: one per decoder rate ({len(self.decoder_rates)})")
         if self.decoder_dim % 2 ** len(self.decoder_rates):
             bad("decoder_dim", f"{self.decoder_dim} is halved {len(self.decoder_rates)} times; must be divisible by "
                 f"{2 ** len(self.decoder_rates)}")

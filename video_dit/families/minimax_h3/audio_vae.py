@@ -196,7 +196,8 @@ class ResidualUnit(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-    """Three residual units (dilations 1, 3, 9) at dim / 2, Snake, a strided conv to dim. (B, dim/2, N) -> (B, dim, N/s)."""
+    """Three residual units (dilations 1, 3, 9) at dim / 2, Snake, a strided conv to dim.
+    (B, dim / 2, N) -> (B, dim, N / stride)."""
 
     def __init__(self, dim: int, stride: int):
         super().__init__()
@@ -409,7 +410,8 @@ class H3AudioVAE(nn.Module):
         at `sampling_rate`."""
         cfg = self.config
         if z.ndim != 4 or z.shape[2] != cfg.latent_channels:
-            raise ValueError(f"H3AudioVAE.decode expects latents (B, C, {cfg.latent_channels}, T), got {tuple(z.shape)}")
+            raise ValueError(f"H3AudioVAE.decode expects latents (B, C, {cfg.latent_channels}, T), "
+                             f"got {tuple(z.shape)}")
         B, C, _, T = z.shape
         x = self.decoder(self.dec_in_proj(z.reshape(B * C, cfg.latent_channels, T).to(self.dtype)))  # (B C, 1, hop T)
         return x.float().view(B, C, -1)
@@ -488,7 +490,8 @@ def h3_audio_config_from_original(metadata: dict, wrapper: dict) -> H3AudioVAECo
     return H3AudioVAEConfig(
         encoder_dim=kw.get("encoder_dim", 64), encoder_rates=tuple(kw["encoder_rates"]), latent_dim=kw["latent_dim"],
         latent_channels=kw["vae_latent_channels"], decoder_dim=kw["decoder_dim"],
-        decoder_rates=tuple(kw["decoder_rates"]), decoder_kernel_sizes=tuple(2 * u - u % 2 for u in kw["decoder_rates"]),
+        decoder_rates=tuple(kw["decoder_rates"]),
+        decoder_kernel_sizes=tuple(2 * u - u % 2 for u in kw["decoder_rates"]),
         sampling_rate=kw["sample_rate"], latents_mean=tuple(wrapper["latents_mean"]),
         latents_std=tuple(wrapper["latents_std"]))
 
@@ -502,7 +505,8 @@ def h3_audio_config_from_diffusers(d: dict) -> H3AudioVAEConfig:
     d = {k: v for k, v in d.items() if not k.startswith("_")}
     unknown = sorted(set(d) - _DIFFUSERS_FIELDS)
     if unknown:
-        raise ValueError(f"AutoencoderKLMiniMaxH3Audio config: unknown keys {unknown}; known: {sorted(_DIFFUSERS_FIELDS)}")
+        raise ValueError(f"AutoencoderKLMiniMaxH3Audio config: unknown keys {unknown}; "
+                         f"known: {sorted(_DIFFUSERS_FIELDS)}")
     missing = [k for k in ("latents_mean", "latents_std") if d.get(k) is None]
     if missing:
         raise ValueError(f"AutoencoderKLMiniMaxH3Audio config: no {' / '.join(missing)}")
@@ -529,7 +533,8 @@ def load_h3_audio_vae(source: str | os.PathLike, dtype: torch.dtype | None = Non
     name = preset_name(src)
     if name is not None:
         if config is None and name not in AUDIO_PRESETS:
-            raise WeightsError(f"{src}: unknown MiniMax H3 audio VAE preset {name!r}; valid: {', '.join(AUDIO_PRESETS)}")
+            raise WeightsError(f"{src}: unknown MiniMax H3 audio VAE preset {name!r}; "
+                               f"valid: {', '.join(AUDIO_PRESETS)}")
         model = H3AudioVAE(config or AUDIO_PRESETS[name], seed=seed).to(device)
         return model.to(dtype=dtype) if dtype is not None else model
     path = Path(src)

@@ -61,7 +61,7 @@ TINY_QWEN3VL = H3TextEncoderConfig(hidden_size=32, tiny=True)  # 51 layers of 32
 
 
 class H3PromptEmbeds(NamedTuple):
-    """One prompt's conditioning: `embeds` (Lt, D) in the model's dtype and `tags` (Lt,) int64 (TEXT_TAG / VIDEO_TAG)."""
+    """One prompt's conditioning: `embeds` (Lt, D) in the model's dtype, `tags` (Lt,) int64 (TEXT_TAG or VIDEO_TAG)."""
 
     embeds: torch.Tensor
     tags: torch.Tensor
@@ -240,7 +240,8 @@ def _folders(source: str | os.PathLike) -> tuple[Path, Path, Path | None]:
         raise WeightsError(f"{path}: no such folder; expected MiniMax H3's Qwen3-VL conditioner as a pipeline folder "
                            f"(text_encoder/, tokenizer/, processor/) or one Qwen3-VL folder; {download}")
     if not (path / "config.json").is_file():
-        raise WeightsError(f"{path}: no config.json and no text_encoder/: not a Qwen3-VL or MiniMax H3 folder; {download}")
+        raise WeightsError(f"{path}: no config.json and no text_encoder/: not a Qwen3-VL or MiniMax H3 folder; "
+                           f"{download}")
     return path, path, path if (path / "preprocessor_config.json").is_file() else None
 
 

@@ -454,7 +454,8 @@ class H3VideoVAE(nn.Module):
         1), h, w = H / 16, W / 16. `normalize(posterior.mode())` is what the DiT reads."""
         cfg, s = self.config, self.config.spatial_compression
         if video.ndim != 5 or video.shape[1] != cfg.in_channels:
-            raise ValueError(f"H3VideoVAE.encode expects video (B, {cfg.in_channels}, F, H, W), got {tuple(video.shape)}")
+            raise ValueError(f"H3VideoVAE.encode expects video (B, {cfg.in_channels}, F, H, W), "
+                             f"got {tuple(video.shape)}")
         H, W = video.shape[-2:]
         if H % s or W % s:
             raise ValueError(f"H3VideoVAE.encode: H x W = {H} x {W}; both must be multiples of {s}")
@@ -575,7 +576,8 @@ def decode_peak_bytes(config: H3VAEConfig, frames: int, height: int, width: int,
     if tiling is None:
         plan_h, plan_w = ([0], height, []), ([0], width, [])
     else:
-        plan_h, plan_w = split_tiles(height, tiling.size, tiling.overlap, s), split_tiles(width, tiling.size, tiling.overlap, s)
+        plan_h = split_tiles(height, tiling.size, tiling.overlap, s)
+        plan_w = split_tiles(width, tiling.size, tiling.overlap, s)
     (ys, th, ovh), (xs, tw, ovw) = plan_h, plan_w
     px = B * cfg.out_channels * T * pt * e  # bytes per decoded pixel position of a tile
     ov_h, ov_w = max(ovh, default=0), max(ovw, default=0)
@@ -600,7 +602,7 @@ def _vit_peak(cfg: H3VAEConfig, B: int, n: int, e: int, f: int) -> int:
     """`post_quant_conv` + `ViTDecoder.forward` on one tile of n latent cells: the most bytes held at once (the
     tile's latents, then the residual stream, the RoPE tables and each step's own tensors)."""
     D, H = cfg.decoder_num_attention_heads * cfg.decoder_attention_head_dim, cfg.decoder_num_attention_heads
-    L, r, I = n + cfg.decoder_num_register_tokens + 1, cfg.rope_dim, cfg.decoder_ffn_mult * cfg.decoder_num_attention_heads * cfg.decoder_attention_head_dim
+    L, r, I = n + cfg.decoder_num_register_tokens + 1, cfg.rope_dim, cfg.decoder_ffn_mult * D
     P = cfg.out_channels * cfg.temporal_compression * cfg.spatial_compression ** 2
     z = B * n * cfg.latent_channels * e  # post_quant_conv's output, the decoder's argument
     x, ld = B * L * D * e, B * L * D

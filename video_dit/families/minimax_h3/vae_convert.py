@@ -10,11 +10,12 @@ Key layouts:
                `decoder.transformer_blocks.0.ff.w1.weight` (rows [gate | value]). These are our names. It also
                holds `decoder.mask_token`, a zero buffer of the masked-autoencoding objective that the decoder never
                reads: dropped on the way in, written as zeros on the way out.
-    diffusers  `AutoencoderKLMiniMaxH3` (MiniMaxAI/MiniMax-H3 `vae/`; diffusers scripts/convert_minimax_h3_to_diffusers.py
-               `convert_video_vae_key`): `encoder.down_blocks.{i}.resnets.{j}` (`conv_shortcut`),
-               `encoder.down_blocks.{i}.downsamplers.0.conv`, `decoder.proj_in`; the fused per-head `to_qkv` split
-               into `to_q` / `to_k` / `to_v`; `attn.to_out.0`; `ff.net.0.proj` with its halves swapped ([value | gate]),
-               `ff.net.2`. Splitting `to_qkv` needs the head count: diffusers' conversions take the config.
+    diffusers  `AutoencoderKLMiniMaxH3` (MiniMaxAI/MiniMax-H3 `vae/`; diffusers
+               scripts/convert_minimax_h3_to_diffusers.py `convert_video_vae_key`):
+               `encoder.down_blocks.{i}.resnets.{j}` (`conv_shortcut`), `encoder.down_blocks.{i}.downsamplers.0.conv`,
+               `decoder.proj_in`; the fused per-head `to_qkv` split into `to_q` / `to_k` / `to_v`; `attn.to_out.0`;
+               `ff.net.0.proj` with its halves swapped ([value | gate]), `ff.net.2`. Splitting `to_qkv` needs the head
+               count: diffusers' conversions take the config.
 
 A key no rule knows is an error naming it (`ValueError`); a file that does not fit the model is a `WeightsError`
 naming the file and its first missing / unexpected / wrong-shape keys.
@@ -146,7 +147,7 @@ def h3_vae_from_original(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def h3_vae_to_original(sd: dict[str, torch.Tensor], config: H3VAEConfig) -> dict[str, torch.Tensor]:
-    """Ours -> a file MiniMax's `AutoencoderKLLegacy` loads strictly: the same keys plus the zero `decoder.mask_token`."""
+    """Ours -> a file MiniMax's `AutoencoderKLLegacy` loads strictly: our keys and the zero `decoder.mask_token`."""
     dim = config.decoder_num_attention_heads * config.decoder_attention_head_dim
     some = next(iter(sd.values()))
     return {**h3_vae_from_original(sd), "decoder.mask_token": torch.zeros(1, 1, dim, dtype=some.dtype)}
@@ -237,7 +238,8 @@ def h3_vae_config_from_original(source: dict, wrapper: dict) -> tuple[H3VAEConfi
         unknown = sorted(set(keys) - valid)
         if unknown:
             raise ValueError(f"MiniMax H3 VAE {what}: unknown keys {unknown}; known: {sorted(valid)}")
-    for what, keys, fixed in (("video_vae/source/config.json", s, _ORIGINAL_FIXED), ("vit_decoder_kwargs", vit, _VIT_FIXED)):
+    for what, keys, fixed in (("video_vae/source/config.json", s, _ORIGINAL_FIXED),
+                              ("vit_decoder_kwargs", vit, _VIT_FIXED)):
         for k, v in fixed.items():
             if k in keys and keys[k] != v:
                 raise ValueError(f"MiniMax H3 VAE {what}: {k}={keys[k]!r}; this architecture has {k}={v!r}")
@@ -250,10 +252,12 @@ def h3_vae_config_from_original(source: dict, wrapper: dict) -> tuple[H3VAEConfi
                   block_out_channels=tuple(s["ch"] * m for m in s["ch_mult"]), layers_per_block=s["num_res_blocks"],
                   spatial_downsample_factors=tuple(s["space_down"]), temporal_downsample_factors=tuple(s["time_down"]),
                   spatial_padding_mode=s.get("padding_mode", "zeros"), decoder_num_layers=vit["num_layers"],
-                  # hard-coded in MiniMax's code: GroupNorm(32, eps 1e-6) (norm.py), FeedForward(mult=4) (base_module.py)
+                  # hard-coded in MiniMax's code: GroupNorm(32, eps 1e-6) (norm.py), FeedForward(mult=4)
+                  # (base_module.py)
                   norm_num_groups=32, norm_eps=1e-6, decoder_ffn_mult=4,
                   decoder_num_attention_heads=vit["heads"], decoder_attention_head_dim=vit["dim_head"],
-                  decoder_rope_theta=vit.get("rope_theta", 100.0), decoder_rope_dim_ratio=vit.get("rope_dim_ratio", 1.0),
+                  decoder_rope_theta=vit.get("rope_theta", 100.0),
+                  decoder_rope_dim_ratio=vit.get("rope_dim_ratio", 1.0),
                   decoder_num_register_tokens=vit.get("num_register_tokens", 4), decoder_norm_eps=vit.get("eps", 1e-5),
                   clip_length=w.get("vae_clip_length", 17), token_drop=w.get("vae_token_drop", 0))
     for k in ("latents_mean", "latents_std"):
