@@ -184,11 +184,10 @@ def tiny_qwen3vl_tokenizer():
 def tiny_qwen3vl_image_processor():
     """Qwen3-VL's image processor at 4-pixel patches (merged 2 x 2, so 8-pixel image tokens), images resized to
     64 .. 1024 pixels of area."""
-    from transformers import AutoImageProcessor  # noqa: F401  (registers the Qwen2-VL processors)
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers import Qwen2VLImageProcessor  # without torchvision, transformers serves its PIL backend
 
-    return Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                    size={"shortest_edge": 64, "longest_edge": 1024})
+    return Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2,
+                                 size={"shortest_edge": 64, "longest_edge": 1024})
 
 
 def tiny_qwen3vl_config(layers: int = TEXT_LAYER + 1):
