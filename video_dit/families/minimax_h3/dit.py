@@ -52,6 +52,7 @@ from video_dit.families.minimax_h3.dit_config import MODALITIES, H3DiTConfig
 from video_dit.families.minimax_h3.layers import Block, FinalLayer, TimeEmbedder, TokenRefiner
 from video_dit.families.minimax_h3.packing import (ANCHORS, TEXT_TAG, VIDEO_TAG, Layout, pack_audio, patchify,
                                                    rope_tables, row_runs, unpack_audio, unpatchify)
+from video_dit.families.minimax_h3.vae_config import FPS
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
 from video_dit.models.layers import RMSNorm, compute_dtype_of, f32
@@ -172,19 +173,21 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
 
     # -------------------------------------------------------------- forward
 
-    def forward(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, timestep: torch.Tensor,
+    def forward(self, video: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor, *, audio: torch.Tensor,
                 audio_timestep: torch.Tensor, text_mask: torch.Tensor | None = None,
                 text_tags: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
                 keyframe_anchors: tuple[str, ...] = (), keyframe_timestep: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Velocity prediction of the target video and audio.
+                fps: float = FPS) -> tuple[torch.Tensor, torch.Tensor]:
+        """Velocity prediction of the target video and audio. The house's DiT call (`dit(x, timestep, context,
+        ...)`, as the trainer's objective and the pipelines make it) with the audio stream and the packing's
+        extras as keywords.
 
         video: (B, in_channels, F', h, w) video-VAE latents (noised), h, w divisible by patch_size.
-        audio: (B, audio_channels, audio_in_channels, T) audio-VAE latents, one (C_a, T) per stereo channel
-            (the mono audio VAE's layout, its batch of channels behind the sample axis).
-        text: (B, Lt, text_dim) the conditioner's rows (Qwen3-VL hidden_states[50] of the presentation).
         timestep, audio_timestep: (B,) on 0..1000 (1000 = pure noise) of the video (and text) rows and of the
             audio rows (the pipeline steps two schedules: shift 12 video, 3 audio).
+        text: (B, Lt, text_dim) the conditioner's rows (Qwen3-VL hidden_states[50] of the presentation).
+        audio: (B, audio_channels, audio_in_channels, T) audio-VAE latents, one (C_a, T) per stereo channel
+            (the mono audio VAE's layout, its batch of channels behind the sample axis).
         text_mask: (B, Lt) bool / 0-1 (True = a real row), each row's real rows first; None: all real.
         text_tags: (Lt,) int, the modality tag of each text row (1 text, 0 a keyframe's vision-block row, as
             the presentation tags them); None: all 1.
@@ -193,9 +196,15 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
         keyframe_anchors: "first" / "last" per keyframe, in packed order.
         keyframe_timestep: (B,) on 0..1000 of the keyframe rows (the pipeline: min(timestep, 1), i.e. its
             max(t, 0.999)); required with keyframes.
+        fps: the clip's frame rate; MiniMax H3's rotary clock is built for 24 fps only (5/3 units a pixel frame,
+            40 a second, the audio latents' rate), so anything else is refused rather than mis-positioned.
         Returns (video velocity (B, in_channels, F', h, w), audio velocity (B, audio_channels, audio_in_channels,
         T)): noise - x0, float32 unless the model is cast whole to another dtype.
         """
+        if fps != FPS:
+            raise ValueError(f"fps={fps:g}: MiniMax H3's rotary clock is built for {FPS} fps clips only (its video "
+                             f"and audio rows share one 40 Hz clock); resample the clips to {FPS} fps (a dataset's "
+                             "`fps`, the sampler's --fps)")
         with self.precision(video.device.type):
             return self._forward(video, audio, text, timestep, audio_timestep, text_mask, text_tags, keyframes,
                                  tuple(keyframe_anchors), keyframe_timestep)
