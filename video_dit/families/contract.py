@@ -265,6 +265,10 @@ class Family:
     # trains one of its VAE presets on a folder of clips (the embedded demo's first stage); None: it has none
     vae_stage: Callable | None = None
     audio: AudioPath | None = None  # a DiT that generates sound with the picture (its audio path); None: picture only
+    # (first image or None, last image or None, height, width) -> the images its text encoder presents with each
+    # prompt (`encode(prompts, images=[...])`: a conditioner that reads the keyframes beside the caption); None:
+    # the prompt alone
+    prompt_images: Callable | None = None
     # diffusers scheduler classes of its model folders it samples on its own grid: {`_class_name`: (solver, the key
     # holding the shift, {key: (accepted values, default when absent)})} (`sampling_settings.read_scheduler_config`)
     scheduler_classes: dict = field(default_factory=dict)
