@@ -196,6 +196,8 @@ class AudioPath:
       timesteps: the reference trainer's draw of the audio stream's timesteps, "tied" (the video's, per
           sample) or "independent" (its own draw from the same distribution); `train.audio_timesteps` overrides
       loss_weight: the reference trainer's weight of the audio loss beside the video's 1
+      tied_map: None (a tied draw gives the audio the video's timesteps), or (t (B,) on 0..1000) -> the audio's:
+          the reference's coupling of the two streams' noise levels (a DiT whose streams sample on two schedules)
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
     returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
     takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
@@ -209,6 +211,7 @@ class AudioPath:
     load_codec: Callable
     timesteps: str = "tied"
     loss_weight: float = 1.0
+    tied_map: Callable | None = None
 
 
 @dataclass(frozen=True)
