@@ -140,9 +140,8 @@ class H3TextEncoder(EncoderWrapper):
     def encode_one(self, prompt: str, images: list | None = None) -> H3PromptEmbeds:
         """One prompt (and its keyframes) -> `H3PromptEmbeds`: embeds (Lt, D), tags (Lt,)."""
         ids, tags, vision = self.presentation(prompt, images)
-        if not ids:
-            raise ValueError("an empty prompt without images has no tokens to condition on (MiniMax H3 encodes the "
-                             "prompt verbatim, with no template or special token around it)")
+        if not ids:  # the empty prompt (a trainer's caption dropout): one pad token, as ai-toolkit's H3 trainer
+            ids, tags = [self.tokenizer.pad_token_id or 0], [TEXT_TAG]  # presents it (text_encoder.py; no reference)
         device, dtype = self.device, self.dtype
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         # Qwen3-VL's token types (0 text, 1 image, 2 video): its 3-axis RoPE over each run of vision tokens
