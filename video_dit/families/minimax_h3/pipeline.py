@@ -167,7 +167,7 @@ class H3Pipeline:
                                  f"{len(keyframes)} keyframe(s): encode each prompt with its keyframes on the canvas "
                                  "(`H3TextEncoder.encode(prompts, images=[fit_keyframes(first, last, height, "
                                  "width)[0]])`), as the reference presents them")
-        cfg, vcfg = self.dit_config, self.vae_config
+        vcfg = self.vae_config
         shape = (1, vcfg.z_dim, vcfg.latent_frames(num_frames), height // self.spatial, width // self.spatial)
         audio_shape = (1, *self.audio_codec.latent_shape(num_frames, fps))
         for name, given, want in (("latents", latents, shape), ("audio_latents", audio_latents, audio_shape)):
