@@ -26,7 +26,6 @@ import argparse
 import copy
 import json
 import re
-import shutil
 from pathlib import Path
 
 import aitk_standin
@@ -36,7 +35,7 @@ import ranks
 import torch
 import torch.nn.functional as F
 import yaml
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from video_dit.cli import main as cli_main
 from video_dit.commands import sample as sample_cmd

@@ -73,6 +73,15 @@ EXPECTED.update({
     # ours (no reference): 8 steps, the release's shift and guidance, no negative prompt (random text encoder)
     "tiny-ltx2-t2v": ("euler", 8, math.exp(2.05), 3.0, ""),
 })
+# MiniMax-AI/MiniMax-H3 (commit 8d8824e) FL2VA/model_index.json `sigma_shift_scales.video` 12.0 and README ("The
+# released checkpoints are CFG-distilled": guidance 1, no negative prompt); diffusers 0.42.1 modular_pipelines
+# `num_inference_steps` 50 grid points with the terminal 0 (49 model evaluations), MiniMaxH3Scheduler (Euler)
+EXPECTED.update({
+    "minimax-h3-fl2va": ("euler", 49, 12.0, 1.0, ""),
+    "minimax-h3-ref2va": ("euler", 49, 12.0, 1.0, ""),
+    # ours (no reference): the release's at 8 steps
+    "tiny-h3": ("euler", 8, 12.0, 1.0, ""),
+})
 # ours (no reference): Euler at 20 steps, shift 3, guidance 5, no negative prompt (random text encoder)
 TINY = ("euler", 20, 3.0, 5.0, "")
 

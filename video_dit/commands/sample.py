@@ -301,7 +301,11 @@ def main(args: argparse.Namespace) -> int:
     te = family.load_text_encoder(spec.text_encoder, dtype=dtype, device=device, quantize=args.quantize_text_encoder,
                                   tokenizer=spec.tokenizer)
     guided = settings.guided
-    embeds = te.encode([args.prompt, settings.negative] if guided else [args.prompt])
+    prompts = [args.prompt, settings.negative] if guided else [args.prompt]
+    # a conditioner that presents the keyframes with the prompt (`Family.prompt_images`) encodes them here too
+    shown = family.prompt_images(image, last, size["height"], size["width"]) \
+        if family.prompt_images is not None and (image is not None or last is not None) else None
+    embeds = te.encode(prompts) if shown is None else te.encode(prompts, images=[shown] * len(prompts))
     del te
     # 1b. the image(s) -> CLIP features (Wan 2.1 I2V / FLF2V), once; then the image encoder is freed
     image_embeds = None

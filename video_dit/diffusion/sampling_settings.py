@@ -7,7 +7,8 @@ Precedence, highest first:
    expert's scale (`--cfg` / `guidance_scale` is then the high-noise one's, and both when given alone);
 2. a diffusers model folder's `scheduler/scheduler_config.json`: the solver (its class) and the shift,
    and diffusers' sigma grid (`flow.diffusers_schedule`, grid "diffusers") where the family samples on it
-   (`Family.sampling_grids`); a dynamic-shifting Euler scheduler (LTX-2's folders) gives the shift at its
+   (`Family.sampling_grids`); a family's own scheduler class (`Family.scheduler_classes`) its shift on the
+   family's own grid; a dynamic-shifting Euler scheduler (LTX-2's folders) gives the shift at its
    longest anchor, exp(max_shift), and grid `flow.DYNAMIC_GRID` (the family's pipeline shifts by its token
    count), refused for a family without it; and its `guider/guider_config.json`: the guidance scale;
 3. the preset's `sample_*` fields (the reference's defaults for that model);
@@ -121,11 +122,12 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
         return None
     path, cfg = found
     name = cfg.get("_class_name")
-    if name not in _SCHEDULERS:
+    own = _family_schedulers()  # a family's own scheduler class: sampled on that family's grid ("reference")
+    if name not in _SCHEDULERS and name not in own:
         raise ValueError(f"{path}: scheduler class {name!r} is not one we sample; accepted: "
-                         f"{', '.join(_SCHEDULERS)} (or give the solver and shift explicitly)")
-    solver, shift_key, required = _SCHEDULERS[name]
-    grid = "diffusers"
+                         f"{', '.join([*_SCHEDULERS, *own])} (or give the solver and shift explicitly)")
+    solver, shift_key, required = _SCHEDULERS[name] if name in _SCHEDULERS else own[name]
+    grid = "diffusers" if name in _SCHEDULERS else "reference"
     if name == "FlowMatchEulerDiscreteScheduler" and cfg.get("use_dynamic_shifting", False) is True:
         shift_key, required, grid = "max_shift", _DYNAMIC_EULER, DYNAMIC_GRID
     for key, (accepted, default) in required.items():
@@ -137,6 +139,13 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
     if not isinstance(shift, (int, float)) or isinstance(shift, bool) or (shift <= 0 and grid != DYNAMIC_GRID):
         raise ValueError(f"{path}: {shift_key} = {shift!r}; expected a number > 0")
     return SchedulerConfig(solver, math.exp(shift) if grid == DYNAMIC_GRID else float(shift), grid, path)
+
+
+def _family_schedulers() -> dict:
+    """The scheduler classes the registered families sample on their own grids (`Family.scheduler_classes`)."""
+    from video_dit.families import FAMILIES  # (the registry imports this module's users, not this module)
+
+    return {name: spec for family in FAMILIES.values() for name, spec in family.scheduler_classes.items()}
 
 
 @dataclass(frozen=True)

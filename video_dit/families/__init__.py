@@ -1,5 +1,5 @@
 """Model families: one folder per family (`wan/`: Wan 2.1 / 2.2; `hunyuan15/`: HunyuanVideo 1.5; `ltx2/`:
-LTX-2, 2.3, 2.5, with sound), each
+LTX-2, 2.3, 2.5, with sound; `minimax_h3/`: MiniMax H3, with sound), each
 building its `Family` record (the contract, `contract.py`: loaders, pipeline, conditioning, memory model,
 LoRA keys, checkpoint detection); the registry (`registry.py`) lists them and their presets and knows
 no family's internals. Importing this package registers the built-in families, then those named in
@@ -7,7 +7,7 @@ no family's internals. Importing this package registers the built-in families, t
 How to add a family: docs/models.md, "Adding a family".
 """
 
-from video_dit.families import hunyuan15, ltx2, wan
+from video_dit.families import hunyuan15, ltx2, minimax_h3, wan
 from video_dit.families.contract import AudioPath, DiTArch, Family, MemoryModel, Preset, Training, with_dit
 from video_dit.families.registry import (
     FAMILIES,
@@ -22,7 +22,7 @@ from video_dit.families.registry import (
     vae_family,
 )
 
-for _family in (wan.FAMILY, hunyuan15.FAMILY, ltx2.FAMILY):
+for _family in (wan.FAMILY, hunyuan15.FAMILY, ltx2.FAMILY, minimax_h3.FAMILY):
     register(_family)
 load_plugins()
 

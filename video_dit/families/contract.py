@@ -199,6 +199,8 @@ class AudioPath:
       timesteps: the reference trainer's draw of the audio stream's timesteps, "tied" (the video's, per
           sample) or "independent" (its own draw from the same distribution); `train.audio_timesteps` overrides
       loss_weight: the reference trainer's weight of the audio loss beside the video's 1
+      tied_map: None (a tied draw gives the audio the video's timesteps), or (t (B,) on 0..1000) -> the audio's:
+          the reference's coupling of the two streams' noise levels (a DiT whose streams sample on two schedules)
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
     returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
     takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
@@ -212,6 +214,7 @@ class AudioPath:
     load_codec: Callable
     timesteps: str = "tied"
     loss_weight: float = 1.0
+    tied_map: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,13 @@ class Family:
     # `dit_config` reads back: the config dataclass's fields by default, a family whose folders follow another
     # layout (LTX-2: diffusers' `LTX2VideoTransformer3DModel` config) its own
     config_json: Callable = asdict
+    # (first image or None, last image or None, height, width) -> the images its text encoder presents with each
+    # prompt (`encode(prompts, images=[...])`: a conditioner that reads the keyframes beside the caption); None:
+    # the prompt alone
+    prompt_images: Callable | None = None
+    # diffusers scheduler classes of its model folders it samples on its own grid: {`_class_name`: (solver, the key
+    # holding the shift, {key: (accepted values, default when absent)})} (`sampling_settings.read_scheduler_config`)
+    scheduler_classes: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         return f"{self.title} (presets: {', '.join(self.presets)})"

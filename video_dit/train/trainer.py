@@ -415,7 +415,8 @@ class Trainer:
         if "audio_latents" in batch:  # a DiT with sound: the audio stream's own generators (tied: the video's t)
             agens = [torch.Generator("cpu").manual_seed(_seed_of(self.p.train.seed, self.dp_rank, self.step, first + i,
                                                                  "audio")) for i in range(B)]
-            audio_t = t if self.audio_timesteps == "tied" else torch.cat([self.timesteps.sample(1, g) for g in agens])
+            audio_t = None if self.audio_timesteps == "tied" else torch.cat([self.timesteps.sample(1, g)
+                                                                              for g in agens])
             a_shape = (1, *batch["audio_latents"].shape[1:])
             audio_noise = torch.cat([torch.randn(a_shape, generator=g) for g in agens])
         return self.loss_at(batch, t, noise, audio_t=audio_t, audio_noise=audio_noise, parts=self._parts)
@@ -425,8 +426,8 @@ class Trainer:
         """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
         `loss_of` computes after drawing them (a validation loss calls this with fixed ones). `model`:
         the DiT to run (default: the engine being trained; a two-expert validation picks by t). A batch with
-        sound (`audio_latents`): `audio_t` (B,) (None: t, tied) and `audio_noise` like its latents; `parts`
-        receives each stream's loss (`flow_matching_loss`)."""
+        sound (`audio_latents`): `audio_t` (B,) (None: tied, t or `AudioPath.tied_map(t)`) and `audio_noise`
+        like its latents; `parts` receives each stream's loss (`flow_matching_loss`)."""
         dev = self.device
         x0 = to_device(batch["latents"], dev, torch.float32)  # (B, C, F', h, w)
         t, noise = to_device(t, dev, torch.float32), to_device(noise, dev, torch.float32)
@@ -446,7 +447,8 @@ class Trainer:
             text_kwargs = {**text_kwargs, "fps": float(batch["fps"][0])}
             if audio_noise is None:
                 raise ValueError("a batch with sound needs its audio noise (audio_noise=)")
-            audio_t = t if audio_t is None else to_device(audio_t, dev, torch.float32)
+            tied = self.family.audio.tied_map  # tied: the video's t, through the family's coupling when it has one
+            audio_t = (t if tied is None else tied(t)) if audio_t is None else to_device(audio_t, dev, torch.float32)
             audio = AudioBatch(to_device(batch["audio_latents"], dev, torch.float32),
                                to_device(audio_noise, dev, torch.float32), audio_t, to_device(batch["has_audio"], dev),
                                self.audio_loss_weight, self.timesteps.loss_weight(audio_t))
