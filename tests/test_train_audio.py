@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import helpers
 import pytest
 import torch
-from test_audio import _dataset  # noqa: F401  (the four clips of the sound tests)
+from test_audio import _dataset  # the four clips of the sound tests
 
 from video_dit.data.dataset import DatasetConfig, DataWarning, scan_dataset
 from video_dit.diffusion.flow import TimestepSampler

@@ -65,7 +65,6 @@ block's modulation-row gradients (two T rows D a tensors).
 
 from __future__ import annotations
 
-import math
 
 from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
