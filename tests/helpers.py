@@ -124,6 +124,19 @@ def hy15_no_gradient(preset: str, lora: bool = False) -> set[str]:
         | {f"{last}attn_q_norm.weight"}
 
 
+def write_ltx2_base(path: Path, preset: str = "tiny-ltx2-t2v", seed: int = 0, std: float = 0.05) -> Path:
+    """'Pretrained' LTX-2 DiT weights (Lightricks' names, one safetensors file): the preset's seeded init with
+    every parameter it starts at zero (gate logits, keyframe embedding, output Linears, biases) drawn N(0, std);
+    at zero output Linears a LoRA on the blocks gets no gradient."""
+    from safetensors.torch import save_file
+
+    from video_dit.families.ltx2.loading import load_ltx2_dit
+
+    dit = randomize_zeros(load_ltx2_dit(f"preset:{preset}", seed=seed), seed + 1, std)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    return Path(path)
+
+
 def randomize_all(model, seed: int = 0, norm_std: float = 0.2, vector_std: float = 0.1):
     """Every parameter of `model` random and non-trivial, from one generator (the same on every rank):
     matrices N(0, 1/fan_in), norm scales 1 + N(0, norm_std), other vectors N(0, vector_std). Seeded inits

@@ -126,7 +126,7 @@ def _worker(out: Path) -> None:
         y_ref, g_ref = run(model, x, t, kw, weight)
         attach(model, info)
         y_sp, g_sp = run(model, x, t, kw, weight)
-        local = next(iter(model.seq_parallel._valid))  # the split's per-rank length
+        _, local = next(iter(model.seq_parallel._valid))  # (stream, the split's per-rank length)
         model.seq_parallel = None
         assert g_sp.keys() == g_ref.keys(), sorted(set(g_sp) ^ set(g_ref))
         errs = {}

@@ -28,6 +28,14 @@ all-reduce + narrow as backward (`_GatherTokens`). So rank r's text gradient hol
 through its heads (times N, like its video tokens'), and DeepSpeed's average over the ranks is the
 unsplit gradient. Giving each rank the *whole* text q/k/v gradient instead (an all-gather of the head
 gradients as the narrow's backward) would count the text parameters N times over in that average.
+
+Two token streams (a DiT generating sound with the picture, LTX-2: the class docstring of its DiT says the
+contract): each stream's tokens are split on their own (`split(x, dim, stream)`, its padding recorded per
+stream), and attention over them is the same Ulysses exchange, with q from one stream and k / v from the same
+one (`self_attention`) or the other (`cross_modal_attention`): q, k, v each all-to-all'd (heads scattered,
+tokens gathered), the key stream's padded keys masked, the output exchanged back to the query stream's rows.
+Attention to the replicated text (`text_attention`) is local: every key is on every rank, and a rank's
+queries are its own tokens, so its text parameters' gradient is N x its tokens' part, as above.
 """
 
 from __future__ import annotations
@@ -169,10 +177,12 @@ class _RecomputedExchange(torch.autograd.Function):
 
 
 class UlyssesSequenceParallel:
-    """The object `VideoDiT.seq_parallel` takes (split / attention / gather; see the module docstring).
+    """The object a DiT's `seq_parallel` seam takes (see the module docstring): split / attention / gather
+    (one token stream: Wan's `VideoDiT`), joint_attention (HunyuanVideo 1.5), and, for two token streams
+    (LTX-2), split / gather by stream, self_attention, cross_modal_attention and text_attention.
 
-    `split` records the token count L of the running forward (keyed by the local length, so a
-    checkpointed block recomputed in backward finds its own mask); `attention` masks keys >= L."""
+    `split` records the token count L of the running forward (keyed by the local length, and the stream, so a
+    checkpointed block recomputed in backward finds its own mask); attention masks keys >= L."""
 
     def __init__(self, group, backend: str = "native", recompute: bool = True):
         from deepspeed.sequence.layer import DistributedAttention
@@ -186,7 +196,7 @@ class UlyssesSequenceParallel:
         # the local attention kernel, one of models/attention.py's BACKENDS; the key-masked calls of a padded
         # sequence go through SDPA whatever it is (the optional kernels take no mask)
         self.backend = backend
-        self._valid: dict[int, int] = {}  # local length -> true token count L
+        self._valid: dict[tuple[str | None, int], int] = {}  # (stream, local length) -> true token count L
         # scatter_idx=2 (heads), gather_idx=1 (tokens) on (B, L, H, Dh); the local attention gets the
         # key mask through DistributedAttention's *args.
         self._attn = DistributedAttention(self._local_attention, group, scatter_idx=2, gather_idx=1)
@@ -194,11 +204,12 @@ class UlyssesSequenceParallel:
     def _local_attention(self, q, k, v, key_mask):
         return attention(q, k, v, backend=self.backend, attn_mask=key_mask)
 
-    def split(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """This rank's chunk of x along `dim` (zero-padded to a multiple of N), a copy of its own."""
+    def split(self, x: torch.Tensor, dim: int, stream: str | None = None) -> torch.Tensor:
+        """This rank's chunk of x along `dim` (zero-padded to a multiple of N), a copy of its own. `stream`:
+        which token stream x belongs to, for a DiT with more than one (None: the one stream)."""
         L = x.shape[dim]
         local = -(-L // self.size)
-        self._valid[local] = L
+        self._valid[stream, local] = L
         pad = local * self.size - L
         if pad:
             x = F.pad(x, [0, 0] * (x.dim() - 1 - dim) + [0, pad])
@@ -220,12 +231,13 @@ class UlyssesSequenceParallel:
     def _exchange(self, q, k, v, key_mask):
         return self._attn(q, k, v, 0, None, key_mask)
 
-    def _true_length(self, local: int) -> int:
-        """The token count L of the split that gave `local` tokens per rank (this forward's)."""
-        if local not in self._valid:
-            raise RuntimeError(f"sequence-parallel attention on {local} local tokens, but no split of that "
+    def _true_length(self, local: int, stream: str | None = None) -> int:
+        """The token count L of the split that gave `local` tokens per rank (this forward's, of `stream`)."""
+        if (stream, local) not in self._valid:
+            of = "" if stream is None else f" of stream {stream!r}"
+            raise RuntimeError(f"sequence-parallel attention on {local} local tokens{of}, but no split of that "
                                "length ran in this forward (the seam is used outside the DiT's forward?)")
-        return self._valid[local]
+        return self._valid[stream, local]
 
     def joint_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, txt_q: torch.Tensor,
                         txt_k: torch.Tensor, txt_v: torch.Tensor, txt_key_mask: torch.Tensor | None):
@@ -255,11 +267,51 @@ class UlyssesSequenceParallel:
         txt_out = _GatherTokens.apply(txt_out, 2, self.group, self.rank, self.size)  # all heads -> (B, Lt, H, Dh)
         return out, txt_out
 
-    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """All ranks' chunks of x concatenated along `dim`, the padding dropped (autograd-correct)."""
+    def gather(self, x: torch.Tensor, dim: int, stream: str | None = None) -> torch.Tensor:
+        """All ranks' chunks of x concatenated along `dim`, the padding dropped (autograd-correct); `stream`
+        as `split`'s."""
         local = x.shape[dim]
         full = _GatherTokens.apply(x, dim, self.group, self.rank, self.size)
-        return full.narrow(dim, 0, self._valid.get(local, local * self.size))
+        return full.narrow(dim, 0, self._valid.get((stream, local), local * self.size))
+
+    # ------------------------------------------------------------ two token streams (LTX-2's seam)
+
+    def self_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stream: str) -> torch.Tensor:
+        """q, k, v (B, L_local, H, Dh) this rank's tokens of `stream` -> (B, L_local, H, Dh), each query
+        attending over all L tokens of the stream (the Ulysses exchange, `_streams_attention`)."""
+        return self._streams_attention(q, k, v, stream, stream)
+
+    def cross_modal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_stream: str,
+                              kv_stream: str) -> torch.Tensor:
+        """q (B, Lq_local, H, Dh) this rank's tokens of `q_stream`, k, v (B, Lk_local, H, Dh) this rank's of
+        `kv_stream` -> (B, Lq_local, H, Dh), each query attending over all Lk tokens of `kv_stream`."""
+        return self._streams_attention(q, k, v, q_stream, kv_stream)
+
+    def text_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       key_mask: torch.Tensor | None) -> torch.Tensor:
+        """q (B, L_local, H, Dh) this rank's tokens of a stream, k, v (B, Lt, H, Dh) the replicated text,
+        key_mask (B, Lt) bool (False = padding) or None -> (B, L_local, H, Dh): local, every key is here."""
+        return attention(q, k, v, backend=self.backend, attn_mask=key_mask)
+
+    def _streams_attention(self, q, k, v, q_stream: str, kv_stream: str) -> torch.Tensor:
+        B, local_q, H, _ = q.shape
+        check_heads(H, self.size)
+        self._true_length(local_q, q_stream)  # q's split ran in this forward (its padded rows are dropped later)
+        local_k = k.shape[1]
+        Lk = self._true_length(local_k, kv_stream)
+        key_mask = None
+        if Lk < local_k * self.size:  # the key stream's padded tokens are never attended to
+            key_mask = (torch.arange(local_k * self.size, device=q.device) < Lk).unsqueeze(0)  # (1, Lk_p)
+        if self.recompute and torch.is_grad_enabled():
+            return _RecomputedExchange.apply(q, k, v, self._exchange_streams, key_mask)
+        return self._exchange_streams(q, k, v, key_mask)
+
+    def _exchange_streams(self, q, k, v, key_mask):
+        """q (B, Lq_local, H, Dh), k, v (B, Lk_local, H, Dh) -> (B, Lq_local, H, Dh): scatter heads, gather
+        tokens; local attention of this rank's H/N heads over every token; scatter tokens, gather heads."""
+        q, k, v = (_Exchange.apply(t, 2, 1, self.group, self.size) for t in (q, k, v))  # (B, L*_p, H/N, Dh)
+        out = attention(q, k, v, backend=self.backend, attn_mask=key_mask)  # (B, Lq_p, H/N, Dh)
+        return _Exchange.apply(out, 1, 2, self.group, self.size)  # (B, Lq_local, H, Dh)
 
 
 def attach(model, info: SPInfo, backend: str | None = None):

@@ -355,18 +355,7 @@ class Trainer:
             return [training.text_entry(e) for e in text_encoder.encode(captions)]
 
         def audio_fn(item):  # a DiT with sound: the clip's track over its frames' span, encoded (zeros without)
-            codec = self.audio_codec
-            wave = load_item_audio(item, sound.rate, sound.channels)  # (C, S) or None
-            # the clip's frame rate (the DiT's positions are seconds): its frames over its span, else the dataset's
-            fps = len(item.frames) / item.audio_span.duration if item.audio_span is not None else \
-                p.datasets[item.dataset].fps
-            rate = torch.tensor([float(fps)])
-            if wave is None:
-                shape = codec.latent_shape(len(item.frames), fps)
-                return {"audio_latents": torch.zeros(1, *shape), "has_audio": torch.zeros(1, dtype=torch.bool),
-                        "fps": rate}
-            latents = codec.encode(wave[None].to(self.device, vae.dtype)).float().cpu()
-            return {"audio_latents": latents, "has_audio": torch.ones(1, dtype=torch.bool), "fps": rate}
+            return audio_entry(item, self.audio_codec, sound, p.datasets[item.dataset].fps, self.device, vae.dtype)
 
         t0 = time.perf_counter()
         everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
@@ -785,6 +774,26 @@ class Trainer:
         self.metrics.close()
 
 
+def audio_entry(item, codec, sound, dataset_fps: float, device, dtype) -> dict:
+    """What a clip caches for a DiT with sound (`Family.audio`: `sound`, its loaded `codec`): its track over its
+    frames' span at the codec's rate and channels, encoded (`audio_latents` (1, ...)); `has_audio` (1,) bool,
+    False for a clip without an audio stream, whose latents are zeros of the shape a track of its span encodes
+    to (so it batches with the clips with sound of its bucket; trained as the picture alone: its audio loss is
+    masked); `fps` (1,): its frames over its span (the DiT's positions are seconds), else `dataset_fps`."""
+    wave = load_item_audio(item, sound.rate, sound.channels)  # (C, S) or None
+    fps = len(item.frames) / item.audio_span.duration if item.audio_span is not None else dataset_fps
+    rate = torch.tensor([float(fps)])
+    if wave is None:
+        if item.audio_span is None:  # no span to encode (a still): the length a clip of its frames is sampled at
+            shape = codec.latent_shape(len(item.frames), fps)
+        else:  # the encoder's own length for the span (it can differ by one from the sampled length's rounding)
+            silence = torch.zeros(1, sound.channels, item.audio_span.samples(sound.rate), device=device, dtype=dtype)
+            shape = codec.encode(silence).shape[1:]
+        return {"audio_latents": torch.zeros(1, *shape), "has_audio": torch.zeros(1, dtype=torch.bool), "fps": rate}
+    latents = codec.encode(wave[None].to(device, dtype)).float().cpu()
+    return {"audio_latents": latents, "has_audio": torch.ones(1, dtype=torch.bool), "fps": rate}
+
+
 def timestep_sampler(process, preset, t_range: tuple[float, float] | None = None):
     """The job's `TimestepSampler`: `train.timestep_type` at `train.timestep_shift` (default: the
     preset's training shift), conditioned on [train.min_t, train.max_t], or on `t_range` (an expert's
@@ -851,5 +860,5 @@ def run(job, resume: str | None = None) -> int:
         trainer.close()
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "job_conditioning",
-           "cache_spaces", "run", "timestep_sampler"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_NONFINITE", "EXIT_SAVE_FAILED", "NonFiniteError", "Trainer", "audio_entry",
+           "job_conditioning", "cache_spaces", "run", "timestep_sampler"]

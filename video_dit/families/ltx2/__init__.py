@@ -6,7 +6,7 @@ Its files:
     text_encoder.py, connectors.py   Gemma 3 + the text connectors (`LTX2PromptEncoder`)
     convert.py     the DiT's key layouts and ComfyUI's LoRA keys   loading.py   the loaders, detection
     presets.py     the released models and the tiny ones            pipeline.py  sampling with sound
-    memory.py      the activation model (an upper bound so far)
+    memory.py      the activation model (exact on CPU ranks, tests/test_plan_ltx2.py)
 
 `FAMILY` is its record (`video_dit.families.contract.Family`), registered by `video_dit.families`.
 """
@@ -73,16 +73,21 @@ TRAINING = Training(
 
 
 def _activations(cfg, grid, setting, *, lora_rank, s, fused, inputs):
+    # every caption is the connectors' max_length rows (its tokens, then registers): no text key mask
     return ltx2_activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, text_len=inputs["text_len"],
-                                 audio_tokens=audio_tokens_of(grid, inputs["fps"]), per_token=inputs["per_token"])
+                                 audio_tokens=audio_tokens_of(grid, inputs["fps"], inputs["temporal"]),
+                                 per_token=inputs["per_token"],
+                                 text_masked=False)
 
 
 def _job_inputs(job, preset) -> dict:
     """The connectors' length (every caption padded to the Gemma's max_length), the frame rate the audio's
-    length follows (the preset's), per-token timesteps (image-to-video datasets)."""
+    length follows (the datasets' lowest: the most audio tokens for a clip's frames) and the VAE's frames per
+    latent frame, per-token timesteps (image-to-video datasets)."""
     gemma = preset.text_encoder.gemma
-    return {"text_len": gemma.max_length if gemma is not None else 1024, "fps": preset.fps,
-            "per_token": any(d.do_i2v for d in job.process.datasets)}
+    fps = min((d.fps for d in job.process.datasets if d.fps), default=preset.fps)
+    return {"text_len": gemma.max_length if gemma is not None else 1024, "fps": fps,
+            "temporal": preset.vae.temporal_compression, "per_token": any(d.do_i2v for d in job.process.datasets)}
 
 
 def _encoder_parameters(preset: Preset, parts) -> dict:

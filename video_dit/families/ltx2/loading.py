@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -96,8 +96,13 @@ def claims_config(config: dict) -> bool:
 
 
 def config_from_json(path: Path) -> LTX2DiTConfig:
+    """A DiT config.json: diffusers' `LTX2VideoTransformer3DModel`, or ours (a full fine-tune's export writes its
+    `LTX2DiTConfig` fields: Lightricks' names, read as its checkpoint metadata is)."""
     try:
-        return ltx2_config_from_diffusers(json.loads(path.read_text()))
+        d = json.loads(path.read_text())
+        if "_class_name" not in d and set(d) <= {f.name for f in fields(LTX2DiTConfig)}:
+            return LTX2DiTConfig.from_dict(d)
+        return ltx2_config_from_diffusers(d)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise WeightsError(f"{path}: not an LTX2VideoTransformer3DModel config ({exc})") from exc
 

@@ -1,82 +1,250 @@
-"""Activation memory of the LTX-2 DiT in one training step, per rank: a first model, an UPPER BOUND, not yet
-checked to the byte against an allocation tracker (HunyuanVideo's `memory.py` is; another step makes this one
-exact). Parameters and DeepSpeed's state are the plan's own terms.
+"""Activation memory of the LTX-2 DiT in one training step, per rank: what `dit.py` and `layers.py` make
+autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones
+of `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_ltx2.py: full and LoRA,
+fp32 and the bf16 of a GPU job, no / some / every block checkpointed, t2v and i2v, batches of 1 and 2, the
+2.0 / 2.3 / 2.5 flags; tests/test_ltx2_sequence_parallel.py: SP 2), the step's peak within 10%.
 
-The bound: every tensor a block's forward creates is counted as kept (what autograd saves is a subset of
-them, the block's input and the weight copies: nothing else exists to save). Notation as `plan.py`'s: s bytes
-of the compute dtype, a = max(s, 4) (the float32 islands: residual streams, norms, modulation, RoPE, gates), w
-the compute-dtype copy of a float32 trainable weight (s in bf16, 0 in float32); B micro-batch; per rank under
-sequence parallelism N: Lv = ceil(L / N) video and La = ceil(Ta / N) audio tokens; Lt text tokens (the
-connectors' length, every row context), D / Da the stream widths, Dx = Da the a2v / v2a inner width, H heads.
-Per block, counted op by op in `layers.py` (per token of a stream of width W):
-  self-attention   rms_modulate 2a + s; q, k, v 3s; q / k RMSNorm (float32 copy and output) 4a; RoPE
-                   (split halves, products, cat) 6a; cast 2s; attention output s (+ 4 H bytes of logsumexp);
-                   gates a + s (+ 3 H a); to_out s; gated residual 2a                   -> 15a + 9s
-  text attention   as above with q alone from the stream (7a + 6s) and k, v, the modulated text and its norm
-                   on the Lt text tokens (4a + 4s per text token, W wide)
-  audio <-> video  per stream its two rms_modulates (4a + 2s), its query's Linear and gated residual (s + 2a)
-                   at W, and at the cross width Dx: q, k, v, their norms, RoPE, casts, output, gates (11a + 7s)
-  FFN              rms_modulate 2a + s, 4W up 4s, GELU 4s, down s, gated residual 2a      -> 4a + 10s
-  (per-token timesteps, image-to-video: the modulation rows per token, (6 + 3 + 5) W a more per token, and
-  once outside the blocks the per-token adaLN outputs, (rows + 4 + 1) D a per video token)
-A checkpointed block keeps its two inputs (Lv D a + La Da a) and re-runs once in backward. Outside the blocks:
-the patch embeddings' inputs and outputs, the output layers (LayerNorm, modulate, Linear: 4 W a + C s per
-token), the loss's difference (L C a, the whole prediction on every rank). Weight copies: full fine-tuning
-every block's Linears once per forward (w each); LoRA r (in + out) w per adapter. The peak adds one block's
-creations twice to what is saved (its gradients, and under checkpointing its recomputed forward).
+Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (residual streams,
+norms, modulation, RoPE, gates), w the compute-dtype copy autocast makes of a float32 trainable weight (s in
+bf16, 0 in fp32); B micro-batch; N the sequence-parallel size; per rank T = ceil(L / N) video tokens of width D
+and Ta = ceil(La / N) audio tokens of width Da; X = Da the audio <-> video attentions' width; H heads; Lt text
+tokens (every caption is the connectors' max_length rows); r the LoRA rank; m the video's modulation rows per
+sample: 1, or T with per-token timesteps (image-to-video). Every block runs the torch path (SDPA; on CPU its
+output is laid out (B, T, H, Dh), so the output projection reads it without a copy).
+
+One plain block keeps, per sample, for each stream (T tokens of width W, the video's rows m, the audio's 1):
+  an adaLN-modulated RMSNorm    its output T W s (the next Linears' input); when its input needs a gradient
+                                rstd T 4 and (1 + scale) m W a; full: the normed x T W a (for the scale's gradient)
+  the adaLN rows read           3 m W a per modulated part (shift, scale, gate: kept whole with the gate); the
+                                a2v / v2a gate W a
+  an attention (Tq queries of a stream of width Wq, Tk keys, inner width I)
+                                q, k before their RMSNorms (Tq + Tk) I s and rstd (Tq + Tk) 4; q, k rotated or
+                                normed and v (Tq + 2 Tk) I s; SDPA's output Tq I s, logsumexp H Tq 4, the float key
+                                mask Tk s (padded text); gated (2.3+): the gates Tq H 4 and the gated output Tq I s,
+                                and where the gates need a gradient the sigmoid Tq H 4 and, bf16, the output's
+                                float32 copy Tq I 4 (full bf16: the float32 gate Linear's input Tq Wq 4); full: the
+                                output projection's Tq Wq s (for the gate's gradient; not 2.0's ungated text
+                                attention); LoRA: each adapter's lora_A output, (2 Tq + 2 Tk) r s
+  self-attention                a modulated norm (LoRA's first block: its input needs no gradient), an attention
+  text attention (2.3+)         a modulated norm, the modulated text Lt W s (full bf16: the text's float32 copy Lt
+                                W 4), an attention over Lt keys; 2.0: RMSNorm (rstd T 4, output T W s) and the
+                                attention over the caption projection's output (counted once, outside)
+  audio <-> video               per stream its gate rows and two modulated norms (q input, k / v input); a2v
+                                (q video, k / v audio at width X) and v2a attentions
+  FFN                           a modulated norm, 4 W up and the GELU 2 x T 4W s; full: the down output T W s
+                                (for the gate's gradient); LoRA: two lora_A outputs 2 T r s
+  and after each of the four updates the stream, T W a
+Weight copies (bf16, per plain block): full 16 D^2 + 16 Da^2 + 4 X (D + Da) w (every Linear but the float32 gates);
+  LoRA r (in + out) w per adapter, without the lora_A copy where the input needs no gradient (the text's k / v,
+  and the first block's self-attention q / k / v).
+Outside the blocks, per sample: the output layers (LayerNorm statistics 2 T 4 + 2 Ta 4, (1 + scale) m D a + Da a;
+  full: their outputs and modulated inputs 2 T D a + 2 Ta Da a), the loss's differences L C a + La Ca a (the
+  whole prediction on every rank under sequence parallelism); full: the gathers' indices of the adaLN outputs
+  (8 per timestep, per-token: per token), the patch embeddings' inputs L Cp s + La Ca s (the video's a view of
+  the batch for one fp32 sample of a 1-cell patch), the streams T D a + Ta Da a, the keyframe mask T 4 (2.5,
+  i2v), 2.0's caption projections Lt (Cc w + 2 W s) per stream; 2.0: their outputs Lt (D + Da) s. Per batch
+  (full): each adaLN-single per distinct timestep (per-token video timesteps: 0 and each sample's t) 256 4 +
+  4 W a; 2.0's projection weight copies. Not counted: the batch itself and the RoPE tables, cached per grid.
+
+Block checkpointing keeps each checkpointed block's output (its successor's input; LoRA: and the first block's
+inputs) T D a + Ta Da a and, once, what the blocks' closures hold of the forward: the streams' modulation rows
+(m (rows + 4) + 1 + 2) D a + (rows + 4 + 1 + 2) Da a (blocks, a2v / v2a scale-shift, gate, text: 2 rows with
+the prompt adaLN) and, bf16 (2.3+), the text cast to it Lt (D + Da) s; it re-runs one block at a time.
+Sequence parallelism (`parallel.sequence`, the two-stream seam): each of the four attentions over a stream keeps
+its local q, k, v for its recomputed exchange instead of SDPA's output and logsumexp (the output projection
+then reads the exchanged output, a tensor of its own: + Tq I s, as the ungated attention's), each holds the bool
+key mask of a padded key stream (Lk bytes, every block), and every forward splits the RoPE tables (T (D + X) 4
++ Ta (Da + X) 4).
+
+The peak, traced (`ltx2_activation_bytes`' candidates), the highest of: the forward at the video output Linear
+(the streams' modulation rows and output embeddings still alive); the output layers' backward; the backward of
+the last plain block's video FFN (the streams' gradients and one FFN hidden gradient); that of the last
+checkpointed block, re-run after the plain ones; full fine-tuning with per-token timesteps, the sum of a
+block's modulation-row gradients (two T rows D a tensors).
 """
 
 from __future__ import annotations
 
-import math
 
 from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
-
-def stream_bytes(T: int, W: int, Dx: int, H: int, Lt: int, a: int, s: int, per_token: bool) -> int:
-    """One stream's tensors in one block (module docstring): T tokens of width W, Dx the a2v / v2a width."""
-    per = T * W * ((15 * a + 9 * s) + (7 * a + 6 * s) + (6 * a + 3 * s) + (4 * a + 10 * s))
-    per += T * Dx * (11 * a + 7 * s) + Lt * W * (4 * a + 4 * s)
-    per += T * H * (3 * 4 + 3 * 3 * a)  # three attentions' logsumexp, their gates
-    if per_token:
-        per += T * W * 14 * a
-    return per
+TIME_FREQ = 256  # the timestep sinusoid's width (layers.timestep_sinusoid)
 
 
 def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                          text_len: int, audio_tokens: int, per_token: bool = False) -> Activations:
-    """The upper bound of one forward + backward of the LTX-2 DiT `cfg` on one rank for video latents of
+                          text_len: int, audio_tokens: int, per_token: bool = False,
+                          text_masked: bool = False) -> Activations:
+    """Activation memory of one forward + backward of the LTX-2 DiT `cfg` on one rank for video latents of
     `grid` (F', h, w) with `audio_tokens` audio latent frames and `text_len` text tokens (see the module
-    docstring for every term)."""
+    docstring for every term). `per_token`: per-token video timesteps (image-to-video); `text_masked`: the
+    captions are padded (a key mask reaches the text attentions)."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
+    La = audio_tokens
     N, B = setting.sp, setting.micro_batch
-    Lv, La = math.ceil(L / N), math.ceil(audio_tokens / N)
-    D, Da, H, Lt = cfg.hidden_size, cfg.audio_hidden_size, cfg.num_heads, text_len
+    T, Ta = -(-L // N), -(-La // N)
+    D, Da, X, H, Lt = cfg.hidden_size, cfg.audio_hidden_size, cfg.audio_cross_attention_dim, cfg.num_heads, text_len
     a, w = float32_bytes(s), weight_copy_bytes(s)
-    C = cfg.out_channels * pt * ph * pw
-    block = stream_bytes(Lv, D, Da, H, Lt, a, s, per_token) + stream_bytes(La, Da, Da, H, Lt, a, s, False)
-    if N > 1:  # the exchanged q, k, v and outputs of the six attentions (all tokens, this rank's heads)
-        block += 4 * s * ((L * D + audio_tokens * Da) * 2 + (L + audio_tokens) * Da) // N
+    bf16 = s < 4
+    full, r = not lora_rank, lora_rank or 0
+    gated, adaln = cfg.apply_gated_attention, cfg.cross_attention_adaln
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
-    kept = n_ckpt * (Lv * D + La * Da) * a
-    outside = (Lv * (cfg.patch_in_channels * s + D * a + 4 * D * a + C * s) + L * C * a
-               + La * (cfg.audio_in_channels * s + Da * a + 4 * Da * a + cfg.audio_out_channels * s))
-    if per_token:  # the per-token adaLN outputs, made once: block rows, a2v / v2a scale-shift, the output's
-        outside += L * (cfg.modulation_rows + 4 + 1) * D * a
-    # the Linears of one block: video / audio self and text attention 4 W^2 each (+ the text's k, v of width W),
-    # the two cross attentions (D + Da) Da x 2 each way, the FFNs 8 W^2
-    per_block_weights = 16 * D * D + 16 * Da * Da + 4 * (D + Da) * Da
-    if lora_rank:
-        r = lora_rank
-        per_block_weights = r * (2 * 4 * (D + D) + 2 * 4 * (Da + Da) + 2 * 4 * (D + Da) + 2 * (5 * D + 5 * Da))
-    weights = (layers - n_ckpt) * per_block_weights * w
-    saved = (layers - n_ckpt) * block + kept + outside
-    peak = saved + 2 * block
-    parts = {"per_block": block, "outside": outside, "weights": weights, "checkpointed_blocks": n_ckpt,
-             "video_tokens": L, "audio_tokens": audio_tokens, "text_tokens": Lt, "upper_bound": True}
-    return Activations(saved=saved * B + weights, peak=peak * B + weights + per_block_weights * w, parts=parts)
+    C = cfg.out_channels * pt * ph * pw
+    m = T if per_token else 1  # the video's modulation rows per sample
+
+    def norm(T_, W, rows, grad_in=True) -> int:
+        """An adaLN-modulated RMSNorm (`rms_modulate`) of T_ tokens of width W with `rows` modulation rows;
+        `grad_in`: its input needs a gradient."""
+        kept = T_ * W * s  # its output, the next Linears' input
+        if grad_in:
+            kept += T_ * 4 + rows * W * a + (T_ * W * a if full else 0)  # rstd, 1 + scale; the normed x
+        return kept
+
+    def attention(Tq, Tk, I, Wq, *, seam=False, masked=False, gate_grad=True, gated_update=True) -> int:
+        """One attention: Tq queries of a stream of width Wq, Tk keys, inner width I. `seam`: through the
+        sequence-parallel exchange (recomputed in backward: its local q, k, v kept, not SDPA's output);
+        `gate_grad`: its gates need a gradient (not in LoRA's first self-attentions); `gated_update`: its
+        output is added to the stream through an adaLN gate (2.0's text attention is added as it is)."""
+        kept = (Tq + Tk) * I * s + (Tq + Tk) * 4 + (Tq + 2 * Tk) * I * s  # q, k before their norms, rstd; q, k, v
+        if not seam:
+            kept += Tq * I * s + H * Tq * 4 + (Tk * s if masked else 0)  # SDPA's output, logsumexp, float mask
+        if gated:
+            kept += Tq * H * 4 + Tq * I * s  # the gates, the gated output (to_out's input)
+            if gate_grad:  # the sigmoid; the output the gates multiply (fp32 without the seam: SDPA's)
+                kept += Tq * H * 4 + (Tq * I * 4 if bf16 else Tq * I * s if seam else 0)
+                kept += Tq * Wq * 4 if full and bf16 else 0  # the float32 gate Linear's input
+        elif seam:
+            kept += Tq * I * s  # to_out's input: the exchanged output (without the seam: SDPA's, laid out (T, H, Dh))
+        if full:
+            kept += Tq * Wq * s if gated_update else 0  # to_out's output, kept for the gate's gradient
+        else:
+            kept += (2 * Tq + 2 * Tk) * r * s  # the lora_A outputs
+        return kept
+
+    def ffn(T_, W, rows) -> int:
+        return 3 * rows * W * a + norm(T_, W, rows) + 2 * T_ * 4 * W * s + (T_ * W * s if full else 2 * T_ * r * s) \
+            + T_ * W * a
+
+    def block(first: bool) -> int:
+        """One plain block, per sample (the B-independent SP key masks: `key_masks`)."""
+        seam = N > 1
+        kept = 0
+        for T_, W, rows in ((T, D, m), (Ta, Da, 1)):
+            grad_in = full or not first  # LoRA: the first block's streams need no gradient
+            kept += 3 * rows * W * a + norm(T_, W, rows, grad_in)  # self-attention
+            kept += attention(T_, T_, W, W, seam=seam, gate_grad=grad_in) + T_ * W * a
+            if adaln:  # text attention
+                kept += 3 * rows * W * a + norm(T_, W, rows)
+                kept += Lt * W * s + (Lt * W * 4 if full and bf16 else 0)  # the modulated text (its float32 copy)
+            else:
+                kept += T_ * 4 + T_ * W * s  # the RMSNorm's rstd and output
+            kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln) + T_ * W * a
+            kept += W * a + 2 * norm(T_, W, rows)  # audio <-> video: the gate rows, the q and the k / v inputs
+            kept += ffn(T_, W, rows)
+        kept += attention(T, Ta, X, D, seam=seam) + T * D * a  # a2v
+        kept += attention(Ta, T, X, Da, seam=seam) + Ta * Da * a  # v2a
+        return kept
+
+    def key_masks() -> int:
+        """Under sequence parallelism, the bool key mask of each seam attention over a padded stream."""
+        if N == 1:
+            return 0
+        video, audio = T * N if T * N > L else 0, Ta * N if Ta * N > La else 0
+        return 2 * video + 2 * audio  # self-attention and the other stream's cross attention over each
+
+    def block_weights(first: bool) -> int:
+        if full:
+            return (16 * D * D + 16 * Da * Da + 4 * X * (D + Da)) * w
+        # lora_A (r x in) and lora_B (out x r) copies; lora_A's only where its input needs a gradient
+        b = 0
+        for W in (D, Da):
+            b += 4 * (W + W) * r  # self-attention q, k, v, out
+            b += (2 * W + W + W + 2 * W) * r  # text: q (in, out), k and v (out only: the text needs no gradient), out
+            b += 2 * (W + 4 * W) * r  # FFN
+            if first:
+                b -= 3 * W * r  # the self-attention's q, k, v read a stream that needs no gradient
+        b += 2 * ((D + X) + (Da + X) + (Da + X) + (X + D)) * r  # a2v: q D -> X, k, v Da -> X, out X -> D; v2a
+        return b * w
+
+    # outside the blocks, per sample
+    outside = 0
+    if full:
+        # the gathers' index (per-token: of every token, gathered before the split)
+        outside += sum(idx * 8 for idx in (L if per_token else 1,) * 2 + (1,) * (6 if cfg.has_prompt_adaln else 4))
+        # the patch embeddings' inputs (all tokens: they run before the split), copies but for a 1-cell patch of one
+        # sample in float32, a view of the batch
+        outside += L * cfg.patch_in_channels * s if bf16 or pt * ph * pw > 1 or B > 1 else 0
+        outside += La * cfg.audio_in_channels * s
+        outside += T * D * a + Ta * Da * a  # the streams (the first block's inputs)
+        if per_token and cfg.use_keyframes_abs_pos_embedding:
+            outside += T * 4  # the keyframe mask
+        if not cfg.caption_proj_before_connector:  # 2.0's caption projections: input copy (bf16), hidden, GELU
+            outside += Lt * (cfg.caption_channels * w + 2 * D * s) + Lt * (cfg.caption_channels * w + 2 * Da * s)
+    if not cfg.caption_proj_before_connector:
+        outside += Lt * (D + Da) * s  # their outputs, the text the blocks read
+    # output layers: LayerNorm statistics, 1 + scale; full: its output and the modulated input
+    outside += 2 * T * 4 + m * D * a + 2 * Ta * 4 + Da * a + ((2 * T * D * a + 2 * Ta * Da * a) if full else 0)
+    outside += L * C * a + La * cfg.audio_out_channels * a  # the loss's differences
+    # ... and per batch: the adaLN-singles (full) run once per distinct timestep (per-token video timesteps: 0
+    # and each sample's t), each keeping the sinusoid and four of its width in its MLP
+    batch = 0
+    if full:
+        n_v = B + 1 if per_token else B
+        widths = [(D, n_v), (D, n_v), (D, B), (Da, B), (Da, B), (Da, B)]  # adaln, av_ca_video_ss; a2v gate; audio's
+        widths += [(D, B), (Da, B)] if cfg.has_prompt_adaln else []  # prompt_adaln_single, audio_prompt_...
+        batch += sum(n * (TIME_FREQ * 4 + 4 * W * a) for W, n in widths)
+        batch += (D * D + Da * Da) * w if not cfg.caption_proj_before_connector else 0  # the projections' weights
+    if N > 1:  # this rank's rows of the RoPE tables, split in every forward (self: W wide, a2v / v2a: X)
+        batch += T * (D + X) * 4 + Ta * (Da + X) * 4
+
+    # block checkpointing: each checkpointed block's output (its successor's input) and, under LoRA, the first
+    # block's inputs (full fine-tuning keeps them anyway); once, what the blocks' closures hold of the streams:
+    # their modulation rows (blocks, a2v / v2a, gate, text), and in bf16 the text cast to it (2.3+)
+    kept = 0
+    if n_ckpt:
+        kept = (n_ckpt + (0 if full else 1)) * (T * D * a + Ta * Da * a)
+        prompt = 2 if cfg.has_prompt_adaln else 0
+        kept += (m * (cfg.modulation_rows + 4) + 1 + prompt) * D * a + (cfg.modulation_rows + 4 + 1 + prompt) * Da * a
+        kept += Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector else 0
+
+    plain = range(n_ckpt, layers)
+    saved = sum(block(i == 0) for i in plain) + outside + kept
+    # (the seam's key masks are held by every block's autograd nodes, checkpointed or not)
+    weights = sum(block_weights(i == 0) for i in plain) + layers * key_masks() + batch
+
+    # The peak (traced), the highest of (module docstring):
+    loss = L * C * a + La * cfg.audio_out_channels * a
+    heads = 2 * T * 4 + m * D * a + 2 * Ta * 4 + Da * a + ((2 * T * D * a + 2 * Ta * Da * a) if full else 0)
+    prompt = 2 if cfg.has_prompt_adaln else 0
+    rows_v, rows_a = m * (cfg.modulation_rows + 4) + 1 + prompt, cfg.modulation_rows + 4 + 1 + prompt
+    # the streams' gradients and, full, the video FFN gate's
+    grads = T * D * a + Ta * Da * a + (m * D * a if full else 0)
+    ffn_backward = T * 4 * D * s  # the video FFN hidden gradient (its weight gradient being made)
+    #   the forward at the video output Linear: what the blocks keep, the streams' modulation rows and the output
+    #   layers' embeddings, the text's bf16 copies, its shift / scale, LoRA: its normed and modulated input, and
+    #   the output itself (per-token timesteps make the rows as large as the stream)
+    streams = 0 if n_ckpt else (rows_v * D * a + rows_a * Da * a  # (with checkpointing: in `kept`)
+                                + (Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector else 0))
+    peaks = [(saved - loss - (2 * Ta * 4 + Da * a + (2 * Ta * Da * a if full else 0)) + streams + m * D * a + Da * a
+              + 2 * m * D * a + (0 if full else 2 * T * D * a) + T * C * a) * B + weights]
+    #   the output layers' backward: the prediction's, the LayerNorm's and the stream's gradients
+    peaks.append((saved - loss + 4 * T * D * a + Ta * Da * a) * B + weights)
+    # the backward of the last plain block (the output layers' done), and of the last checkpointed one, re-run
+    # after the plain ones' (every block checkpointed: without the seam's recompute, counted as with it)
+    # (with what of that block is freed by the end of its backward, where its modulation rows' gradient is summed)
+    backwards = [((saved - loss - heads) * B + weights, block(layers == 1) * B)] if len(plain) else []
+    if n_ckpt:
+        backwards.append(((kept + outside - loss - heads + block(n_ckpt == 1)) * B + batch + block_weights(n_ckpt == 1)
+                          + key_masks(), 0))
+    for base, freed in backwards:
+        #   its video FFN: the streams' gradients and one hidden gradient (its weight's gradient being made)
+        peaks.append(base + (grads + ffn_backward) * B)
+        if full and per_token:  # its per-token modulation rows' gradient summed over its parts: the sum and an addend
+            peaks.append(base - freed + (grads + 2 * m * cfg.modulation_rows * D * a) * B)
+    parts = {"per_block": block(False), "outside": outside, "per_batch": weights, "checkpointed_blocks": n_ckpt,
+             "video_tokens": L, "audio_tokens": La, "text_tokens": Lt, "peaks": peaks}
+    return Activations(saved=saved * B + weights, peak=max(peaks), parts=parts)
 
 
 def audio_tokens_of(grid: tuple[int, int, int], fps: float, temporal: int = 8, per_second: float = 25.0) -> int:
