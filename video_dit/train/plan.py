@@ -48,9 +48,12 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
            partition is offloaded (then it is copied to the device)
   offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
   (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
-The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
-tensor the size of the largest tensor it updates (the flat fp32 partition under ZeRO-1/2/3); on CUDA
-the fused AdamW allocates none.
+The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW holds two at once,
+each the size of the tensor it updates (`exp_avg_sq.sqrt()` and its quotient by the bias correction:
+torch/optim/adam.py `_single_tensor_adam`), so twice the largest tensor (the flat fp32 partition under
+ZeRO-1/2/3); on CUDA the fused AdamW allocates none. ZeRO-1/2 copy this rank's gradients into that flat
+fp32 partition and free them before AdamW runs (stage_1_and_2.py `step`): the step holds the gradients
+and the copy, then the copy and Adam's temporaries. ZeRO-3's gradient partition buffer stays.
 
 Two-expert jobs (Wan 2.2 A14B, `Experts`): the DeepSpeed state above once per trained expert (each
 its own engine), the activations and transient buffers of one (one expert trains per step), plus a
@@ -296,13 +299,16 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
     Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
     s = Pt_b // max(1, Pt)  # gradients and their buckets: the trainable (master) parameters' dtype, float32
     res, trans = RankMemory(), RankMemory()
-    step_temp = 0 if cuda else sizes.largest_tensor * 4
+
+    def adam_temps(numel: int) -> int:  # torch's single-tensor AdamW (CPU): two float32 temporaries of the tensor
+        return 0 if cuda else 2 * numel * 4
+
     if stage == 0:
         res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
         res.optimizer = 2 * Pt_b
         trans.gradients = Pt_b
         trans.buffers = min(Pt, int(ds.get("allreduce_bucket_size", 5e8))) * s
-        trans.optimizer = step_temp
+        trans.optimizer = adam_temps(sizes.largest_tensor)
         return res, trans
     part = -(-Pt // N)
     master = part * 4 * 3  # fp32 master + Adam's two moments (ZeRO-3 without optimizer offload: the
@@ -313,7 +319,8 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         buckets = 2 if z.overlap_comm else 1
         trans.buffers = z.reduce_bucket_size * s * buckets
         trans.gradients = part * s if stage == 2 else Pt_b
-        trans.optimizer = part * 4 + (0 if cuda else part * 4)  # fp32 gradient partition + Adam temp
+        # the fp32 gradient partition, made while the gradients live; Adam's temporaries come once they are freed
+        trans.optimizer = part * 4 + max(0, adam_temps(part) - trans.gradients)
     else:
         persist = z.param_persistence_threshold
         sized = list(zip(sizes.numels, sizes.itemsizes))
@@ -332,7 +339,7 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         gathers = N > 1 or setting.offload_param
         trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
                             + sizes.largest_module) * max(sizes.itemsizes) if gathers else 0
-        trans.optimizer = part * 4 + (0 if cuda else part * 4)
+        trans.optimizer = part * 4 + adam_temps(part)  # the fp32 gradient partition; the buffer stays
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
         trans.host = trans.optimizer
