@@ -291,6 +291,14 @@ def partition_during_backward(sizes: ModelSizes, setting: Setting, ds: dict) -> 
     return not z.contiguous_gradients or sizes.trainable > z.reduce_bucket_size
 
 
+def adam_temporaries(numel: int, cuda: bool) -> int:
+    """Bytes torch's AdamW allocates while it updates a float32 tensor of `numel` elements: on CPU
+    ranks the single-tensor implementation holds `exp_avg_sq.sqrt()` and its quotient by the bias correction
+    at once (torch/optim/adam.py `_single_tensor_adam`: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)
+    .add_(eps)`), two temporaries of the tensor; on CUDA the fused AdamW none."""
+    return 0 if cuda else 2 * numel * 4
+
+
 def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
                    cuda: bool) -> tuple[RankMemory, RankMemory]:
     """`state_memory` of one DeepSpeed engine."""
@@ -300,15 +308,12 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
     s = Pt_b // max(1, Pt)  # gradients and their buckets: the trainable (master) parameters' dtype, float32
     res, trans = RankMemory(), RankMemory()
 
-    def adam_temps(numel: int) -> int:  # torch's single-tensor AdamW (CPU): two float32 temporaries of the tensor
-        return 0 if cuda else 2 * numel * 4
-
     if stage == 0:
         res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
         res.optimizer = 2 * Pt_b
         trans.gradients = Pt_b
         trans.buffers = min(Pt, int(ds.get("allreduce_bucket_size", 5e8))) * s
-        trans.optimizer = adam_temps(sizes.largest_tensor)
+        trans.optimizer = adam_temporaries(sizes.largest_tensor, cuda)
         return res, trans
     part = -(-Pt // N)
     master = part * 4 * 3  # fp32 master + Adam's two moments (ZeRO-3 without optimizer offload: the
@@ -320,7 +325,7 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         trans.buffers = z.reduce_bucket_size * s * buckets
         trans.gradients = part * s if stage == 2 else Pt_b
         # the fp32 gradient partition, made while the gradients live; Adam's temporaries come once they are freed
-        trans.optimizer = part * 4 + max(0, adam_temps(part) - trans.gradients)
+        trans.optimizer = part * 4 + max(0, adam_temporaries(part, cuda) - trans.gradients)
     else:
         persist = z.param_persistence_threshold
         sized = list(zip(sizes.numels, sizes.itemsizes))
@@ -339,7 +344,7 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         gathers = N > 1 or setting.offload_param
         trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
                             + sizes.largest_module) * max(sizes.itemsizes) if gathers else 0
-        trans.optimizer = part * 4 + adam_temps(part)  # the fp32 gradient partition; the buffer stays
+        trans.optimizer = part * 4 + adam_temporaries(part, cuda)  # the fp32 gradient partition; the buffer stays
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
         trans.host = trans.optimizer
