@@ -10,13 +10,14 @@ the measured peak, on CPU ranks, on one GPU, and at full size on fake tensors.
 
 CPU ranks (`CONFIGS`: ZeRO 0/2/3, LoRA and full, SP 1 and 2, checkpointing off, on and of some blocks, three
 widths, three token counts, float32 and `train.cpu_bf16` rows, two rows on one rank): each configuration
-runs in 2 (`ranks`) fresh rank processes (gloo, 1 thread each) through the trainer's own set-up: `build_dit` (ZeRO-3 partitioned),
-`make_trainable` (LoRA / checkpointing / Ulysses SP) and `engine.initialize` (the trainer's DeepSpeed
-JSON), then 1 + `repeats` flow-matching steps on random latents of the configuration's size. A
-`CPUAllocationTracker` is on from before the DiT is built, so it sees every tensor the rank makes
-(parameters, DeepSpeed's partitions and buckets, Adam's state, activations): the measured peak is the
-highest live total during a step after the first, what `torch.cuda.max_memory_allocated` would report
-on a GPU (kernel scratch excepted). The prediction is made in the same process from the same job.
+runs in 2 (its `ranks`) fresh rank processes (gloo, 1 thread each) through the trainer's own set-up:
+`build_dit` (ZeRO-3 partitioned), `make_trainable` (LoRA / checkpointing / Ulysses SP) and
+`engine.initialize` (the trainer's DeepSpeed JSON, with a configuration's `reduce_bucket`), then 1 +
+`repeats` flow-matching steps on random latents of the configuration's size. A `CPUAllocationTracker` is on
+from before the DiT is built, so it sees every tensor the rank makes (parameters, DeepSpeed's partitions and
+buckets, Adam's state, activations): the measured peak is the highest live total during a step after the
+first, what `torch.cuda.max_memory_allocated` would report on a GPU (kernel scratch excepted). The
+prediction is made in the same process from the same job.
 
 One GPU (`GPU_CONFIGS`, `--device cuda`): the width of Wan 2.1 1.3B (1536, 12 heads, FFN 8960, 512 text
 tokens of 4096) in bf16, at world size 1, each configuration in a fresh process through the same set-up;

@@ -307,7 +307,6 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
     Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
     s = Pt_b // max(1, Pt)  # gradients and their buckets: the trainable (master) parameters' dtype, float32
     res, trans = RankMemory(), RankMemory()
-
     if stage == 0:
         res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
         res.optimizer = 2 * Pt_b
