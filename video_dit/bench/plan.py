@@ -1,7 +1,7 @@
 """Planner validation: the memory planner's per-rank peak (`video_dit.train.plan.predict`) against
 the measured peak, on CPU ranks, on one GPU, and at full size on fake tensors.
 
-    video-dit bench --suite plan                  # CPU: every configuration (2 ranks, fp32 and bf16, ~9 min)
+    video-dit bench --suite plan                  # CPU: every configuration (2 ranks or 1, fp32 and bf16, ~10 min)
     video-dit bench --suite plan --device cuda --json plan.json   # one GPU: the width of the 1.3B, bf16 (< 6 min, H200)
     python -m video_dit.bench.plan --experts      # two trained experts: two engines in one process, alternating
     python -m video_dit.bench.plan --only 0,3 --json plan.json
