@@ -304,6 +304,7 @@ def test_dit_bench_small_cpu_rows_headline_and_levers():
     mem = res["memory_bytes"]
     assert res["peak_ratio"] == pytest.approx(mem["ours"]["peak"] / mem["diffusers"]["peak"])
     assert 0 < mem["ours"]["saved"] <= mem["ours"]["peak"] and res["saved_ratio"] < 1
+    assert res["rss_peak_ratio"] == pytest.approx(mem["ours"]["rss_peak"] / mem["diffusers"]["rss_peak"])
     for name in attention.BACKENDS[1:]:
         if not attention.available(name):
             module = attention._OPTIONAL[name][0]

@@ -57,10 +57,9 @@ def test_activation_model_equals_what_autograd_keeps(lora, checkpointing, images
     model = VideoDiT(cfg)
     helpers.randomize_head(model)
     if lora:
-        from video_dit.families.wan.dit import lora_targets
         from video_dit.lora import add_lora
 
-        add_lora(model, lora, targets=lora_targets(img_emb))
+        add_lora(model, lora, targets=WAN.lora_targets(img_emb))  # the trainer's targets (`Family.lora_targets`)
     cast_dit(model, dtype, masters=True)  # the trainer's storage: trainable float32, the frozen bulk in dtype
     model.set_kernels(kernels)
     if checkpointing is True:
@@ -117,6 +116,29 @@ def test_recompute_saved_off_is_the_same_math_kept_instead_of_recomputed():
     torch.testing.assert_close(loss_off, loss_on, rtol=0, atol=0)
     for name, grad in grads_on.items():
         torch.testing.assert_close(grads_off[name], grad, rtol=1e-6, atol=1e-9, msg=name)
+
+
+def test_adamw_step_holds_the_temporaries_the_plan_counts():
+    """The optimizer step's transient on CPU ranks (`plan.adam_temporaries`): torch's AdamW as the trainer builds
+    it (`engine.build_optimizer`), stepping a float32 tensor whose moments exist, allocates exactly that much at
+    its highest point, two tensors of its size; the plan counted one, and under ZeRO-3 came out 10% low
+    (`video-dit bench --suite plan`, the one-rank rows)."""
+    from types import SimpleNamespace
+
+    from video_dit.train.engine import build_optimizer
+    from video_dit.train.plan import adam_temporaries
+
+    n = 3 * 2 ** 16
+    param = torch.nn.Parameter(torch.randn(n))
+    train = SimpleNamespace(lr=1e-4, optimizer="adamw", steps=10, lr_scheduler="constant", warmup_steps=0,
+                            optimizer_params=SimpleNamespace(betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01))
+    optimizer, _ = build_optimizer([param], train)
+    param.grad = torch.randn(n)
+    optimizer.step()  # the first step makes the moments
+    with CPUAllocationTracker() as tracker:
+        optimizer.step()
+    assert tracker.peak == adam_temporaries(n, cuda=False) == 2 * n * 4
+    assert tracker.live == 0
 
 
 def run_plan(capsys, *argv):

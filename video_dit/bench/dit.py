@@ -7,6 +7,13 @@ ratio of medians is the figure. Activation memory of the headline row is measure
 subprocess per model (no allocator history, the device still empty): `saved` = bytes alive after
 forward (what autograd keeps), `peak` = the highest extra bytes during forward+backward (grad buffers
 pre-allocated, so they do not count); the other rows' memory is the CUDA allocator's, in this process.
+On the CPU `saved` and `peak` are the allocations torch's profiler records (`profiled_live_after`,
+`profiled_peak`: every tensor, not the scratch inside a kernel); `rss_peak` is the process's resident set
+above where it stood, over one more forward+backward (`vae.peak_rss_delta`: the kernel's high-water mark,
+so it also sees scratch inside kernels and the allocator's overhead), with glibc's large blocks mapped and
+unmapped per tensor
+(`vae.MALLOC_ENV`: without it the growth depends on what glibc kept from the steps before; at 1,280 tokens
+ours / diffusers ranged over 0.76-1.03 in repeated runs, and was 0.664 in each with it).
 
     python -m video_dit.bench.dit [--repeats 3] [--small] [--device cpu|cuda] [--shape NAME] [--layers N]
                                   [--attention native,flash,...] [--levers kernels,compile] [--budget S]
@@ -39,6 +46,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -56,6 +64,7 @@ from video_dit.bench.common import (
     time_side_by_side,
     write_json,
 )
+from video_dit.bench.vae import MALLOC_ENV, peak_rss_delta
 from video_dit.devices import device_peak
 from video_dit.families.wan.config import DiTConfig
 from video_dit.families.wan.dit import cast_dit, dit_flops
@@ -157,7 +166,10 @@ def _measure_memory(which: str, small: bool, device: str, shape: dict | None = N
     ours, ref, inputs = build(shape or _shape(small, device), device, dtype=_dtype(device))
     model, is_ref = (ref, True) if which == "diffusers" else (ours, False)
     del ours, ref
-    return memory_of(model, inputs, is_ref, device)
+    out = memory_of(model, inputs, is_ref, device)
+    if device == "cpu":  # the resident set over one more step, gradient buffers allocated (module docstring)
+        out["rss_peak"] = peak_rss_delta(_step_fn(model, inputs, is_ref))[1]
+    return out
 
 
 def _flops(shape: dict) -> tuple[float, int]:
@@ -216,6 +228,8 @@ def _ratios(row: dict, fwd_flops: float, peak_flops: float) -> None:
         if mem["diffusers"]["saved"]:
             row["saved_ratio"] = mem["ours"]["saved"] / mem["diffusers"]["saved"]
         row["peak_ratio"] = mem["ours"]["peak"] / mem["diffusers"]["peak"]
+        if "rss_peak" in mem["ours"] and "rss_peak" in mem["diffusers"]:
+            row["rss_peak_ratio"] = mem["ours"]["rss_peak"] / mem["diffusers"]["rss_peak"]
 
 
 def lever_row(ours, inputs, name: str, repeats: int, device: str, diffusers_s: float | None,
@@ -254,13 +268,15 @@ def time_limit(seconds: float | None):
 
 
 def native_memory(device: str, small: bool, shape_name: str | None, layers: int | None) -> dict:
-    """The headline row's memory, each model in a fresh process (no allocator history)."""
+    """The headline row's memory, each model in a fresh process (no allocator history; `MALLOC_ENV`, for the
+    resident set on the CPU)."""
     out = {}
+    env = {**os.environ, **MALLOC_ENV}
     for name in ("ours", "diffusers"):
         args = ["-m", "video_dit.bench.dit", "--memory-of", name, "--device", device,
                 "--threads", str(torch.get_num_threads())] + (["--small"] if small else [])
         args += (["--shape", shape_name] if shape_name else []) + (["--layers", str(layers)] if layers else [])
-        out[name] = run_json_subprocess(args, what=f"DiT memory ({name})")
+        out[name] = run_json_subprocess(args, env=env, what=f"DiT memory ({name})")
     return out
 
 
@@ -330,6 +346,8 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
         res["memory_bytes"] = native["memory_bytes"]
         res["saved_ratio"] = native["saved_ratio"]
         res["peak_ratio"] = native["peak_ratio"]
+        if "rss_peak_ratio" in native:
+            res["rss_peak_ratio"] = native["rss_peak_ratio"]
     return res
 
 
@@ -354,6 +372,11 @@ def print_table(res: dict) -> None:
             f" diffusers: {r['diffusers_error']}" if "diffusers_error" in r else "")
         print(f"{r['attention']:10}{s['ours']:9.3f}{diff}{ratio}{r['mfu']['ours']:10.1%}{mfu_d}"
               f"{mem[0]:>18}{mem[1]:>18}{note}")
+    native = res["rows"][0]
+    if "rss_peak_ratio" in native:
+        m = native["memory_bytes"]
+        print(f"{'':10}resident-set peak of the native row, ours / diffusers: {m['ours']['rss_peak'] / mib:.0f} / "
+              f"{m['diffusers']['rss_peak'] / mib:.0f} MiB = {native['rss_peak_ratio']:.3f}")
     if res["levers"]:
         print(f"{'lever':10}{'off s':>9}{'on s':>9}{'on/off':>11}{'MFU on':>10}{'on/diff':>10}{'act peak on/off':>18}")
     for r in res["levers"]:

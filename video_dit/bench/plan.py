@@ -1,22 +1,23 @@
 """Planner validation: the memory planner's per-rank peak (`video_dit.train.plan.predict`) against
 the measured peak, on CPU ranks, on one GPU, and at full size on fake tensors.
 
-    video-dit bench --suite plan                  # CPU: every configuration (2 ranks, fp32 and bf16, ~9 min)
+    video-dit bench --suite plan                  # CPU: every configuration (2 ranks or 1, fp32 and bf16, ~10 min)
     video-dit bench --suite plan --device cuda --json plan.json   # one GPU: the width of the 1.3B, bf16 (< 6 min, H200)
     python -m video_dit.bench.plan --experts      # two trained experts: two engines in one process, alternating
     python -m video_dit.bench.plan --only 0,3 --json plan.json
     python -m video_dit.bench.plan --device cuda --budget 300 --jobs 2   # the GPU suite within 300 s
     python -m video_dit.bench.plan --fake         # no GPU: the activation model at the real 1.3B's sizes
 
-CPU ranks (`CONFIGS`: ZeRO 0/2/3, LoRA and full, SP 1 and 2, checkpointing off, on and of some blocks, two
-widths, two token counts, float32 and `train.cpu_bf16` rows): each configuration runs in 2 fresh rank
-processes (gloo, 1 thread each) through the trainer's own set-up: `build_dit` (ZeRO-3 partitioned),
-`make_trainable` (LoRA / checkpointing / Ulysses SP) and `engine.initialize` (the trainer's DeepSpeed
-JSON), then 1 + `repeats` flow-matching steps on random latents of the configuration's size. A
-`CPUAllocationTracker` is on from before the DiT is built, so it sees every tensor the rank makes
-(parameters, DeepSpeed's partitions and buckets, Adam's state, activations): the measured peak is the
-highest live total during a step after the first, what `torch.cuda.max_memory_allocated` would report
-on a GPU (kernel scratch excepted). The prediction is made in the same process from the same job.
+CPU ranks (`CONFIGS`: ZeRO 0/2/3, LoRA and full, SP 1 and 2, checkpointing off, on and of some blocks, three
+widths, three token counts, float32 and `train.cpu_bf16` rows, two rows on one rank): each configuration
+runs in 2 (its `ranks`) fresh rank processes (gloo, 1 thread each) through the trainer's own set-up:
+`build_dit` (ZeRO-3 partitioned), `make_trainable` (LoRA / checkpointing / Ulysses SP) and
+`engine.initialize` (the trainer's DeepSpeed JSON, with a configuration's `reduce_bucket`), then 1 +
+`repeats` flow-matching steps on random latents of the configuration's size. A `CPUAllocationTracker` is on
+from before the DiT is built, so it sees every tensor the rank makes (parameters, DeepSpeed's partitions and
+buckets, Adam's state, activations): the measured peak is the highest live total during a step after the
+first, what `torch.cuda.max_memory_allocated` would report on a GPU (kernel scratch excepted). The
+prediction is made in the same process from the same job.
 
 One GPU (`GPU_CONFIGS`, `--device cuda`): the width of Wan 2.1 1.3B (1536, 12 heads, FFN 8960, 512 text
 tokens of 4096) in bf16, at world size 1, each configuration in a fresh process through the same set-up;
@@ -77,8 +78,9 @@ GiB = 2 ** 30
 TOLERANCE = 0.15
 GPU_TOLERANCE = 0.10
 # width -> (heads, layers); the FFN is 4 x the width, text_len 128, text_dim 256
-WIDTHS = {64: (2, 2), 256: (4, 4), 512: (8, 4)}
-TOKENS = {256: (4, 16, 16), 1024: (4, 32, 32), 4096: (16, 32, 32)}  # latents (F', h, w): F' * h/2 * w/2 tokens
+WIDTHS = {64: (2, 2), 256: (4, 4), 384: (6, 8), 512: (8, 4)}
+# latents (F', h, w): F' * h/2 * w/2 tokens; 1152: a 9x256x384 clip
+TOKENS = {256: (4, 16, 16), 1024: (4, 32, 32), 1152: (3, 32, 48), 4096: (16, 32, 32)}
 CONFIGS = [
     dict(zero=0, lora=None, sp=1, ckpt=False, dim=256, tokens=1024),
     dict(zero=0, lora=8, sp=1, ckpt=True, dim=512, tokens=4096),
@@ -97,9 +99,18 @@ CONFIGS = [
     dict(zero=2, lora=None, sp=1, ckpt=True, dim=256, tokens=1024, dtype="bf16"),
     dict(zero=3, lora=8, sp=1, ckpt=True, dim=256, tokens=1024, dtype="bf16"),
     dict(zero=2, lora=8, sp=1, ckpt=2, dim=256, tokens=1024),
+    # one rank, a full fine-tune with every block checkpointed (width 384, 8 blocks, 9x256x384): its trainable
+    # gradients fit DeepSpeed's reduce bucket, so ZeRO-2 makes the gradient partition after the activations;
+    # ZeRO-3's peak is the optimizer step (AdamW's two temporaries)
+    dict(zero=2, lora=None, sp=1, ckpt=True, dim=384, tokens=1152, dtype="bf16", ranks=1),
+    dict(zero=3, lora=None, sp=1, ckpt=True, dim=384, tokens=1152, dtype="bf16", ranks=1),
 ]
+# --small: tiny widths; the one-rank rows with a reduce bucket of 2^18 elements, just over the DiT's 208,896
+# trainable parameters (the default 5e7 would be 190 MiB of these rows' ~6 MiB)
+ONE_RANK = dict(sp=1, ckpt=True, dim=64, tokens=256, dtype="bf16", ranks=1, reduce_bucket=2 ** 18)
 SMALL = [dict(zero=z, lora=lora, sp=sp, ckpt=ck, dim=64, tokens=256, **kw)
          for z, lora, sp, ck, kw in ((0, None, 1, False, {}), (3, 4, 2, True, {}), (2, 4, 1, 1, {"dtype": "bf16"}))]
+SMALL += [dict(ONE_RANK, zero=2, lora=None), dict(ONE_RANK, zero=3, lora=None)]
 # two trained experts (Wan 2.2 A14B's training, train/experts.py): two engines in one process, the steps
 # alternating between them (`--experts`)
 EXPERT_CONFIGS = [dict(zero=2, lora=8, sp=1, ckpt=False, dim=512, tokens=1024, experts=2),
@@ -113,15 +124,18 @@ def dit_config(c: dict):
                      num_heads=heads, num_layers=layers, text_len=128)
 
 
-def _job(preset: str, data_dir: str, out_dir: str, train: dict, zero: int, sp: int, lora: int | None, source: str):
+def _job(preset: str, data_dir: str, out_dir: str, train: dict, zero: int, sp: int, lora: int | None, source: str,
+         reduce_bucket: int | None = None):
     """A trainer job on `preset`'s weights (a random init). The config refuses LoRA on a preset's random init
     (it would train nothing: the head is zero); what is measured here is its memory, so the network is set
-    after that check."""
+    after that check. `reduce_bucket`: DeepSpeed's `reduce_bucket_size` in elements (None: the trainer's)."""
+    deepspeed = {"zero_stage": zero, "sequence_parallel_size": sp}
+    if reduce_bucket is not None:
+        deepspeed["config"] = {"zero_optimization": {"reduce_bucket_size": reduce_bucket}}
     process = {"type": "sd_trainer", "training_folder": out_dir,
                "datasets": [{"folder_path": data_dir, "num_frames": 5, "resolution": [64]}],
                "train": {"batch_size": 1, "steps": 100, "lr": 1e-4, **train},
-               "model": {"name_or_path": f"preset:{preset}"},
-               "deepspeed": {"zero_stage": zero, "sequence_parallel_size": sp}}
+               "model": {"name_or_path": f"preset:{preset}"}, "deepspeed": deepspeed}
     job = parse_job({"job": "extension", "config": {"name": "bench_plan", "process": [process]}}, source=source)
     if lora:
         job.process.network = NetworkConfig(linear=lora, linear_alpha=lora)
@@ -133,7 +147,8 @@ def job_of(c: dict, data_dir: str, out_dir: str):
     """The trainer job of a CPU configuration (the DiT's shape comes from `dit_config`)."""
     bf16 = c.get("dtype") == "bf16"
     train = {"dtype": "bf16" if bf16 else "fp32", "cpu_bf16": bf16, "gradient_checkpointing": c["ckpt"]}
-    return _job("tiny", data_dir, out_dir, train, c["zero"], c["sp"], c["lora"], "video_dit.bench.plan")
+    return _job("tiny", data_dir, out_dir, train, c["zero"], c["sp"], c["lora"], "video_dit.bench.plan",
+                c.get("reduce_bucket"))
 
 
 def ckpt_name(ckpt) -> str:
@@ -144,7 +159,9 @@ def ckpt_name(ckpt) -> str:
 def name_of(c: dict) -> str:
     return (f"ZeRO-{c['zero']} {'LoRA r' + str(c['lora']) if c['lora'] else 'full'} SP{c['sp']} "
             f"{ckpt_name(c['ckpt'])} D{c['dim']} L{c['tokens']}" + (" bf16" if c.get("dtype") == "bf16" else "")
-            + (f" x{c['experts']} experts" if c.get("experts", 1) > 1 else ""))
+            + (f" x{c['experts']} experts" if c.get("experts", 1) > 1 else "")
+            + (f" {c['ranks']} rank{'s' if c['ranks'] > 1 else ''}" if c.get("ranks", 2) != 2 else "")
+            + (f" reduce bucket {c['reduce_bucket']:.0e}" if c.get("reduce_bucket") else ""))
 
 
 def setting_for(c: dict, layers: int, **changes) -> Setting:
@@ -219,7 +236,7 @@ def _rank_main(spec: dict) -> int:
 def run_config(c: dict, repeats: int, workdir: Path) -> dict:
     spec = {"config": c, "repeats": repeats, "data_dir": str(workdir / "data"), "out_dir": str(workdir / "out"),
             "out": str(workdir / "rank")}
-    ranks = launch_ranks("video_dit.bench.plan", spec, world=2, workdir=workdir, threads=1)
+    ranks = launch_ranks("video_dit.bench.plan", spec, world=c.get("ranks", 2), workdir=workdir, threads=1)
     worst = max(ranks, key=lambda r: r["measured_peak"])
     row = {"name": name_of(c), **c, "predicted_gib": worst["predicted_peak"] / GiB,
            "measured_gib": worst["measured_peak"] / GiB,
@@ -713,11 +730,11 @@ def print_table(res: dict) -> None:
             print(f"auto under a {a['cap_gib']} GiB cap: {a['blocks']} of {a['of']} blocks, measured "
                   f"{a['measured_gib']:.2f} GiB, planned / measured {a['ratio']:.3f}")
         return
-    print(f"\nPlanner vs measured per-rank peak, 2 CPU ranks, fp32 and bf16 (target: every row within "
+    print(f"\nPlanner vs measured per-rank peak, 2 CPU ranks (or as named), fp32 and bf16 (target: every row within "
           f"{res['tolerance']:.0%})")
-    print(f"{'configuration':44}{'predicted':>11}{'measured':>10}{'ratio':>7}   {'step rise pred / meas':>22}")
+    print(f"{'configuration':50}{'predicted':>11}{'measured':>10}{'ratio':>7}   {'step rise pred / meas':>22}")
     for r in rows:
-        print(f"{r['name']:44}{r['predicted_gib']:>9.3f} G{r['measured_gib']:>8.3f} G{r['ratio']:>7.3f}   "
+        print(f"{r['name']:50}{r['predicted_gib']:>9.3f} G{r['measured_gib']:>8.3f} G{r['ratio']:>7.3f}   "
               f"{r['activations_predicted_gib']:>10.3f} G / {r['activations_measured_gib']:.3f} G")
     print(f"max |predicted / measured - 1| = {res['max_rel_error']:.3f}; "
           f"{res['within_tolerance']}/{res['configs']} within {res['tolerance']:.0%}")

@@ -21,7 +21,14 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
   ZeRO-1/2 P s parameters (the trainable ones flattened, same bytes); an fp32 master partition Pt/N 4
            (kept in fp32 training too); Adam 2 Pt/N 4; during backward the reduce bucket
            (reduce_bucket_size s, twice with overlap_comm) and (ZeRO-2) the gradient partition Pt/N s
-           (ZeRO-1: full gradients Pt s); at the step the fp32 gradient partition Pt/N 4
+           (ZeRO-1: full gradients Pt s); at the step the fp32 gradient partition Pt/N 4. ZeRO-2 (with
+           contiguous gradients) allocates its gradient partition at the bucket's first reduction
+           (stage_1_and_2.py copy_grads_in_partition, from reduce_ipg_grads): when the next gradient
+           would overflow the bucket, which every rank's gradients pass through, or else in the
+           backward epilogue. So with Pt <= reduce_bucket_size the partition comes after the last
+           activation is freed: the backward's peak is the bucket and the higher of the activations and
+           the partition (`partition_during_backward`); with more, it is counted beside the activations'
+           peak (an upper bound: the peak may come before the first reduction)
   ZeRO-3   sum ceil(p/N) s partitions (+ parameters under the persistence threshold in full); fp32
            master Pt/N 4; the gradient partition buffer Pt/N s and the reduce bucket
            (reduce_bucket_size s), both allocated at initialize; Adam 2 Pt/N 4; while forward and
@@ -41,9 +48,12 @@ fp32 master partition is the parameter partition itself unless the optimizer is 
            partition is offloaded (then it is copied to the device)
   offload_optimizer moves master, Adam state and gradient partitions to host memory; offload_param
   (ZeRO-3) moves the partitions there too (the gathered working set stays on the device).
-The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW allocates one
-tensor the size of the largest tensor it updates (the flat fp32 partition under ZeRO-1/2/3); on CUDA
-the fused AdamW allocates none.
+The optimizer step adds Adam's temporaries: on CPU ranks torch's single-tensor AdamW holds two at once,
+each the size of the tensor it updates (`exp_avg_sq.sqrt()` and its quotient by the bias correction:
+torch/optim/adam.py `_single_tensor_adam`), so twice the largest tensor (the flat fp32 partition under
+ZeRO-1/2/3); on CUDA the fused AdamW allocates none. ZeRO-1/2 copy this rank's gradients into that flat
+fp32 partition and free them before AdamW runs (stage_1_and_2.py `step`): the step holds the gradients
+and the copy, then the copy and Adam's temporaries. ZeRO-3's gradient partition buffer stays.
 
 Two-expert jobs (Wan 2.2 A14B, `Experts`): the DeepSpeed state above once per trained expert (each
 its own engine), the activations and transient buffers of one (one expert trains per step), plus a
@@ -265,6 +275,30 @@ def job_experts(job) -> Experts | None:
     return Experts(trained, frozen)
 
 
+def partition_during_backward(sizes: ModelSizes, setting: Setting, ds: dict) -> bool:
+    """Whether ZeRO-1/2's transient gradients (`RankMemory.gradients` of `state_memory`'s transient) live
+    while the activations do. Under ZeRO-2 with contiguous gradients DeepSpeed 0.19 allocates the gradient
+    partition (`grads_in_partition`) at the reduce bucket's first reduction (stage_1_and_2.py:
+    `copy_grads_in_partition`, called by `reduce_ipg_grads`), which comes when the next gradient would
+    overflow the bucket (`reduce_independent_p_g_buckets_and_remove_grads`; every trainable gradient of
+    every rank's partition passes through it) or else in `independent_gradient_partition_epilogue`, after
+    the last activation is freed. So only Pt > reduce_bucket_size elements make it during backward.
+    ZeRO-1's full gradients and a non-contiguous ZeRO-2's grow as they are made: counted beside the
+    activations, as before (an upper bound)."""
+    if setting.zero_stage != 2:
+        return True
+    z = zero_config(ds)
+    return not z.contiguous_gradients or sizes.trainable > z.reduce_bucket_size
+
+
+def adam_temporaries(numel: int, cuda: bool) -> int:
+    """Bytes torch's AdamW allocates while it updates a float32 tensor of `numel` elements: on CPU
+    ranks the single-tensor implementation holds `exp_avg_sq.sqrt()` and its quotient by the bias correction
+    at once (torch/optim/adam.py `_single_tensor_adam`: `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt)
+    .add_(eps)`), two temporaries of the tensor; on CUDA the fused AdamW none."""
+    return 0 if cuda else 2 * numel * 4
+
+
 def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dtype: torch.dtype,
                    cuda: bool) -> tuple[RankMemory, RankMemory]:
     """`state_memory` of one DeepSpeed engine."""
@@ -273,13 +307,12 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
     Pt, Pt_b = sizes.trainable, sizes.trainable_bytes
     s = Pt_b // max(1, Pt)  # gradients and their buckets: the trainable (master) parameters' dtype, float32
     res, trans = RankMemory(), RankMemory()
-    step_temp = 0 if cuda else sizes.largest_tensor * 4
     if stage == 0:
         res.parameters = sizes.base_bytes + (Pt_b if sizes.lora else 0)
         res.optimizer = 2 * Pt_b
         trans.gradients = Pt_b
         trans.buffers = min(Pt, int(ds.get("allreduce_bucket_size", 5e8))) * s
-        trans.optimizer = step_temp
+        trans.optimizer = adam_temporaries(sizes.largest_tensor, cuda)
         return res, trans
     part = -(-Pt // N)
     master = part * 4 * 3  # fp32 master + Adam's two moments (ZeRO-3 without optimizer offload: the
@@ -290,7 +323,8 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         buckets = 2 if z.overlap_comm else 1
         trans.buffers = z.reduce_bucket_size * s * buckets
         trans.gradients = part * s if stage == 2 else Pt_b
-        trans.optimizer = part * 4 + (0 if cuda else part * 4)  # fp32 gradient partition + Adam temp
+        # the fp32 gradient partition, made while the gradients live; Adam's temporaries come once they are freed
+        trans.optimizer = part * 4 + max(0, adam_temporaries(part, cuda) - trans.gradients)
     else:
         persist = z.param_persistence_threshold
         sized = list(zip(sizes.numels, sizes.itemsizes))
@@ -309,7 +343,7 @@ def _engine_memory(sizes: ModelSizes, setting: Setting, world: int, ds: dict, dt
         gathers = N > 1 or setting.offload_param
         trans.buffers = min(gatherable, max(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
                             + sizes.largest_module) * max(sizes.itemsizes) if gathers else 0
-        trans.optimizer = part * 4 + (0 if cuda else part * 4)
+        trans.optimizer = part * 4 + adam_temporaries(part, cuda)  # the fp32 gradient partition; the buffer stays
     if setting.offload_optimizer:  # master, moments and gradient partitions live in host buffers
         res.host += res.optimizer + res.gradients + (trans.gradients if stage in (1, 2) else 0)
         trans.host = trans.optimizer
@@ -332,7 +366,7 @@ class Prediction:
     tokens: int
     memory: RankMemory          # at the step's peak
     activations: Activations
-    phase: str                  # where the peak is: "backward" or "optimizer step"
+    phase: str                  # where the peak is: "backward", "end of backward" or "optimizer step"
     resident: RankMemory        # what lives through the whole step (parameters, optimizer state, ...)
 
     @property
@@ -372,13 +406,16 @@ def predict(cfg, grid: tuple[int, int, int], setting: Setting, *, world: int, lo
                       optimizer=res.optimizer + (0 if during >= after else trans.optimizer))
         phase = "backward" if during >= after else "end of backward / step"
         return Prediction(setting, grid, tokens_of(cfg, grid), mem, act, phase, res)
+    grads = trans.gradients if not partitioned(setting.zero_stage) else 0  # ZeRO-1/2's, made in backward
+    early = partition_during_backward(sizes, setting, ds)
     during = replace(res, activations=act.peak, buffers=res.buffers + trans.buffers,
-                     gradients=res.gradients + (trans.gradients if not partitioned(setting.zero_stage) else 0))
-    at_step = replace(res, gradients=res.gradients + trans.gradients if not partitioned(setting.zero_stage) else res.gradients,
-                      optimizer=res.optimizer + trans.optimizer)
-    if during.device >= at_step.device:
-        return Prediction(setting, grid, tokens_of(cfg, grid), during, act, "backward", res)
-    return Prediction(setting, grid, tokens_of(cfg, grid), at_step, act, "optimizer step", res)
+                     gradients=res.gradients + (grads if early else 0))
+    # ZeRO-2 with its gradients in one bucket: the partition is made in the backward epilogue, the bucket still held
+    epilogue = replace(res, buffers=res.buffers + trans.buffers, gradients=res.gradients + grads)
+    at_step = replace(res, gradients=res.gradients + grads, optimizer=res.optimizer + trans.optimizer)
+    phases = [(during, "backward")] + ([] if early else [(epilogue, "end of backward")]) + [(at_step, "optimizer step")]
+    mem, phase = max(phases, key=lambda p: p[0].device)  # the first of equal ones
+    return Prediction(setting, grid, tokens_of(cfg, grid), mem, act, phase, res)
 
 
 # ---------------------------------------------------------------- a whole job against a machine
