@@ -86,22 +86,26 @@ def _job_inputs(job, preset) -> dict:
 
 
 def _encoder_parameters(preset: Preset, parts) -> dict:
-    """The VAE and a tiny preset's text encoder from their architectures on the meta device; a released Gemma
-    is counted from its files only (its architecture is not built here)."""
+    """The VAE, the connectors and the Gemma from their architectures on the meta device: the tiny Gemma, or
+    Gemma 3 12B's language model (LTX-2.0, 2.3: `GEMMA3_12B_TEXT`); LTX-2.5's Gemma 4 is counted from its
+    files only (its architecture is not built here)."""
     counts = {}
     if "vae" in parts:
         with torch.device("meta"):
             counts["vae"] = sum(p.numel() for p in LTX2VideoVAE(preset.vae).parameters())
     if "text_encoder" in parts:
-        if not preset.text_encoder.tiny:
-            raise WeightsError(f"preset {preset.name}: its Gemma is counted from its files' headers; give the text "
-                               f"encoder folder ({ltx2_load.DOWNLOAD})")
         from video_dit.families.ltx2.connectors import LTX2TextConnectors
-        from video_dit.families.ltx2.text_encoder import tiny_gemma3_text_model
+        from video_dit.families.ltx2.text_encoder import gemma3_12b_parameters, tiny_gemma3_text_model
 
+        text = preset.text_encoder
+        if text.gemma is None or text.connectors is None:
+            raise WeightsError(f"preset {preset.name}: its Gemma 4 is counted from its files' headers; give the "
+                               f"text encoder folder ({ltx2_load.DOWNLOAD})")
         with torch.device("meta"):
-            connectors = sum(p.numel() for p in LTX2TextConnectors(preset.text_encoder.connectors).parameters())
-        counts["text_encoder"] = connectors + sum(p.numel() for p in tiny_gemma3_text_model(0).parameters())
+            connectors = sum(p.numel() for p in LTX2TextConnectors(text.connectors).parameters())
+        gemma = sum(p.numel() for p in tiny_gemma3_text_model(0).parameters()) if text.tiny \
+            else gemma3_12b_parameters()
+        counts["text_encoder"] = connectors + gemma
     if "image_encoder" in parts:
         counts["image_encoder"] = 0
     return counts
