@@ -50,7 +50,7 @@ def _pad_stack(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
 def _text_inputs(batch, device, dit_config):
     """A batch's cached contexts as the DiT takes them: the video context positionally, the audio one and the
     masks by keyword (every rank runs the same modules whatever its captions)."""
-    video, video_mask = _pad_stack(list(batch["video_context"]), device)
+    video, video_mask = _pad_stack(list(batch["text_embeds"]), device)
     audio, audio_mask = _pad_stack(list(batch["audio_context"]), device)
     return video, {"audio_context": audio, "video_context_mask": video_mask, "audio_context_mask": audio_mask}
 
@@ -65,10 +65,11 @@ TRAINING = Training(
     cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: encode_conditioning(
         vae, video, i2v_mode, video.shape[2]),
     cond_keys=("first_frame_latents",),
-    # what a caption caches: each connector's context (Lt, D) (`LTX2PromptEncoder.encode`)
-    text_entry=lambda e: {"video_context": e.video.float(), "audio_context": e.audio.float()},
+    # what a caption caches: each connector's context (Lt, D) (`LTX2PromptEncoder.encode`); the video's under the
+    # name every family's main text has (ai-toolkit reads a prompt's batch size from `text_embeds`)
+    text_entry=lambda e: {"text_embeds": e.video.float(), "audio_context": e.audio.float()},
     text_inputs=_text_inputs,
-    prompt=lambda entry: LTX2PromptEmbeds(entry["video_context"], entry["audio_context"]),
+    prompt=lambda entry: LTX2PromptEmbeds(entry["text_embeds"], entry["audio_context"]),
 )
 
 
@@ -127,8 +128,9 @@ def _no_image_encoder(*args, **kwargs):
 
 FAMILY = Family(
     name="ltx2", title="LTX-2", presets=LTX2_PRESETS,
-    # our trainer (its audio path: the codec caches each clip's track, the step trains both streams)
-    trains=("video_dit",),
+    # our trainer (its audio path: the codec caches each clip's track, the step trains both streams) and the
+    # ai-toolkit arch (its `do_audio` datasets' tracks through ai-toolkit's audio channel: integrations/ai_toolkit)
+    trains=("video_dit", "ai-toolkit"),
     load_dit=ltx2_load.load_ltx2_dit, load_vae=ltx2_load.load_vae, load_text_encoder=ltx2_load.load_prompt_encoder,
     load_image_encoder=_no_image_encoder, dit_config=ltx2_load.dit_config, claims=ltx2_load.claims,
     claims_config=ltx2_load.claims_config, claim_order=0,  # the strict key test (every DiT key mapped)

@@ -8,8 +8,10 @@
 // `name` is `video_dit:<preset>`: ModelConfig strips the `:tag`, so every entry runs `arch: video_dit`.
 // A `preset:NAME` path builds that preset (random weights; only the `tiny*` presets need no files).
 // For a real model, give the local folder of the weights (Wan or HunyuanVideo 1.5) (diffusers layout: transformer/, vae/,
-// text_encoder/, tokenizer/; Wan 2.1 I2V / FLF2V also image_encoder/ + image_processor/) and keep
-// `model_kwargs.preset`: nothing is downloaded from a hub.
+// text_encoder/, tokenizer/; Wan 2.1 I2V / FLF2V also image_encoder/ + image_processor/; LTX-2 a diffusers folder or
+// Lightricks' single file, its Gemma 3 as model.te_name_or_path GEMMA_FOLDER::SINGLE_FILE) and keep
+// `model_kwargs.preset`: nothing is downloaded from a hub. LTX-2 makes sound: its datasets read each clip's track
+// (`do_audio`, ai-toolkit's key) and its loss adds the audio's (`train.audio_loss_multiplier`), as ai-toolkit's ltx2.
 import type { ModelArch } from './options';
 
 const flowmatch = {
@@ -21,7 +23,7 @@ const flowmatch = {
 // [selected, unselected] values, as in options.tsx
 // Two-expert presets (Wan 2.2 A14B) also carry ai-toolkit's multistage keys, as its wan22_14b entries.
 function presetDefaults(preset: string, o: { frames: number; fps: number; size: number; quantize: boolean; i2v: boolean;
-                                             experts?: boolean }) {
+                                             experts?: boolean; sound?: boolean }) {
   const kwargs = { ...(preset.startsWith('tiny') ? {} : { preset }),
                    ...(o.experts ? { train_high_noise: true, train_low_noise: true } : {}) };
   return {
@@ -37,6 +39,8 @@ function presetDefaults(preset: string, o: { frames: number; fps: number; size: 
     'config.process[0].datasets[x].num_frames': [o.frames, 1],
     'config.process[0].datasets[x].fps': [o.fps, undefined],
     'config.process[0].datasets[x].do_i2v': [o.i2v ? true : undefined, undefined],
+    ...(o.sound ? { 'config.process[0].datasets[x].do_audio': [true, undefined],
+                    'config.process[0].train.audio_loss_multiplier': [1.0, undefined] } : {}),
   };
 }
 
@@ -51,6 +55,12 @@ const video = {
     'model.low_vram' as const,
     'datasets.auto_frame_count' as const,
   ],
+};
+
+// a model with sound (LTX-2): ai-toolkit's dataset audio keys too, as its ltx2 entries
+const withSound = {
+  ...video,
+  additionalSections: [...video.additionalSections, 'datasets.do_audio' as const, 'datasets.audio_normalize' as const],
 };
 
 export const videoDitModelArchs: ModelArch[] = [
@@ -184,5 +194,29 @@ export const videoDitModelArchs: ModelArch[] = [
     label: 'video_dit tiny HunyuanVideo 1.5 i2v (CPU smoke test)',
     ...video,
     defaults: presetDefaults('tiny-hy15-i2v', { frames: 17, fps: 24, size: 64, quantize: false, i2v: true }),
+  },
+  {
+    name: 'video_dit:ltx2-19b-dev',
+    label: 'video_dit LTX-2 19B dev (video with sound)',
+    ...withSound,
+    defaults: presetDefaults('ltx2-19b-dev', { frames: 121, fps: 24, size: 768, quantize: true, i2v: false, sound: true }),
+  },
+  {
+    name: 'video_dit:ltx2.3-22b-dev',
+    label: 'video_dit LTX-2.3 22B dev (video with sound)',
+    ...withSound,
+    defaults: presetDefaults('ltx2.3-22b-dev', { frames: 121, fps: 24, size: 768, quantize: true, i2v: false, sound: true }),
+  },
+  {
+    name: 'video_dit:ltx2.5-dev',
+    label: 'video_dit LTX-2.5 dev (video with sound; its Gemma 4 text encoder is not built yet)',
+    ...withSound,
+    defaults: presetDefaults('ltx2.5-dev', { frames: 121, fps: 24, size: 768, quantize: true, i2v: false, sound: true }),
+  },
+  {
+    name: 'video_dit:tiny-ltx2-t2v',
+    label: 'video_dit tiny LTX-2 with sound (CPU smoke test)',
+    ...withSound,
+    defaults: presetDefaults('tiny-ltx2-t2v', { frames: 17, fps: 24, size: 64, quantize: false, i2v: false, sound: true }),
   },
 ];
