@@ -566,6 +566,7 @@ def test_ltx2_dit_suite_times_the_same_work_and_reports_its_own_arithmetic(monke
     assert (c["video_tokens"], c["audio_frames"], c["variant"]) == (32, 9, "2.3")  # 9 frames at 24 fps: 9 audio latents
     assert res["max_rel_diff"] < 1e-5, res["max_rel_diff"]
     assert res["time_ratio"] == res["step_s"]["ours"] / res["step_s"]["diffusers"]
+    assert res["cpu_ratio"] == res["cpu_s"]["ours"] / res["cpu_s"]["diffusers"] and len(res["cpu_s_all"]["ours"]) == 1
     cfg = ltx2_dit.config_of(ltx2_dit.shape_of(True, "cpu"))
     assert (cfg.hidden_size, cfg.audio_hidden_size, cfg.num_layers, cfg.apply_gated_attention) == (256, 128, 1, True)
     assert res["flops"] == 3 * ltx2_dit_flops(cfg, 32, 9, 16)

@@ -1,6 +1,8 @@
 """LTX-2 DiT benchmark: forward+backward of our `LTX2DiT` (both streams) against diffusers'
 `LTX2VideoTransformer3DModel`, same weights and inputs, side by side in one process (alternating, the
-order reversed every other round, so machine noise hits both alike); the ratio of medians is the figure.
+order reversed every other round, so machine noise hits both alike); the ratio of medians is the figure,
+in wall seconds (`time_ratio`, the target's) and in process CPU seconds (`cpu_ratio`: on a shared CPU host
+with one thread, the work done, whatever the neighbours hold).
 
     video-dit bench --suite ltx2-dit [--small] [--device cuda] [--repeats 3]
     python -m video_dit.bench.ltx2_dit [--shape cpu|small|ltx2.3-121x704x1280] [--variant 2.0|2.3|2.5]
@@ -35,14 +37,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from dataclasses import replace
 
 import torch
 
 from video_dit.bench.common import (diffusers_as_loaded, median, mfu, profiled_live_after, profiled_peak,
-                                    run_json_subprocess, time_side_by_side, write_json)
-from video_dit.devices import device_peak
+                                    run_json_subprocess, write_json)
+from video_dit.devices import device_peak, sync
 from video_dit.families.ltx2.convert import ltx2_config_to_diffusers, ltx2_from_diffusers
 from video_dit.families.ltx2.dit import LTX2DiT, cast_ltx2_dit, ltx2_dit_flops
 from video_dit.families.ltx2.dit_config import LTX2_DIT_CONFIGS, LTX2DiTConfig
@@ -175,6 +179,24 @@ def flops_of(shape: dict) -> float:
     return ltx2_dit_flops(config_of(shape), Fr * h * w, shape["audio_frames"], shape["text_len"])
 
 
+def time_both(steps: dict, repeats: int, device: str) -> tuple[dict, dict]:
+    """({name: [wall s]}, {name: [process CPU s]}) of each step after one warm-up each, the steps alternated and the
+    order reversed every other round (`common.time_side_by_side`'s schedule); CPU seconds are steadier than wall
+    ones on a shared host (with one thread, the work done whoever else holds the cores)."""
+    for step in steps.values():
+        step()
+    wall, cpu = {k: [] for k in steps}, {k: [] for k in steps}
+    for r in range(repeats):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            sync(device)
+            t0, c0 = time.perf_counter(), time.process_time()
+            steps[name]()
+            sync(device)
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+    return wall, cpu
+
+
 def max_rel_diff(ours, ref, ours_in: dict, ref_in: dict) -> float:
     """max |ours - diffusers| / max |diffusers| over both streams' outputs (no grad): the same work is timed."""
     from diffusers import LTX2Pipeline
@@ -200,20 +222,23 @@ def run(device: str = "cpu", repeats: int = 3, small: bool = False, threads: int
     mem = _memory_subprocesses(shp, device) if memory else None
     ours, ref, ours_in, ref_in = build(shp, device, dtype)
     diff = max_rel_diff(ours, ref, ours_in, ref_in)
-    times = time_side_by_side({"ours": _step_fn(ours, ours_in, False), "diffusers": _step_fn(ref, ref_in, True)},
-                              repeats, device)
+    times, cpu = time_both({"ours": _step_fn(ours, ours_in, False), "diffusers": _step_fn(ref, ref_in, True)},
+                           repeats, device)
     step_s = {k: median(v) for k, v in times.items()}
+    cpu_s = {k: median(v) for k, v in cpu.items()}
     fwd = flops_of(shp)
     peak = device_peak(device, dtype)
     _, Fr, h, w = shp["latents"]
     res = {
         "config": {**shp, "latents": list(shp["latents"]), "video_tokens": Fr * h * w, "device": device,
                    "dtype": str(dtype).removeprefix("torch."), "threads": torch.get_num_threads(), "repeats": repeats,
+                   "load_average": os.getloadavg()[0],
                    "torch": torch.__version__,
                    "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None},
         "max_rel_diff": diff,
-        "step_s": step_s, "step_s_all": times,
+        "step_s": step_s, "step_s_all": times, "cpu_s": cpu_s, "cpu_s_all": cpu,
         "time_ratio": step_s["ours"] / step_s["diffusers"],
+        "cpu_ratio": cpu_s["ours"] / cpu_s["diffusers"],
         "flops": 3 * fwd,
         "tflops": {k: 3 * fwd / v / 1e12 for k, v in step_s.items()},
         "peak": peak.as_dict(),
@@ -232,13 +257,15 @@ def print_table(res: dict) -> None:
     print(f"LTX-{c['variant']} DiT fwd+bwd, {c['heads']} heads, {c['layers']} blocks, {c['video_tokens']} video + "
           f"{c['audio_frames']} audio tokens, {c['text_len']} text, {c['dtype']}, {c['device']}, {c['threads']} "
           f"threads, median of {c['repeats']}; max |ours - diffusers| / max |diffusers| = {res['max_rel_diff']:.1e}")
-    print(f"{'':12}{'step s':>10}{'MFU':>9}{'saved MiB':>12}{'peak MiB':>12}")
+    print(f"(load average {c['load_average']:.1f})")
+    print(f"{'':12}{'step s':>10}{'CPU s':>10}{'MFU':>9}{'saved MiB':>12}{'peak MiB':>12}")
     mem = res.get("memory_bytes", {})
     for k in ("ours", "diffusers"):
         m = [f"{mem[k][f] / mib:12.0f}" if k in mem else f"{'-':>12}" for f in ("saved", "peak")]
-        print(f"{k:12}{res['step_s'][k]:10.3f}{res['tflops'][k] * 1e12 / res['peak']['flops']:9.1%}{m[0]}{m[1]}")
+        print(f"{k:12}{res['step_s'][k]:10.3f}{res['cpu_s'][k]:10.3f}"
+              f"{res['tflops'][k] * 1e12 / res['peak']['flops']:9.1%}{m[0]}{m[1]}")
     ratios = [f"{res[k]:12.3f}" if k in res else f"{'-':>12}" for k in ("saved_ratio", "peak_ratio")]
-    print(f"{'ratio':12}{res['time_ratio']:10.3f}{'':9}{ratios[0]}{ratios[1]}")
+    print(f"{'ratio':12}{res['time_ratio']:10.3f}{res['cpu_ratio']:10.3f}{'':9}{ratios[0]}{ratios[1]}")
     print("targets: time <= 1.0, activation peak <= 0.8")
 
 
