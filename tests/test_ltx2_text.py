@@ -9,6 +9,7 @@ the measure fails on a small change."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -290,3 +291,32 @@ def test_qfloat8_text_encoder_stays_within_float8_precision():
     a, b = q.hidden_states(PROMPTS)[0], ref.hidden_states(PROMPTS)[0]
     err = ((a - b).pow(2).mean() / b.pow(2).mean()).sqrt().item()
     assert 1e-4 < err < 2 ** -4 * 7 ** 0.5, err
+
+
+def test_the_plan_counts_a_released_gemma_from_its_architecture(capsys):
+    """Without the Gemma's files, the memory plan counts Gemma 3 12B's language model from its config
+    (`GEMMA3_12B_TEXT`, built on the meta device): the count derived here from the same numbers, layer by
+    layer. The example job (configs/ltx2.3_lora_121x704x1280_8gpu.yaml, as the README quotes it) then plans
+    on a machine without any of its files; LTX-2.5's Gemma 4 is not built here and says so."""
+    from video_dit import cli
+    from video_dit.families import ltx2 as family
+    from video_dit.families.ltx2.presets import LTX2_PRESETS
+
+    c = TE.GEMMA3_12B_TEXT
+    D, Dh, q, kv, inner = c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
+        c["intermediate_size"]
+    attention = D * q * Dh + 2 * D * kv * Dh + q * Dh * D + 2 * Dh  # q, k, v, o (no biases) and the q / k norms
+    layer = attention + 3 * D * inner + 4 * D  # gate, up, down; four RMSNorms
+    derived = c["vocab_size"] * D + c["num_hidden_layers"] * layer + D  # embeddings, blocks, the final norm
+    assert TE.gemma3_12b_parameters() == derived == 11_766_034_176
+    counts = family.MEMORY.encoder_parameters(LTX2_PRESETS["ltx2.3-22b-dev"], ["text_encoder"])
+    with torch.device("meta"):
+        connectors = sum(p.numel() for p in LTX2TextConnectors(LTX23_CONNECTORS).parameters())
+    assert counts["text_encoder"] == derived + connectors
+    with pytest.raises(WeightsError, match="Gemma 4"):
+        family.MEMORY.encoder_parameters(LTX2_PRESETS["ltx2.5-dev"], ["text_encoder"])
+    job = Path(__file__).resolve().parents[1] / "configs" / "ltx2.3_lora_121x704x1280_8gpu.yaml"
+    assert cli.main(["plan", str(job), "--gpus", "8", "--gpu-mem", "80", "--host-mem", "1024",
+                     "--bucket", "121x704x1280"]) == 0
+    out = capsys.readouterr().out
+    assert "121x704x1280   14080" in out and "ZeRO-3, SP 1" in out

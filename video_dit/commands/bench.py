@@ -4,6 +4,8 @@ run, one table per suite, then a summary of each measured ratio against its targ
     video-dit bench --suite dit --repeats 3 --json bench.json
     video-dit bench --suite all --small            # quick shapes, every suite
     video-dit bench --suite train --device cuda --steps 4     # the four one-GPU jobs of the real 1.3B
+    video-dit bench --suite ltx2-dit                # LTX-2's DiT (both streams) against diffusers' on the CPU
+    video-dit bench --suite ltx2-vae --device cuda  # LTX-2's video VAE against diffusers' (only by name)
 
 Each suite is `video_dit.bench.<name>.run(device=, repeats=, small=, threads=) -> dict` (and its
 `print_table(result)` when it does not print its own). The summary reads the figures the suites
@@ -26,13 +28,16 @@ import torch
 from video_dit.devices import device_peak
 
 # suites that hold released-size models: never in "all". load and rehearsal the 1.3B DiT (5.7 GB, run under
-# `flock /tmp/bigmem.lock`); hy15-vae the HunyuanVideo 1.5 VAE, ours and diffusers' (16 GB at its CPU shape)
-EXPLICIT_ONLY = ("load", "rehearsal", "hy15-vae")
+# `flock /tmp/bigmem.lock`); hy15-vae the HunyuanVideo 1.5 VAE, ours and diffusers' (16 GB at its CPU shape);
+# ltx2-vae LTX-2.3's video VAE, ours and diffusers' (726 M parameters each: 2.9 GB in float32)
+EXPLICIT_ONLY = ("load", "rehearsal", "hy15-vae", "ltx2-vae")
 # suite name -> module; "all" runs them in this order (less EXPLICIT_ONLY)
 SUITES: dict[str, str] = {
     "dit": "video_dit.bench.dit",
     "vae": "video_dit.bench.vae",
     "hy15-vae": "video_dit.bench.hunyuan15_vae",
+    "ltx2-dit": "video_dit.bench.ltx2_dit",
+    "ltx2-vae": "video_dit.bench.ltx2_vae",
     "train": "video_dit.bench.train",
     "sampling": "video_dit.bench.sampling",
     "sp": "video_dit.bench.sequence_parallel",
@@ -82,6 +87,11 @@ TARGETS: list[Target] = [
     Target("vae", "peak memory ours / diffusers", _path("memory_ratio"), "<=", 0.7),
     Target("hy15-vae", "HunyuanVideo 1.5 VAE time ours / diffusers", _path("time_ratio"), "<=", 0.7),
     Target("hy15-vae", "HunyuanVideo 1.5 VAE peak memory ours / diffusers", _path("memory_ratio"), "<=", 0.7),
+    # LTX-2 (issue 46: "time at most 1.0x, activations at most 0.8x, as Wan's targets"), on any device
+    Target("ltx2-dit", "LTX-2 DiT step time ours / diffusers", _path("time_ratio"), "<=", 1.0),
+    Target("ltx2-dit", "LTX-2 DiT activation peak ours / diffusers", _path("peak_ratio"), "<=", 0.8),
+    Target("ltx2-vae", "LTX-2 VAE encode+decode time ours / diffusers", _path("time_ratio"), "<=", 1.0),
+    Target("ltx2-vae", "LTX-2 VAE peak memory ours / diffusers", _path("memory_ratio"), "<=", 0.8),
     # the train suite's CPU parts (2 CPU ranks, the cache); on CUDA it runs the one-GPU jobs, which have no target
     Target("train", "ZeRO-3 / ZeRO-0 param+grad+optim bytes per rank", _path("zero3_vs_zero0_state"), "<=", 0.55,
            "cpu"),
@@ -106,7 +116,8 @@ TARGETS: list[Target] = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suite", default="all", choices=[*SUITES, "all"], help="which benchmark (default: all; load, rehearsal and hy15-vae only by name)")
+    p.add_argument("--suite", default="all", choices=[*SUITES, "all"],
+                   help="which benchmark (default: all; load, rehearsal, hy15-vae and ltx2-vae only by name)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu: fp32; cuda: bf16")
     p.add_argument("--json", default=None, metavar="FILE", help="write every figure and the summary here")
     p.add_argument("--small", action="store_true", help="small shapes: a quick smoke run, not the target config")

@@ -49,8 +49,8 @@ TEXT_DIR = "_text_cache"
 
 # A caption's text cache entry: whatever its family's `Training.text_entry` names, each (Lt, D) (Wan's
 # `text_embeds`; HunyuanVideo 1.5's and its ByT5 `glyph_embeds` (Lg, Dg), Lg = 0 without quoted text; LTX-2's
-# `video_context` and `audio_context`). A sample carries their names under TEXT_NAMES: the batch keeps them
-# as lists (captions of several lengths).
+# video context as `text_embeds` and its `audio_context`). A sample carries their names under TEXT_NAMES: the
+# batch keeps them as lists (captions of several lengths).
 TEXT_NAMES = "text_keys"
 
 

@@ -50,7 +50,7 @@ def _pad_stack(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
 def _text_inputs(batch, device, dit_config):
     """A batch's cached contexts as the DiT takes them: the video context positionally, the audio one and the
     masks by keyword (every rank runs the same modules whatever its captions)."""
-    video, video_mask = _pad_stack(list(batch["video_context"]), device)
+    video, video_mask = _pad_stack(list(batch["text_embeds"]), device)
     audio, audio_mask = _pad_stack(list(batch["audio_context"]), device)
     return video, {"audio_context": audio, "video_context_mask": video_mask, "audio_context_mask": audio_mask}
 
@@ -65,10 +65,11 @@ TRAINING = Training(
     cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: encode_conditioning(
         vae, video, i2v_mode, video.shape[2]),
     cond_keys=("first_frame_latents",),
-    # what a caption caches: each connector's context (Lt, D) (`LTX2PromptEncoder.encode`)
-    text_entry=lambda e: {"video_context": e.video.float(), "audio_context": e.audio.float()},
+    # what a caption caches: each connector's context (Lt, D) (`LTX2PromptEncoder.encode`); the video's under the
+    # name every family's main text has (ai-toolkit reads a prompt's batch size from `text_embeds`)
+    text_entry=lambda e: {"text_embeds": e.video.float(), "audio_context": e.audio.float()},
     text_inputs=_text_inputs,
-    prompt=lambda entry: LTX2PromptEmbeds(entry["video_context"], entry["audio_context"]),
+    prompt=lambda entry: LTX2PromptEmbeds(entry["text_embeds"], entry["audio_context"]),
 )
 
 
@@ -91,22 +92,26 @@ def _job_inputs(job, preset) -> dict:
 
 
 def _encoder_parameters(preset: Preset, parts) -> dict:
-    """The VAE and a tiny preset's text encoder from their architectures on the meta device; a released Gemma
-    is counted from its files only (its architecture is not built here)."""
+    """The VAE, the connectors and the Gemma from their architectures on the meta device: the tiny Gemma, or
+    Gemma 3 12B's language model (LTX-2.0, 2.3: `GEMMA3_12B_TEXT`); LTX-2.5's Gemma 4 is counted from its
+    files only (its architecture is not built here)."""
     counts = {}
     if "vae" in parts:
         with torch.device("meta"):
             counts["vae"] = sum(p.numel() for p in LTX2VideoVAE(preset.vae).parameters())
     if "text_encoder" in parts:
-        if not preset.text_encoder.tiny:
-            raise WeightsError(f"preset {preset.name}: its Gemma is counted from its files' headers; give the text "
-                               f"encoder folder ({ltx2_load.DOWNLOAD})")
         from video_dit.families.ltx2.connectors import LTX2TextConnectors
-        from video_dit.families.ltx2.text_encoder import tiny_gemma3_text_model
+        from video_dit.families.ltx2.text_encoder import gemma3_12b_parameters, tiny_gemma3_text_model
 
+        text = preset.text_encoder
+        if text.gemma is None or text.connectors is None:
+            raise WeightsError(f"preset {preset.name}: its Gemma 4 is counted from its files' headers; give the "
+                               f"text encoder folder ({ltx2_load.DOWNLOAD})")
         with torch.device("meta"):
-            connectors = sum(p.numel() for p in LTX2TextConnectors(preset.text_encoder.connectors).parameters())
-        counts["text_encoder"] = connectors + sum(p.numel() for p in tiny_gemma3_text_model(0).parameters())
+            connectors = sum(p.numel() for p in LTX2TextConnectors(text.connectors).parameters())
+        gemma = sum(p.numel() for p in tiny_gemma3_text_model(0).parameters()) if text.tiny \
+            else gemma3_12b_parameters()
+        counts["text_encoder"] = connectors + gemma
     if "image_encoder" in parts:
         counts["image_encoder"] = 0
     return counts
@@ -128,8 +133,9 @@ def _no_image_encoder(*args, **kwargs):
 
 FAMILY = Family(
     name="ltx2", title="LTX-2", presets=LTX2_PRESETS,
-    # our trainer (its audio path: the codec caches each clip's track, the step trains both streams)
-    trains=("video_dit",),
+    # our trainer (its audio path: the codec caches each clip's track, the step trains both streams) and the
+    # ai-toolkit arch (its `do_audio` datasets' tracks through ai-toolkit's audio channel: integrations/ai_toolkit)
+    trains=("video_dit", "ai-toolkit"),
     load_dit=ltx2_load.load_ltx2_dit, load_vae=ltx2_load.load_vae, load_text_encoder=ltx2_load.load_prompt_encoder,
     load_image_encoder=_no_image_encoder, dit_config=ltx2_load.dit_config, claims=ltx2_load.claims,
     claims_config=ltx2_load.claims_config, claim_order=0,  # the strict key test (every DiT key mapped)

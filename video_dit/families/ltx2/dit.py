@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 import re
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +66,7 @@ from video_dit.families.ltx2.layers import (AdaLayerNormSingle, CaptionProjectio
                                             rope_tables, video_positions)
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
-from video_dit.models.layers import RMSNorm, compute_dtype_of, f32
+from video_dit.models.layers import RecomputeSaved, RMSNorm, compute_dtype_of, f32
 
 # ---------------------------------------------------------------- initialisation
 
@@ -167,7 +168,7 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         self.transformer_blocks = nn.ModuleList(LTX2Block(cfg) for _ in range(cfg.num_layers))
         self.checkpointed_blocks: frozenset[int] = frozenset()  # set_checkpointed_blocks (BlockTraining)
         self.offload_checkpoints = False
-        self.recompute_saved = True  # nothing to recompute: the blocks keep what autograd saves
+        self.recompute_saved = True  # the blocks keep cheap elementwise results as recipes (`_set_block_recompute`)
         self.blocks_compiled = False  # compile_blocks
         self.seq_parallel = None  # set from outside (video_dit/parallel); see the class docstring
         self.compute_dtype: torch.dtype | None = None  # None: the bulk weights' dtype; set by cast_ltx2_dit
@@ -366,13 +367,38 @@ class LTX2DiT(IslandCast, BlockTraining, nn.Module):
         out_v = out_v.reshape(B, cfg.out_channels, Fr, H, W)  # (B, C_out, F', h, w)
         return out_v, out_a.unflatten(2, (Ca, M)).transpose(1, 2)  # (B, Ca, T, M)
 
+    def _set_block_recompute(self) -> None:
+        """`BlockTraining`'s hook: a block keeps recipes (`LTX2Block.recompute`) unless it is checkpointed
+        (it keeps nothing inside) or compiled (Inductor chooses what to keep), or `recompute_saved` is off."""
+        for i, block in enumerate(self.transformer_blocks):
+            block.recompute = self.recompute_saved and i not in self.checkpointed_blocks and not self.blocks_compiled
+
     def _output(self, table: torch.Tensor, proj: nn.Linear, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """ltx-core `_process_output`: LayerNorm(x) * (1 + scale) + shift, (shift, scale) = table + emb, then
-        the output Linear; float32 region (the Linear in its float32 weights)."""
-        with torch.autocast(x.device.type, enabled=False):
+        the output Linear; float32 region (the Linear in its float32 weights). With `recompute_saved`, the
+        normed and modulated x are recipes of x (`RecomputeSaved`)."""
+        rc = RecomputeSaved()
+        with torch.autocast(x.device.type, enabled=False), \
+                rc.hooks() if self.recompute_saved and torch.is_grad_enabled() else nullcontext():
             shift, scale = (f32(table)[None, None] + emb[:, :, None]).unbind(2)  # (B, 1|L, D) each
-            h = torch.addcmul(shift, F.layer_norm(f32(x), x.shape[-1:], eps=self.config.norm_eps), 1 + scale)
-            return proj(h.to(proj.weight.dtype))
+            x, eps = f32(x), self.config.norm_eps
+            normed = rc.add(_layer_norm(x, eps), _layer_norm, x, eps)
+            h = rc.add(_modulated(normed, shift, scale, proj.weight.dtype), _head_input, x, eps, shift, scale,
+                       proj.weight.dtype)
+            return proj(h)
+
+
+def _layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+
+def _modulated(normed: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.addcmul(shift, normed, 1 + scale).to(dtype)
+
+
+def _head_input(x: torch.Tensor, eps: float, shift: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+    """LayerNorm(x) * (1 + scale) + shift in `dtype`: the output Linear's input (`_output`'s recipe)."""
+    return _modulated(_layer_norm(x, eps), shift, scale, dtype)
 
 
 def _bool(mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -14,10 +14,18 @@ Parameter names are Lightricks' (ltx-core `model/transformer/*.py`): `attn1.to_q
 `ff.net.0.proj`, `scale_shift_table_a2v_ca_video`, ... Precision: every norm, the adaLN arithmetic, the
 RoPE rotation, the gates and the residual updates in float32; the Linears in the compute dtype `cdt`.
 No distributed code here: the attention calls go through `seq_parallel` when it is set (see `LTX2DiT`).
+
+Activation memory (`LTX2Block.recompute`, on unless the block is checkpointed or compiled): the cheap
+elementwise results autograd would keep for backward are kept as recipes (`RecomputeSaved`: a function and
+inputs autograd keeps anyway) and recomputed in backward: every adaLN-modulated input of a Linear and its
+RMS-normed operand, the normed and rotated q / k, the gated attention output, the GELU output, the
+modulated text. What stays: the residual streams, the q / k / v projections, the attention outputs, the
+Linears' outputs the gates' gradients read, the FFN's hidden layer (the GELU's input).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -27,7 +35,7 @@ from torch import nn
 
 from video_dit.families.ltx2.dit_config import LTX2DiTConfig
 from video_dit.models.attention import attention
-from video_dit.models.layers import RMSNorm, apply_rope, f32, gated_add
+from video_dit.models.layers import RecomputeSaved, RMSNorm, apply_rope, f32, gated_add
 
 
 # ---------------------------------------------------------------- positions and RoPE
@@ -167,27 +175,48 @@ class Attention(nn.Module):
         self.to_out = nn.Sequential(nn.Linear(inner, query_dim), nn.Identity())
         self.attention_backend = "native"
 
-    def _heads(self, norm: RMSNorm, t: torch.Tensor, rope, cdt: torch.dtype) -> torch.Tensor:
-        t = norm(t).unflatten(2, (self.heads, -1))  # (B, L, H, Dh), float32 with the float32 norm weight
+    def _heads(self, norm: RMSNorm, t: torch.Tensor, rope, cdt: torch.dtype,
+               rc: RecomputeSaved | None = None) -> torch.Tensor:
+        """t (B, L, H Dh) a q or k projection -> normed, rotated (B, L, H, Dh) in cdt; `rc`: the normed t a
+        recipe of t."""
+        n = norm(t)  # float32 with the float32 norm weight
+        if rc is not None:
+            rc.add(n, norm, t)
+        t = n.unflatten(2, (self.heads, -1))  # (B, L, H, Dh)
         if rope is not None:  # rotated in float32 (ltx-core rotates in the activation dtype, diffusers in float32)
             t = apply_split_rope(t, *rope) if self.rope_type == "split" else apply_rope(f32(t), *rope)
         return t.to(cdt)
 
-    def qkv(self, x: torch.Tensor, context: torch.Tensor, q_rope, k_rope, cdt: torch.dtype):
+    def qkv(self, x: torch.Tensor, context: torch.Tensor, q_rope, k_rope, cdt: torch.dtype,
+            rc: RecomputeSaved | None = None):
         """x (B, Lq, query_dim), context (B, Lk, context_dim) in cdt; ropes (cos, sin) (1, L, H, Dh/2) or
-        None -> q (B, Lq, H, Dh), k, v (B, Lk, H, Dh) in cdt."""
-        q = self._heads(self.q_norm, self.to_q(x), q_rope, cdt)
-        k = self._heads(self.k_norm, self.to_k(context), k_rope, cdt)
+        None -> q (B, Lq, H, Dh), k, v (B, Lk, H, Dh) in cdt. `rc`: the block's recipes (the normed and
+        rotated q / k are recomputed from the projections in backward)."""
+        rc = rc or RecomputeSaved()
+        q_lin, k_lin = self.to_q(x), self.to_k(context)
+        q = rc.add(self._heads(self.q_norm, q_lin, q_rope, cdt, rc), self._heads, self.q_norm, q_lin, q_rope, cdt)
+        k = rc.add(self._heads(self.k_norm, k_lin, k_rope, cdt, rc), self._heads, self.k_norm, k_lin, k_rope, cdt)
         v = self.to_v(context).unflatten(2, (self.heads, -1))
         return q, k, v
 
-    def output(self, x: torch.Tensor, out: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
-        """x (B, Lq, query_dim) the query input, out (B, Lq, H, Dh) the attention -> (B, Lq, query_dim)."""
+    def output(self, x: torch.Tensor, out: torch.Tensor, cdt: torch.dtype,
+               rc: RecomputeSaved | None = None) -> torch.Tensor:
+        """x (B, Lq, query_dim) the query input, out (B, Lq, H, Dh) the attention -> (B, Lq, query_dim).
+        `rc`: the gated output (and its float32 operand) kept as recipes of `out` and the gates."""
         if self.to_gate_logits is not None:
+            rc = rc or RecomputeSaved()
             with torch.autocast(x.device.type, enabled=False):  # float32 region: the gates (ltx-core: bf16)
                 gates = 2.0 * torch.sigmoid(f32(self.to_gate_logits(x.to(self.to_gate_logits.weight.dtype))))
-                out = (f32(out) * gates.unsqueeze(-1)).to(cdt)  # (B, Lq, H, Dh)
+                gates = gates.unsqueeze(-1)  # (B, Lq, H, 1)
+                out32 = f32(out)
+                if out32 is not out:  # (a bf16 attention output: its float32 copy, which the product keeps)
+                    rc.add(out32, f32, out)
+                out = rc.add((out32 * gates).to(cdt), _gated, out, gates, cdt)  # (B, Lq, H, Dh)
         return self.to_out(out.flatten(2))
+
+
+def _gated(out: torch.Tensor, gates: torch.Tensor, cdt: torch.dtype) -> torch.Tensor:
+    return (f32(out) * gates).to(cdt)
 
 
 class GELUProjection(nn.Module):
@@ -206,8 +235,15 @@ class FeedForward(nn.Module):
         super().__init__()
         self.net = nn.Sequential(GELUProjection(dim, 4 * dim, bias), nn.Identity(), nn.Linear(4 * dim, dim, bias=bias))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
+    def forward(self, x: torch.Tensor, rc: RecomputeSaved | None = None) -> torch.Tensor:
+        """x (B, L, D) -> (B, L, D); `rc`: `net.2` keeps a recipe of its GELU input, not the GELU output."""
+        rc = rc or RecomputeSaved()
+        h = self.net[0].proj(x)  # (B, L, 4D)
+        return self.net[2](rc.add(_gelu(h), _gelu, h))
+
+
+def _gelu(h: torch.Tensor) -> torch.Tensor:
+    return F.gelu(h, approximate="tanh")
 
 
 # ---------------------------------------------------------------- the block
@@ -237,13 +273,39 @@ def ada_rows(table: torch.Tensor, temb: torch.Tensor, rows: slice) -> tuple[torc
 
 
 def rms_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, eps: float,
-                 dtype: torch.dtype | None) -> torch.Tensor:
+                 dtype: torch.dtype | None, rc: RecomputeSaved | None = None) -> torch.Tensor:
     """RMSNorm(x) (no weight) * (1 + scale) + shift, float32 region (ltx-core `PytorchAdaZeroFunction`);
-    the result in `dtype` (None: float32) for the Linear after it."""
+    the result in `dtype` (None: float32) for the Linear after it. `rc`: the normed x and the result kept as
+    recipes of x (which the norm keeps)."""
     with torch.autocast(x.device.type, enabled=False):
         x = f32(x)
-        out = torch.addcmul(shift, F.rms_norm(x, x.shape[-1:], eps=eps), 1 + scale)
-    return out if dtype is None else out.to(dtype)
+        normed = F.rms_norm(x, x.shape[-1:], eps=eps)
+        if rc is not None:
+            rc.add(normed, _rms_norm, x, eps)
+        out = torch.addcmul(shift, normed, 1 + scale)
+    out = out if dtype is None else out.to(dtype)
+    return out if rc is None else rc.add(out, rms_modulate, x, scale, shift, eps, dtype)
+
+
+def _rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, x.shape[-1:], eps=eps)
+
+
+def _rms_norm_to(x: torch.Tensor, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """RMSNorm(x) (no weight) in float32, then `dtype` (2.0's text attention input)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.rms_norm(x, x.shape[-1:], eps=eps).to(dtype)
+
+
+def _modulate_text(context: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                   rc: RecomputeSaved | None = None) -> torch.Tensor:
+    """The text k / v modulation, float32 region: context (B, Lt, D) * (1 + scale) + shift -> `dtype`;
+    `rc`: the float32 copy of a bf16 context (which the product keeps) a recipe."""
+    with torch.autocast(context.device.type, enabled=False):
+        c32 = f32(context)
+        if rc is not None and c32 is not context:
+            rc.add(c32, f32, context)
+        return torch.addcmul(shift, c32, 1 + scale).to(dtype)
 
 
 class LTX2Block(nn.Module):
@@ -278,6 +340,8 @@ class LTX2Block(nn.Module):
         if self.adaln:  # the text k / v modulation tables: shift, scale
             self.prompt_scale_shift_table = nn.Parameter(torch.empty(2, D))
             self.audio_prompt_scale_shift_table = nn.Parameter(torch.empty(2, Da))
+        self.recompute = True  # RecomputeSaved inside the block (module docstring); LTX2DiT turns it off when
+        # the block is checkpointed (which keeps nothing inside) or compiled (Inductor chooses what to keep)
 
     def forward(self, vx: torch.Tensor, ax: torch.Tensor, v: Stream, a: Stream, cdt: torch.dtype, seq_parallel=None,
                 skip_self: tuple[bool, bool] = (False, False), cross_modal: bool = True):
@@ -286,18 +350,19 @@ class LTX2Block(nn.Module):
         skip_self: (video, audio) self-attention replaced by its value projection (spatio-temporal guidance's
         perturbation, ltx-core `Attention` with `all_perturbed`); cross_modal False: no a2v / v2a attention
         (the modality guidance's isolated pass)."""
-        sp = seq_parallel
-        vx = self._self_and_text(vx, v, self.attn1, self.attn2, self.scale_shift_table,
-                                 getattr(self, "prompt_scale_shift_table", None), cdt, sp, skip_self[0])
-        ax = self._self_and_text(ax, a, self.audio_attn1, self.audio_attn2, self.audio_scale_shift_table,
-                                 getattr(self, "audio_prompt_scale_shift_table", None), cdt, sp, skip_self[1])
-        if cross_modal:
-            vx, ax = self._cross_modal(vx, ax, v, a, cdt, sp)
-        vx = self._ffn(vx, v.temb, self.ff, self.scale_shift_table, cdt)
-        ax = self._ffn(ax, a.temb, self.audio_ff, self.audio_scale_shift_table, cdt)
+        sp, rc = seq_parallel, RecomputeSaved()
+        with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
+            vx = self._self_and_text(vx, v, self.attn1, self.attn2, self.scale_shift_table,
+                                     getattr(self, "prompt_scale_shift_table", None), cdt, sp, skip_self[0], rc)
+            ax = self._self_and_text(ax, a, self.audio_attn1, self.audio_attn2, self.audio_scale_shift_table,
+                                     getattr(self, "audio_prompt_scale_shift_table", None), cdt, sp, skip_self[1], rc)
+            if cross_modal:
+                vx, ax = self._cross_modal(vx, ax, v, a, cdt, sp, rc)
+            vx = self._ffn(vx, v.temb, self.ff, self.scale_shift_table, cdt, rc)
+            ax = self._ffn(ax, a.temb, self.audio_ff, self.audio_scale_shift_table, cdt, rc)
         return vx, ax
 
-    def _cross_modal(self, vx, ax, v: Stream, a: Stream, cdt, sp):
+    def _cross_modal(self, vx, ax, v: Stream, a: Stream, cdt, sp, rc: RecomputeSaved):
         """audio -> video and video -> audio attention, both from the streams before either update."""
 
         # audio <-> video: the rows are (a2v scale, a2v shift, v2a scale, v2a shift | gate)
@@ -307,20 +372,21 @@ class LTX2Block(nn.Module):
                                                                       a.cross_ss, slice(None))
         (v_gate,) = ada_rows(self.scale_shift_table_a2v_ca_video[4:], v.cross_gate, slice(None))
         (a_gate,) = ada_rows(self.scale_shift_table_a2v_ca_audio[4:], a.cross_gate, slice(None))
-        q_in = rms_modulate(vx, v_a2v_scale, v_a2v_shift, self.eps, cdt)  # (B, L, D)
-        kv_in = rms_modulate(ax, a_a2v_scale, a_a2v_shift, self.eps, cdt)  # (B, La, Da)
+        q_in = rms_modulate(vx, v_a2v_scale, v_a2v_shift, self.eps, cdt, rc)  # (B, L, D)
+        kv_in = rms_modulate(ax, a_a2v_scale, a_a2v_shift, self.eps, cdt, rc)  # (B, La, Da)
         a2v = self._attend(self.audio_to_video_attn, q_in, kv_in, v.cross_rope, a.cross_rope, cdt, sp,
-                           ("cross", v.name, a.name))  # (B, L, D)
-        q_in = rms_modulate(ax, a_v2a_scale, a_v2a_shift, self.eps, cdt)
-        kv_in = rms_modulate(vx, v_v2a_scale, v_v2a_shift, self.eps, cdt)
+                           ("cross", v.name, a.name), rc)  # (B, L, D)
+        q_in = rms_modulate(ax, a_v2a_scale, a_v2a_shift, self.eps, cdt, rc)
+        kv_in = rms_modulate(vx, v_v2a_scale, v_v2a_shift, self.eps, cdt, rc)
         v2a = self._attend(self.video_to_audio_attn, q_in, kv_in, a.cross_rope, v.cross_rope, cdt, sp,
-                           ("cross", a.name, v.name))  # (B, La, Da)
+                           ("cross", a.name, v.name), rc)  # (B, La, Da)
         return gated_add(vx, a2v, v_gate), gated_add(ax, v2a, a_gate)
 
-    def _attend(self, attn: Attention, x, context, q_rope, k_rope, cdt, sp, kind: tuple, key_mask=None):
+    def _attend(self, attn: Attention, x, context, q_rope, k_rope, cdt, sp, kind: tuple, rc: RecomputeSaved,
+                key_mask=None):
         """attn's output for queries x over keys from context; kind: ("self", stream), ("text", stream) or
         ("cross", query stream, key stream): which attention of the seam (`LTX2DiT`) it is."""
-        q, k, v = attn.qkv(x, context, q_rope, k_rope, cdt)
+        q, k, v = attn.qkv(x, context, q_rope, k_rope, cdt, rc)
         if sp is None:
             out = attention(q, k, v, backend=attn.attention_backend, attn_mask=key_mask)
         elif kind[0] == "self":
@@ -329,35 +395,35 @@ class LTX2Block(nn.Module):
             out = sp.text_attention(q, k, v, key_mask)
         else:
             out = sp.cross_modal_attention(q, k, v, kind[1], kind[2])
-        return attn.output(x, out, cdt)
+        return attn.output(x, out, cdt, rc)
 
     def _self_and_text(self, x, s: Stream, attn1: Attention, attn2: Attention, table, prompt_table, cdt, sp,
-                       skip_self: bool):
+                       skip_self: bool, rc: RecomputeSaved):
         shift, scale, gate = ada_rows(table, s.temb, slice(0, 3))  # (B, T, D) each
-        h = rms_modulate(x, scale, shift, self.eps, cdt)
+        h = rms_modulate(x, scale, shift, self.eps, cdt, rc)
         if skip_self:  # the value projection passed through, then gated and projected (per token: no seam)
-            out = attn1.output(h, attn1.to_v(h).unflatten(2, (attn1.heads, -1)), cdt)  # (B, L, D)
+            out = attn1.output(h, attn1.to_v(h).unflatten(2, (attn1.heads, -1)), cdt, rc)  # (B, L, D)
         else:
-            out = self._attend(attn1, h, h, s.rope, s.rope, cdt, sp, ("self", s.name))
+            out = self._attend(attn1, h, h, s.rope, s.rope, cdt, sp, ("self", s.name), rc)
         x = gated_add(x, out, gate)
 
         if not self.adaln:  # ltx-core: the RMS-normed stream (`PytorchPostSAFunction`) as it is
-            with torch.autocast(x.device.type, enabled=False):
-                h = F.rms_norm(x, x.shape[-1:], eps=self.eps).to(cdt)
-            return x + f32(self._attend(attn2, h, s.context, None, None, cdt, sp, ("text", s.name), s.context_mask))
+            h = rc.add(_rms_norm_to(x, self.eps, cdt), _rms_norm_to, x, self.eps, cdt)
+            return x + f32(self._attend(attn2, h, s.context, None, None, cdt, sp, ("text", s.name), rc,
+                                        s.context_mask))
         # ltx-core `apply_cross_attention_adaln`: q modulated by rows 6..8, the text by the prompt table
         # (+ prompt_adaln_single(sigma) when the model has it), the output gated
         shift_q, scale_q, gate_q = ada_rows(table, s.temb, slice(6, 9))
-        h = rms_modulate(x, scale_q, shift_q, self.eps, cdt)
+        h = rms_modulate(x, scale_q, shift_q, self.eps, cdt, rc)
         kv = f32(prompt_table)[None, None]  # (1, 1, 2, D)
         if s.prompt_temb is not None:
             kv = kv + s.prompt_temb.unflatten(-1, (2, -1))  # (B, 1, 2, D)
         shift_kv, scale_kv = kv.unbind(2)
-        with torch.autocast(x.device.type, enabled=False):
-            context = torch.addcmul(shift_kv, f32(s.context), 1 + scale_kv).to(cdt)  # (B, Lt, D)
-        return gated_add(x, self._attend(attn2, h, context, None, None, cdt, sp, ("text", s.name), s.context_mask),
-                         gate_q)
+        context = rc.add(_modulate_text(s.context, shift_kv, scale_kv, cdt, rc), _modulate_text, s.context, shift_kv,
+                         scale_kv, cdt)  # (B, Lt, D)
+        return gated_add(x, self._attend(attn2, h, context, None, None, cdt, sp, ("text", s.name), rc,
+                                         s.context_mask), gate_q)
 
-    def _ffn(self, x, temb, ff: FeedForward, table, cdt):
+    def _ffn(self, x, temb, ff: FeedForward, table, cdt, rc: RecomputeSaved):
         shift, scale, gate = ada_rows(table, temb, slice(3, 6))
-        return gated_add(x, ff(rms_modulate(x, scale, shift, self.eps, cdt)), gate)
+        return gated_add(x, ff(rms_modulate(x, scale, shift, self.eps, cdt, rc), rc), gate)

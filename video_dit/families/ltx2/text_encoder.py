@@ -49,6 +49,23 @@ class LTX2TextEncoderConfig:
 LTX2_GEMMA = LTX2TextEncoderConfig()  # google/gemma-3-12b-it(-qat-q4_0-unquantized)'s text config
 TINY_GEMMA = LTX2TextEncoderConfig(hidden_size=16, num_layers=2, max_length=32, tiny=True)
 
+# Gemma 3 12B's language model (transformers `Gemma3TextConfig` keys) as google/gemma-3-12b-it's config.json
+# "text_config" has it; quoted from ai-toolkit's extensions_built_in/diffusion_models/ltx2/ltx2.py (mirror
+# commit of /work/.mirror/ostris+ai-toolkit), which builds it for ComfyUI's single Gemma file. What the memory
+# plan counts when the Gemma's files are not on the machine (`gemma3_12b_parameters`).
+GEMMA3_12B_TEXT = dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=256, vocab_size=262208, query_pre_attn_scalar=256,
+                       sliding_window=1024, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh")
+
+
+def gemma3_12b_parameters() -> int:
+    """The parameters of Gemma 3 12B's language model (`GEMMA3_12B_TEXT`), built on the meta device."""
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+
+    with torch.device("meta"):
+        model = Gemma3TextModel(Gemma3TextConfig(**GEMMA3_12B_TEXT))
+    return sum(p.numel() for p in model.parameters())
+
 
 def _check_prompts(prompts) -> list[str]:
     if isinstance(prompts, str):

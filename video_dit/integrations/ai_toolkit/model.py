@@ -13,6 +13,18 @@
     LoRA state dict (`transformer.` peft)   <->  convert_lora_weights_before_save/load: our one LoRA file
     sample(): GenerateImageConfig            ->  generate_single_image: VideoPipeline -> PIL frames -> MP4
 
+A model with sound (LTX-2, `Family.audio`) trains its audio stream through ai-toolkit's own channel for it
+(its `do_audio` datasets, read from its ltx2 model at 27a03a91):
+    file_item.audio_data {waveform (C, S), sample_rate}  ->  encode_audio: the family's audio codec
+                                                             -> normalized audio latents (B, ...) (cached)
+    batch.audio_latents / batch.audio_data           ->  get_noise_prediction: the audio at the video's t
+                                                         (tied, as ltx-trainer), the DiT's audio prediction
+    batch.audio_pred, batch.audio_target             ->  SDTrainer adds mse(audio_pred, audio_target) x
+                                                         train.audio_loss_multiplier to the loss
+A sample without sound (a `do_audio: false` dataset, an image, a clip without an audio stream) trains the
+picture alone, as our trainer does (diffusion/objective.py): its audio input is pure noise at t = 1000 and
+its audio loss 0 (its target is the prediction). Previews are MP4s with the AAC track.
+
 It refuses, skips and warns as our DeepSpeed trainer does, through the same functions (`video_dit.spec`):
 a LoRA on a preset's random init (`check_lora`) when ai-toolkit attaches its network (the `network`
 setter: ai-toolkit builds the model from the `model` block alone, then the network right after
@@ -48,11 +60,11 @@ from typing import Literal
 import torch
 import yaml
 
-from video_dit.data.cache import latent_space, text_space
+from video_dit.data.cache import latent_space, source_identity, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
-from video_dit.diffusion.flow import velocity_target
+from video_dit.diffusion.flow import NUM_TRAIN_TIMESTEPS, add_noise, velocity_target
 from video_dit.families import PRESETS, Preset
 from video_dit.integrations.ai_toolkit.job_checks import check_generation, check_job
 from video_dit.lora import check_targets, from_comfy
@@ -111,6 +123,8 @@ class ModelKwargs:
         Both keys are our DeepSpeed trainer's too (ai-toolkit's ModelConfig would drop them elsewhere).
     train_high_noise / train_low_noise: a two-expert preset's experts to train (ai-toolkit's wan22_14b
         keys; None = true); boundary_ratio (ours): default the folder's model_index.json, else the preset's.
+    audio_path: a model with sound (LTX-2): its audio VAE and vocoder (a diffusers folder with audio_vae/ +
+        vocoder/, or Lightricks' single file); default: the model's own (`video-dit sample --audio-codec`).
     """
 
     preset: str | None = None
@@ -122,6 +136,7 @@ class ModelKwargs:
     train_high_noise: bool | None = None
     train_low_noise: bool | None = None
     boundary_ratio: float | None = None
+    audio_path: str | None = None
 
     def validate(self, path: str) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -185,12 +200,14 @@ def _ensure_on(module, device: torch.device) -> None:
         module.to(device)
 
 
-def _save_video(gen_config, frames, count: int = 0, max_count: int = 0, **kwargs) -> None:
-    """Replaces `GenerateImageConfig.save_image` for video previews (as LTX2 does): H.264 MP4, not WebP.
-    `save_image_atomic` points `output_folder` at its tmp folder around this call; honour it."""
+def _save_video(gen_config, frames, count: int = 0, max_count: int = 0, audio=None, audio_rate=None,
+                **kwargs) -> None:
+    """Replaces `GenerateImageConfig.save_image` for video previews (as LTX2 does): H.264 MP4, not WebP;
+    with `audio` (C, S) in [-1, 1] at `audio_rate`, its AAC track. `save_image_atomic` points
+    `output_folder` at its tmp folder around this call; honour it."""
     path = gen_config.get_image_path(count, max_count)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_video(frames, path, fps=gen_config.fps)
+    write_video(frames, path, fps=gen_config.fps, audio=audio, audio_rate=audio_rate)
 
 
 def _skip_log(gen_config, *args, **kwargs) -> None:
@@ -219,6 +236,7 @@ class VideoDiTModel(BaseModel):
         self.family = self.spec.family  # its loaders, pipeline and what a trainer asks of it (`families.contract.Family`)
         self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
         self._configure(self.spec.preset)
+        self.audio_codec = None  # a model with sound: its audio VAE and vocoder (load_model)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
         self._skip_loss = False  # set by get_noise_prediction for a batch it skips, consumed by scale_loss
         self.skipped_stills = 0  # still items skipped (`diffusion.conditioning.stills_skipped`), counted over the run
@@ -257,7 +275,7 @@ class VideoDiTModel(BaseModel):
         o = self.options
         return Request(cfg.name_or_path or "", preset=o.preset, vae=cfg.vae_path, text_encoder=cfg.te_name_or_path,
                        image_encoder=o.image_encoder_path, i2v_mode=o.i2v_mode, boundary=o.boundary_ratio,
-                       train_high_noise=o.train_high_noise, train_low_noise=o.train_low_noise)
+                       train_high_noise=o.train_high_noise, train_low_noise=o.train_low_noise, audio=o.audio_path)
 
     def _configure(self, preset: Preset) -> None:
         """Preset-derived settings; redone in load_model with the DiT config the weights carry."""
@@ -390,6 +408,17 @@ class VideoDiTModel(BaseModel):
                 clip_src, dtype=self.te_torch_dtype, device=self.te_device_torch,
                 quantize="qfloat8" if self.options.quantize_image_encoder else None)
 
+        self.audio_codec, audio_src, stores = None, None, "latents"
+        if self.family.audio is not None:  # a model with sound: its audio VAE and vocoder, frozen as the VAE
+            audio_src = spec.audio
+            self.print_and_status_update(f"Loading video_dit audio codec from {audio_src}")
+            self.audio_codec = self.family.audio.load_codec(audio_src, dtype=self.vae_torch_dtype,
+                                                            device=self.vae_device_torch, seed=spec.seed)
+            self.audio_codec.eval().requires_grad_(False)
+            # ai-toolkit caches a clip's audio latents in its latent file (`audio_latent`): their space too
+            stores += (f";audio={source_identity(audio_src, 'audio_vae')};rate={self.audio_codec.rate};"
+                       f"channels={self.audio_codec.channels}")
+
         self.noise_scheduler = VideoDiTModel.get_train_scheduler(self.preset.train_shift)
         self.model, self.vae, self.text_encoder = dit, vae, te
         self.tokenizer = getattr(te, "tokenizer", None)  # (HunyuanVideo 1.5's two encoders: each its own)
@@ -397,7 +426,7 @@ class VideoDiTModel(BaseModel):
         # ai-toolkit keys its latent / text caches by these two strings (and the file and caption): name
         # everything that changes what they hold, as our trainer's caches do (data/cache.py)
         self.latent_space_version = cfg.latent_space_version or f"{ARCH}.vae{LATENT_VERSION}." + latent_space(
-            self.preset.name, vae_src, next(vae.parameters()).dtype)
+            self.preset.name, vae_src, next(vae.parameters()).dtype, stores)
         self._text_space = f"{ARCH}.te{TEXT_EMBEDDING_VERSION}." + text_space(
             self.preset.name, te_src, None, te.dtype, te_quantization(cfg))
         self.pipeline = self.get_generation_pipeline()
@@ -567,13 +596,101 @@ class VideoDiTModel(BaseModel):
         # (the conditioning's tensors beside the text: HunyuanVideo 1.5 adds a masked image token only without)
         context, text_kwargs = self.family.training.text_inputs({**text, **(cond or {})}, self.device_torch,
                                                                 self.preset.dit)
-        extra = {}
+        extra, t_sample = {}, t
         if cond is not None or self.family.training.conditions_t2v:  # (HunyuanVideo 1.5: zeros for t2v)
             x, t, mask = self.conditioning.apply(x, t, cond)  # t: per token (B, L) in replace, (B,) in concat
             self._i2v_loss_mask = mask if getattr(self.conditioning, "mask_first_frame_loss", False) else None
             extra = self.conditioning.dit_kwargs(cond)  # the image branch's embeds (CLIP, SigLIP)
         extra = {k: v.to(self.torch_dtype) if v.is_floating_point() else v for k, v in extra.items()}
-        return model(x, t, context, **text_kwargs, **extra)  # (B, C, F', h, w)
+        if self.audio_codec is None:
+            return model(x, t, context, **text_kwargs, **extra)  # (B, C, F', h, w)
+        audio, state = self._audio_inputs(batch, x, t_sample)  # a model with sound: its audio stream
+        video, a_pred = model(x, t, context, **text_kwargs, **extra, **audio)  # (B, C, F', h, w), (B, ...)
+        self._audio_outputs(batch, a_pred, state)
+        return video
+
+    # ---------------------------------------------------------------- the audio stream (a model with sound)
+
+    @torch.no_grad()
+    def encode_audio(self, audio_data_list) -> torch.Tensor:
+        """ai-toolkit's audio items -> normalized audio latents (B, ...) float32 (the family's codec resamples and
+        mixes each track to what it reads). An item is `file_item.audio_data`: {"waveform": (C, S) float in
+        [-1, 1], "sample_rate": int}, the clip's track over its frames' span (ai-toolkit stretches it to
+        num_frames / fps seconds); ai-toolkit calls this when it caches a `do_audio` dataset's latents."""
+        if self.audio_codec is None:
+            raise ConfigError("datasets[].do_audio", f"preset {self.preset.name!r} ({self.family.title}) makes no "
+                                                     "sound; accepted: false")
+        _ensure_on(self.audio_codec, self.vae_device_torch)
+        out = []
+        for i, item in enumerate(audio_data_list):
+            wave = item["waveform"] if isinstance(item, dict) else None
+            if not torch.is_tensor(wave) or wave.dim() != 2:
+                raise ValueError(f"audio item {i}: expected ai-toolkit's {{'waveform': (channels, samples), "
+                                 f"'sample_rate': int}}, got {type(item).__name__}")
+            wave = wave[None].to(self.vae_device_torch, torch.float32)  # (1, C, S)
+            out.append(self.audio_codec.encode(wave, rate=int(item["sample_rate"])))  # (1, z, T', M')
+        return torch.cat(out)
+
+    def _audio_latents(self, batch, x: torch.Tensor, fps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(normalized audio latents (n, ...) float32, whether each sample has sound (n,) bool) of a batch whose
+        video latents are x (B, C, F', h, w): ai-toolkit's cached `audio_latents` (a clip without a track is
+        zeros there: ai-toolkit's fill) or its `audio_data` (encoded here; None for a clip without a track);
+        zeros of the clip's audio length (`latent_shape`) and no sound for a dataset without `do_audio`, an image
+        batch, or none (validation, previews)."""
+        dev, B = self.device_torch, x.shape[0]
+        silent = torch.zeros(B, *self.audio_codec.latent_shape(self.preset.vae.pixel_frames(x.shape[2]), fps),
+                             device=dev), torch.zeros(B, dtype=torch.bool, device=dev)
+        if batch is None or x.shape[2] == 1 or not getattr(batch.dataset_config, "do_audio", False):
+            return silent
+        cached = getattr(batch, "audio_latents", None)
+        if cached is not None:
+            x0 = cached.to(dev, torch.float32)
+            return x0, x0.flatten(1).ne(0).any(1)
+        data = getattr(batch, "audio_data", None) or []
+        encoded = [None if d is None else self.encode_audio([d])[0].to(dev) for d in data]
+        like = next((e for e in encoded if e is not None), None)
+        if like is None:
+            return silent
+        return (torch.stack([torch.zeros_like(like) if e is None else e for e in encoded]),
+                torch.tensor([e is not None for e in encoded], device=dev))
+
+    def _audio_inputs(self, batch, x: torch.Tensor, t: torch.Tensor) -> tuple[dict, tuple]:
+        """The DiT's audio keywords for latents x (B, C, F', h, w) at per-sample timesteps t (B,): `audio` at the
+        video's t where the sample has sound (tied, as ltx-trainer and ai-toolkit's ltx2), pure noise at t = 1000
+        where it has none (objective.py), `audio_timestep`, `fps` (the dataset's: the positions are seconds);
+        and (x0, noise, present) for `_audio_outputs`. The noise is ai-toolkit's `batch.audio_noise` when a pass
+        of this step drew it (its other passes reuse it), else drawn and kept there."""
+        fps = float(batch.dataset_config.fps) if batch is not None else float(self.preset.fps)
+        x0, present = self._audio_latents(batch, x, fps)
+        if x0.shape[0] * 2 == x.shape[0]:  # predict_noise doubles the latents for CFG (uncond, cond)
+            x0, present = torch.cat([x0, x0]), torch.cat([present, present])
+        elif x0.shape[0] != x.shape[0]:
+            raise ValueError(f"{x0.shape[0]} audio latents for a batch of {x.shape[0]} video latents")
+        noise = getattr(batch, "audio_noise", None) if batch is not None else None
+        if noise is None or noise.shape != x0.shape:
+            noise = torch.randn(x0.shape, device=x0.device)  # (ai-toolkit's ltx2: randn_like, its global RNG)
+            if batch is not None:
+                batch.audio_noise = noise
+        noise = noise.to(x0.device, torch.float32)
+        t_a = torch.where(present, t.to(x0.device), torch.full_like(t, NUM_TRAIN_TIMESTEPS, device=x0.device))
+        audio = add_noise(x0, noise, t_a).to(self.torch_dtype)
+        return {"audio": audio, "audio_timestep": t_a, "fps": fps}, (x0, noise, present)
+
+    @staticmethod
+    def _audio_outputs(batch, a_pred: torch.Tensor, state: tuple) -> None:
+        """Hand the audio prediction to ai-toolkit's loss (SDTrainer: mse(audio_pred, audio_target) x
+        audio_loss_multiplier): a grad-enabled pass outside ai-toolkit's secondary slots sets `audio_pred` and
+        `audio_target` (noise - x0; the prediction itself, detached, for a sample without sound: its audio loss
+        0, as our trainer's); a secondary pass goes to its slot. A batch without sound records nothing."""
+        x0, noise, present = state
+        if batch is None or not bool(present.any()):
+            return
+        keep = present.view(-1, *([1] * (x0.dim() - 1)))
+        target = torch.where(keep, velocity_target(x0, noise), a_pred.detach().float())
+        if torch.is_grad_enabled() and getattr(batch, "audio_pred_slot", None) is None:
+            batch.audio_pred, batch.audio_target = a_pred, target.detach()
+        elif hasattr(batch, "set_secondary_audio_pred"):
+            batch.set_secondary_audio_pred(a_pred)
 
     def get_loss_target(self, *args, noise: torch.Tensor, batch, timesteps=None, **kwargs) -> torch.Tensor:
         return velocity_target(batch.latents, noise).detach()
@@ -608,8 +725,9 @@ class VideoDiTModel(BaseModel):
         return super().generate_images(image_configs, *args, **kwargs)
 
     def get_generation_pipeline(self):
+        sound = {"audio_codec": self.audio_codec} if getattr(self, "audio_codec", None) is not None else {}
         return self.family.pipeline(self.model, self.vae, image_encoder=getattr(self, "image_encoder", None),
-                                    i2v_mode=self.i2v_mode)
+                                    i2v_mode=self.i2v_mode, **sound)
 
     def generate_single_image(self, pipeline, gen_config, conditional_embeds, unconditional_embeds, generator,
                               extra):
@@ -646,17 +764,25 @@ class VideoDiTModel(BaseModel):
             _ensure_on(self.image_encoder, self.te_device_torch)
         prompts, negative = (None if e is None else self._pipeline_prompts(e)
                              for e in (conditional_embeds, unconditional_embeds))
-        frames = pipeline.generate(
+        codec = self.audio_codec  # a model with sound: its track too, at the preview's frame rate (its positions)
+        if codec is not None:
+            _ensure_on(codec, self.vae_device_torch)
+        sound = codec is not None and gen_config.num_frames > 1
+        out = (pipeline.generate_with_audio if sound else pipeline.generate)(
             prompts, negative, num_frames=gen_config.num_frames,
             height=gen_config.height, width=gen_config.width, steps=gen_config.num_inference_steps,
             guidance_scale=gen_config.guidance_scale, shift=self.preset.sample_shift, generator=generator,
             first_frame=first_frame, solver=self.preset.sample_solver,
-            **({"last_frame": last_frame} if last_frame is not None else {}))[0]
+            **({"last_frame": last_frame} if last_frame is not None else {}),
+            **({"fps": gen_config.fps} if codec is not None else {}))[0]
+        frames, wave = out if sound else (out, None)
         if gen_config.num_frames == 1:
             return frames[0]
-        # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does
+        # ai-toolkit writes frame lists as animated WebP; replace its writer with ours, as LTX2 does (with the
+        # model's sound as the MP4's AAC track)
         gen_config.output_ext = "mp4"
-        gen_config.save_image = functools.partial(_save_video, gen_config)
+        gen_config.save_image = functools.partial(_save_video, gen_config, **(
+            {"audio": wave.float().cpu(), "audio_rate": codec.out_rate} if sound else {}))
         gen_config.log_image = functools.partial(_skip_log, gen_config)
         return frames
 
