@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from video_dit.cli import main as cli
 from video_dit.data.demo import make_demo_data
+from video_dit.families.hunyuan15 import FAMILY as HY15
 from video_dit.families.hunyuan15.dit import HunyuanVideo15DiT
 from video_dit.families.hunyuan15.loading import load_hy15_dit
 from video_dit.lora import read_lora
@@ -147,7 +148,7 @@ def test_lora_file_fuses_qkv_and_samples(runs):
     assert fused and not any("_attn_q.lora" in k for k in raw)  # ComfyUI's HunyuanVideo keys
     a, b = raw[fused[0]], raw[fused[0].replace("lora_A", "lora_B")]
     assert a.shape[0] == 3 * 4 and b.shape[1] == 3 * 4
-    native, alpha, rank, _ = read_lora(path)  # split back: the trained rank-4 adapters
+    native, alpha, rank, _ = read_lora(path, from_file=HY15.lora_from_file)  # split back: the trained rank-4 adapters
     assert (rank, alpha) == (4, 4.0)
     stream = fused[0].removeprefix("diffusion_model.").removesuffix("_attn_qkv.lora_A.weight")
     delta = b @ a  # the fused update ComfyUI applies (alpha 3a over rank 3r: the same scale)
