@@ -151,7 +151,7 @@ def write_base(name: str, folder: Path) -> None:
         save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(part / "model.safetensors"),
                   metadata={"format": "pt"})
         (part / "config.json").write_text(json.dumps(asdict(dit.config), indent=2), encoding="utf-8")
-    write_sources(tmp, resolve(Request(f"preset:{name}")).sources(absolute=False))
+    write_sources(tmp, resolve(Request(f"preset:{name}")).sources())  # a preset base: every source a preset name, recorded as it is
     (tmp / BASE_STAMP).write_text(json.dumps(_base_stamp(name), indent=2) + "\n", encoding="utf-8")
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(tmp, folder)
