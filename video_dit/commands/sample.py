@@ -52,6 +52,7 @@ from video_dit.diffusion.sampling_settings import (
     read_scheduler_config,
     resolve_sampling,
 )
+from video_dit.families import scheduler_classes
 from video_dit.lora import load_lora, read_lora
 from video_dit.media import load_image, write_video
 from video_dit.models.attention import BACKENDS, available, missing_backend
@@ -235,7 +236,7 @@ def sampling_of(spec: ModelSpec, args, two: bool):
         scheduler = SchedulerConfig(shown["solver"], shown["shift"], LEGACY_GRIDS.get(shown.get("grid"), shown.get("grid", "reference")),
                                     Path(where))
     else:
-        scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model)
+        scheduler = None if {"solver", "shift"} <= set(given) else read_scheduler_config(args.model, scheduler_classes())
         guider = None if "guidance" in given else read_guider_config(args.model)
     return resolve_sampling(spec.preset, scheduler, given, two_experts=two, guider=guider, family=spec.family)
 

@@ -113,16 +113,17 @@ def _folder_json(model, name: str) -> tuple[Path, dict] | None:
         raise ValueError(f"{path}: not a readable JSON file ({exc})") from exc
 
 
-def read_scheduler_config(model) -> SchedulerConfig | None:
+def read_scheduler_config(model, own: dict | None = None) -> SchedulerConfig | None:
     """`<model>/scheduler/scheduler_config.json` as a `SchedulerConfig`; None when `model` is not a
-    folder holding one. A scheduler we cannot sample exactly is a `ValueError` naming the file, the key,
+    folder holding one. `own`: the scheduler classes the families sample on their own grids
+    (`families.scheduler_classes()`, which the callers above pass; None: diffusers' classes only). A scheduler we cannot sample exactly is a `ValueError` naming the file, the key,
     its value and what is accepted (pass the solver and shift explicitly to sample without it)."""
     found = _folder_json(model, SCHEDULER_CONFIG)
     if found is None:
         return None
     path, cfg = found
     name = cfg.get("_class_name")
-    own = _family_schedulers()  # a family's own scheduler class: sampled on that family's grid ("reference")
+    own = own or {}  # a family's own scheduler class: sampled on that family's grid ("reference")
     if name not in _SCHEDULERS and name not in own:
         raise ValueError(f"{path}: scheduler class {name!r} is not one we sample; accepted: "
                          f"{', '.join([*_SCHEDULERS, *own])} (or give the solver and shift explicitly)")
@@ -139,13 +140,6 @@ def read_scheduler_config(model) -> SchedulerConfig | None:
     if not isinstance(shift, (int, float)) or isinstance(shift, bool) or (shift <= 0 and grid != DYNAMIC_GRID):
         raise ValueError(f"{path}: {shift_key} = {shift!r}; expected a number > 0")
     return SchedulerConfig(solver, math.exp(shift) if grid == DYNAMIC_GRID else float(shift), grid, path)
-
-
-def _family_schedulers() -> dict:
-    """The scheduler classes the registered families sample on their own grids (`Family.scheduler_classes`)."""
-    from video_dit.families import FAMILIES  # (the registry imports this module's users, not this module)
-
-    return {name: spec for family in FAMILIES.values() for name, spec in family.scheduler_classes.items()}
 
 
 @dataclass(frozen=True)

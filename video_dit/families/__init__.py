@@ -19,6 +19,7 @@ from video_dit.families.registry import (
     identify,
     load_plugins,
     register,
+    scheduler_classes,
     vae_family,
 )
 
@@ -27,4 +28,4 @@ for _family in (wan.FAMILY, hunyuan15.FAMILY, ltx2.FAMILY, minimax_h3.FAMILY):
 load_plugins()
 
 __all__ = ["AudioPath", "DiTArch", "FAMILIES", "Family", "MemoryModel", "PRESETS", "Preset", "Training", "UnknownFamily",
-           "family_of", "get_family", "get_preset", "identify", "load_plugins", "register", "vae_family", "with_dit"]
+           "family_of", "get_family", "get_preset", "identify", "load_plugins", "register", "scheduler_classes", "vae_family", "with_dit"]

@@ -83,6 +83,12 @@ def get_preset(name: str) -> Preset:
     return lookup_preset(PRESETS, name, "every family")
 
 
+def scheduler_classes() -> dict:
+    """The diffusers scheduler classes the registered families sample on their own grids, merged
+    (`Family.scheduler_classes`; what `sampling_settings.read_scheduler_config` accepts beyond diffusers' own)."""
+    return {name: spec for family in FAMILIES.values() for name, spec in family.scheduler_classes.items()}
+
+
 def vae_family(vae_preset: str) -> Family:
     """The family whose VAE stage trains the VAE preset `vae_preset` (`Family.vae_stage`); a KeyError
     naming the VAE presets that can be trained otherwise."""

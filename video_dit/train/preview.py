@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from video_dit.diffusion.experts import TwoExperts
 from video_dit.diffusion.sampling_settings import SamplingSettings, read_scheduler_config, resolve_sampling
-from video_dit.families import family_of
+from video_dit.families import family_of, scheduler_classes
 from video_dit.media import MediaError, contact_sheet, load_image, write_video
 
 
@@ -76,7 +76,7 @@ def job_scheduler(process):
     s = process.sample
     if s is None or (s.sampler in SOLVER_OF_SAMPLER and s.shift is not None):
         return None
-    return read_scheduler_config(process.model.name_or_path)
+    return read_scheduler_config(process.model.name_or_path, scheduler_classes())
 
 
 def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> list[PreviewJob]:
