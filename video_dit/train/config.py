@@ -307,7 +307,7 @@ class TrainConfig:
     all data-parallel ranks; `batch_size` is then the largest micro-batch per rank and the accumulation
     follows from the rank count (`for_ranks`), so a recipe trains alike on 1, 2 or 8 GPUs.
     `ema_config` and `validation_config` are ai-toolkit's blocks (see `EMAConfig`, `ValidationConfig`).
-    A model that generates sound (`Family.audio`, docs/audio.md): `audio_timesteps` (tied: each sample's
+    A model that generates sound (`Family.audio`, docs/configuration.md "Sound"): `audio_timesteps` (tied: each sample's
     audio stream at the video's t; independent: its own draw from the same distribution; None: the family's
     reference trainer's choice) and `audio_loss_weight` (the audio loss beside the video's 1; None: the
     reference's); refused for a model without sound."""
