@@ -289,7 +289,7 @@ def test_fit_image_is_tencents_resize_and_centre_crop():
 def test_registry_every_preset_has_a_family_and_dispatches(tmp_path):
     from safetensors.torch import save_file
 
-    assert set(FAMILIES) == {"wan", "hunyuan15", "ltx2"} and all(p.family in FAMILIES for p in PRESETS.values())
+    assert set(FAMILIES) == {"wan", "hunyuan15", "ltx2", "minimax_h3"} and all(p.family in FAMILIES for p in PRESETS.values())
     assert {n for n in PRESETS if PRESETS[n].family == "hunyuan15"} >= {"tiny-hy15-t2v", "tiny-hy15-i2v",
                                                                         "hunyuan15-480p-t2v", "hunyuan15-480p-i2v"}
     assert type(get_family(get_preset("tiny-hy15-t2v").family).load_dit("preset:tiny-hy15-t2v")).__name__ \
