@@ -67,9 +67,9 @@ def expert_lora(path: str, expert: str | None) -> str:
 
 def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, expert: str | None = None):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
-    attention backend; LoRA adapters (peft, `network`: the family's targets, with `pretrained_lora_path` also
-    the file's modules, started from it; `expert`: a two-expert job's, whose file of a pair it reads) or the
-    whole DiT trainable; the storage for
+    attention backend; LoRA adapters (peft, `network`: the family's targets, of one stream with
+    `network.streams`, with `pretrained_lora_path` also the file's modules, started from it; `expert`: a
+    two-expert job's, whose file of a pair it reads) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
     in `dtype`, the float32 islands float32); block checkpointing (`train.gradient_checkpointing`: every
     block, none, the first N, or for "auto" every block until the trainer sets each bucket's choice,
@@ -79,12 +79,14 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, ex
     model family, whose LoRA targets the adapters go on."""
     dit.set_attention_backend(process.model.attention_backend)
     net = process.network
+    # the family's targets, of the streams `network.streams` names (all of them by default)
+    targets = family.stream_lora_targets(net.include_img_emb, net.lora_streams) if net is not None else None
     if net is not None and net.pretrained_lora_path:  # a LoRA file to start from: its modules join the job's
         start_from(expert_lora(net.pretrained_lora_path, expert), dit, net.linear, net.alpha,
-                   family.lora_targets(net.include_img_emb), from_file=family.lora_from_file,
+                   targets, from_file=family.lora_from_file,
                    key="config.process[0].network.pretrained_lora_path", dropout=net.dropout)
     elif net is not None:
-        add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=family.lora_targets(net.include_img_emb))
+        add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=targets)
     else:
         dit.requires_grad_(True)
     cast_for_training(dit, dtype, family.arch)
