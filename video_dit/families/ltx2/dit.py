@@ -456,11 +456,12 @@ LORA_TARGETS = (r"transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|
 
 # Each stream's modules (`AudioPath.lora_streams`, `network.streams`): every module whose output is added to that
 # stream's tokens. The cross-modal attentions go with the stream they write: audio_to_video_attn (queries from the
-# video, keys / values from the audio, its output added to the video: ltx-core transformer.py `BasicAVTransformerBlock`,
-# diffusers transformer_ltx2.py `LTX2VideoTransformerBlock`, layers.py here) is the video's, video_to_audio_attn the
-# audio's. So an audio-only LoRA can still learn how the sound reads the picture, and changes nothing the video
-# stream computes within a block. (ltx-trainer's docs list the two as a third group that its audio-only configs,
-# which train no video at all, leave out: docs/configuration-reference.md "Understanding Target Modules".)
+# video, keys / values from the audio, `vx = vx + audio_to_video_attn(...) * gate`: ltx-core transformer.py
+# `BasicAVTransformerBlock`; layers.py here) is the video's, video_to_audio_attn the audio's. So an audio LoRA can
+# learn how the sound reads the picture, and its adapters write into the audio tokens only: the video reads them
+# through audio_to_video_attn alone, which it leaves as it is (tests/test_lora_streams.py). (ltx-trainer's docs list
+# the two as a third group that its audio-only configs, which train no video at all, leave out:
+# docs/configuration-reference.md, its section on target modules.)
 LORA_STREAMS = {
     "video": r"transformer_blocks\.\d+\.(attn1|attn2|audio_to_video_attn|ff)\..+",
     "audio": r"transformer_blocks\.\d+\.(audio_attn1|audio_attn2|video_to_audio_attn|audio_ff)\..+",
