@@ -24,7 +24,7 @@ from video_dit.families.ltx2 import FAMILY as LTX2
 from video_dit.families.ltx2.dit import LORA_TARGETS, LTX2DiT
 from video_dit.families.ltx2.presets import TINY_LTX2_DIT
 from video_dit.families.minimax_h3 import FAMILY as H3
-from video_dit.lora import add_lora
+from video_dit.lora import add_lora, save_lora
 from video_dit.train.config import parse_job
 from video_dit.typed_config import ConfigError
 
@@ -138,6 +138,27 @@ def test_the_trainers_build_adapts_the_streams_modules(folder, tmp_path):  # noq
     process = parse_job(ltx2_job(folder, tmp_path)).process  # unset: both, today's targets
     assert adapters(make_trainable(LTX2DiT(TINY_LTX2_DIT), process, torch.float32, family=LTX2)) == adapters(
         add_lora(LTX2DiT(TINY_LTX2_DIT), 2, targets=LORA_TARGETS))
+
+
+def test_a_file_started_from_keeps_to_the_stream(folder, tmp_path):  # noqa: F811
+    """`pretrained_lora_path` brings its own modules: a file of both streams under `streams: audio` is refused
+    at the build, naming the key; a file of the audio stream's starts the audio adapters."""
+    from video_dit.train.build import make_trainable
+
+    for name, targets in (("both", LORA_TARGETS), ("audio", LTX2.stream_lora_targets(False, "audio"))):
+        save_lora(tmp_path / f"{name}.safetensors", lora_on(LTX2DiT(TINY_LTX2_DIT), targets), 2.0,
+                  comfy=LTX2.lora_to_comfy)
+    job = ltx2_job(folder, tmp_path, streams="audio", linear=2, linear_alpha=2,
+                   pretrained_lora_path=str(tmp_path / "both.safetensors"))
+    with pytest.raises(ConfigError, match=r"pretrained_lora_path: .*both.safetensors holds LoRA on 28 modules "
+                                          r"outside the audio stream \(network.streams: audio\).*streams: both"):
+        make_trainable(LTX2DiT(TINY_LTX2_DIT), parse_job(job).process, torch.float32, family=LTX2)
+    job = with_key(job, "network.pretrained_lora_path", str(tmp_path / "audio.safetensors"))
+    model = make_trainable(LTX2DiT(TINY_LTX2_DIT), parse_job(job).process, torch.float32, family=LTX2)
+    audio = re.compile(rf"transformer_blocks\.\d+\.({'|'.join(OWN['audio'])})\..+")
+    both = adapters(add_lora(LTX2DiT(TINY_LTX2_DIT), 2, targets=LORA_TARGETS))
+    assert adapters(model) == {m for m in both if audio.fullmatch(m)}
+    assert any(p.abs().sum() > 0 for n, p in model.named_parameters() if ".lora_B." in n)  # started from the file
 
 
 def test_refusals_name_the_key(folder, tmp_path):  # noqa: F811

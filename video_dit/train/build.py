@@ -11,6 +11,7 @@ Either way the weights are checked against the job's preset before any tensor is
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -24,6 +25,7 @@ from video_dit.parallel.sequence import attach
 from video_dit.parallel.zero import partitioned
 from video_dit.train.config import checkpointed_blocks_of
 from video_dit.train.precision import cast_for_training
+from video_dit.typed_config import ConfigError
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
@@ -82,9 +84,10 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, ex
     # the family's targets, of the streams `network.streams` names (all of them by default)
     targets = family.stream_lora_targets(net.include_img_emb, net.lora_streams) if net is not None else None
     if net is not None and net.pretrained_lora_path:  # a LoRA file to start from: its modules join the job's
-        start_from(expert_lora(net.pretrained_lora_path, expert), dit, net.linear, net.alpha,
-                   targets, from_file=family.lora_from_file,
+        path = expert_lora(net.pretrained_lora_path, expert)
+        start_from(path, dit, net.linear, net.alpha, targets, from_file=family.lora_from_file,
                    key="config.process[0].network.pretrained_lora_path", dropout=net.dropout)
+        check_streams(dit, family, net, path)
     elif net is not None:
         add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=targets)
     else:
@@ -99,6 +102,22 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, ex
     if compiles(process, dit.device):
         dit.compile_blocks()  # compiled at the first step (the trainer reports that step's time)
     return dit
+
+
+def check_streams(dit, family, net, path: str) -> None:
+    """A LoRA file started from (`pretrained_lora_path`) brings its own modules: under `network.streams` other
+    than both, one outside the stream would train it after all. Refused, naming the key (the file's modules
+    are known only once it is read, at the build)."""
+    only = family.stream_modules(net.lora_streams)
+    if only is None:
+        return
+    adapted = sorted({n.split(".lora_A.")[0] for n, _ in dit.named_parameters() if ".lora_A." in n})
+    outside = [m for m in adapted if not re.fullmatch(only, m)]
+    if outside:
+        raise ConfigError("config.process[0].network.pretrained_lora_path",
+                          f"{path} holds LoRA on {len(outside)} modules outside the {net.lora_streams} stream "
+                          f"(network.{net.streams_key}: {net.lora_streams}), e.g. {', '.join(outside[:3])}; "
+                          f"accepted: a file of that stream's modules, or network.streams: both")
 
 
 def compiles(process, device: torch.device) -> bool:
