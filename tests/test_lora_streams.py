@@ -6,6 +6,7 @@ modules are its own attentions and FFN and the cross-modal attention that writes
     and its loss gives them no gradient; a misassignment (the cut direction's module in the adapted set) and the
     uncut model both change it, so the check can fail;
   * the trainer's build (`make_trainable`) and the ai-toolkit arch (`network_kwargs.streams`) keep those modules;
+    a LoRA file started from (`pretrained_lora_path`) with modules outside the stream is refused at the build;
   * the refusals, before any rank: a family without sound (tiny Wan), one whose streams share their modules
     (MiniMax H3: the family's words), a value that is not a stream, two disagreeing keys."""
 
