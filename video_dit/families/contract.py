@@ -10,7 +10,7 @@ folder `video_dit/families/<name>/` whose `__init__.py` builds a `Family` record
     DiTArch       its DiT class and what a module-by-module (ZeRO-3) build needs
     Training      what the trainer caches and feeds the DiT per batch
     MemoryModel   what the memory plan asks: the activations of a step, the encoders' sizes
-    AudioPath     what a family whose DiT generates sound adds: its codec, rates, timestep draw
+    AudioPath     what a family whose DiT generates sound adds: its codec, rates, timestep draw, LoRA streams
     Family        the record: the above, its loaders, pipeline, checkpoint detection and conventions
 
 Every callable's signature is stated beside its field; `docs/models.md` ("Adding a family") is the
