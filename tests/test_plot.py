@@ -109,3 +109,42 @@ def test_validation_loss_is_drawn_beside_the_training_loss(tmp_path):
     assert loss["loss"][0] == list(range(1, 21))  # the step-0 line holds no training loss
     assert loss["val_loss (held out)"] == ([0, 5, 10, 15, 20], [2.0, 0.4, 0.2, 2.0 / 15, 0.1])
     assert loss["val_loss_ema (held out)"] == ([5, 10, 15, 20], [0.3, 0.15, 0.1, 0.075])
+
+
+def test_each_streams_validation_loss_is_drawn_in_a_second_panel(tmp_path):
+    """A model with sound logs val_loss_video / val_loss_audio (and their _ema twins, train/validation.py):
+    loss.png gets a second panel holding exactly those series, at their steps; a run without them keeps one."""
+    rows = [{"step": s, "loss": 1.0 / s,
+             **({"val_loss": 3.0 / s, "val_loss_video": 2.0 / s, "val_loss_audio": 1.0 / s,
+                 "val_loss_video_ema": 1.8 / s, "val_loss_audio_ema": 0.9 / s} if s % 4 == 0 else {})}
+            for s in range(1, 13)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    import matplotlib.pyplot as plt
+
+    made = []
+    subplots = plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, axes = subplots(*args, **kwargs)
+        made.append(fig)
+        return fig, axes
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "subplots", spy)
+        loss = plot_metrics(tmp_path)[tmp_path / "loss.png"]
+    steps = [4, 8, 12]
+    for key, scale in (("val_loss_video", 2.0), ("val_loss_audio", 1.0), ("val_loss_video_ema", 1.8),
+                       ("val_loss_audio_ema", 0.9)):
+        assert loss[f"{key} (held out)"] == (steps, [scale / s for s in steps])
+    panels = [[line.get_label() for line in ax.get_lines()] for ax in made[0].axes]
+    assert len(panels) == 2 and "val_loss (held out)" in panels[0]
+    assert sorted(panels[1]) == sorted(f"{k} (held out)" for k in ("val_loss_video", "val_loss_audio",
+                                                                    "val_loss_video_ema", "val_loss_audio_ema"))
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps({"step": r["step"], "loss": r["loss"]})
+                                                      for r in rows))
+    made.clear()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "subplots", spy)
+        plot_metrics(tmp_path)
+    assert len(made[0].axes) == 1  # no stream losses: one panel

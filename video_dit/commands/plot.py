@@ -1,7 +1,8 @@
 """`video-dit plot OUTPUT_DIR`: loss, throughput and memory curves from `OUTPUT_DIR/metrics.jsonl`.
 
 Writes `loss.png` (raw loss, an exponentially smoothed line and, when the job validates, the
-held-out `val_loss` (and `val_loss_ema`)), `throughput.png` (samples/s and
+held-out `val_loss` (and `val_loss_ema`); a model with sound adds a second panel with each stream's
+held-out loss, `val_loss_video` / `val_loss_audio` (and their `_ema` twins)), `throughput.png` (samples/s and
 tokens/s, stacked) and `memory.png` (peak memory per rank, GB) next to the metrics, or into `--out`.
 A line that is not a JSON object with a `step` (a half-written last line of a running job, say) is
 skipped with a warning naming the file and line. After a resume, a step logged twice keeps its
@@ -19,6 +20,9 @@ from pathlib import Path
 from video_dit.train.metrics import read_metrics
 
 METRICS_FILE = "metrics.jsonl"
+# the per-stream validation losses of a model with sound (train/validation.py `Validator.run`:
+# val_loss_<stream>, and val_loss_<stream>_ema with the EMA weights)
+STREAMS = (("video", "tab:red"), ("audio", "tab:green"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +75,12 @@ def _rank_series(records: list[dict], key: str) -> dict[str, tuple[list[int], li
     return {key: (xs, ys)} if xs else {}
 
 
+def _log_if_positive(ax, values: list[float]) -> None:
+    """A log y axis when every finite value drawn on `ax` is positive."""
+    if all(y > 0 for y in values if math.isfinite(y)):
+        ax.set_yscale("log")
+
+
 def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
                  smooth: float = 0.9) -> dict[Path, dict[str, tuple[list[float], list[float]]]]:
     """Draw the curves of `metrics` (a metrics.jsonl or the folder holding it) to PNGs.
@@ -108,10 +118,17 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
         drawn[path] = {line.get_label(): (list(map(float, line.get_xdata())), list(map(float, line.get_ydata())))
                        for ax in axes for line in ax.get_lines()}
 
-    # 1. loss: raw (faint) and smoothed; the held-out validation loss beside it (and its EMA-weights twin)
+    # 1. loss: raw (faint) and smoothed; the held-out validation loss beside it (and its EMA-weights twin);
+    #    a model with sound: each stream's held-out loss in a second panel (their scales differ from the sum's)
     xs, ys = _series(records, "loss")
     if xs:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        streams = [(f"val_loss_{name}{suffix}", color, style, *_series(records, f"val_loss_{name}{suffix}"))
+                   for name, color in STREAMS for suffix, style in (("", "-"), ("_ema", "--"))]
+        streams = [s for s in streams if s[3]]
+        fig, axes = plt.subplots(2 if streams else 1, 1, figsize=(7, 7 if streams else 4), sharex=True,
+                                 squeeze=False)
+        axes = list(axes[:, 0])
+        ax = axes[0]
         ax.plot(xs, ys, color="tab:blue", alpha=0.3, linewidth=1, label="loss")
         ax.plot(xs, ema(ys, smooth), color="tab:blue", linewidth=2, label=f"loss (EMA {smooth:g})")
         shown = list(ys)
@@ -120,12 +137,20 @@ def plot_metrics(metrics: str | Path, out_dir: str | Path | None = None,
             if vx:
                 ax.plot(vx, vy, color=color, marker="o", markersize=3, linewidth=1.5, label=f"{key} (held out)")
                 shown += vy
-        ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
-        if all(y > 0 for y in shown if math.isfinite(y)):
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        save(fig, [ax], "loss.png")
+        ax.set(ylabel="loss", title=f"{title}: loss")
+        _log_if_positive(ax, shown)
+        if streams:
+            sub = axes[1]
+            for key, color, style, vx, vy in streams:
+                sub.plot(vx, vy, color=color, linestyle=style, marker="o", markersize=3, linewidth=1.5,
+                         label=f"{key} (held out)")
+            sub.set(ylabel="loss per stream", title="held-out loss per stream")
+            _log_if_positive(sub, [y for s in streams for y in s[4]])
+        axes[-1].set_xlabel("step")
+        for a in axes:
+            a.grid(alpha=0.3)
+            a.legend()
+        save(fig, axes, "loss.png")
     else:
         warnings.warn(f"{metrics}: no 'loss' values; loss.png not written", stacklevel=2)
 

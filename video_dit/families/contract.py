@@ -10,7 +10,7 @@ folder `video_dit/families/<name>/` whose `__init__.py` builds a `Family` record
     DiTArch       its DiT class and what a module-by-module (ZeRO-3) build needs
     Training      what the trainer caches and feeds the DiT per batch
     MemoryModel   what the memory plan asks: the activations of a step, the encoders' sizes
-    AudioPath     what a family whose DiT generates sound adds: its codec, rates, timestep draw
+    AudioPath     what a family whose DiT generates sound adds: its codec, rates, timestep draw, LoRA streams
     Family        the record: the above, its loaders, pipeline, checkpoint detection and conventions
 
 Every callable's signature is stated beside its field; `docs/models.md` ("Adding a family") is the
@@ -201,6 +201,11 @@ class AudioPath:
       loss_weight: the reference trainer's weight of the audio loss beside the video's 1
       tied_map: None (a tied draw gives the audio the video's timesteps), or (t (B,) on 0..1000) -> the audio's:
           the reference's coupling of the two streams' noise levels (a DiT whose streams sample on two schedules)
+      lora_streams: {"video": regex, "audio": regex}, full-match regexes of the DiT's module names that belong
+          to each stream (the modules whose output is added to that stream's tokens), disjoint, together
+          covering every module of `Family.lora_targets`; what `network.streams` keeps
+          (`Family.stream_lora_targets`). Empty: the streams share their modules (one packed sequence through
+          the same weights), and a LoRA on one stream alone is refused
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
     returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
     takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
@@ -215,6 +220,13 @@ class AudioPath:
     timesteps: str = "tied"
     loss_weight: float = 1.0
     tied_map: Callable | None = None
+    lora_streams: dict[str, str] = field(default_factory=dict)
+
+
+# `network.streams` (ours; neither ltx-trainer, whose LoRA takes a `target_modules` list, nor ai-toolkit's ltx2
+# model, whose network takes only_if_contains / ignore_if_contains substrings, names a stream): the streams a
+# LoRA adapts, of a family with sound; the first is the default (every target of `Family.lora_targets`)
+LORA_STREAMS = ("both", "video", "audio")
 
 
 @dataclass(frozen=True)
@@ -282,6 +294,34 @@ class Family:
     # diffusers scheduler classes of its model folders it samples on its own grid: {`_class_name`: (solver, the key
     # holding the shift, {key: (accepted values, default when absent)})} (`sampling_settings.read_scheduler_config`)
     scheduler_classes: dict = field(default_factory=dict)
+
+    def stream_modules(self, streams: str) -> str | None:
+        """The full-match regex of the DiT's modules that belong to `streams` (`LORA_STREAMS`;
+        `AudioPath.lora_streams`), None for "both" (every module). A ValueError says why this family cannot
+        take `streams` and what it accepts."""
+        if streams not in LORA_STREAMS:
+            raise ValueError(f"{streams!r} is not a stream; accepted: {', '.join(LORA_STREAMS)}")
+        if streams == "both":
+            return None
+        if self.audio is None:
+            raise ValueError(f"{self.title} generates no sound: its DiT has one stream; accepted: both "
+                             "(or leave it unset)")
+        only = self.audio.lora_streams.get(streams)
+        if not only:
+            raise ValueError(f"{self.title}'s DiT runs its video and audio through the same modules: no LoRA "
+                             "target is one stream's alone; accepted: both (or leave it unset)")
+        return only
+
+    def stream_lora_targets(self, include_img_emb: bool, streams: str = "both") -> str:
+        """The peft `target_modules` regex of our trainer's LoRA on `streams`: `lora_targets` itself for
+        "both"; for one stream, those of its targets that also fully match the stream's regex (`stream_modules`,
+        whose ValueError it raises)."""
+        targets, only = self.lora_targets(include_img_emb), self.stream_modules(streams)
+        if only is None:
+            return targets
+        # peft full-matches `target_modules`: the lookahead requires the whole name to match the stream's
+        # regex, then the whole name must match the family's targets
+        return rf"(?=(?:{only})\Z)(?:{targets})"
 
     def describe(self) -> str:
         return f"{self.title} (presets: {', '.join(self.presets)})"

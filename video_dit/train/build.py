@@ -11,6 +11,7 @@ Either way the weights are checked against the job's preset before any tensor is
 from __future__ import annotations
 
 import os
+import re
 
 import torch
 
@@ -24,6 +25,7 @@ from video_dit.parallel.sequence import attach
 from video_dit.parallel.zero import partitioned
 from video_dit.train.config import checkpointed_blocks_of
 from video_dit.train.precision import cast_for_training
+from video_dit.typed_config import ConfigError
 
 
 def build_dit(source: str | os.PathLike, preset=None, *, zero_stage: int = 0, dtype: torch.dtype | None = None,
@@ -67,9 +69,9 @@ def expert_lora(path: str, expert: str | None) -> str:
 
 def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, expert: str | None = None):
     """The trainer's fixed order after the build (at `precision.build_dtype(dtype, lora)`), in place: the
-    attention backend; LoRA adapters (peft, `network`: the family's targets, with `pretrained_lora_path` also
-    the file's modules, started from it; `expert`: a two-expert job's, whose file of a pair it reads) or the
-    whole DiT trainable; the storage for
+    attention backend; LoRA adapters (peft, `network`: the family's targets, of one stream with
+    `network.streams`, with `pretrained_lora_path` also the file's modules, started from it; `expert`: a
+    two-expert job's, whose file of a pair it reads) or the whole DiT trainable; the storage for
     training in `dtype` (`precision.cast_for_training`: trainable parameters float32, the frozen bulk
     in `dtype`, the float32 islands float32); block checkpointing (`train.gradient_checkpointing`: every
     block, none, the first N, or for "auto" every block until the trainer sets each bucket's choice,
@@ -79,12 +81,15 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, ex
     model family, whose LoRA targets the adapters go on."""
     dit.set_attention_backend(process.model.attention_backend)
     net = process.network
+    # the family's targets, of the streams `network.streams` names (all of them by default)
+    targets = family.stream_lora_targets(net.include_img_emb, net.lora_streams) if net is not None else None
     if net is not None and net.pretrained_lora_path:  # a LoRA file to start from: its modules join the job's
-        start_from(expert_lora(net.pretrained_lora_path, expert), dit, net.linear, net.alpha,
-                   family.lora_targets(net.include_img_emb), from_file=family.lora_from_file,
+        path = expert_lora(net.pretrained_lora_path, expert)
+        start_from(path, dit, net.linear, net.alpha, targets, from_file=family.lora_from_file,
                    key="config.process[0].network.pretrained_lora_path", dropout=net.dropout)
+        check_streams(dit, family, net, path)
     elif net is not None:
-        add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=family.lora_targets(net.include_img_emb))
+        add_lora(dit, net.linear, net.alpha, dropout=net.dropout, targets=targets)
     else:
         dit.requires_grad_(True)
     cast_for_training(dit, dtype, family.arch)
@@ -97,6 +102,22 @@ def make_trainable(dit, process, dtype: torch.dtype, sp_info=None, *, family, ex
     if compiles(process, dit.device):
         dit.compile_blocks()  # compiled at the first step (the trainer reports that step's time)
     return dit
+
+
+def check_streams(dit, family, net, path: str) -> None:
+    """A LoRA file started from (`pretrained_lora_path`) brings its own modules: under `network.streams` other
+    than both, one outside the stream would train it after all. Refused, naming the key (the file's modules
+    are known only once it is read, at the build)."""
+    only = family.stream_modules(net.lora_streams)
+    if only is None:
+        return
+    adapted = sorted({n.split(".lora_A.")[0] for n, _ in dit.named_parameters() if ".lora_A." in n})
+    outside = [m for m in adapted if not re.fullmatch(only, m)]
+    if outside:
+        raise ConfigError("config.process[0].network.pretrained_lora_path",
+                          f"{path} holds LoRA on {len(outside)} modules outside the {net.lora_streams} stream "
+                          f"(network.{net.streams_key}: {net.lora_streams}), e.g. {', '.join(outside[:3])}; "
+                          f"accepted: a file of that stream's modules, or network.streams: both")
 
 
 def compiles(process, device: torch.device) -> bool:

@@ -37,6 +37,7 @@ import yaml
 from video_dit.data import DatasetConfig
 from video_dit.data.dataset import inject_trigger
 from video_dit.families import PRESETS, family_of, get_preset
+from video_dit.families.contract import LORA_STREAMS
 from video_dit.models.layouts import preset_name
 from video_dit.parallel.zero import partitioned, shards_optimizer
 from video_dit.spec import (
@@ -65,7 +66,8 @@ IGNORED = {
         "conv_alpha": "convolutions are never LoRA-targeted",
         "lokr_full_rank": "LoKr's shape, read with type: lokr only",
         "lokr_factor": "LoKr's shape, read with type: lokr only",
-        "network_kwargs": "ai-toolkit's extra network arguments (ignore_if_contains: [] only)",
+        "network_kwargs": "ai-toolkit's extra network arguments (ignore_if_contains: [] only; streams: as "
+                          "network.streams)",
     },
     "logging": {
         "verbose": "ai-toolkit's console detail",
@@ -146,7 +148,14 @@ def torch_dtype(name: str):
 class NetworkConfig:
     """`network`: LoRA on the blocks' self/cross-attention q, k, v, o and FFN Linears (and the image
     branch's k_img / v_img of a Wan 2.1 I2V / FLF2V model). Ours: `include_img_emb` also adapts the
-    image-embedding MLP's two Linears (img_emb.proj.1 / .3)."""
+    image-embedding MLP's two Linears (img_emb.proj.1 / .3).
+
+    `streams` (ours; a family with sound): which stream's modules the LoRA adapts, of the family's targets:
+    "both" (the default: all of them), "video" or "audio" (each stream's own attentions and FFN, and the
+    cross-modal attention that writes into it: `AudioPath.lora_streams`; LTX-2's audio_to_video_attn is the
+    video's, video_to_audio_attn the audio's). A family without sound, or whose streams share their modules
+    (MiniMax H3), takes "both" only; the loss stays both streams'. `network_kwargs: {streams: ...}` (where
+    ai-toolkit's arch reads it) is the same setting. A full fine-tune has no `network` block, so no streams."""
 
     type: Literal["lora"] = "lora"
     linear: int = 16             # rank
@@ -154,6 +163,7 @@ class NetworkConfig:
     dropout: float = 0.0
     transformer_only: bool = True  # ignored (always the transformer blocks)
     include_img_emb: bool = False
+    streams: Literal["both", "video", "audio"] | None = None  # None: network_kwargs' streams, else both
     # ai-toolkit's key: a LoRA file (either trainer's, ComfyUI's keys) the adapters start from; its modules,
     # whatever targets it was trained with, are adapted beside the family's (`lora.start_from`)
     pretrained_lora_path: str | None = None
@@ -166,10 +176,17 @@ class NetworkConfig:
 
     def validate(self, path: str) -> None:
         extra = dict(self.network_kwargs or {})
+        streams = extra.pop("streams", None)
         if extra.get("ignore_if_contains", []) != [] or set(extra) - {"ignore_if_contains"}:
             raise ConfigError(f"{path}.network_kwargs", f"{extra!r} is not supported by video_dit's trainer "
                                                         f"({IGNORED['network']['network_kwargs']}); accepted: "
-                                                        "{} or {ignore_if_contains: []}")
+                                                        "{}, {ignore_if_contains: []}, {streams: ...}")
+        if streams is not None and streams not in LORA_STREAMS:
+            raise ConfigError(f"{path}.network_kwargs.streams",
+                              f"{streams!r}; accepted: {', '.join(LORA_STREAMS)}")
+        if streams is not None and self.streams is not None and streams != self.streams:
+            raise ConfigError(f"{path}.network_kwargs.streams", f"{streams!r} disagrees with network.streams "
+                                                                f"{self.streams!r}; set one of them")
         if self.linear <= 0:
             raise ConfigError(f"{path}.linear", f"LoRA rank must be a positive integer, got {self.linear}")
         if self.linear_alpha is not None and self.linear_alpha <= 0:
@@ -183,6 +200,17 @@ class NetworkConfig:
     @property
     def alpha(self) -> float:
         return float(self.linear if self.linear_alpha is None else self.linear_alpha)
+
+    @property
+    def lora_streams(self) -> str:
+        """The streams the LoRA adapts (`streams`, else `network_kwargs.streams`, else both)."""
+        return self.streams or (self.network_kwargs or {}).get("streams") or LORA_STREAMS[0]
+
+    @property
+    def streams_key(self) -> str:
+        """Where the job sets the streams (error messages)."""
+        return "streams" if self.streams is not None or "streams" not in (self.network_kwargs or {}) \
+            else "network_kwargs.streams"
 
 
 @dataclass
@@ -942,6 +970,12 @@ class ProcessConfig:
                 preset.dit):
             raise ConfigError(f"{path}.network.include_img_emb", f"preset {preset.name!r} has no image branch "
                                                                  "to put LoRA on (img_emb); accepted: false")
+        net = self.network
+        if net is not None:  # the streams' targets (`make_trainable`), asked of the family before any rank
+            try:
+                family_of(preset).stream_lora_targets(net.include_img_emb, net.lora_streams)
+            except ValueError as exc:
+                raise ConfigError(f"{path}.network.{net.streams_key}", f"preset {preset.name!r}: {exc}") from exc
         if self.model.quantize_image_encoder and preset.image_encoder is None:
             raise ConfigError(f"{path}.model.quantize_image_encoder", f"preset {preset.name!r} has no image "
                                                                       "encoder; accepted: false (or leave it unset)")

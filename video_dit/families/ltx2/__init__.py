@@ -21,8 +21,8 @@ from video_dit.diffusion.flow import DYNAMIC_GRID
 from video_dit.families.contract import AudioPath, DiTArch, Family, MemoryModel, Preset, Training
 from video_dit.families.ltx2 import loading as ltx2_load
 from video_dit.families.ltx2.convert import ltx2_config_to_diffusers, ltx2_lora_keys, ltx2_lora_to_comfy
-from video_dit.families.ltx2.dit import (FLOAT32_MODULES, LORA_TARGETS, LTX2DiT, cast_ltx2_dit, init_parameter,
-                                         ltx2_dit_flops, param_dtypes)
+from video_dit.families.ltx2.dit import (FLOAT32_MODULES, LORA_STREAMS, LORA_TARGETS, LTX2DiT, cast_ltx2_dit,
+                                         init_parameter, ltx2_dit_flops, param_dtypes)
 from video_dit.families.ltx2.memory import audio_tokens_of, ltx2_activation_bytes
 from video_dit.families.ltx2.pipeline import LTX2Pipeline, ltx2_schedule
 from video_dit.families.ltx2.presets import LTX2_NEGATIVE_PROMPT, LTX2_PRESETS, LTX2_SHIFT
@@ -180,8 +180,10 @@ FAMILY = Family(
     # loss = video_loss + audio_loss (`compute_loss`)
     # rate / channels: the audio VAE's mel front end (16 kHz stereo, every release); out_rate: LTX-2.3's and 2.5's
     # vocoder (LTX-2.0's writes 24 kHz, the tiny preset's 8 kHz: a loaded codec's `out_rate` is its own)
+    # lora_streams: each stream's own attentions and FFN, the cross-modal attention with the stream it writes
+    # (dit.py LORA_STREAMS: audio_to_video_attn the video's, video_to_audio_attn the audio's)
     audio=AudioPath(rate=16000, channels=2, out_rate=48000, load_codec=ltx2_load.load_codec, timesteps="tied",
-                    loss_weight=1.0),
+                    loss_weight=1.0, lora_streams=LORA_STREAMS),
     # a saved folder's config.json is diffusers' (what `dit_config` reads from a folder)
     config_json=lambda cfg: {"_class_name": ltx2_load.DIT_CLASSES[0], **ltx2_config_to_diffusers(cfg)},
 )

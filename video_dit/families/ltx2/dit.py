@@ -454,6 +454,19 @@ LORA_TARGETS = (r"transformer_blocks\.\d+\.(attn1|attn2|audio_attn1|audio_attn2|
                 r"|video_to_audio_attn)\.(to_q|to_k|to_v|to_out\.0)"
                 r"|transformer_blocks\.\d+\.(ff|audio_ff)\.net\.(0\.proj|2)")
 
+# Each stream's modules (`AudioPath.lora_streams`, `network.streams`): every module whose output is added to that
+# stream's tokens. The cross-modal attentions go with the stream they write: audio_to_video_attn (queries from the
+# video, keys / values from the audio, `vx = vx + audio_to_video_attn(...) * gate`: ltx-core transformer.py
+# `BasicAVTransformerBlock`; layers.py here) is the video's, video_to_audio_attn the audio's. So an audio LoRA can
+# learn how the sound reads the picture, and its adapters write into the audio tokens only: the video reads them
+# through audio_to_video_attn alone, which it leaves as it is (tests/test_lora_streams.py). (ltx-trainer's docs list
+# the two as a third group that its audio-only configs, which train no video at all, leave out:
+# docs/configuration-reference.md, its section on target modules.)
+LORA_STREAMS = {
+    "video": r"transformer_blocks\.\d+\.(attn1|attn2|audio_to_video_attn|ff)\..+",
+    "audio": r"transformer_blocks\.\d+\.(audio_attn1|audio_attn2|video_to_audio_attn|audio_ff)\..+",
+}
+
 
 def ltx2_dit_flops(config: LTX2DiTConfig, video_tokens: int, audio_tokens: int, text_len: int, batch: int = 1) -> float:
     """Analytic forward FLOPs (2 per multiply-add) of the matmuls and attention; backward is ~2x this.

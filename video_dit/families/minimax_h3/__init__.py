@@ -170,7 +170,9 @@ FAMILY = Family(
     scheduler_classes={"MiniMaxH3Scheduler": ("euler", "shift", {})},
     # the audio VAE: 32 kHz stereo in and out ([M] README; each channel a mono waveform through it); the audio's
     # noise level tied to the video's through the two schedules' pairing (presets.audio_timesteps, [A]
-    # `remap_sigma`); the audio loss beside the video's at weight 1 ([A] ai-toolkit's `audio_loss_multiplier` 1.0)
+    # `remap_sigma`); the audio loss beside the video's at weight 1 ([A] ai-toolkit's `audio_loss_multiplier` 1.0);
+    # no `lora_streams`: its blocks attend over one packed sequence of text, audio and video rows through the same
+    # Linears (dit.py), so no LoRA target is one stream's alone (`network.streams` other than both is refused)
     audio=AudioPath(rate=32000, channels=2, out_rate=32000, load_codec=h3_load.load_codec, timesteps="tied",
                     loss_weight=1.0, tied_map=audio_timesteps),
     prompt_images=lambda first, last, height, width: fit_keyframes(first, last, height, width)[0],

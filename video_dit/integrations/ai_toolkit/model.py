@@ -52,6 +52,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import sys
 import warnings
 from dataclasses import dataclass
@@ -160,15 +161,47 @@ def plain_meta(meta) -> dict:
     return json.loads(json.dumps(out, default=str))  # nested OrderedDicts -> dicts, odd objects -> str
 
 
+def _module_path(lora) -> str:
+    """The DiT module an ai-toolkit LoRA module adapts: its `lora_name` (`transformer.<path>` with `$$` for `.`
+    in peft format: toolkit/lora_special.py `create_modules`) as a module path."""
+    path = lora.lora_name.replace("$$", ".")
+    return path[len(PEFT_PREFIX):] if path.startswith(PEFT_PREFIX) else path
+
+
 def network_modules(net) -> list[str]:
-    """The module paths ai-toolkit's network adapts: its LoRA modules' `lora_name`s (`transformer.<path>` with
-    `$$` for `.` in peft format: toolkit/lora_special.py `create_modules`), made before `apply_to` registers them."""
+    """The module paths ai-toolkit's network adapts: its LoRA modules' (`_module_path`), made before `apply_to`
+    registers them."""
     net = getattr(net, "module", net)  # accelerate may wrap it
-    out = []
-    for lora in getattr(net, "unet_loras", []):
-        path = lora.lora_name.replace("$$", ".")
-        out.append(path[len(PEFT_PREFIX):] if path.startswith(PEFT_PREFIX) else path)
-    return sorted(out)
+    return sorted(_module_path(lora) for lora in getattr(net, "unet_loras", []))
+
+
+def keep_streams(net, family) -> str:
+    """`network.network_kwargs.streams` (ours, as our trainer's `network.streams`; ai-toolkit hands unknown
+    network_kwargs to its network's constructor, which takes them as **kwargs and keeps none): of the LoRA
+    modules ai-toolkit made (every Linear of the blocks, less what only_if_contains / ignore_if_contains drop),
+    only those on the stream's modules (`Family.stream_modules`) are kept. ai-toolkit registers its LoRA
+    modules in `apply_to`, which runs after the model's `network` setter calls this (BaseSDTrainProcess), and
+    builds the optimizer and the saved file from `unet_loras`: the dropped modules never train, hook or save.
+    Returns the streams; a family that cannot take them, or a stream left with no module, is a ConfigError."""
+    inner = getattr(net, "module", net)  # accelerate may wrap it
+    kwargs = getattr(getattr(inner, "network_config", None), "network_kwargs", None) or {}
+    streams = kwargs.get("streams", "both")
+    try:
+        only = family.stream_modules(streams)
+    except ValueError as exc:
+        raise ConfigError("network.network_kwargs.streams", str(exc)) from exc
+    if only is None:
+        return streams
+    keep = re.compile(only)
+    made = getattr(inner, "unet_loras", [])
+    kept = [lora for lora in made if keep.fullmatch(_module_path(lora))]
+    if not kept:
+        raise ConfigError("network.network_kwargs.streams", f"{streams!r}: none of the {len(made)} "
+                                                            f"modules the network adapts is the {streams} stream's; "
+                                                            "accepted: only_if_contains / ignore_if_contains that "
+                                                            "keep some of them, or streams: both")
+    inner.unet_loras = kept
+    return streams
 
 
 # GenerateImageConfig fields our previews do not act on, with ai-toolkit's default (accepted silently)
@@ -254,13 +287,15 @@ class VideoDiTModel(BaseModel):
         before applying it, reading the datasets or any step): the first moment the model can tell a
         LoRA will train, since ai-toolkit builds the model from its `model` block alone. A network
         our LoRA files cannot hold, and a LoRA on a preset's random init (every LoRA gradient is 0: the
-        trainer's refusal, in its words, `spec.check_lora`) are refused here."""
+        trainer's refusal, in its words, `spec.check_lora`) are refused here; `network_kwargs.streams` keeps
+        one stream's modules (`keep_streams`)."""
         if net is not None:
             kind = str(getattr(getattr(net, "module", net), "network_type", "lora")).lower()  # accelerate may wrap it
             if kind != "lora":
                 raise ConfigError("network.type", f"{kind!r}: video_dit's LoRA files (shared with its DeepSpeed "
                                                   "trainer) hold plain LoRA; accepted: lora")
             check_lora(self.spec.request.name_or_path, True, AITK_KEYS)
+            keep_streams(net, self.family)  # network_kwargs.streams: one stream's modules
             try:  # what ai-toolkit's options picked must be a LoRA our files write and read back (`check_targets`)
                 check_targets(network_modules(net), self.family.lora_to_comfy, self.family.lora_from_file,
                               f"network (ai-toolkit's LoRA on {self.family.title}'s DiT)")
