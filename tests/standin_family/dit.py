@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from video_dit.models.attention import attention, set_attention_backend
-from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
+from video_dit.models.common import BlockTraining, IslandCast, cast_to_storage, initialize_by_name, storage_dtypes
 from video_dit.models.layers import RMSNorm, compute_dtype_of, f32, gated_add, modulate, sinusoidal_embedding
 
 
@@ -267,19 +267,12 @@ def float32_param_names(model: nn.Module) -> set[str]:
 def param_dtypes(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> dict[str, torch.dtype]:
     """Each floating parameter's storage dtype in a model computing in `dtype`: float32 for the islands and,
     with `masters`, for every parameter that requires grad; `dtype` for the rest."""
-    keep = float32_param_names(model) if dtype != torch.float32 else set()
-    return {name: torch.promote_types(dtype, torch.float32) if name in keep or (masters and p.requires_grad) else dtype
-            for name, p in model.named_parameters() if p.is_floating_point()}
+    return storage_dtypes(model, dtype, float32_param_names(model) if dtype != torch.float32 else set(), masters)
 
 
 def cast_standin(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.Module:
     """Cast in place to `param_dtypes(model, dtype, masters)`; the forward then runs under `dtype` autocast."""
-    dtypes = param_dtypes(model, dtype, masters)
-    for name, p in model.named_parameters():
-        if name in dtypes and p.dtype != dtypes[name]:
-            p.data = p.data.to(dtypes[name])
-    model.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
-    return model
+    return cast_to_storage(model, param_dtypes(model, dtype, masters), dtype)
 
 
 # ---------------------------------------------------------------- LoRA targets and FLOPs

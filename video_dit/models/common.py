@@ -184,6 +184,30 @@ class BlockTraining:
         return seconds
 
 
+
+def storage_dtypes(model: nn.Module, dtype: torch.dtype, float32_names: set[str],
+                   masters: bool = False) -> dict[str, torch.dtype]:
+    """The storage dtype of each floating parameter of a model that computes in `dtype`: float32 for its
+    float32 islands (`float32_names`, the family's) and, with `masters`, for every parameter that requires
+    grad (the optimizer then updates float32 master weights in place); `dtype` for the rest (frozen bulk
+    weights, inference). Every way of building a DiT (loading, the trainer, a partitioned constructor)
+    stores these."""
+    keep = float32_names if dtype != torch.float32 else set()
+    return {name: torch.promote_types(dtype, torch.float32) if name in keep or (masters and p.requires_grad) else dtype
+            for name, p in model.named_parameters() if p.is_floating_point()}
+
+
+def cast_to_storage(model: nn.Module, dtypes: dict[str, torch.dtype], dtype: torch.dtype) -> nn.Module:
+    """Cast in place: each parameter to its `dtypes` entry (`storage_dtypes`) and `model.compute_dtype =
+    dtype`, so the forward runs the bulk under `dtype` autocast and the float32 islands in float32.
+    (`nn.Module.to(model, torch.bfloat16)` instead casts every parameter: the pure-bf16 baseline of
+    `video-dit bench --suite precision`.)"""
+    for name, p in model.named_parameters():
+        if name in dtypes and p.dtype != dtypes[name]:
+            p.data = p.data.to(dtypes[name])
+    model.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
+    return model
+
 def module_dtype_device(module: nn.Module) -> tuple[torch.dtype, torch.device]:
     """dtype and device of `module`'s first floating-point parameter (works through wrappers such as a
     DeepSpeed engine, whose ZeRO-3 placeholders keep their dtype and device)."""

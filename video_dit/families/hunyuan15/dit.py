@@ -61,7 +61,8 @@ from video_dit.families.hunyuan15.layers import (
     hy15_rope_tables,
 )
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
+from video_dit.models.common import (BlockTraining, IslandCast, cast_to_storage, initialize_by_name,
+                                     storage_dtypes)
 from video_dit.models.layers import RMSNorm, compute_dtype_of, f32
 
 # ---------------------------------------------------------------- initialisation
@@ -317,20 +318,13 @@ def param_dtypes(model: nn.Module, dtype: torch.dtype, masters: bool = False) ->
     """The storage dtype of each floating parameter of a model that computes in `dtype`: float32 for the
     float32 islands and, with `masters`, for every parameter that requires grad; `dtype` for the rest
     (as `dit.param_dtypes`)."""
-    keep = float32_param_names(model) if dtype != torch.float32 else set()
-    return {name: torch.promote_types(dtype, torch.float32) if name in keep or (masters and p.requires_grad) else dtype
-            for name, p in model.named_parameters() if p.is_floating_point()}
+    return storage_dtypes(model, dtype, float32_param_names(model) if dtype != torch.float32 else set(), masters)
 
 
 def cast_hy15_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.Module:
     """Cast in place: each parameter to `param_dtypes(model, dtype, masters)` and `model.compute_dtype =
     dtype`, so the forward runs the bulk under `dtype` autocast and the islands in float32."""
-    dtypes = param_dtypes(model, dtype, masters)
-    for name, p in model.named_parameters():
-        if name in dtypes and p.dtype != dtypes[name]:
-            p.data = p.data.to(dtypes[name])
-    model.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
-    return model
+    return cast_to_storage(model, param_dtypes(model, dtype, masters), dtype)
 
 
 # ---------------------------------------------------------------- LoRA targets and FLOPs

@@ -26,8 +26,9 @@ ComfyUI `diffusion_model.` convention. Sequence parallelism plugs in through `Vi
 (see `VideoDiT.forward`); this file holds no distributed code.
 
 The layers (embeddings and RoPE, the adaLN arithmetic, `RecomputeSaved`, attention, `Block`, `Head`) are
-in `layers.py` (and the family-neutral `video_dit/models/layers.py`); this file holds the configuration, the initialisation, `VideoDiT` (the network
-whole, with the shapes of its forward), the float32 islands and `dit_flops`.
+in `layers.py` (and the family-neutral `video_dit/models/layers.py`); this file holds the configuration, the
+initialisation, `VideoDiT` (the network whole, with the shapes of its forward), the float32 islands and
+`dit_flops`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from video_dit.families.wan.config import DiTConfig
 from video_dit.families.wan.layers import Block, Head, ImageEmbedding, rope_tables
 from video_dit.kernels import set_kernels
 from video_dit.models.attention import set_attention_backend
-from video_dit.models.common import BlockTraining, IslandCast, initialize_by_name
+from video_dit.models.common import (BlockTraining, IslandCast, cast_to_storage, initialize_by_name,
+                                     storage_dtypes)
 from video_dit.models.layers import RMSNorm, f32, sinusoidal_embedding
 
 log = logging.getLogger(__name__)
@@ -291,13 +293,7 @@ def param_dtypes(model: nn.Module, dtype: torch.dtype, masters: bool = False) ->
     requires grad (the optimizer then updates float32 master weights in place, as Wan-style fp32
     weights under bf16 autocast train); `dtype` for the rest (frozen bulk weights, inference).
     Every way of building a DiT (loading, the trainer, a partitioned constructor) stores these."""
-    keep = float32_param_names(model) if dtype != torch.float32 else set()
-    out = {}
-    for name, p in model.named_parameters():
-        if p.is_floating_point():
-            out[name] = torch.promote_types(dtype, torch.float32) if name in keep or (masters and p.requires_grad) \
-                else dtype
-    return out
+    return storage_dtypes(model, dtype, float32_param_names(model) if dtype != torch.float32 else set(), masters)
 
 
 def cast_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.Module:
@@ -306,12 +302,7 @@ def cast_dit(model: nn.Module, dtype: torch.dtype, masters: bool = False) -> nn.
     and the float32 islands in float32. `cast_dit(m, torch.float32)` is a plain float32 model.
     (`model.to(dtype)` does this too; `nn.Module.to(model, torch.bfloat16)` instead casts every
     parameter: the pure-bf16 baseline of `video-dit bench --suite precision`.)"""
-    dtypes = param_dtypes(model, dtype, masters)
-    for name, p in model.named_parameters():
-        if name in dtypes and p.dtype != dtypes[name]:
-            p.data = p.data.to(dtypes[name])
-    model.compute_dtype = dtype if dtype in (torch.bfloat16, torch.float16) else None
-    return model
+    return cast_to_storage(model, param_dtypes(model, dtype, masters), dtype)
 
 
 def dit_flops(config: DiTConfig, num_tokens: int, text_len: int, batch: int = 1) -> float:
