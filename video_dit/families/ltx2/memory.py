@@ -77,7 +77,8 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
     """Activation memory of one forward + backward of the LTX-2 DiT `cfg` on one rank for video latents of
     `grid` (F', h, w) with `audio_tokens` audio latent frames and `text_len` text tokens (see the module
     docstring for every term). `per_token`: per-token video timesteps (image-to-video); `text_masked`: the
-    captions are padded (a key mask reaches the text attentions)."""
+    captions are padded (a key mask reaches the text attentions). `setting.recompute`: the plain blocks and
+    the output layers keep RecomputeSaved's recipes (`LTX2DiT.recompute_saved`); checkpointed blocks never do."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
     La = audio_tokens
@@ -90,30 +91,38 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
     gated, adaln = cfg.apply_gated_attention, cfg.cross_attention_adaln
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
+    rc = setting.recompute  # the plain blocks' and the output layers' recipes (`LTX2DiT._set_block_recompute`)
     C = cfg.out_channels * pt * ph * pw
     m = T if per_token else 1  # the video's modulation rows per sample
 
-    def norm(T_, W, rows, grad_in=True) -> int:
+    def norm(T_, W, rows, grad_in=True, recipes=True) -> int:
         """An adaLN-modulated RMSNorm (`rms_modulate`) of T_ tokens of width W with `rows` modulation rows;
-        `grad_in`: its input needs a gradient."""
-        kept = T_ * W * s  # its output, the next Linears' input
-        if grad_in:
-            kept += T_ * 4 + rows * W * a + (T_ * W * a if full else 0)  # rstd, 1 + scale; the normed x
+        `grad_in`: its input needs a gradient; `recipes`: its normed x and output are recipes of x."""
+        kept = T_ * 4 + rows * W * a if grad_in else 0  # rstd, 1 + scale (addcmul's, for the normed x's gradient)
+        if not recipes:
+            kept += T_ * W * s + (T_ * W * a if full and grad_in else 0)  # its output (the Linears'); the normed x
         return kept
 
-    def attention(Tq, Tk, I, Wq, *, seam=False, masked=False, gate_grad=True, gated_update=True) -> int:
+    def attention(Tq, Tk, I, Wq, *, seam=False, masked=False, gate_grad=True, gated_update=True,
+                  recipes=True) -> int:
         """One attention: Tq queries of a stream of width Wq, Tk keys, inner width I. `seam`: through the
         sequence-parallel exchange (recomputed in backward: its local q, k, v kept, not SDPA's output);
         `gate_grad`: its gates need a gradient (not in LoRA's first self-attentions); `gated_update`: its
-        output is added to the stream through an adaLN gate (2.0's text attention is added as it is)."""
-        kept = (Tq + Tk) * I * s + (Tq + Tk) * 4 + (Tq + 2 * Tk) * I * s  # q, k before their norms, rstd; q, k, v
+        output is added to the stream through an adaLN gate (2.0's text attention is added as it is);
+        `recipes`: the normed, rotated q / k and the gated output (and its float32 operand) are recipes."""
+        kept = (Tq + Tk) * I * s + (Tq + Tk) * 4 + Tk * I * s  # q, k before their norms (the norms'), rstd; v
+        if not recipes:
+            kept += (Tq + Tk) * I * s  # q, k normed and rotated (SDPA's or the seam's)
         if not seam:
             kept += Tq * I * s + H * Tq * 4 + (Tk * s if masked else 0)  # SDPA's output, logsumexp, float mask
         if gated:
-            kept += Tq * H * 4 + Tq * I * s  # the gates, the gated output (to_out's input)
-            if gate_grad:  # the sigmoid; the output the gates multiply (fp32 without the seam: SDPA's)
-                kept += Tq * H * 4 + (Tq * I * 4 if bf16 else Tq * I * s if seam else 0)
-                kept += Tq * Wq * 4 if full and bf16 else 0  # the float32 gate Linear's input
+            kept += Tq * H * 4  # the gates (the product's, for the output's gradient)
+            if gate_grad:
+                kept += Tq * H * 4 + (Tq * Wq * 4 if full and bf16 else 0)  # the sigmoid; the float32 gate Linear's input
+            if recipes:  # the gated output a recipe of the attention output: the seam's then kept (SDPA keeps its own)
+                kept += Tq * I * s if seam else 0
+            else:  # the gated output (to_out's input); the output the gates multiply (fp32 without the seam: SDPA's)
+                kept += Tq * I * s + ((Tq * I * 4 if bf16 else Tq * I * s if seam else 0) if gate_grad else 0)
         elif seam:
             kept += Tq * I * s  # to_out's input: the exchanged output (without the seam: SDPA's, laid out (T, H, Dh))
         if full:
@@ -122,28 +131,34 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
             kept += (2 * Tq + 2 * Tk) * r * s  # the lora_A outputs
         return kept
 
-    def ffn(T_, W, rows) -> int:
-        return 3 * rows * W * a + norm(T_, W, rows) + 2 * T_ * 4 * W * s + (T_ * W * s if full else 2 * T_ * r * s) \
-            + T_ * W * a
+    def ffn(T_, W, rows, recipes) -> int:
+        """The FFN: its rows, norm, the hidden layer (GELU's input) and, without recipes, the GELU output."""
+        return 3 * rows * W * a + norm(T_, W, rows, recipes=recipes) + (1 if recipes else 2) * T_ * 4 * W * s \
+            + (T_ * W * s if full else 2 * T_ * r * s) + T_ * W * a
 
-    def block(first: bool) -> int:
-        """One plain block, per sample (the B-independent SP key masks: `key_masks`)."""
+    def block(first: bool, recipes: bool) -> int:
+        """One block, per sample (the B-independent SP key masks: `key_masks`); `recipes`: with RecomputeSaved
+        (a plain block), else as autograd keeps it (a checkpointed block re-run, or `recompute_saved` off)."""
         seam = N > 1
         kept = 0
         for T_, W, rows in ((T, D, m), (Ta, Da, 1)):
             grad_in = full or not first  # LoRA: the first block's streams need no gradient
-            kept += 3 * rows * W * a + norm(T_, W, rows, grad_in)  # self-attention
-            kept += attention(T_, T_, W, W, seam=seam, gate_grad=grad_in) + T_ * W * a
+            kept += 3 * rows * W * a + norm(T_, W, rows, grad_in, recipes)  # self-attention
+            kept += attention(T_, T_, W, W, seam=seam, gate_grad=grad_in, recipes=recipes) + T_ * W * a
             if adaln:  # text attention
-                kept += 3 * rows * W * a + norm(T_, W, rows)
-                kept += Lt * W * s + (Lt * W * 4 if full and bf16 else 0)  # the modulated text (its float32 copy)
+                kept += 3 * rows * W * a + norm(T_, W, rows, recipes=recipes)
+                if recipes:  # the modulated text a recipe of the text (`held`) and its shift / scale (B, 1, 2, W)
+                    kept += 2 * W * a if cfg.has_prompt_adaln else 0  # (without prompt_adaln_single: the table's view)
+                else:
+                    kept += Lt * W * s + (Lt * W * 4 if full and bf16 else 0)  # the modulated text (its float32 copy)
             else:
-                kept += T_ * 4 + T_ * W * s  # the RMSNorm's rstd and output
-            kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln) + T_ * W * a
-            kept += W * a + 2 * norm(T_, W, rows)  # audio <-> video: the gate rows, the q and the k / v inputs
-            kept += ffn(T_, W, rows)
-        kept += attention(T, Ta, X, D, seam=seam) + T * D * a  # a2v
-        kept += attention(Ta, T, X, Da, seam=seam) + Ta * Da * a  # v2a
+                kept += T_ * 4 + (0 if recipes else T_ * W * s)  # the RMSNorm's rstd and (no recipe) output
+            kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln, recipes=recipes) + T_ * W * a
+            kept += W * a + 2 * norm(T_, W, rows, recipes=recipes)  # audio <-> video: the gate rows, the q and k / v inputs
+            kept += 4 * rows * W * a if recipes else 0  # ... whose recipes hold the four scale / shift rows
+            kept += ffn(T_, W, rows, recipes)
+        kept += attention(T, Ta, X, D, seam=seam, recipes=recipes) + T * D * a  # a2v
+        kept += attention(Ta, T, X, Da, seam=seam, recipes=recipes) + Ta * Da * a  # v2a
         return kept
 
     def key_masks() -> int:
@@ -167,8 +182,15 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
         b += 2 * ((D + X) + (Da + X) + (Da + X) + (X + D)) * r  # a2v: q D -> X, k, v Da -> X, out X -> D; v2a
         return b * w
 
+    plain = range(n_ckpt, layers)
+    # held once by the blocks, per sample: the first block's inputs, the streams (full fine-tuning: its norms';
+    # LoRA: the checkpoint's or the first block's recipes'), and in bf16 (2.3+) the text cast to it (the
+    # checkpoints' or the modulated text's recipes'; without either the modulated text is a tensor of its own)
+    held = T * D * a + Ta * Da * a if full or n_ckpt or rc else 0
+    held += Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector and (n_ckpt or rc) else 0
+
     # outside the blocks, per sample
-    outside = 0
+    outside = held
     if full:
         # the gathers' index (per-token: of every token, gathered before the split)
         outside += sum(idx * 8 for idx in (L if per_token else 1,) * 2 + (1,) * (6 if cfg.has_prompt_adaln else 4))
@@ -176,15 +198,21 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
         # sample in float32, a view of the batch
         outside += L * cfg.patch_in_channels * s if bf16 or pt * ph * pw > 1 or B > 1 else 0
         outside += La * cfg.audio_in_channels * s
-        outside += T * D * a + Ta * Da * a  # the streams (the first block's inputs)
         if per_token and cfg.use_keyframes_abs_pos_embedding:
             outside += T * 4  # the keyframe mask
         if not cfg.caption_proj_before_connector:  # 2.0's caption projections: input copy (bf16), hidden, GELU
             outside += Lt * (cfg.caption_channels * w + 2 * D * s) + Lt * (cfg.caption_channels * w + 2 * Da * s)
     if not cfg.caption_proj_before_connector:
         outside += Lt * (D + Da) * s  # their outputs, the text the blocks read
-    # output layers: LayerNorm statistics, 1 + scale; full: its output and the modulated input
-    outside += 2 * T * 4 + m * D * a + 2 * Ta * 4 + Da * a + ((2 * T * D * a + 2 * Ta * Da * a) if full else 0)
+    # output layers: LayerNorm statistics, 1 + scale; with recipes the shift / scale rows (B, m, 2, D) the
+    # recipes of the normed and the modulated input hold (used or not: LoRA), without them, full: those two
+    # (for the scale's and the Linear's gradients)
+    heads = 2 * T * 4 + m * D * a + 2 * Ta * 4 + Da * a
+    if rc:
+        heads += 2 * m * D * a + 2 * Da * a
+    elif full:
+        heads += 2 * T * D * a + 2 * Ta * Da * a
+    outside += heads
     outside += L * C * a + La * cfg.audio_out_channels * a  # the loss's differences
     # ... and per batch: the adaLN-singles (full) run once per distinct timestep (per-token video timesteps: 0
     # and each sample's t), each keeping the sinusoid and four of its width in its MLP
@@ -198,51 +226,51 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
     if N > 1:  # this rank's rows of the RoPE tables, split in every forward (self: W wide, a2v / v2a: X)
         batch += T * (D + X) * 4 + Ta * (Da + X) * 4
 
-    # block checkpointing: each checkpointed block's output (its successor's input) and, under LoRA, the first
-    # block's inputs (full fine-tuning keeps them anyway); once, what the blocks' closures hold of the streams:
-    # their modulation rows (blocks, a2v / v2a, gate, text), and in bf16 the text cast to it (2.3+)
+    # block checkpointing: each checkpointed block's output (its successor's input; the first block's inputs are
+    # `held`); once, what the blocks' closures hold of the streams: their modulation rows (blocks, a2v / v2a,
+    # gate, text)
+    prompt = 2 if cfg.has_prompt_adaln else 0
+    rows_v, rows_a = m * (cfg.modulation_rows + 4) + 1 + prompt, cfg.modulation_rows + 4 + 1 + prompt
     kept = 0
     if n_ckpt:
-        kept = (n_ckpt + (0 if full else 1)) * (T * D * a + Ta * Da * a)
-        prompt = 2 if cfg.has_prompt_adaln else 0
-        kept += (m * (cfg.modulation_rows + 4) + 1 + prompt) * D * a + (cfg.modulation_rows + 4 + 1 + prompt) * Da * a
-        kept += Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector else 0
+        kept = n_ckpt * (T * D * a + Ta * Da * a) + rows_v * D * a + rows_a * Da * a
 
-    plain = range(n_ckpt, layers)
-    saved = sum(block(i == 0) for i in plain) + outside + kept
+    saved = sum(block(i == 0, rc) for i in plain) + outside + kept
     # (the seam's key masks are held by every block's autograd nodes, checkpointed or not)
     weights = sum(block_weights(i == 0) for i in plain) + layers * key_masks() + batch
 
     # The peak (traced), the highest of (module docstring):
     loss = L * C * a + La * cfg.audio_out_channels * a
-    heads = 2 * T * 4 + m * D * a + 2 * Ta * 4 + Da * a + ((2 * T * D * a + 2 * Ta * Da * a) if full else 0)
-    prompt = 2 if cfg.has_prompt_adaln else 0
-    rows_v, rows_a = m * (cfg.modulation_rows + 4) + 1 + prompt, cfg.modulation_rows + 4 + 1 + prompt
     # the streams' gradients and, full, the video FFN gate's
     grads = T * D * a + Ta * Da * a + (m * D * a if full else 0)
     ffn_backward = T * 4 * D * s  # the video FFN hidden gradient (its weight gradient being made)
     #   the forward at the video output Linear: what the blocks keep, the streams' modulation rows and the output
-    #   layers' embeddings, the text's bf16 copies, its shift / scale, LoRA: its normed and modulated input, and
-    #   the output itself (per-token timesteps make the rows as large as the stream)
+    #   layers' embeddings, the text's bf16 copies, its shift / scale, its normed and modulated input (but where
+    #   full fine-tuning keeps them without recipes), and the output itself (per-token timesteps make the rows as
+    #   large as the stream)
     streams = 0 if n_ckpt else (rows_v * D * a + rows_a * Da * a  # (with checkpointing: in `kept`)
-                                + (Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector else 0))
-    peaks = [(saved - loss - (2 * Ta * 4 + Da * a + (2 * Ta * Da * a if full else 0)) + streams + m * D * a + Da * a
-              + 2 * m * D * a + (0 if full else 2 * T * D * a) + T * C * a) * B + weights]
+                                + (Lt * (D + Da) * s if bf16 and cfg.caption_proj_before_connector and not rc else 0))
+    audio_head = 2 * Ta * 4 + Da * a + (2 * Da * a if rc else 2 * Ta * Da * a if full else 0)
+    peaks = [(saved - loss - audio_head + streams + m * D * a + Da * a + 2 * m * D * a
+              + (0 if full and not rc else 2 * T * D * a) + T * C * a) * B + weights]
     #   the output layers' backward: the prediction's, the LayerNorm's and the stream's gradients
     peaks.append((saved - loss + 4 * T * D * a + Ta * Da * a) * B + weights)
     # the backward of the last plain block (the output layers' done), and of the last checkpointed one, re-run
-    # after the plain ones' (every block checkpointed: without the seam's recompute, counted as with it)
-    # (with what of that block is freed by the end of its backward, where its modulation rows' gradient is summed)
-    backwards = [((saved - loss - heads) * B + weights, block(layers == 1) * B)] if len(plain) else []
+    # without recipes after the plain ones' (every block checkpointed: without the seam's recompute, counted as
+    # with it) (with what of that block is freed by the end of its backward, where its modulation rows' gradient
+    # is summed); a plain block with recipes recomputes its GELU output for the FFN's backward
+    # (with recipes its first sum comes after the FFN's backward, the rest of the block still alive)
+    backwards = [((saved - loss - heads) * B + weights, 0 if rc else block(layers == 1, False) * B, rc)] \
+        if len(plain) else []
     if n_ckpt:
-        backwards.append(((kept + outside - loss - heads + block(n_ckpt == 1)) * B + batch + block_weights(n_ckpt == 1)
-                          + key_masks(), 0))
-    for base, freed in backwards:
+        backwards.append(((kept + outside - loss - heads + block(n_ckpt == 1, False)) * B + batch
+                          + block_weights(n_ckpt == 1) + key_masks(), 0, False))
+    for base, freed, recomputed in backwards:
         #   its video FFN: the streams' gradients and one hidden gradient (its weight's gradient being made)
-        peaks.append(base + (grads + ffn_backward) * B)
+        peaks.append(base + (grads + ffn_backward + (T * 4 * D * s if recomputed else 0)) * B)
         if full and per_token:  # its per-token modulation rows' gradient summed over its parts: the sum and an addend
             peaks.append(base - freed + (grads + 2 * m * cfg.modulation_rows * D * a) * B)
-    parts = {"per_block": block(False), "outside": outside, "per_batch": weights, "checkpointed_blocks": n_ckpt,
+    parts = {"per_block": block(False, rc), "outside": outside, "per_batch": weights, "checkpointed_blocks": n_ckpt,
              "video_tokens": L, "audio_tokens": La, "text_tokens": Lt, "peaks": peaks}
     return Activations(saved=saved * B + weights, peak=max(peaks), parts=parts)
 
