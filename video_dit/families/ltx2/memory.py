@@ -2,7 +2,8 @@
 autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones
 of `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_ltx2.py: full and LoRA,
 fp32 and the bf16 of a GPU job, no / some / every block checkpointed, t2v and i2v, batches of 1 and 2, the
-2.0 / 2.3 / 2.5 flags; tests/test_ltx2_sequence_parallel.py: SP 2), the step's peak within 10%.
+2.0 / 2.3 / 2.5 flags, RecomputeSaved on and off; tests/test_ltx2_sequence_parallel.py: SP 2), the step's peak
+within 10%.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (residual streams,
 norms, modulation, RoPE, gates), w the compute-dtype copy autocast makes of a float32 trainable weight (s in
@@ -12,55 +13,75 @@ tokens (every caption is the connectors' max_length rows); r the LoRA rank; m th
 sample: 1, or T with per-token timesteps (image-to-video). Every block runs the torch path (SDPA; on CPU its
 output is laid out (B, T, H, Dh), so the output projection reads it without a copy).
 
-One plain block keeps, per sample, for each stream (T tokens of width W, the video's rows m, the audio's 1):
-  an adaLN-modulated RMSNorm    its output T W s (the next Linears' input); when its input needs a gradient
-                                rstd T 4 and (1 + scale) m W a; full: the normed x T W a (for the scale's gradient)
+RecomputeSaved (`LTX2Block.recompute`: a plain block unless `train.recompute_saved` is off; never a
+checkpointed one, whose re-run keeps what autograd keeps, the set R below): a registered result costs nothing,
+but its recipe holds its inputs, and the recipes of one block (one `_output`) live as long as any tensor its
+hooks packed, used or not (the saved-tensor hook keeps its `RecomputeSaved`), so each recipe input that
+nothing else keeps is counted. Recipes (what they cost): every modulated norm's normed x and output (x, the
+stream, kept anyway; the scale / shift rows they read: the a2v / v2a ones 4 m W a, the others kept whole with
+their gate), the normed and rotated q / k (the projections, which the q / k norms keep), the gated attention
+output and its float32 operand (the attention's output: SDPA keeps its own, the seam's is then kept), the GELU
+output (its input, kept by GELU), the modulated text (the text, once, and its shift / scale (B, 1, 2, W) with
+the prompt adaLN; else a view of the table), 2.0's normed text-attention input (the stream).
+
+One plain block keeps, per sample, for each stream (T tokens of width W, the video's rows m, the audio's 1)
+(R: without recipes, the terms in [brackets] added):
+  an adaLN-modulated RMSNorm    when its input needs a gradient rstd T 4 and (1 + scale) m W a (addcmul's);
+                                [its output T W s (the next Linears' input); full: the normed x T W a (for the
+                                scale's gradient)]
   the adaLN rows read           3 m W a per modulated part (shift, scale, gate: kept whole with the gate); the
-                                a2v / v2a gate W a
+                                a2v / v2a gate W a, and with recipes their scale / shift rows 4 m W a
   an attention (Tq queries of a stream of width Wq, Tk keys, inner width I)
-                                q, k before their RMSNorms (Tq + Tk) I s and rstd (Tq + Tk) 4; q, k rotated or
-                                normed and v (Tq + 2 Tk) I s; SDPA's output Tq I s, logsumexp H Tq 4, the float key
-                                mask Tk s (padded text); gated (2.3+): the gates Tq H 4 and the gated output Tq I s,
-                                and where the gates need a gradient the sigmoid Tq H 4 and, bf16, the output's
-                                float32 copy Tq I 4 (full bf16: the float32 gate Linear's input Tq Wq 4); full: the
-                                output projection's Tq Wq s (for the gate's gradient; not 2.0's ungated text
-                                attention); LoRA: each adapter's lora_A output, (2 Tq + 2 Tk) r s
+                                q, k before their RMSNorms (Tq + Tk) I s and rstd (Tq + Tk) 4; v Tk I s; [q, k
+                                rotated or normed (Tq + Tk) I s]; SDPA's output Tq I s, logsumexp H Tq 4, the float
+                                key mask Tk s (padded text); gated (2.3+): the gates Tq H 4, and where the gates
+                                need a gradient the sigmoid Tq H 4 (full bf16: the float32 gate Linear's input Tq
+                                Wq 4); [the gated output Tq I s, and where the gates need a gradient, bf16, the
+                                output's float32 copy Tq I 4]; full: the output projection's Tq Wq s (for the
+                                gate's gradient; not 2.0's ungated text attention); LoRA: each adapter's lora_A
+                                output, (2 Tq + 2 Tk) r s
   self-attention                a modulated norm (LoRA's first block: its input needs no gradient), an attention
-  text attention (2.3+)         a modulated norm, the modulated text Lt W s (full bf16: the text's float32 copy Lt
-                                W 4), an attention over Lt keys; 2.0: RMSNorm (rstd T 4, output T W s) and the
-                                attention over the caption projection's output (counted once, outside)
+  text attention (2.3+)         a modulated norm, with the prompt adaLN the text's shift / scale 2 W a [instead:
+                                the modulated text Lt W s (full bf16: the text's float32 copy Lt W 4)], an
+                                attention over Lt keys; 2.0: RMSNorm (rstd T 4 [, output T W s]) and the attention
+                                over the caption projection's output (counted once, outside)
   audio <-> video               per stream its gate rows and two modulated norms (q input, k / v input); a2v
                                 (q video, k / v audio at width X) and v2a attentions
-  FFN                           a modulated norm, 4 W up and the GELU 2 x T 4W s; full: the down output T W s
-                                (for the gate's gradient); LoRA: two lora_A outputs 2 T r s
+  FFN                           a modulated norm, 4 W up (GELU's input) T 4W s [and the GELU output T 4W s]; full:
+                                the down output T W s (for the gate's gradient); LoRA: two lora_A outputs 2 T r s
   and after each of the four updates the stream, T W a
 Weight copies (bf16, per plain block): full 16 D^2 + 16 Da^2 + 4 X (D + Da) w (every Linear but the float32 gates);
   LoRA r (in + out) w per adapter, without the lora_A copy where the input needs no gradient (the text's k / v,
   and the first block's self-attention q / k / v).
+Held once by the blocks, per sample: the first block's inputs, the streams T D a + Ta Da a (full: its norms';
+  LoRA: the first block's recipes' or the checkpoint's; LoRA without either: none), and, bf16 (2.3+), the text
+  cast to it Lt (D + Da) s (the modulated text's recipes' or the checkpoints').
 Outside the blocks, per sample: the output layers (LayerNorm statistics 2 T 4 + 2 Ta 4, (1 + scale) m D a + Da a;
-  full: their outputs and modulated inputs 2 T D a + 2 Ta Da a), the loss's differences L C a + La Ca a (the
-  whole prediction on every rank under sequence parallelism); full: the gathers' indices of the adaLN outputs
-  (8 per timestep, per-token: per token), the patch embeddings' inputs L Cp s + La Ca s (the video's a view of
-  the batch for one fp32 sample of a 1-cell patch), the streams T D a + Ta Da a, the keyframe mask T 4 (2.5,
-  i2v), 2.0's caption projections Lt (Cc w + 2 W s) per stream; 2.0: their outputs Lt (D + Da) s. Per batch
-  (full): each adaLN-single per distinct timestep (per-token video timesteps: 0 and each sample's t) 256 4 +
-  4 W a; 2.0's projection weight copies. Not counted: the batch itself and the RoPE tables, cached per grid.
+  with recipes the shift / scale rows their recipes hold 2 m D a + 2 Da a, without, full: their normed and
+  modulated inputs 2 T D a + 2 Ta Da a), the loss's differences L C a + La Ca a (the whole prediction on every
+  rank under sequence parallelism); full: the gathers' indices of the adaLN outputs (8 per timestep, per-token:
+  per token), the patch embeddings' inputs L Cp s + La Ca s (the video's a view of the batch for one fp32 sample
+  of a 1-cell patch), the keyframe mask T 4 (2.5, i2v), 2.0's caption projections Lt (Cc w + 2 W s) per stream;
+  2.0: their outputs Lt (D + Da) s. Per batch (full): each adaLN-single per distinct timestep (per-token video
+  timesteps: 0 and each sample's t) 256 4 + 4 W a; 2.0's projection weight copies. Not counted: the batch itself
+  and the RoPE tables, cached per grid.
 
-Block checkpointing keeps each checkpointed block's output (its successor's input; LoRA: and the first block's
-inputs) T D a + Ta Da a and, once, what the blocks' closures hold of the forward: the streams' modulation rows
-(m (rows + 4) + 1 + 2) D a + (rows + 4 + 1 + 2) Da a (blocks, a2v / v2a scale-shift, gate, text: 2 rows with
-the prompt adaLN) and, bf16 (2.3+), the text cast to it Lt (D + Da) s; it re-runs one block at a time.
+Block checkpointing keeps each checkpointed block's output (its successor's input) T D a + Ta Da a and, once,
+what the blocks' closures hold of the forward: the streams' modulation rows (m (rows + 4) + 1 + 2) D a + (rows
++ 4 + 1 + 2) Da a (blocks, a2v / v2a scale-shift, gate, text: 2 rows with the prompt adaLN); it re-runs one block
+at a time, without recipes (R).
 Sequence parallelism (`parallel.sequence`, the two-stream seam): each of the four attentions over a stream keeps
-its local q, k, v for its recomputed exchange instead of SDPA's output and logsumexp (the output projection
-then reads the exchanged output, a tensor of its own: + Tq I s, as the ungated attention's), each holds the bool
-key mask of a padded key stream (Lk bytes, every block), and every forward splits the RoPE tables (T (D + X) 4
-+ Ta (Da + X) 4).
+its local q, k, v for its recomputed exchange (q, k: recipes, with recipes) instead of SDPA's output and
+logsumexp (the output projection, or the gated output's recipe, then reads the exchanged output, a tensor of its
+own: + Tq I s), each holds the bool key mask of a padded key stream (Lk bytes, every block), and every forward
+splits the RoPE tables (T (D + X) 4 + Ta (Da + X) 4).
 
 The peak, traced (`ltx2_activation_bytes`' candidates), the highest of: the forward at the video output Linear
 (the streams' modulation rows and output embeddings still alive); the output layers' backward; the backward of
-the last plain block's video FFN (the streams' gradients and one FFN hidden gradient); that of the last
-checkpointed block, re-run after the plain ones; full fine-tuning with per-token timesteps, the sum of a
-block's modulation-row gradients (two T rows D a tensors).
+the last plain block's video FFN (the streams' gradients and one FFN hidden gradient; with recipes, the GELU
+output recomputed); that of the last checkpointed block, re-run after the plain ones; full fine-tuning with
+per-token timesteps, the sum of a block's modulation-row gradients (two T rows D a tensors: with recipes, the
+first, after the FFN's backward, the rest of the block alive; without, by the end of the block's backward).
 """
 
 from __future__ import annotations
@@ -118,7 +139,7 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
         if gated:
             kept += Tq * H * 4  # the gates (the product's, for the output's gradient)
             if gate_grad:
-                kept += Tq * H * 4 + (Tq * Wq * 4 if full and bf16 else 0)  # the sigmoid; the float32 gate Linear's input
+                kept += Tq * H * 4 + (Tq * Wq * 4 if full and bf16 else 0)  # the sigmoid; the gate Linear's f32 input
             if recipes:  # the gated output a recipe of the attention output: the seam's then kept (SDPA keeps its own)
                 kept += Tq * I * s if seam else 0
             else:  # the gated output (to_out's input); the output the gates multiply (fp32 without the seam: SDPA's)
@@ -154,7 +175,7 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
             else:
                 kept += T_ * 4 + (0 if recipes else T_ * W * s)  # the RMSNorm's rstd and (no recipe) output
             kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln, recipes=recipes) + T_ * W * a
-            kept += W * a + 2 * norm(T_, W, rows, recipes=recipes)  # audio <-> video: the gate rows, the q and k / v inputs
+            kept += W * a + 2 * norm(T_, W, rows, recipes=recipes)  # audio <-> video: the gate rows, q and k / v inputs
             kept += 4 * rows * W * a if recipes else 0  # ... whose recipes hold the four scale / shift rows
             kept += ffn(T_, W, rows, recipes)
         kept += attention(T, Ta, X, D, seam=seam, recipes=recipes) + T * D * a  # a2v
