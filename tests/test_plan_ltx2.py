@@ -27,9 +27,11 @@ GRID, AUDIO, TEXT = (3, 4, 8), 20, 16  # 96 video tokens, 20 audio tokens, 16 te
 GiB = 2 ** 30
 
 
-def _measure(cfg, lora, dtype, checkpointing, per_token, batch, masked):
-    """(bytes kept after the forward, the step's peak) of a tiny DiT of `cfg` trained as the trainer stores it."""
+def _measure(cfg, lora, dtype, checkpointing, per_token, batch, masked, recompute=True):
+    """(bytes kept after the forward, the step's peak) of a tiny DiT of `cfg` trained as the trainer stores it
+    (`recompute`: `train.recompute_saved`)."""
     model = helpers.randomize_all(LTX2DiT(cfg, init_seed=0), seed=1).train()
+    model.set_recompute_saved(recompute)
     if lora:
         add_lora(model, lora, targets=LORA_TARGETS)
     else:
@@ -83,6 +85,22 @@ def test_activation_model_equals_what_autograd_keeps(variant, checkpointing, lor
     print(f"\nsaved {saved} (planned {predicted.saved}), peak {peak} (planned {predicted.peak / peak:.3f} x)")
     assert predicted.saved == saved, predicted.parts
     assert predicted.peak == pytest.approx(peak, rel=0.1), (predicted.parts, peak)
+
+
+@pytest.mark.parametrize("checkpointing,lora,dtype,per_token", [(0, None, F32, False), (1, 4, BF16, True)])
+def test_activation_model_without_recompute_saved(checkpointing, lora, dtype, per_token):
+    """`train.recompute_saved: false`: the plain blocks and the output layers keep what autograd keeps."""
+    cfg = replace(LTX2_DIT_CONFIGS["tiny_2.3"], num_layers=3)
+    saved, peak = _measure(cfg, lora, dtype, checkpointing, per_token, 1, True, recompute=False)
+    setting = Setting(0, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, recompute=False)
+    predicted = ltx2_activation_bytes(cfg, GRID, setting, lora_rank=lora, s=dtype.itemsize, text_len=TEXT,
+                                      audio_tokens=AUDIO, per_token=per_token, text_masked=True)
+    print(f"\nsaved {saved} (planned {predicted.saved}), peak {peak} (planned {predicted.peak / peak:.3f} x)")
+    assert predicted.saved == saved, predicted.parts
+    assert predicted.peak == pytest.approx(peak, rel=0.1), (predicted.parts, peak)
+    with_recipes = ltx2_activation_bytes(cfg, GRID, replace(setting, recompute=True), lora_rank=lora, s=dtype.itemsize,
+                                         text_len=TEXT, audio_tokens=AUDIO, per_token=per_token, text_masked=True)
+    assert with_recipes.saved < saved  # the recipes' saving is planned only where the blocks keep them
 
 
 def test_a_wrong_term_fails_the_equality():
