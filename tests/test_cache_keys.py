@@ -1,8 +1,10 @@
 """The latent and text caches are keyed by everything that changes what they hold (the trainer's
 `cache_spaces`, the ai-toolkit arch's space versions): the preset, the VAE / text encoder / tokenizer
-files, the dtype each encoder ran in, the text encoder's quantization type, the i2v tensors stored.
-Changing any one of them misses the cache (the encoder runs again); leaving all equal hits it; what
-does not change the cached tensors (the DiT's weights) does not invalidate it."""
+files, the dtype each encoder ran in, the text encoder's quantization type, the i2v tensors stored; for a
+model with sound (LTX-2), its audio codec, the rate and channels a track is read at, the datasets' fps,
+and per item whether it trains sound and its span. Changing any one of them misses the cache (the
+encoder runs again); leaving all equal hits it; what does not change the cached tensors (the DiT's
+weights, the vocoder, a caption) does not invalidate it."""
 
 from __future__ import annotations
 
@@ -224,7 +226,7 @@ def sound_world(tmp_path):
 
 
 def job_spaces(raw, audio_src: str | None = None):
-    """The spaces of a job with sound as the trainer computes them: its own audio codec (`spec_of_job`, as
+    """The spaces of a job as the trainer computes them; with sound, its own audio codec (`spec_of_job`, as
     `job_cache_spaces` resolves it), or `audio_src` (another codec: the trainer passes `spec.audio`)."""
     p = parse_job(copy.deepcopy(raw)).process
     if audio_src is None:
@@ -264,12 +266,12 @@ def test_the_audio_codec_rate_and_channels_change_the_latent_space_only(sound_wo
     latent = job_spaces(raw)[0]
     family = get_family("ltx2")
     for change in ({"rate": 24000}, {"channels": 1}):  # what a clip's track is read at
-        monkeypatch.setitem(FAMILIES, "ltx2", dataclasses.replace(family, audio=dataclasses.replace(family.audio,
-                                                                                                    **change)))
+        sound = dataclasses.replace(family.audio, **change)
+        monkeypatch.setitem(FAMILIES, "ltx2", dataclasses.replace(family, audio=sound))
         changes(job_spaces(raw), {"latent"})
     monkeypatch.setitem(FAMILIES, "ltx2", family)
     assert job_spaces(raw)[0] == latent
-    # each dataset's fps (fails without caches.py's `stores += ";fps=..."`): `test_a_stills_sound_follows_its_datasets_fps`
+    # each dataset's fps (fails without caches.py's `stores += ";fps=..."`; why: the test of a still below)
     changes(job_spaces(with_dataset(raw, fps=8)), {"latent"})
 
 
@@ -304,8 +306,8 @@ def test_a_job_without_sound_has_no_audio_part(world, sound_world):
     assert latent == f"preset={PRESET};vae={source_identity(model, 'vae')};vae_dtype={vae_dtype};stores=i2v=none"
     # a family without sound ignores an audio source handed to it (the trainer passes None)
     vae_src, te_src = model_sources(p)
-    assert cache_spaces(p, get_preset(PRESET), vae_src, te_src, vae_dtype, vae_dtype, audio_src=str(sound_world[1]))[0] \
-        == latent
+    codec = str(sound_world[1])
+    assert cache_spaces(p, get_preset(PRESET), vae_src, te_src, vae_dtype, vae_dtype, audio_src=codec)[0] == latent
 
 
 def _sound_item(raw, sound=True, **dataset):
