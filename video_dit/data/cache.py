@@ -7,7 +7,8 @@ Layout (next to the data, or under `cache_dir`), following ai-toolkit's `_latent
   <root>/_text_cache/<caption key>_<space key>.safetensors              `text_embeds` (Lt, D)
 The item key hashes the file identity (absolute path, size, mtime), the frame selection, the
 bucket/resize/crop and `do_i2v`, and in a job with sound whether the item trains sound and its
-audio span (the rate, channels and audio codec are the space's); the space key hashes `space_version` (`latent_space`: the preset, the
+audio span (the rate, channels, audio codec and the datasets' fps are the space's); the space key
+hashes `space_version` (`latent_space`: the preset, the
 VAE weights' identity, its dtype and what is stored; the text key uses `text_space_version`, default
 the same string; `text_space`: the preset, the text encoder's weights, tokenizer, dtype, quantization).
 Touching or replacing a file changes its key, so exactly that entry is recomputed; old entries are

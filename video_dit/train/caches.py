@@ -20,7 +20,8 @@ def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype
     """(latent space, text space) of a job: everything that changes what the caches hold (preset,
     weights, encoder dtypes, the text encoder's quantization and tokenizer, the i2v tensors stored:
     first-last frame, and the CLIP image encoder whose features sit next to the latents; for a family with
-    sound, its audio codec and the rate and channels it reads the clips' tracks at)."""
+    sound, its audio codec, the rate and channels it reads the clips' tracks at, and each dataset's fps: a
+    still's sound spans one frame at it)."""
     m = process.model
     i2v = process.i2v_mode if any(d.do_i2v for d in process.datasets) else "none"
     stores = f"i2v={i2v}"
@@ -34,6 +35,8 @@ def cache_spaces(process, preset, vae_src: str, te_src: str, vae_dtype, te_dtype
     sound = family_of(preset).audio
     if sound is not None and audio_src is not None:  # the audio latents beside the video's
         stores += f";audio={source_identity(audio_src, 'audio_vae')};rate={sound.rate};channels={sound.channels}"
+        # an item without a span (a still) caches its dataset's fps and latents of 1 / fps s (trainer.audio_entry)
+        stores += ";fps=" + ",".join(f"{d.fps:g}" for d in process.datasets)
     return (latent_space(preset.name, vae_src, vae_dtype, stores=stores),
             text_space(preset.name, te_src, m.tokenizer_path, te_dtype, te_quantization(m)))
 
