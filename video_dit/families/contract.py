@@ -196,6 +196,9 @@ class AudioPath:
       timesteps: the reference trainer's draw of the audio stream's timesteps, "tied" (the video's, per
           sample) or "independent" (its own draw from the same distribution); `train.audio_timesteps` overrides
       loss_weight: the reference trainer's weight of the audio loss beside the video's 1
+      codec_stage: (data_dir, out_path, *, preset=a preset name, the `prepare.tiny_audio` recipe's keywords) ->
+          out_path: trains a tiny preset's audio codec on a folder of clips with sound and saves it where
+          `load_codec(out_path)` reads it (the embedded audio-video demo's first stage); None: it has none
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
     returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
     takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
@@ -209,6 +212,7 @@ class AudioPath:
     load_codec: Callable
     timesteps: str = "tied"
     loss_weight: float = 1.0
+    codec_stage: Callable | None = None
 
 
 @dataclass(frozen=True)
