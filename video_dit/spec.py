@@ -629,7 +629,7 @@ def request_of_job(model) -> Request:
     """The `Request` of a parsed job's `model` block (`train.config.ModelConfig`)."""
     return Request(model.name_or_path, model.preset, model.vae_path, model.text_encoder_path, model.tokenizer_path,
                    model.image_encoder_path, model.i2v_mode, model.seed, model.boundary_ratio,
-                   model.train_high_noise, model.train_low_noise)
+                   model.train_high_noise, model.train_low_noise, audio=model.audio_path)
 
 
 def spec_of_job(process) -> ModelSpec:

@@ -8,7 +8,7 @@ MP4). Prints one line per preview and a count per step; the embedded default's t
 same report at the end of its run. Exit 0 when every preview of the last step passes, 1 otherwise,
 2 when the config or the previews cannot be read.
 
-Previews with sound (the audio-video demo's) are heard too (`sound_report`: each preview's dominant
+Previews with sound (the audio-video demo's) are heard too (`demo_av.sound_report`: each preview's dominant
 pitch within a semitone of its caption colour's note, its glide in the caption's direction, from the
 MP4's audio track; `video_dit.data.demo_av.check_sound`), and the exit status asks both halves to pass.
 
@@ -26,9 +26,8 @@ import io
 from pathlib import Path
 
 from video_dit.commands import sample as sample_command
-from video_dit.data.audio import audio_info
 from video_dit.data.demo import check_clip, preview_steps, report
-from video_dit.data.demo_av import check_clip_sound, format_sound_check
+from video_dit.data.demo_av import previews_have_sound, sound_report
 from video_dit.media import MediaError, read_video_frames
 from video_dit.train.config import load_job
 from video_dit.typed_config import ConfigError
@@ -75,32 +74,6 @@ def check_seeds(export: Path, samples: list, base_seed: int, rounds: int, out: P
                      f"the frames on average{'; failed: ' + ', '.join(failed) if failed else ''})")
     lines.append(f"in all: {sum(r['ok'] for row in results for r in row)}/{rounds * len(samples)} pass")
     return "\n".join(lines), results
-
-
-def previews_have_sound(samples: Path, steps: list[int]) -> bool:
-    """Whether preview 0 of any of `steps` carries an audio stream (a job whose model generates sound)."""
-    for step in steps:
-        path = samples / f"{step:09d}_0.mp4"
-        try:
-            if path.is_file() and audio_info(path) is not None:
-                return True
-        except MediaError:
-            continue  # an unreadable preview: the picture half reports it
-    return False
-
-
-def sound_report(samples: Path, prompts: list[str], steps: list[int]) -> tuple[str, dict[int, list[dict]]]:
-    """The audio half of the check: (printable report, {step: results}) of `check_clip_sound` on every
-    preview `<samples>/<step>_<i>.mp4` (its audio track over its frames' span)."""
-    lines = ["sound check: each preview's dominant pitch within a semitone of its colour's note, gliding in "
-             "its caption's direction (video_dit/data/demo_av.py check_sound)"]
-    out = {}
-    for step in steps:
-        results = [check_clip_sound(samples / f"{step:09d}_{i}.mp4", prompt) for i, prompt in enumerate(prompts)]
-        out[step] = results
-        lines.append(f"step {step}: {sum(r['ok'] for r in results)}/{len(results)} previews sound right")
-        lines += [f"  {format_sound_check(r)}" for r in results]
-    return "\n".join(lines), out
 
 
 def main(args: argparse.Namespace) -> int:

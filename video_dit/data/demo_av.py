@@ -156,3 +156,32 @@ def check_clip_sound(path, caption: str) -> dict:
     if got is None:
         return {"caption": caption, "ok": False, "failed": ["unreadable"], "error": f"{path}: no audio stream"}
     return check_sound(got[0], got[1], caption)
+
+
+# ---------------------------------------------------------------- the previews of a demo run
+
+
+def previews_have_sound(samples: Path, steps: list[int]) -> bool:
+    """Whether preview 0 of any of `steps` carries an audio stream (a job whose model generates sound)."""
+    for step in steps:
+        path = samples / f"{step:09d}_0.mp4"
+        try:
+            if path.is_file() and audio_mod.audio_info(path) is not None:
+                return True
+        except audio_mod.MediaError:
+            continue  # an unreadable preview: the picture half reports it
+    return False
+
+
+def sound_report(samples: Path, prompts: list[str], steps: list[int]) -> tuple[str, dict[int, list[dict]]]:
+    """The audio half of the check: (printable report, {step: results}) of `check_clip_sound` on every
+    preview `<samples>/<step>_<i>.mp4` (its audio track over its frames' span)."""
+    lines = ["sound check: each preview's dominant pitch within a semitone of its colour's note, gliding in "
+             "its caption's direction (video_dit/data/demo_av.py check_sound)"]
+    out = {}
+    for step in steps:
+        results = [check_clip_sound(samples / f"{step:09d}_{i}.mp4", prompt) for i, prompt in enumerate(prompts)]
+        out[step] = results
+        lines.append(f"step {step}: {sum(r['ok'] for r in results)}/{len(results)} previews sound right")
+        lines += [f"  {format_sound_check(r)}" for r in results]
+    return "\n".join(lines), out

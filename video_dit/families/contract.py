@@ -206,6 +206,9 @@ class AudioPath:
           covering every module of `Family.lora_targets`; what `network.streams` keeps
           (`Family.stream_lora_targets`). Empty: the streams share their modules (one packed sequence through
           the same weights), and a LoRA on one stream alone is refused
+      codec_stage: (data_dir, out_path, *, preset=a preset name, the `prepare.tiny_audio` recipe's keywords) ->
+          out_path: trains a tiny preset's audio codec on a folder of clips with sound and saves it where
+          `load_codec(out_path)` reads it (the embedded audio-video demo's first stage); None: it has none
     Its DiT takes `audio=` (B, ...) latents and `audio_timestep=` (B,) on 0..1000 beside the video's and
     returns (video velocity, audio velocity); its pipeline (`Family.pipeline(dit, vae, audio_codec=codec)`)
     takes `fps=` in `generate` (the sound's length follows the clip's duration), and its
@@ -221,6 +224,7 @@ class AudioPath:
     loss_weight: float = 1.0
     tied_map: Callable | None = None
     lora_streams: dict[str, str] = field(default_factory=dict)
+    codec_stage: Callable | None = None
 
 
 # `network.streams` (ours; neither ltx-trainer, whose LoRA takes a `target_modules` list, nor ai-toolkit's ltx2

@@ -531,6 +531,7 @@ class ModelConfig:
     tokenizer_path: str | None = None
     image_encoder_path: str | None = None
     quantize_image_encoder: bool | None = None  # None: false
+    audio_path: str | None = None  # the audio codec of a model with sound (`Family.audio`; spec.py resolves it)
     vae_dtype: Literal["float32", "fp32", "bf16", "bfloat16", "float16", "fp16"] = "float32"
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
@@ -745,7 +746,8 @@ class DeepSpeedConfig:
 
 @dataclass
 class DemoDataStage:
-    """`prepare.demo_data`: run `make_demo_data(dir, ...)` when `dir` holds no clip yet."""
+    """`prepare.demo_data`: run `make_demo_data(dir, ...)` when `dir` holds no clip yet; with `audio_rate`
+    (samples per second), `demo_av.make_demo_av_data`: every clip with its caption's sound."""
 
     dir: str
     count: int = 64
@@ -754,6 +756,7 @@ class DemoDataStage:
     seed: int = 0
     holdout: int = 4
     fps: float = 16
+    audio_rate: int | None = None
 
 
 @dataclass
@@ -782,12 +785,28 @@ class TinyVAEStage:
 
 
 @dataclass
+class TinyAudioStage:
+    """`prepare.tiny_audio`: a model with sound's audio codec (audio VAE, then vocoder) trained on the tracks of
+    the clips in `data` and written to `model.audio_path` when it is missing (`AudioPath.codec_stage` of the
+    model's family, for its preset; LTX-2's: families/ltx2/vae_stage.py `train_tiny_codec`)."""
+
+    data: str
+    steps: int = 300  # the audio VAE's optimizer steps
+    vocoder_steps: int = 400
+    batch_size: int = 8  # clips per step
+    lr: float = 2e-3
+    vocoder_lr: float = 3e-4
+    seed: int = 0
+
+
+@dataclass
 class PrepareConfig:
     """`prepare` (ours): set-up stages run once before the ranks start (`video_dit.train.validate
     --prepare`, called by `launch/train.sh`); each is skipped when its output exists."""
 
     demo_data: DemoDataStage | None = None
     tiny_vae: TinyVAEStage | None = None
+    tiny_audio: TinyAudioStage | None = None
 
 
 @dataclass

@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from video_dit.data import BucketBatchSampler, CachedDataset, DataError, ScanResult, build_cache, collate, scan_datasets
 from video_dit.data.demo import preview_steps, report
+from video_dit.data.demo_av import previews_have_sound, sound_report
 from video_dit.data.cache import TEXT_NAMES
 from video_dit.data.frames import load_item_audio
 from video_dit.devices import device_peak_flops, local_device, pin_memory, to_device
@@ -582,14 +583,17 @@ class Trainer:
 
     def _demo_report(self) -> None:
         """The embedded demo (a `prepare.demo_data` job): the preview checker on step 0 and the last
-        step (`video-dit check-demo` prints the same)."""
+        step (`video-dit check-demo` prints the same), previews with sound heard too."""
         p = self.p
         if not (self.rank0 and self.previews and p.prepare is not None and p.prepare.demo_data is not None):
             return
         samples = self.out_dir / "samples"
         steps = sorted({0, self.step} & set(preview_steps(samples)))
+        prompts = [j.prompt for j in self.previews]
         try:
-            text, _ = report(samples, [j.prompt for j in self.previews], steps)
+            text, _ = report(samples, prompts, steps)
+            if previews_have_sound(samples, steps):
+                text += "\n" + sound_report(samples, prompts, steps)[0]
         except ValueError as exc:  # prompts that are not demo captions
             text = f"demo check skipped: {exc}"
         self.log(text)

@@ -27,8 +27,9 @@ from pathlib import Path
 from video_dit.data import DataError, scan_datasets
 from video_dit.data.cache import remove_partial_files
 from video_dit.data.demo import holdout_dir, make_demo_data, move_old_holdout
+from video_dit.data.demo_av import MIN_RATE, make_demo_av_data
 from video_dit.diffusion.experts import expert_at
-from video_dit.families import get_preset, vae_family
+from video_dit.families import family_of, get_preset, vae_family
 from video_dit.media import MediaError, load_image
 from video_dit.models.attention import available, missing_backend
 from video_dit.models.layouts import mixed_outputs, preset_name
@@ -64,9 +65,16 @@ def prepare(raw: dict, log=print) -> None:
         if folder.is_dir() and any(folder.glob("*.mp4")) and all(f.is_file() for f in held):
             log(f"[video_dit] demo data: {folder} exists")
         else:
-            log(f"[video_dit] demo data: writing {d.count} clips to {folder}")
-            make_demo_data(folder, count=d.count, frames=d.frames, size=d.size, seed=d.seed, holdout=d.holdout,
-                           fps=d.fps)
+            kw = dict(count=d.count, frames=d.frames, size=d.size, seed=d.seed, holdout=d.holdout, fps=d.fps)
+            if d.audio_rate is None:
+                log(f"[video_dit] demo data: writing {d.count} clips to {folder}")
+                make_demo_data(folder, **kw)
+            else:  # the audio-video demo's: every clip with its caption's sound
+                if not MIN_RATE <= d.audio_rate:
+                    raise ConfigError(f"{PROCESS}.prepare.demo_data.audio_rate",
+                                      f"{d.audio_rate}; accepted: >= {MIN_RATE} samples per second")
+                log(f"[video_dit] demo data: writing {d.count} clips with {d.audio_rate} Hz sound to {folder}")
+                make_demo_av_data(folder, audio_rate=d.audio_rate, **kw)
     if stages.tiny_vae is not None:
         v = stages.tiny_vae
         if v.latent_init_scale is not None and not v.latent_init_scale > 0:
@@ -99,6 +107,33 @@ def prepare(raw: dict, log=print) -> None:
             log(f"[video_dit] tiny VAE: training on {v.data} -> {out} ({v.steps} steps)")
             recipe = dataclasses.asdict(v)  # every other field is a train_tiny_vae keyword of that name
             family.vae_stage(recipe.pop("data"), out, **recipe)
+    if stages.tiny_audio is not None:
+        _prepare_audio(stages.tiny_audio, parse(ModelConfig, proc.get("model"), f"{PROCESS}.model"), log)
+
+
+def _prepare_audio(stage, model, log) -> None:
+    """`prepare.tiny_audio`: the model's audio codec trained into `model.audio_path` (`AudioPath.codec_stage`
+    of its family, for its preset) unless that exists."""
+    sound = family_of(get_preset(model.preset)).audio
+    if sound is None or sound.codec_stage is None:
+        raise ConfigError(f"{PROCESS}.prepare.tiny_audio", f"preset {model.preset!r} has no audio codec to train "
+                                                           "(no sound, or its family has no codec stage); remove it")
+    if not model.audio_path:
+        raise ConfigError(f"{PROCESS}.model.audio_path", "prepare.tiny_audio writes the audio codec to "
+                                                         "model.audio_path; set it")
+    for key in ("steps", "vocoder_steps", "batch_size"):
+        if not getattr(stage, key) >= 1:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_audio.{key}", f"must be >= 1, got {getattr(stage, key)}")
+    for key in ("lr", "vocoder_lr"):
+        if not getattr(stage, key) > 0:
+            raise ConfigError(f"{PROCESS}.prepare.tiny_audio.{key}", f"must be > 0, got {getattr(stage, key)}")
+    out = Path(model.audio_path)
+    if out.exists():
+        log(f"[video_dit] audio codec: {out} exists")
+        return
+    log(f"[video_dit] audio codec: training on {stage.data} -> {out} ({stage.steps} + {stage.vocoder_steps} steps)")
+    recipe = dataclasses.asdict(stage)  # every other field is a codec_stage keyword of that name
+    sound.codec_stage(recipe.pop("data"), out, preset=model.preset, **recipe)
 
 
 def check_paths(job) -> None:

@@ -3,6 +3,7 @@ Its files:
 
     dit_config.py  LTX2DiTConfig         dit.py, layers.py   the DiT (`LTX2DiT`, both streams)
     vae*.py        the video VAE          audio_*.py, vocoder.py, mel.py, codec.py   the audio codec
+    vae_stage.py   the embedded audio-video demo's first stage: the tiny video VAE and audio codec trained
     text_encoder.py, connectors.py   Gemma 3 + the text connectors (`LTX2PromptEncoder`)
     convert.py     the DiT's key layouts and ComfyUI's LoRA keys   loading.py   the loaders, detection
     presets.py     the released models and the tiny ones            pipeline.py  sampling with sound
@@ -29,6 +30,7 @@ from video_dit.families.ltx2.presets import LTX2_NEGATIVE_PROMPT, LTX2_PRESETS, 
 from video_dit.families.ltx2.text_encoder import LTX2PromptEmbeds
 from video_dit.families.ltx2.vae import LTX2VideoVAE
 from video_dit.families.ltx2.vae_config import PRESETS as VAE_PRESETS
+from video_dit.families.ltx2.vae_stage import train_tiny_codec, train_tiny_vae
 from video_dit.models.weights import WeightsError
 
 
@@ -176,6 +178,7 @@ FAMILY = Family(
     refused_flags={"--last-image": "LTX-2 takes a first frame only here (its keyframe conditioning is not built)",
                    "--tokenizer": "LTX-2's Gemma loads its tokenizer from its own folder"},
     vae_presets=VAE_PRESETS,
+    vae_stage=train_tiny_vae,  # the embedded audio-video demo's first stage (vae_stage.py), and its codec's below
     # ltx-trainer: one sigma for both streams (text_to_video.py `_prepare_audio_inputs`: "same sigma as video"),
     # loss = video_loss + audio_loss (`compute_loss`)
     # rate / channels: the audio VAE's mel front end (16 kHz stereo, every release); out_rate: LTX-2.3's and 2.5's
@@ -183,7 +186,7 @@ FAMILY = Family(
     # lora_streams: each stream's own attentions and FFN, the cross-modal attention with the stream it writes
     # (dit.py LORA_STREAMS: audio_to_video_attn the video's, video_to_audio_attn the audio's)
     audio=AudioPath(rate=16000, channels=2, out_rate=48000, load_codec=ltx2_load.load_codec, timesteps="tied",
-                    loss_weight=1.0, lora_streams=LORA_STREAMS),
+                    loss_weight=1.0, lora_streams=LORA_STREAMS, codec_stage=train_tiny_codec),
     # a saved folder's config.json is diffusers' (what `dit_config` reads from a folder)
     config_json=lambda cfg: {"_class_name": ltx2_load.DIT_CLASSES[0], **ltx2_config_to_diffusers(cfg)},
 )

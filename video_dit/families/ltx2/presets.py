@@ -28,7 +28,7 @@ two-stage pipelines' upsampler, LTX-2.5's diffusion decoder (its conv decoder, t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from video_dit.families.contract import Preset
 from video_dit.families.ltx2.audio_config import (
@@ -173,6 +173,37 @@ TINY_LTX2_AUDIO = LTX2AudioConfig(
 _TINY = dict(sample_solver="euler", sample_steps=8, sample_shift=LTX2_SHIFT, sample_guidance=3.0, sample_negative="",
              train_shift=LTX2_SHIFT, fps=24, sample_size=(17, 64, 64))  # the other tiny presets' clip, 8k + 1 frames
 
+# The embedded audio-video demo's model (configs/demo_av_tiny.yaml; docs/demo_recipe.md, "The audio-video demo"):
+# LTX-2.3's blocks at the video demo's sizes. Video: the demo VAE's 8 x 8 x 4 cell of 16 channels
+# (`vae_config.LTX2_VAE_DEMO`) in 2 x 2 patches (80 tokens for 17 frames of 64 x 64, as Wan's `tiny`), 4 heads of
+# 32 (128 wide, Wan's `tiny` width), 4 blocks. Audio: 4 heads of 16 (the heads must equal the video's), tokens of
+# 4 channels x 16 latent mel bins.
+# The sound's frame rate. A mel vocoder is equivariant to a shift of one mel frame (its output moves by one hop),
+# so on a steady tone, whose log-mel is the same in every frame, it writes a signal that repeats every hop: its
+# pitch can only sit on a multiple of the frame rate (measured: a tiny vocoder at the release's 100 frames a
+# second sounded 300, 400 and 1000 Hz for notes of 220 to 1109 Hz). At 25 frames a second (hop 640 at 16 kHz)
+# every demo note (demo_av.NOTES) is within 0.4 semitone of a multiple of 25 Hz, the glides step by 25 Hz, and
+# a clip's 17 frames at 16 fps hold 7 audio latent frames.
+DEMO_MEL_HOP = 640
+DEMO_LTX2_DIT = replace(
+    TINY_LTX2_DIT, in_channels=16, out_channels=16, patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32,
+    cross_attention_dim=128, audio_in_channels=64, audio_out_channels=64, audio_num_attention_heads=4,
+    audio_attention_head_dim=16, audio_cross_attention_dim=64, num_layers=4, vae_scale_factors=(4, 8, 8),
+    audio_hop_length=DEMO_MEL_HOP)
+DEMO_LTX2_TEXT = LTX2TextConfig(TINY_GEMMA, replace(
+    TINY_LTX2_CONNECTORS, video=StreamConfig(heads=4, head_dim=32, layers=1, registers=8, gated_attention=True),
+    audio=StreamConfig(heads=4, head_dim=16, layers=1, registers=8, gated_attention=True)))
+# 64 mel bins (the release's) at 25 frames a second, 4 latent channels x 16 bins; a HiFi-GAN vocoder writing 8 kHz
+# (every note and glide below 1.3 kHz) in one 320x upsample: the frame's waveform from a learned table
+DEMO_LTX2_AUDIO = LTX2AudioConfig(
+    AudioVAEConfig(ch=16, num_res_blocks=1, z_channels=4, mel_bins=64, mel_hop_length=DEMO_MEL_HOP, resolution=16),
+    VocoderConfig(in_channels=128, upsample_initial_channel=64, upsample_rates=(320,), upsample_kernel_sizes=(640,),
+                  resblock_kernel_sizes=(3,), resblock_dilation_sizes=((1, 3, 5),), output_sampling_rate=8000),
+    tiny=True)
+# No reference: the video demo's sampling (Euler, 20 steps, shift 3: its recipe's), its 16 fps
+_DEMO = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=1.0, sample_negative="",
+             train_shift=3.0, fps=16)
+
 LTX2_PRESETS: dict[str, Preset] = {
     p.name: p
     for p in [
@@ -181,13 +212,15 @@ LTX2_PRESETS: dict[str, Preset] = {
         _dev("ltx2.5-dev", "2.5", "ltx2.5", LTX25_TEXT, steps=30),        # Lightricks/LTX-2.5 (its file name: not read)
         # image-to-video needs no other preset: any LTX-2 DiT takes the first frame in "replace" mode
         Preset("tiny-ltx2-t2v", "ltx2", TINY_LTX2_DIT, VAE_PRESETS["ltx2-tiny"], "ltx2-tiny", TINY_LTX2_TEXT, **_TINY),
+        Preset("tiny-ltx2-demo", "ltx2", DEMO_LTX2_DIT, VAE_PRESETS["ltx2-demo"], "ltx2-demo", DEMO_LTX2_TEXT,
+               i2v_mode="replace", **_DEMO),
     ]
 }
 
 # The audio codec of each preset: LTX-2.0's HiFi-GAN (24 kHz), LTX-2.3's and 2.5's BigVGAN + bandwidth
 # extension (48 kHz); one audio VAE for all (diffusers' converter: "Same config as LTX-2.0 / 2.3")
 AUDIO: dict[str, LTX2AudioConfig] = {
-    name: (TINY_LTX2_AUDIO if name.startswith("tiny-") else
+    name: (DEMO_LTX2_AUDIO if name == "tiny-ltx2-demo" else TINY_LTX2_AUDIO if name.startswith("tiny-") else
            LTX2AudioConfig(LTX2_AUDIO_VAE, LTX2_VOCODER if name.startswith("ltx2-19b") else LTX23_VOCODER))
     for name in LTX2_PRESETS
 }

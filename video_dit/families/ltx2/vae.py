@@ -46,7 +46,8 @@ import torch
 from torch import nn
 
 from video_dit.families.ltx2.vae_config import STRIDES, LTX2VAEConfig
-from video_dit.families.ltx2.vae_layers import Downsample, LTX2Conv3d, ResStage, TimestepEmbedder, Upsample, norm_silu
+from video_dit.families.ltx2.vae_layers import (Downsample, LTX2Conv3d, ResStage, TimestepEmbedder, Upsample, norm_silu,
+                                                norm_silu_plain)
 from video_dit.models.common import initialize_by_name
 from video_dit.models.causal_conv import DiagonalGaussian
 
@@ -85,6 +86,13 @@ class Encoder(nn.Module):
         for block in self.down_blocks:
             x = block(x, None, chunk) if isinstance(block, ResStage) else block(x, chunk)
         return self.conv_out(x, chunk, norm_silu())  # conv_norm_out (pixel norm), SiLU, conv_out
+
+    def plain(self, video: torch.Tensor) -> torch.Tensor:
+        """`forward` as whole-clip convs without in-place writes (autograd records it: training)."""
+        x = self.conv_in.plain(patchify(video, self.patch_size))  # (B, C0, F, H/p, W/p)
+        for block in self.down_blocks:
+            x = block.plain(x, None) if isinstance(block, ResStage) else block.plain(x)
+        return self.conv_out.plain(norm_silu_plain(x))  # (B, latent_channels + 1, F', h, w)
 
 
 class Decoder(nn.Module):
@@ -132,6 +140,22 @@ class Decoder(nn.Module):
 
         self.conv_out.run(x, write, chunk, norm_silu(scale, shift))  # conv_norm_out, [adaLN], SiLU, conv_out
         return video
+
+    def plain(self, z: torch.Tensor, timestep: torch.Tensor | None) -> torch.Tensor:
+        """`forward` as whole-clip convs without in-place writes (autograd records it: training)."""
+        t = timestep * self.timestep_scale_multiplier.to(timestep.dtype) if self.timestep_conditioning else None
+        x = self.conv_in.plain(z)  # (B, C0, F', h, w)
+        for block in self.up_blocks:
+            x = block.plain(x, t) if isinstance(block, ResStage) else block.plain(x)
+        B, C, T, H, W = x.shape
+        scale = shift = None
+        if self.timestep_conditioning:
+            table = self.last_scale_shift_table[None].to(x.dtype)  # (1, 2, C)
+            shift, scale = (table + self.last_time_embedder(t).view(B, 2, C)).view(B, 2, C, 1, 1, 1).unbind(1)
+        y = self.conv_out.plain(norm_silu_plain(x, scale, shift))  # (B, 3 p p, F, H, W), channels (c, r, q)
+        p = self.patch_size
+        y = y.view(B, self.out_channels, p, p, T, H, W).permute(0, 1, 4, 5, 3, 6, 2)  # (B, 3, F, H, q, W, r)
+        return y.reshape(B, self.out_channels, T, H * p, W * p)
 
 
 class PerChannelStatistics(nn.Module):
@@ -237,8 +261,11 @@ def tile_plan(config: LTX2VAEConfig, tiling: LTX2Tiling, frames: int, h: int, w:
 class LTX2VideoVAE(nn.Module):
     """The LTX-2 video VAE. `encode(video)` -> posterior over VAE latents, `normalize` -> the DiT's
     latents; `denormalize` -> `decode(z)` -> video: the interface of the house's other VAEs (vae.py).
-    Inference only: encode and decode run without autograd (their convs write into shared tensors).
-    `chunk_frames`: output frames per conv call; `enable_tiling` cuts decodes into blended tiles."""
+    Inference runs without autograd (the convs write chunks into shared tensors); when autograd records
+    and something asks for a gradient (a trainable weight or an input that requires grad: training the
+    VAE, `vae_stage.py`), encode and decode take the layers' `plain` path instead (whole-clip convs, no
+    in-place writes; the same results). `chunk_frames`: output frames per conv call of the inference
+    path; `enable_tiling` cuts decodes into blended tiles."""
 
     def __init__(self, config: LTX2VAEConfig, seed: int | None = None):
         super().__init__()
@@ -286,7 +313,10 @@ class LTX2VideoVAE(nn.Module):
 
     # -------------------------------------------------------- encode / decode
 
-    @torch.no_grad()
+    def _differentiable(self, x: torch.Tensor) -> bool:
+        """Whether this call trains: autograd records and the input or a weight asks for a gradient."""
+        return torch.is_grad_enabled() and (x.requires_grad or self.encoder.conv_in.conv.weight.requires_grad)
+
     def encode(self, video: torch.Tensor) -> DiagonalGaussian:
         """video (B, 3, F, H, W) in [-1, 1], F = 8k + 1, H and W multiples of 32 (cast to the VAE's dtype)
         -> posterior over VAE latents, mean and logvar (B, 128, F', h, w), F' = k + 1, h, w = H/32, W/32.
@@ -301,11 +331,14 @@ class LTX2VideoVAE(nn.Module):
                              f"{(T - 1) // t * t + 1} or {((T - 1) // t + 1) * t + 1})")
         if H % s or W % s:
             raise ValueError(f"LTX2VideoVAE.encode: H x W = {H} x {W}; both must be multiples of {s}")
-        h = self.encoder(video.to(self.dtype), self.chunk_frames)  # (B, L + 1, F', h, w)
+        if self._differentiable(video):
+            h = self.encoder.plain(video.to(self.dtype))  # (B, L + 1, F', h, w)
+        else:
+            with torch.no_grad():
+                h = self.encoder(video.to(self.dtype), self.chunk_frames)
         L = self.config.latent_channels
         return DiagonalGaussian(h[:, :L], h[:, L:].expand(-1, L, -1, -1, -1))
 
-    @torch.no_grad()
     def decode(self, z: torch.Tensor, timestep: float | torch.Tensor | None = None,
                generator: torch.Generator | None = None, clamp: bool = True) -> torch.Tensor:
         """z (B, 128, F', h, w) VAE latents (`denormalize` the DiT's first; cast to the VAE's dtype) ->
@@ -320,6 +353,19 @@ class LTX2VideoVAE(nn.Module):
         if z.ndim != 5 or z.shape[1] != cfg.latent_channels:
             raise ValueError(f"LTX2VideoVAE.decode expects latents (B, {cfg.latent_channels}, F', h, w), "
                              f"got {tuple(z.shape)}")
+        if self._differentiable(z):  # training: the plain path, untiled, without the decode noise
+            t = None
+            if cfg.timestep_conditioning:
+                t = torch.as_tensor(cfg.decode_timestep if timestep is None else timestep, dtype=torch.float32,
+                                    device=z.device).expand(z.shape[0]).to(self.dtype)
+            video = self.decoder.plain(z.to(self.dtype), t)
+            return video.clamp(-1.0, 1.0) if clamp else video
+        with torch.no_grad():
+            return self._decode(z, timestep, generator, clamp)
+
+    def _decode(self, z: torch.Tensor, timestep, generator, clamp: bool) -> torch.Tensor:
+        """`decode`'s inference path (no autograd): decode noise, tiles, chunked convs."""
+        cfg = self.config
         z = z.to(self.dtype)
         t = None
         if cfg.timestep_conditioning:

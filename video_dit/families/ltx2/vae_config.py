@@ -165,4 +165,14 @@ LTX2_VAE_TINY = LTX2VAEConfig(
     decoder_widths=(32, 16, 16, 8, 8), decoder_layers=(1, 1, 1, 1, 1),
     decoder_upsamples=("space", "time", "all", "all"), decoder_residual=(False, False, True, False))
 
-PRESETS = {"ltx2.0": LTX2_VAE_20, "ltx2.3": LTX2_VAE_23, "ltx2.5": LTX2_VAE_23, "ltx2-tiny": LTX2_VAE_TINY}
+# The embedded audio-video demo's (configs/demo_av_tiny.yaml; trained by `vae_stage.train_tiny_vae`): the video
+# demo's cell (8 x 8 pixels x 4 frames, 16 channels; Wan's `tiny-p2`) in LTX-2's blocks: a 2 x 2 patchify, two
+# "all" resamples, one res block per stage, widths 16 to 64; upsamples without the added input (LTX-2.3's), so
+# the demo stage can start it as a mean-colour codec (`vae_stage.init_colour_path`).
+LTX2_VAE_DEMO = LTX2VAEConfig(
+    latent_channels=16, patch_size=2, encoder_widths=(16, 32, 64), encoder_layers=(1, 1, 1),
+    encoder_downsamples=("all", "all"), decoder_widths=(64, 32, 16), decoder_layers=(1, 1, 1),
+    decoder_upsamples=("all", "all"), decoder_residual=(False, False))
+
+PRESETS = {"ltx2.0": LTX2_VAE_20, "ltx2.3": LTX2_VAE_23, "ltx2.5": LTX2_VAE_23, "ltx2-tiny": LTX2_VAE_TINY,
+           "ltx2-demo": LTX2_VAE_DEMO}

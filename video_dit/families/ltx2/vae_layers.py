@@ -18,6 +18,9 @@ run in place on that buffer, and the conv's output chunk is handed to the caller
 it belongs (a work tensor, the residual sum, the unfolded output). So a res block holds its input and
 one work tensor, and a resample its input and its output, plus one chunk: the activation memory
 `decode_peak_bytes` (vae.py) counts. These paths are for inference: the VAE runs them without autograd.
+Each layer also has `plain(...)`, the same math as one whole-clip conv per layer with no in-place
+writes, which autograd can differentiate: the path a VAE being trained takes (`LTX2VideoVAE.encode` /
+`decode` pick it when autograd records; `families/ltx2/vae_stage.py`), equal to the chunked one.
 
 Parameter names are Lightricks' (ltx-core `model/video_vae/`): `conv1.conv.weight`, `res_blocks.0`,
 `time_embedder.timestep_embedder.linear_1.weight`, `scale_shift_table`.
@@ -49,6 +52,21 @@ def pixel_norm_(x: torch.Tensor) -> torch.Tensor:
     rms = torch.linalg.vector_norm(x, dim=1, keepdim=True, dtype=torch.float32)  # (B, 1, ...)
     rms.square_().div_(x.shape[1]).add_(PIXEL_NORM_EPS).sqrt_()
     return x.div_(rms)
+
+
+def pixel_norm(x: torch.Tensor) -> torch.Tensor:
+    """`pixel_norm_` out of place (the differentiable path): the RMS in float32, the result in x's dtype."""
+    rms = (x.float().square().mean(dim=1, keepdim=True) + PIXEL_NORM_EPS).sqrt()  # (B, 1, ...)
+    return (x / rms).to(x.dtype)
+
+
+def norm_silu_plain(x: torch.Tensor, scale: torch.Tensor | None = None,
+                    shift: torch.Tensor | None = None) -> torch.Tensor:
+    """`norm_silu`'s head out of place: pixel norm, [x (1 + scale) + shift], SiLU."""
+    x = pixel_norm(x)
+    if scale is not None:
+        x = x * (1 + scale) + shift
+    return F.silu(x)
 
 
 def norm_silu(scale: torch.Tensor | None = None, shift: torch.Tensor | None = None) -> Prep:
@@ -106,6 +124,13 @@ class LTX2Conv3d(nn.Module):
             write(t0, t1, y)
             del y
 
+    def plain(self, x: torch.Tensor, frames: list[int] | None = None) -> torch.Tensor:
+        """`run`'s result as one differentiable conv: x (B, C, T, H, W) (its `frames`, default all) ->
+        (B, C_out, len(frames), H, W). The head before the conv is the caller's (`norm_silu_plain`)."""
+        frames = list(range(x.shape[2])) if frames is None else frames
+        src = [frames[j] for j in self.padded_frames(len(frames), 0, len(frames))]
+        return self.conv(x[:, :, src])  # (B, C_out, len(frames), H, W)
+
     def forward(self, x: torch.Tensor, chunk: int, prep: Prep | None = None) -> torch.Tensor:
         """x (B, C, T, H, W) -> (B, C_out, T, H, W), `run` into one output tensor."""
         B, _, T, H, W = x.shape
@@ -162,6 +187,16 @@ class ResBlock(nn.Module):
         self.conv2.run(hidden, lambda t0, t1, y: x[:, :, t0:t1].add_(y), chunk, norm_silu(scale2, shift2))
         return x
 
+    def plain(self, x: torch.Tensor, emb: torch.Tensor | None) -> torch.Tensor:
+        """`forward`'s result out of place (differentiable): x (B, C, T, H, W) -> x + the branch."""
+        mods = [None] * 4
+        if emb is not None:
+            table = self.scale_shift_table[None, :, :, None, None, None].to(x.dtype)
+            mods = list((table + emb.view(x.shape[0], 4, -1, 1, 1, 1)).unbind(1))
+        shift1, scale1, shift2, scale2 = mods
+        h = self.conv1.plain(norm_silu_plain(x, scale1, shift1))
+        return x + self.conv2.plain(norm_silu_plain(h, scale2, shift2))
+
 
 class ResStage(nn.Module):
     """`layers` res blocks at one width (Lightricks' "res_x" block, `UNetMidBlock3D`); with a timestep,
@@ -182,6 +217,13 @@ class ResStage(nn.Module):
         hidden = torch.empty_like(x)  # one work tensor for the stage's blocks
         for block in self.res_blocks:
             block(x, hidden, emb, chunk)
+        return x
+
+    def plain(self, x: torch.Tensor, t: torch.Tensor | None) -> torch.Tensor:
+        """`forward` out of place (differentiable)."""
+        emb = self.time_embedder(t) if t is not None and len(self.res_blocks) else None
+        for block in self.res_blocks:
+            x = block.plain(x, emb)
         return x
 
 
@@ -225,6 +267,22 @@ class Downsample(nn.Module):
             out[:, :, a:b].add_(src.reshape(B, self.out_channels, self.group, b - a, h, w).mean(2))
         return out
 
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` out of place (differentiable): the conv and the skip over the whole clip at once."""
+        B, C, T, H, W = x.shape
+        s0, s1, s2 = self.stride
+        frames = [0] * (s0 - 1) + list(range(T))
+        if len(frames) % s0:
+            raise ValueError(f"Downsample: {T} frames cannot be folded in pairs (1 + 2k frames expected)")
+        Tout, h, w = len(frames) // s0, H // s1, W // s2
+
+        def fold(y: torch.Tensor) -> torch.Tensor:  # (B, c, Tout s0, H, W) -> (B, c, s0, s1, s2, Tout, h, w)
+            return y.view(y.shape[0], y.shape[1], Tout, s0, h, s1, w, s2).permute(0, 1, 3, 5, 7, 2, 4, 6)
+
+        y = fold(self.conv.plain(x, frames)).reshape(B, self.out_channels, Tout, h, w)
+        skip = fold(x[:, :, frames]).reshape(B, self.out_channels, self.group, Tout, h, w).mean(2)
+        return y + skip                                                    # (B, C', Tout, h, w)
+
 
 class Upsample(nn.Module):
     """Depth-to-space by `kind`, C -> C' channels (Lightricks' `DepthToSpaceUpsample`, "compress_*" in
@@ -257,3 +315,15 @@ class Upsample(nn.Module):
             x_up = x_up.permute(0, 1, 5, 2, 6, 3, 7, 4)  # (B, C/p, T, s0, H, s1, W, s2)
             out.view(B, p * c // C, C // p, T, s0, H, s1, W, s2).add_(x_up[:, None])
         return out[:, :, s0 - 1:]
+
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` out of place (differentiable)."""
+        B, C, T, H, W = x.shape
+        s0, s1, s2 = self.stride
+        c = self.out_channels
+        y = self.conv.plain(x).view(B, c, s0, s1, s2, T, H, W).permute(0, 1, 5, 2, 6, 3, 7, 4)  # (B, c, T, s0, H, s1, W, s2)
+        if self.residual:
+            p = math.prod(self.stride)
+            x_up = x.view(B, C // p, s0, s1, s2, T, H, W).permute(0, 1, 5, 2, 6, 3, 7, 4)
+            y = (y.reshape(B, p * c // C, C // p, T, s0, H, s1, W, s2) + x_up[:, None])
+        return y.reshape(B, c, T * s0, H * s1, W * s2)[:, :, s0 - 1:]     # (B, C', 2T - 1 or T, ...)
