@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import av
@@ -21,7 +19,6 @@ import pytest
 import torch
 import yaml
 
-from video_dit import media
 from video_dit.cli import main as cli_main
 from video_dit.data import audio as A
 from video_dit.data import demo_av as D

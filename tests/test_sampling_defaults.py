@@ -72,6 +72,8 @@ EXPECTED.update({
     "ltx2.5-dev": ("euler", 30, math.exp(2.05), 3.0, LTX2_NEG),
     # ours (no reference): 8 steps, the release's shift and guidance, no negative prompt (random text encoder)
     "tiny-ltx2-t2v": ("euler", 8, math.exp(2.05), 3.0, ""),
+    # the audio-video demo's (no reference): the video demo's recipe, configs/demo_i2v_tiny.yaml's sample block
+    "tiny-ltx2-demo": ("euler", 20, 3.0, 1.0, ""),
 })
 # MiniMax-AI/MiniMax-H3 (commit 8d8824e) FL2VA/model_index.json `sigma_shift_scales.video` 12.0 and README ("The
 # released checkpoints are CFG-distilled": guidance 1, no negative prompt); diffusers 0.42.1 modular_pipelines

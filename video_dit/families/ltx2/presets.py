@@ -202,7 +202,7 @@ DEMO_LTX2_AUDIO = LTX2AudioConfig(
     tiny=True)
 # No reference: the video demo's sampling (Euler, 20 steps, shift 3: its recipe's), its 16 fps
 _DEMO = dict(sample_solver="euler", sample_steps=20, sample_shift=3.0, sample_guidance=1.0, sample_negative="",
-             train_shift=3.0, fps=16)
+             train_shift=3.0, fps=16, sample_size=(17, 64, 64))  # the demo's clips (configs/demo_av_tiny.yaml)
 
 LTX2_PRESETS: dict[str, Preset] = {
     p.name: p

@@ -59,7 +59,7 @@ from video_dit.families.ltx2.vae import LTX2VideoVAE
 from video_dit.families.ltx2.vae_config import PRESETS as VAE_PRESETS
 from video_dit.families.ltx2.vae_convert import ltx2_vae_config_to_diffusers
 from video_dit.families.ltx2.vocoder import LTX2Vocoder
-from video_dit.media import VIDEO_EXTS, MediaError, probe_video
+from video_dit.media import VIDEO_EXTS, MediaError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # a diffusers component folder's weights
