@@ -203,6 +203,7 @@ def test_zero3_gathers_nothing_at_partition_world_size_1(wan13):
 # ---------------------------------------------------------------- the trainer on 2 CPU ranks
 
 
+@pytest.mark.slow  # ~18 s, a 2-rank launch (the blocks' equality stays in CI, above): docs/tests.md, "Kept out of CI"
 @pytest.mark.multirank
 def test_trainer_losses_are_the_same_whatever_is_checkpointed(world):
     """ZeRO-2 LoRA jobs with gradient_checkpointing false, 1, 3, true and auto, ZeRO-3 with 2 and false:

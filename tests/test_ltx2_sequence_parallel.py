@@ -82,6 +82,8 @@ def inputs(variant: str, mode: str, grid: tuple[int, int, int], frames: int, tex
     return kw, weights
 
 
+# ~12 s; the trainer's SP 2 = SP 1 for LTX-2 stays in CI (test_train_ltx2.py) (docs/tests.md, "Kept out of CI")
+@pytest.mark.slow
 @pytest.mark.multirank
 def test_ltx2_sp2_matches_single_process(tmp_path):
     procs = ranks.start([__file__, "--worker", str(tmp_path)], cwd=tmp_path, log_prefix=tmp_path / "ltx2", world=2)

@@ -378,10 +378,11 @@ def test_tiled_decode_is_exact_for_a_local_decoder(tiny):
     vae = LTX2VideoVAE(TINY, seed=0)
     vae.decoder = _LocalDecoder()
     z = torch.randn(1, TINY.latent_channels, 7, 5, 3)
-    whole = vae.decode(z, clamp=False)
-    vae.enable_tiling(LTX2Tiling(spatial=64, spatial_overlap=32, frames=24, frames_overlap=8))
-    assert [len(axis) for axis in tile_plan(TINY, vae.tiling, 7, 5, 3)] == [3, 4, 2]
-    tiled = vae.decode(z, clamp=False)
+    with torch.no_grad():  # inference: with a gradient the VAE takes its untiled differentiable path
+        whole = vae.decode(z, clamp=False)
+        vae.enable_tiling(LTX2Tiling(spatial=64, spatial_overlap=32, frames=24, frames_overlap=8))
+        assert [len(axis) for axis in tile_plan(TINY, vae.tiling, 7, 5, 3)] == [3, 4, 2]
+        tiled = vae.decode(z, clamp=False)
     assert _rel(tiled, whole) < 1e-6  # measured 1.2e-7 (float32 mask sums)
 
 
@@ -404,10 +405,12 @@ def test_tiled_decode_of_the_network_is_within_its_derived_bound(tiny):
     so an output channel moves by at most sqrt(C) times the sum over its 27 taps of the taps' weight norms."""
     _, vae = tiny
     z = torch.randn(1, TINY.latent_channels, 1, 2, 40)
-    whole = vae.decode(z, clamp=False)
     vae.enable_tiling(LTX2Tiling(spatial=640, spatial_overlap=64, frames=0, frames_overlap=0))
     try:
-        tiled = vae.decode(z, clamp=False)
+        with torch.no_grad():  # inference: with a gradient the VAE takes its untiled differentiable path
+            tiled = vae.decode(z, clamp=False)
+            vae.disable_tiling()
+            whole = vae.decode(z, clamp=False)
     finally:
         vae.disable_tiling()
     reach = _receptive_radius(TINY)  # 8.125 cells for TINY
@@ -448,7 +451,7 @@ def test_decode_peak_prediction_matches_measurement(tiny, tiling):
     z = torch.randn(1, TINY.latent_channels, 5, 4, 6)
     vae.tiling = tiling
     try:
-        with CPUAllocationTracker() as tracker:
+        with torch.no_grad(), CPUAllocationTracker() as tracker:  # inference (no_grad), what the plan predicts
             video = vae.decode(z)
     finally:
         vae.tiling = None

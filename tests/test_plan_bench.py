@@ -41,6 +41,7 @@ def test_gpu_configurations_cover_the_issue(tmp_path):
     assert any(c.get("cap_gib") and c["ckpt"] == "auto" for c in configs)
 
 
+@pytest.mark.slow  # ~8 s, the GPU suite's harness at tiny sizes (docs/tests.md, "Kept out of CI")
 def test_gpu_suite_runs_a_configuration_at_tiny_sizes_on_cpu(tmp_path):
     res = bench.run_gpu(small=True, only=[3])  # ZeRO-2, LoRA, the first of 4 blocks checkpointed (tiny preset)
     (row,) = res["rows"]
@@ -111,7 +112,7 @@ def test_fake_tracker_sees_the_real_peak():
     assert peaks[0] == peaks[1] > 0
 
 
-@pytest.mark.parametrize("kernels", ["triton", "torch"])
+@pytest.mark.parametrize("kernels", [pytest.param("triton", marks=pytest.mark.slow), "torch"])  # triton: ~5 s more
 def test_fake_check_matches_the_plan_on_a_small_dit(kernels):
     if kernels == "triton":
         pytest.importorskip("triton")

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.multirank
 TIMEOUT_S = 10  # long enough for the ranks' start-up skew on a busy machine (every collective is bounded)
 
 
+@pytest.mark.slow  # ~29 s, two launches and a 10 s collective timeout (docs/tests.md, "Kept out of CI")
 def test_deepspeed_timeout_s_of_the_job_bounds_a_stuck_peer(world, reference):
     cfg = h.job_yaml(world, "stuck", steps=3, timeout_s=TIMEOUT_S)
     procs, prefix = ranks.start_jobs(world, [{"config": str(cfg), "resume": "none", "run": True}], 2,

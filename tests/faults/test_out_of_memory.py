@@ -15,6 +15,7 @@ import fault_harness as h
 pytestmark = pytest.mark.multirank
 
 
+@pytest.mark.slow  # ~36 s, a 2-rank launch run until its allocation fails (docs/tests.md, "Kept out of CI")
 def test_out_of_memory_ends_the_job_with_one_line_and_keeps_the_checkpoint(world):
     from video_dit.train.trainer import EXIT_OUT_OF_MEMORY
 
