@@ -5,12 +5,15 @@
                                   makes a group of one
     leave_distributed()           end the group locally before the interpreter exits
     end_rank(code)                leave the group, flush, and exit without interpreter finalization
+    run_local_ranks(...)          a stage's ranks on this machine: rank 0 here, the others spawned
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -77,3 +80,30 @@ def unlink_cpu_allreduce_buffer() -> None:
     if own.exists():
         dist.barrier()
         own.unlink()
+
+
+def run_local_ranks(target, world: int, args: tuple, recipe: dict, what: str):
+    """`target(rank, world, init, *args, recipe)` on `world` CPU ranks of this machine, joined by a file
+    rendezvous `init` (None for one rank): rank 0 in this process, ranks 1.. spawned with `recipe`'s
+    `verbose` off; rank 0's result. Ranks still running 60 s after rank 0 are terminated; a rank that
+    failed is a RuntimeError naming `what` and each exit code (the VAE stages' ranks)."""
+    if world == 1:
+        return target(0, 1, None, *args, recipe)
+    with tempfile.TemporaryDirectory(prefix="vd_ranks_") as tmp:
+        init = f"file://{tmp}/rendezvous"
+        ctx = multiprocessing.get_context("spawn")
+        workers = [ctx.Process(target=target, args=(r, world, init, *args, dict(recipe, verbose=False)), daemon=True)
+                   for r in range(1, world)]
+        for w in workers:
+            w.start()
+        try:
+            result = target(0, world, init, *args, recipe)
+        finally:
+            for w in workers:
+                w.join(timeout=60)
+                if w.is_alive():
+                    w.terminate()
+        failed = [f"rank {r}: exit code {w.exitcode}" for r, w in enumerate(workers, 1) if w.exitcode != 0]
+        if failed:
+            raise RuntimeError(f"{what}'s other ranks failed ({'; '.join(failed)})")
+    return result

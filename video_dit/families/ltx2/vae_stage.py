@@ -32,9 +32,7 @@ import dataclasses
 import datetime
 import json
 import math
-import multiprocessing
 import os
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -60,6 +58,7 @@ from video_dit.families.ltx2.vae_config import PRESETS as VAE_PRESETS
 from video_dit.families.ltx2.vae_convert import ltx2_vae_config_to_diffusers
 from video_dit.families.ltx2.vocoder import LTX2Vocoder
 from video_dit.media import VIDEO_EXTS, MediaError
+from video_dit.parallel.process import run_local_ranks
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"  # a diffusers component folder's weights
@@ -374,27 +373,7 @@ def train_tiny_vae_result(data_dir, out_path, *, preset: str, steps: int = 1200,
                   cell_weight=cell_weight, bright_weight=bright_weight, fg_weight=fg_weight, fg_ring=fg_ring,
                   images=images, image_steps=image_steps, bf16=bf16, ema=ema, log_every=log_every, verbose=verbose,
                   threads=threads if threads is not None or ranks == 1 else max(1, (os.cpu_count() or 1) // ranks))
-    if ranks == 1:
-        return _video_rank(0, 1, None, Path(data_dir), out_path, recipe)
-    with tempfile.TemporaryDirectory(prefix="vd_ltx2_vae_ranks_") as tmp:
-        init = f"file://{tmp}/rendezvous"
-        ctx = multiprocessing.get_context("spawn")
-        workers = [ctx.Process(target=_video_rank, args=(r, ranks, init, Path(data_dir), out_path,
-                                                          dict(recipe, verbose=False)), daemon=True)
-                   for r in range(1, ranks)]
-        for w in workers:
-            w.start()
-        try:
-            result = _video_rank(0, ranks, init, Path(data_dir), out_path, recipe)
-        finally:
-            for w in workers:
-                w.join(timeout=60)
-                if w.is_alive():
-                    w.terminate()
-        failed = [f"rank {r}: exit code {w.exitcode}" for r, w in enumerate(workers, 1) if w.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"the VAE stage's other ranks failed ({'; '.join(failed)})")
-    return result
+    return run_local_ranks(_video_rank, ranks, (Path(data_dir), out_path), recipe, "the VAE stage")
 
 
 def _video_rank(rank: int, world: int, init: str | None, data_dir: Path, out_path: Path,

@@ -26,9 +26,7 @@ import dataclasses
 import datetime
 import json
 import math
-import multiprocessing
 import os
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -48,6 +46,7 @@ from video_dit.families.wan.vae import CausalVideoVAE
 from video_dit.families.wan.vae_layers import Resample, ResidualBlock
 from video_dit.media import VIDEO_EXTS, MediaError, probe_video
 from video_dit.models.causal_conv import CausalConv3d
+from video_dit.parallel.process import run_local_ranks
 
 CONFIG_NAME = "config.json"
 
@@ -401,28 +400,7 @@ def train_tiny_vae_result(data_dir, out_path, *, steps: int = 150, seed: int = 0
     moved = move_old_holdout(data_dir)  # an earlier demo layout: its held-out clips would be trained on
     if moved and verbose:
         print(f"[train-vae] {moved}", flush=True)
-    if ranks == 1:
-        return _train_rank(0, 1, None, Path(data_dir), Path(out_path), recipe)
-
-    with tempfile.TemporaryDirectory(prefix="vd_vae_ranks_") as tmp:
-        init = f"file://{tmp}/rendezvous"
-        ctx = multiprocessing.get_context("spawn")
-        workers = [ctx.Process(target=_train_rank, args=(r, ranks, init, Path(data_dir), Path(out_path),
-                                                          dict(recipe, verbose=False)), daemon=True)
-                   for r in range(1, ranks)]
-        for w in workers:
-            w.start()
-        try:
-            result = _train_rank(0, ranks, init, Path(data_dir), Path(out_path), recipe)
-        finally:
-            for w in workers:
-                w.join(timeout=60)
-                if w.is_alive():
-                    w.terminate()
-        failed = [f"rank {r}: exit code {w.exitcode}" for r, w in enumerate(workers, 1) if w.exitcode != 0]
-        if failed:
-            raise RuntimeError(f"the VAE stage's other ranks failed ({'; '.join(failed)})")
-    return result
+    return run_local_ranks(_train_rank, ranks, (Path(data_dir), Path(out_path)), recipe, "the VAE stage")
 
 
 def _train_rank(rank: int, world: int, init: str | None, data_dir: Path, out_path: Path,
