@@ -137,6 +137,19 @@ def write_ltx2_base(path: Path, preset: str = "tiny-ltx2-t2v", seed: int = 0, st
     return Path(path)
 
 
+def write_h3_base(path: Path, preset: str = "tiny-h3", seed: int = 0, std: float = 0.05) -> Path:
+    """'Pretrained' MiniMax H3 DiT weights (MiniMax's original names, one safetensors file): the preset's seeded
+    init with every parameter it starts at zero (the AdaLN projections, the output heads, biases) drawn
+    N(0, std); at zero AdaLN gates every block is the identity and a LoRA on the blocks gets no gradient."""
+    from safetensors.torch import save_file
+
+    from video_dit.families.minimax_h3.loading import load_h3_dit
+
+    dit = randomize_zeros(load_h3_dit(f"preset:{preset}", seed=seed), seed + 1, std)
+    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    return Path(path)
+
+
 def randomize_all(model, seed: int = 0, norm_std: float = 0.2, vector_std: float = 0.1):
     """Every parameter of `model` random and non-trivial, from one generator (the same on every rank):
     matrices N(0, 1/fan_in), norm scales 1 + N(0, norm_std), other vectors N(0, vector_std). Seeded inits

@@ -216,20 +216,36 @@ class UlyssesSequenceParallel:
         # clone: a view would keep the full padded tensor alive for as long as the chunk lives
         return x.narrow(dim, self.rank * local, local).clone()
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q, k, v (B, L_local, H, Dh) of this rank's tokens -> (B, L_local, H, Dh), attending over all L."""
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q, k, v (B, L_local, H, Dh) of this rank's tokens -> (B, L_local, H, Dh), attending over all L.
+        key_mask: (B, L_local) bool of this rank's rows (False: a key no query attends to, e.g. a padded text
+        row of a packed sequence, MiniMax H3's), split as the rows were, or None (every real row a key)."""
         B, local, H, _ = q.shape
         check_heads(H, self.size)
         L = self._true_length(local)
-        key_mask = None
+        padded = None
         if L < local * self.size:  # padded tokens are never attended to
-            key_mask = (torch.arange(local * self.size, device=q.device) < L).unsqueeze(0)  # (1, Lp)
+            padded = (torch.arange(local * self.size, device=q.device) < L).unsqueeze(0)  # (1, Lp)
+        if key_mask is None:
+            key_mask = padded
+        else:
+            key_mask = self._gather_mask(key_mask)  # (B, Lp)
+            key_mask = key_mask if padded is None else key_mask & padded
         if self.recompute and torch.is_grad_enabled():
             return _RecomputedExchange.apply(q, k, v, self._exchange, key_mask)
         return self._exchange(q, k, v, key_mask)
 
     def _exchange(self, q, k, v, key_mask):
         return self._attn(q, k, v, 0, None, key_mask)
+
+    def _gather_mask(self, key_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L_local) bool of this rank's rows -> (B, Lp) bool of every rank's, in rank order (no gradient;
+        as uint8: gloo gathers no bool)."""
+        local = key_mask.to(torch.uint8).contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local, group=self.group)
+        return torch.cat(parts, dim=1).bool()
 
     def _true_length(self, local: int, stream: str | None = None) -> int:
         """The token count L of the split that gave `local` tokens per rank (this forward's, of `stream`)."""

@@ -51,7 +51,7 @@ from torch import nn
 from video_dit.families.minimax_h3.dit_config import MODALITIES, H3DiTConfig
 from video_dit.families.minimax_h3.layers import Block, FinalLayer, TimeEmbedder, TokenRefiner
 from video_dit.families.minimax_h3.packing import (ANCHORS, TEXT_TAG, VIDEO_TAG, Layout, pack_audio, patchify,
-                                                   rope_tables, row_runs, unpack_audio, unpatchify)
+                                                   rank_order, rope_tables, row_runs, unpack_audio, unpatchify)
 from video_dit.families.minimax_h3.vae_config import FPS
 from video_dit.models.attention import set_attention_backend
 from video_dit.models.common import (BlockTraining, IslandCast, cast_to_storage, initialize_by_name,
@@ -98,21 +98,22 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
     with `to_empty(device=...)` and `initialize_weights(seed)`.
 
     Sequence-parallel seam: `model.seq_parallel = sp` (None = off). After the embeddings, the packed rows of
-    every modality (text, keyframes, audio, video: the whole sequence of N rows) are split over the ranks of a
-    sequence group, so every rank holds rows of all of them; the refiner runs before the split, on the whole
-    text, the same on every rank. `sp` has
-      split(t, dim) -> this rank's slice of t along dim (t: one of forward's whole-sequence tensors: the rows
-          (B, N, D), the RoPE tables (B|1, N, 1, R), the key mask (B, N) bool, the rows' AdaLN entries (N,)
-          int64). When N does not divide by the ranks, the layer pads the sequence to a multiple (zeros) and
-          gives the last rank the padding;
-      gather(t, dim) -> the whole-sequence tensor from every rank's slice (split's inverse, its padding dropped);
-      attention(q, k, v, key_mask) -> out: q, k, v (B, N_local, H, Dh) this rank's rows (q / k normed and
-          rotated), key_mask (B, N_local) bool (False: a padded text row, never attended to) or None; out
-          (B, N_local, H, Dh): each query attends over ALL N rows, never over the rows the layer padded (it
-          masks them: all-gathers the key masks with False for its padding, or the whole mask when the model
-          passes None).
-    forward splits along the rows and gathers the final layer's output (B, N, patch_dim + C_a) before taking
-    the video and audio rows. Everything per row (AdaLN, MLP, norms, the output heads) stays local; the only
+    every modality (text, keyframes, audio, video: the whole sequence of N rows) are split over the n ranks of a
+    sequence group so that every rank holds an equal slice of each of them: the rows are first reordered
+    (`packing.rank_order`: each segment cut into n chunks, zero-padded to equal ones, rank r's chunks of all
+    segments side by side; Np rows, a multiple of n), the padded rows masked as keys; then split contiguously.
+    The refiner runs before the split, on the whole text, the same on every rank. `sp` has
+      size -> n, the ranks of the sequence group;
+      split(t, dim) -> this rank's slice of t along dim (t: one of forward's reordered tensors: the rows
+          (B, Np, D), the RoPE tables (B|1, Np, 1, R), the key mask (B, Np) bool, the rows' AdaLN entries (Np,)
+          int64; Np divides by n, so the layer pads nothing);
+      gather(t, dim) -> the whole tensor from every rank's slice (split's inverse);
+      attention(q, k, v, key_mask) -> out: q, k, v (B, Np/n, H, Dh) this rank's rows (q / k normed and
+          rotated), key_mask (B, Np/n) bool (False: a padded text row or a padded row of the reordering, never
+          attended to) or None; out (B, Np/n, H, Dh): each query attends over ALL Np rows but the masked ones
+          (the layer all-gathers the key masks).
+    forward splits along the reordered rows and gathers the final layer's output (B, Np, patch_dim + C_a),
+    restores the packed order (B, N, ...) and takes the video and audio rows. Everything per row (AdaLN, MLP, norms, the output heads) stays local; the only
     attention of the blocks is `sp.attention` (tests/test_h3_dit.py). A Ulysses layer: an all-to-all that
     scatters heads and gathers rows for q / k / v, one attention over the N rows with the gathered key mask,
     the reverse all-to-all; with every collective's backward its exact adjoint, the ranks' gradients add up
@@ -294,17 +295,23 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
         entries = layout.entries().to(device)  # (N,)
 
         sp = self.seq_parallel
-        if sp is not None:  # every rank: its slice of the rows of all modalities (see the class docstring)
-            x, cos, sin = sp.split(x, 1), sp.split(cos, 1), sp.split(sin, 1)  # (B, N_local, D), (B|1, N_local, 1, R)
+        if sp is not None:  # every rank: an equal slice of the rows of every modality (see the class docstring)
+            order = rank_order(layout.segments, sp.size)
+            x, cos, sin = (order.reorder(t, 1) for t in (x, cos, sin))  # (B, Np, D), (B|1, Np, 1, R)
+            entries = order.reorder(entries, 0)  # (Np,); a padded row's entry 0 (its output is dropped)
+            if key_mask is not None or not bool(order.real.all()):  # padded rows are never keys
+                real = order.real.to(device)[None]  # (1, Np)
+                key_mask = real.expand(B, -1) if key_mask is None else order.reorder(key_mask, 1) & real  # (B, Np)
+            x, cos, sin = sp.split(x, 1), sp.split(cos, 1), sp.split(sin, 1)  # (B, Np/n, D), (B|1, Np/n, 1, R)
             entries = sp.split(entries, 0)
-            key_mask = None if key_mask is None else sp.split(key_mask, 1)
+            key_mask = None if key_mask is None else sp.split(key_mask, 1)  # (B, Np/n)
         runs = row_runs(entries)
 
         for i, block in enumerate(self.blocks):
             x = self.run_block(i, block, x, temb, runs, (cos, sin), key_mask, cdt, sp)  # (B, N_local, D)
         out = self.final_layer(x, temb, runs)  # (B, N_local, patch_dim + C_a)
         if sp is not None:
-            out = sp.gather(out, 1)  # (B, N, patch_dim + C_a)
+            out = order.restore(sp.gather(out, 1), 1)  # (B, Np, ...) -> (B, N, patch_dim + C_a), packed order
         video_v = unpatchify(out[:, layout.video_start:, :cfg.patch_dim], layout.grid, cfg.in_channels, cfg.patch_size)
         audio_v = unpack_audio(out[:, layout.audio_start:layout.video_start, cfg.patch_dim:], cfg.audio_channels)
         return -video_v, -audio_v  # the house velocity noise - x0 (MiniMax's points to the data)

@@ -82,6 +82,12 @@ class Layout:
     def length(self) -> int:
         return self.video_start + self.grid[0] * self.frame_rows
 
+    @property
+    def segments(self) -> tuple[int, int, int, int]:
+        """Row counts of the text, keyframe, audio and video blocks, in packed order."""
+        return (self.text_len, self.audio_start - self.keyframe_start, self.video_start - self.audio_start,
+                self.length - self.video_start)
+
     def entries(self) -> torch.Tensor:
         """(length,) int64: each row's AdaLN entry (an index of `ENTRIES`)."""
         tags = torch.tensor(self.text_tags, dtype=torch.long)
@@ -148,6 +154,48 @@ def _positions(layout: Layout, n: int) -> torch.Tensor:
     video[:, :, 1:] = frame[None]
     pos[layout.video_start:] = video.reshape(-1, 3)
     return pos
+
+
+@dataclass(frozen=True)
+class RankOrder:
+    """A packed sequence reordered for `ranks` sequence-parallel ranks, so that each rank's contiguous share holds
+    an equal slice of every segment (text, keyframes, audio, video): segment s of n_s rows is cut into `ranks`
+    chunks of ceil(n_s / ranks) rows (the last ones zero-padded), and the reordered sequence is
+    [rank 0: text_0 | keyframes_0 | audio_0 | video_0 | rank 1: text_1 | ... ], Np rows, Np / ranks each.
+    Attention is over a set of keys (each row carries its own rotary coordinates), so the order changes no
+    output; the padded rows are masked as keys and dropped at the end."""
+
+    index: torch.Tensor   # (Np,) int64: the row of [sequence | one zero row] each reordered row takes (L: padding)
+    real: torch.Tensor    # (Np,) bool: False for the padding
+    where: torch.Tensor   # (L,) int64: where each row of the sequence sits in the reordered one
+
+    def reorder(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """t with L rows along `dim` -> Np rows, reordered (the padding zero)."""
+        zero = t.new_zeros(*t.shape[:dim], 1, *t.shape[dim + 1:])
+        return torch.cat([t, zero], dim=dim).index_select(dim, self.index.to(t.device))  # (..., Np, ...)
+
+    def restore(self, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """`reorder`'s inverse on the real rows: Np rows along `dim` -> the sequence's L, in packed order."""
+        return t.index_select(dim, self.where.to(t.device))  # (..., L, ...)
+
+
+@lru_cache(maxsize=64)
+def rank_order(segments: tuple[int, ...], ranks: int) -> RankOrder:
+    """`RankOrder` of a packed sequence made of `segments` (row counts, in packed order; 0: absent) over
+    `ranks` ranks."""
+    starts = np.cumsum((0,) + segments)
+    L = int(starts[-1])
+    index, real = [], []
+    for r in range(ranks):
+        for start, n in zip(starts[:-1].tolist(), segments):
+            per = -(-n // ranks)
+            rows = list(range(start + min(n, r * per), start + min(n, (r + 1) * per)))
+            index += rows + [L] * (per - len(rows))
+            real += [True] * len(rows) + [False] * (per - len(rows))
+    index_t, real_t = torch.tensor(index, dtype=torch.long), torch.tensor(real)
+    where = torch.empty(L, dtype=torch.long)
+    where[index_t[real_t]] = torch.arange(len(index))[real_t]
+    return RankOrder(index_t, real_t, where)
 
 
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
