@@ -140,13 +140,17 @@ def write_ltx2_base(path: Path, preset: str = "tiny-ltx2-t2v", seed: int = 0, st
 def write_h3_base(path: Path, preset: str = "tiny-h3", seed: int = 0, std: float = 0.05) -> Path:
     """'Pretrained' MiniMax H3 DiT weights (MiniMax's original names, one safetensors file): the preset's seeded
     init with every parameter it starts at zero (the AdaLN projections, the output heads, biases) drawn
-    N(0, std); at zero AdaLN gates every block is the identity and a LoRA on the blocks gets no gradient."""
+    N(0, std); at zero AdaLN gates every block is the identity and a LoRA on the blocks gets no gradient. With
+    the computed `rope.inv_freq` buffer, as the original checkpoint ships it (its length the rotary width the
+    loader reads)."""
     from safetensors.torch import save_file
 
+    from video_dit.families.minimax_h3.convert import ROPE_BUFFER
     from video_dit.families.minimax_h3.loading import load_h3_dit
 
     dit = randomize_zeros(load_h3_dit(f"preset:{preset}", seed=seed), seed + 1, std)
-    save_file({k: v.contiguous() for k, v in dit.state_dict().items()}, str(path))
+    state = {k: v.contiguous() for k, v in dit.state_dict().items()}
+    save_file({**state, ROPE_BUFFER: dit.rope_inv_freq("cpu")}, str(path))
     return Path(path)
 
 

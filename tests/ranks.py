@@ -17,8 +17,9 @@ runs a list of trainer jobs as one rank of such a launch.
     fault     a VIDEO_DIT_FAULT value for this job only (see video_dit/train/faults.py)
   and always writes result_rank<r>.json: VAE / text / CLIP image encode calls, the optimizer-step and micro-step
   counters, the LR scheduler's position, what the ZeRO optimizer offloads, a NonFiniteError's message,
-  the class of a LoRA's base layer, the compute dtype, the parameters' dtypes and the dtypes the
-  first block's Linears output while training (what the matmuls actually ran in).
+  the class of a LoRA's base layer, the compute dtype, the parameters' dtypes (and the float32 ones' names),
+  the dtypes the first block's Linears output while training (what the matmuls actually ran in), and the
+  values of the integer tensors this rank's sequence-parallel seam kept (a DiT's per-row tags).
   `presets` (start_jobs / run_jobs): `helpers.register_preset` keyword dicts, registered in every rank
   before the first job.
 """
@@ -217,6 +218,24 @@ def _watch_linears(block) -> set:
     return seen
 
 
+def _watch_integer_splits(seq_parallel) -> set:
+    """The values of the integer tensors (a DiT's per-row tags, such as MiniMax H3's AdaLN entries) this rank's
+    sequence-parallel seam keeps from now on, gathered in the returned set (empty without one)."""
+    import torch
+
+    seen = set()
+    if seq_parallel is not None:
+        split = seq_parallel.split
+
+        def recording(t, dim, *args, **kwargs):
+            part = split(t, dim, *args, **kwargs)
+            if not part.is_floating_point() and part.dtype != torch.bool:
+                seen.update(part.flatten().tolist())
+            return part
+        seq_parallel.split = recording
+    return seen
+
+
 def _save_init(trainer, out: Path) -> None:
     from safetensors.torch import save_file
 
@@ -288,7 +307,9 @@ def worker(spec_path: str) -> int:
         res["quantized"] = type(base).__name__ if base is not None else None
         res["dtype"] = str(trainer.dtype)  # the compute dtype the trainer chose
         res["param_dtypes"] = sorted({str(p.dtype) for p in trainer.module.parameters()})
+        res["float32_params"] = sorted(n for n, p in trainer.module.named_parameters() if p.dtype == torch.float32)
         linear_dtypes = _watch_linears(trainer.module.blocks[0])
+        split_values = _watch_integer_splits(trainer.module.seq_parallel)
         if item.get("nan") is not None:
             _poison(trainer, item["nan"])
         record = _record(trainer, out) if item.get("record") else None
@@ -307,6 +328,7 @@ def worker(spec_path: str) -> int:
         res.update(offload_optimizer=bool(getattr(opt, "cpu_offload", False) or getattr(opt, "offload_optimizer", False)),
                    offload_param=bool(getattr(opt, "offload_param", False)))
         res["linear_output_dtypes"] = sorted(linear_dtypes)
+        res["sp_split_integer_values"] = sorted(split_values)
         res.update(vae_encode_calls=vae_calls.n - vae0, text_encode_calls=text_calls.n - text0,
                    image_encode_calls=image_calls.n - image0, step=trainer.step,
                    scheduler_steps=trainer.scheduler.last_epoch, engine_global_steps=trainer.engine.global_steps,

@@ -139,7 +139,9 @@ def open_h3_dit(source: str | os.PathLike, config: H3DiTConfig | None = None):
             weights = weights.renamed(names)
         else:
             weights = HeldWeights(h3_to_native(weights.read_all(), str(path), qkv), description)
-        config = config or infer_h3_config(weights.meta())
+        # the shapes with the original file's `rope.inv_freq` (its length: the rotary width), which the renamed
+        # weights leave out (it is computed, not loaded)
+        config = config or infer_h3_config({**weights.meta(), **{k: v for k, v in meta.items() if k == ROPE_BUFFER}})
     except ValueError as exc:
         raise WeightsError(f"{path}: {exc}") from exc
     return weights, config, description
