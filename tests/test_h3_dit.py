@@ -251,6 +251,19 @@ def test_sequence_parallel_seam_is_the_blocks_only_attention(task, monkeypatch):
     assert worst < 2e-6  # measured 1.3e-7 (t2va) / 2.0e-7 (fl2va): the halves' attention sums in another order; ~10x
 
 
+def test_rank_order_gives_each_rank_a_slice_of_every_segment():
+    """`packing.rank_order` on 7 text, 0 keyframe, 5 audio and 4 video rows over 2 ranks, written out by hand:
+    rank 0 text 0-3, audio 7-9, video 12-13; rank 1 text 4-6 + a zero row, audio 10-11 + a zero row, video 14-15."""
+    order = packing.rank_order((7, 0, 5, 4), 2)
+    pad = 16
+    assert order.index.tolist() == [0, 1, 2, 3, 7, 8, 9, 12, 13, 4, 5, 6, pad, 10, 11, pad, 14, 15]
+    assert order.real.tolist() == [i != pad for i in order.index.tolist()]
+    x = torch.randn(2, 16, 3)
+    moved = order.reorder(x, 1)  # (2, 18, 3)
+    assert moved.shape == (2, 18, 3) and not moved[:, ~order.real].any()
+    assert torch.equal(order.restore(moved, 1), x)
+
+
 def test_bad_inputs_are_named():
     model = H3DiT(CFG, init_seed=0)
     kw = inputs("fl2va")

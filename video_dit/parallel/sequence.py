@@ -36,6 +36,10 @@ one (`self_attention`) or the other (`cross_modal_attention`): q, k, v each all-
 tokens gathered), the key stream's padded keys masked, the output exchanged back to the query stream's rows.
 Attention to the replicated text (`text_attention`) is local: every key is on every rank, and a rank's
 queries are its own tokens, so its text parameters' gradient is N x its tokens' part, as above.
+
+One packed sequence of several modalities (MiniMax H3: text, audio and video rows attending over one another):
+one token stream to this layer; the DiT orders and pads its rows so that each rank's share holds a slice of
+every modality, and hands `attention` a key mask of its rows (its padded rows False), all-gathered here.
 """
 
 from __future__ import annotations
