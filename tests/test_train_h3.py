@@ -124,7 +124,8 @@ def test_zero3_trains_as_zero0_and_zero2(runs):
     _assert_same_training(z3, z, "ZeRO-3 vs ZeRO-2")
     a, b, c = (load_file(str(runs / "out" / n / f"{n}.safetensors")) for n in ("z3", "z0", "z"))
     print(f"\nZeRO-3 vs ZeRO-0: losses {_worst(z3, z0, 'loss'):.1e} (audio {_worst(z3, z0, 'loss_audio'):.1e}), "
-          f"LoRA {helpers.assert_trained_close(a, b, rtol=LORA_RTOL):.1e}; vs ZeRO-2: losses {_worst(z3, z, 'loss'):.1e}, "
+          f"LoRA {helpers.assert_trained_close(a, b, rtol=LORA_RTOL):.1e}; "
+          f"vs ZeRO-2: losses {_worst(z3, z, 'loss'):.1e}, "
           f"grad norms {_worst(z3, z, 'grad_norm'):.1e}, LoRA {helpers.assert_trained_close(a, c, rtol=LORA_RTOL):.1e}")
 
 
@@ -155,9 +156,9 @@ def test_bf16_lora_keeps_the_float32_islands(runs):
     float32 = set(res["float32_params"])
     adapters = {n for n in float32 if ".lora_" in n}
     assert adapters and all(n.startswith("blocks.") for n in adapters)  # the float32 masters of the adapters
-    assert float32 - adapters == {n for n in islands if n in float32}  # nothing else float32: the bulk is bf16
-    assert {n for n in islands if n.split(".")[0] in FLOAT32_MODULES} <= float32 - adapters
-    assert "blocks.0.attn.qkv_proj.base_layer.weight" not in float32 and "blocks.0.adaln_proj.linear.weight" not in float32
+    assert float32 - adapters <= islands  # nothing else float32: the bulk is bf16
+    assert {n for n in islands if n.split(".")[0] in FLOAT32_MODULES} | {"blocks.1.attn.k_norm.weight"} <= float32
+    assert not {"blocks.0.attn.qkv_proj.base_layer.weight", "blocks.0.adaln_proj.linear.weight"} & float32
     b, z = rows(runs, "b"), rows(runs, "z")
     print(f"\nbf16 vs fp32 first loss: {abs(b[0]['loss'] - z[0]['loss']) / z[0]['loss']:.1e} (relative)")
     assert b[0]["loss"] == pytest.approx(z[0]["loss"], rel=7e-5)  # measured 3.6e-6: ~20x

@@ -113,9 +113,10 @@ class H3DiT(IslandCast, BlockTraining, nn.Module):
           attended to) or None; out (B, Np/n, H, Dh): each query attends over ALL Np rows but the masked ones
           (the layer all-gathers the key masks).
     forward splits along the reordered rows and gathers the final layer's output (B, Np, patch_dim + C_a),
-    restores the packed order (B, N, ...) and takes the video and audio rows. Everything per row (AdaLN, MLP, norms, the output heads) stays local; the only
-    attention of the blocks is `sp.attention` (tests/test_h3_dit.py). A Ulysses layer: an all-to-all that
-    scatters heads and gathers rows for q / k / v, one attention over the N rows with the gathered key mask,
+    restores the packed order (B, N, ...) and takes the video and audio rows. Everything per row (AdaLN, MLP,
+    norms, the output heads) stays local; the only attention of the blocks is `sp.attention`
+    (tests/test_h3_dit.py). A Ulysses layer: an all-to-all that scatters heads and gathers rows for q / k / v,
+    one attention over the Np rows with the gathered key mask,
     the reverse all-to-all; with every collective's backward its exact adjoint, the ranks' gradients add up
     to N x the unsplit model's, as the other families'.
     """
