@@ -185,3 +185,53 @@ def test_keyframe_training_could_fail(parts):
     other = H3.training.text_entry(encoder.encode(["a drum"], images=[[image.resize((64, 32))]])[0])
     with pytest.raises(ValueError, match="presents its keyframe otherwise"):
         H3.training.text_inputs({k: [entries[0][k], other[k]] for k in other}, "cpu", TINY_DIT)
+
+
+@pytest.mark.slow  # 22 s measured (13.5 s of CPU) with the machine's load at 4.9: over the 20 s a CI test may take
+@pytest.mark.multirank
+def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_path):
+    """`video-dit train`'s trainer on one rank, tiny-h3, a do_i2v dataset of two clips with sound, one step: each
+    clip's caption and the dropout's "" are cached presented with that clip's first frame (what the conditioner
+    gives for the decoded frame, `fit_keyframes` on its canvas: 16 image tokens of 8 x 8 pixels + the vision
+    start / end), the plain captions beside them; the latent entries hold the keyframe's latents; the step's
+    loss is finite. (A DeepSpeed rank in a subprocess: -m slow, docs/tests.md 'Kept out of CI'.)"""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from video_dit.data.demo_av import make_demo_av_data
+    from video_dit.media import read_video_frames
+    from video_dit.train.metrics import read_metrics
+
+    import ranks
+
+    make_demo_av_data(tmp_path / "data", count=2, frames=FRAMES, size=WIDTH, holdout=0, fps=24)
+    dataset = {"folder_path": str(tmp_path / "data"), "num_frames": FRAMES, "fps": 24, "resolution": [WIDTH],
+               "do_i2v": True, "shrink_video_to_frames": False, "caption_ext": "txt"}
+    job = helpers.write_job(tmp_path, "k", datasets=[dataset], size=WIDTH, keep=1, lr=1e-2, lora=False, steps=1,
+                            save_every=1, train={"seed": 3, "warmup_steps": 1, "lr_scheduler": "constant"},
+                            model={"preset": "tiny-h3", "name_or_path": "preset:tiny-h3"})
+    ranks.run_jobs(tmp_path, [{"config": str(job)}], 1, timeout=300)
+    loss = [r["loss"] for r in read_metrics(tmp_path / "out/k/metrics.jsonl") if r.get("loss") is not None]
+    assert len(loss) == 1 and np.isfinite(loss[0]), loss
+    entries = []
+    for path in sorted((tmp_path / "data/_text_cache").glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            caption = f.metadata()["caption"]
+        entries.append((caption, load_file(str(path))))
+    presented = [(c, e) for c, e in entries if "text_tags" in e]
+    assert sorted(c for c, e in entries if "text_tags" not in e) == sorted(["", *(
+        (tmp_path / f"data/{i:04d}.txt").read_text().strip() for i in range(2))])
+    assert len(presented) == 4 and all(int((e["text_tags"] == VIDEO_TAG).sum()) == 18 for _, e in presented)
+    encoder = tiny_h3_text_encoder(0)  # the preset's conditioner
+    for i in range(2):
+        first = Image.fromarray(read_video_frames(tmp_path / f"data/{i:04d}.mp4", [0])[0])
+        caption = (tmp_path / f"data/{i:04d}.txt").read_text().strip()
+        for text in (caption, ""):
+            want = H3.training.text_entry(encoder.encode([text], images=[[first]])[0])
+            errors = [float((e["text_embeds"] - want["text_embeds"]).abs().max()) for c, e in presented
+                      if c == text and e["text_embeds"].shape == want["text_embeds"].shape]
+            print(f"clip {i} {text!r}: cached vs encoded {min(errors, default=float('nan')):.1e}")
+            assert errors and min(errors) < 1e-5, (i, text, errors)
+    for path in (tmp_path / "data/_latent_cache").glob("*.safetensors"):
+        side = WIDTH // H3_VAE_TINY.spatial_compression
+        assert load_file(str(path))["first_frame_latents"].shape == (TINY_DIT.in_channels, 1, side, side)
