@@ -7,6 +7,7 @@ tests/test_h3_pipeline.py's."""
 
 from __future__ import annotations
 
+import av
 import helpers
 import numpy as np
 import pytest
@@ -54,6 +55,11 @@ def parts():
     rng = np.random.default_rng(0)
     clip = (rng.random((FRAMES, HEIGHT, WIDTH, 3)) * 255).astype("uint8")
     return dit, vae, codec, tiny_h3_text_encoder(0), clip
+
+
+@pytest.fixture(scope="module")
+def sampled(parts):
+    return _pipeline_call(parts)
 
 
 def _pipeline_call(parts):
@@ -123,8 +129,8 @@ def _independent(parts, t, text, kw, data, keyframe_timestep=None):
     return (v - (noise - x0)).square().mean() + (a - (a_noise - a0)).square().mean()
 
 
-def test_training_sample_equals_the_pipelines_fl2va_packing(parts):
-    t, text, kw, noise_k = _pipeline_call(parts)
+def test_training_sample_equals_the_pipelines_fl2va_packing(parts, sampled):
+    t, text, kw, noise_k = sampled
     cond, text_batch = _training_batch(parts)
     loss, ((x_in, t_in, context), ours), data = _losses(parts, t, cond, text_batch, noise_k)
     # the inputs: the keyframe rows, their anchor and timestep, the caption's rows and tags, the audio timestep
@@ -142,11 +148,11 @@ def test_training_sample_equals_the_pipelines_fl2va_packing(parts):
     assert err < LOSS_RTOL, err
 
 
-def test_keyframe_training_could_fail(parts):
+def test_keyframe_training_could_fail(parts, sampled):
     """Each piece matters: the keyframe rows' timestep at the video's t (not held), the caption without the
     keyframe in its presentation, and the keyframe without its conditioning noise each move the loss far beyond
     the tolerance; the batch rules and refusals are named."""
-    t, text, kw, noise_k = _pipeline_call(parts)
+    t, text, kw, noise_k = sampled
     cond, text_batch = _training_batch(parts)
     loss, _, data = _losses(parts, t, cond, text_batch, noise_k)
     unheld = _independent(parts, t, text, kw, data, keyframe_timestep=t)
@@ -187,11 +193,12 @@ def test_keyframe_training_could_fail(parts):
         H3.training.text_inputs({k: [entries[0][k], other[k]] for k in other}, "cpu", TINY_DIT)
 
 
-@pytest.mark.slow  # 22 s measured (13.5 s of CPU) with the machine's load at 4.9: over the 20 s a CI test may take
+@pytest.mark.slow  # 28 s measured (13.5 s of CPU) with the machine's load near 5: over the 20 s a CI test may take
 @pytest.mark.multirank
 def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_path):
-    """`video-dit train`'s trainer on one rank, tiny-h3, a do_i2v dataset of two clips with sound, one step: each
-    clip's caption and the dropout's "" are cached presented with that clip's first frame (what the conditioner
+    """`video-dit train`'s trainer on one rank, tiny-h3, a do_i2v dataset of two clips with sound, one step and a
+    preview from a held-out first frame (its prompt presented with it: the pipeline refuses a keyframe its prompt
+    does not present): each clip's caption and the dropout's "" are cached presented with that clip's first frame (what the conditioner
     gives for the decoded frame, `fit_keyframes` on its canvas: 16 image tokens of 8 x 8 pixels + the vision
     start / end), the plain captions beside them; the latent entries hold the keyframe's latents; the step's
     loss is finite. (A DeepSpeed rank in a subprocess: -m slow, docs/tests.md 'Kept out of CI'.)"""
@@ -204,13 +211,18 @@ def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_
 
     import ranks
 
-    make_demo_av_data(tmp_path / "data", count=2, frames=FRAMES, size=WIDTH, holdout=0, fps=24)
+    make_demo_av_data(tmp_path / "data", count=2, frames=FRAMES, size=WIDTH, holdout=1, fps=24)
     dataset = {"folder_path": str(tmp_path / "data"), "num_frames": FRAMES, "fps": 24, "resolution": [WIDTH],
                "do_i2v": True, "shrink_video_to_frames": False, "caption_ext": "txt"}
     job = helpers.write_job(tmp_path, "k", datasets=[dataset], size=WIDTH, keep=1, lr=1e-2, lora=False, steps=1,
                             save_every=1, train={"seed": 3, "warmup_steps": 1, "lr_scheduler": "constant"},
-                            model={"preset": "tiny-h3", "name_or_path": "preset:tiny-h3"})
+                            model={"preset": "tiny-h3", "name_or_path": "preset:tiny-h3"},
+                            samples=[helpers.holdout_sample(tmp_path / "data")], sample_every=1,
+                            sample={"num_frames": FRAMES, "fps": 24})
     ranks.run_jobs(tmp_path, [{"config": str(job)}], 1, timeout=300)
+    # the preview from the held-out first frame (fl2va: its prompt presented with it, or the pipeline refuses), with sound
+    with av.open(str(tmp_path / "out/k/samples/000000001_0.mp4")) as c:
+        assert c.streams.video[0].frames == FRAMES and c.streams.audio[0].rate == 32000
     loss = [r["loss"] for r in read_metrics(tmp_path / "out/k/metrics.jsonl") if r.get("loss") is not None]
     assert len(loss) == 1 and np.isfinite(loss[0]), loss
     entries = []
@@ -219,19 +231,18 @@ def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_
             caption = f.metadata()["caption"]
         entries.append((caption, load_file(str(path))))
     presented = [(c, e) for c, e in entries if "text_tags" in e]
-    assert sorted(c for c, e in entries if "text_tags" not in e) == sorted(["", *(
-        (tmp_path / f"data/{i:04d}.txt").read_text().strip() for i in range(2))])
+    captions = [p.read_text().strip() for p in sorted((tmp_path / "data").glob("*.txt"))]
+    assert len(captions) == 2 and sorted(c for c, e in entries if "text_tags" not in e) == sorted(["", *captions])
     assert len(presented) == 4 and all(int((e["text_tags"] == VIDEO_TAG).sum()) == 18 for _, e in presented)
     encoder = tiny_h3_text_encoder(0)  # the preset's conditioner
-    for i in range(2):
-        first = Image.fromarray(read_video_frames(tmp_path / f"data/{i:04d}.mp4", [0])[0])
-        caption = (tmp_path / f"data/{i:04d}.txt").read_text().strip()
+    for clip, caption in zip(sorted((tmp_path / "data").glob("*.mp4")), captions):
+        first = Image.fromarray(read_video_frames(clip, [0])[0])
         for text in (caption, ""):
             want = H3.training.text_entry(encoder.encode([text], images=[[first]])[0])
             errors = [float((e["text_embeds"] - want["text_embeds"]).abs().max()) for c, e in presented
                       if c == text and e["text_embeds"].shape == want["text_embeds"].shape]
-            print(f"clip {i} {text!r}: cached vs encoded {min(errors, default=float('nan')):.1e}")
-            assert errors and min(errors) < 1e-5, (i, text, errors)
+            print(f"{clip.name} {text!r}: cached vs encoded {min(errors, default=float('nan')):.1e}")
+            assert errors and min(errors) < 1e-5, (clip.name, text, errors)
     for path in (tmp_path / "data/_latent_cache").glob("*.safetensors"):
         side = WIDTH // H3_VAE_TINY.spatial_compression
         assert load_file(str(path))["first_frame_latents"].shape == (TINY_DIT.in_channels, 1, side, side)

@@ -176,7 +176,7 @@ class Trainer:
         self.audio_codec = (family.audio.load_codec(spec.audio, dtype=vae_dtype, device=self.device, seed=p.model.seed)
                             if family.audio is not None else None)
         self._build_data(text_encoder, image_encoder)
-        self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
+        self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p), family.prompt_images)
                          if self._sampling_enabled() else [])
         # the image encoder once per preview image (Wan's CLIP, HunyuanVideo 1.5's SigLIP)
         encode_preview_images(self.previews, image_encoder, family.image_embeds, log=self.log)
