@@ -198,8 +198,8 @@ def test_keyframe_training_could_fail(parts, sampled):
 def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_path):
     """`video-dit train`'s trainer on one rank, tiny-h3, a do_i2v dataset of two clips with sound, one step and a
     preview from a held-out first frame (its prompt presented with it: the pipeline refuses a keyframe its prompt
-    does not present): each clip's caption and the dropout's "" are cached presented with that clip's first frame (what the conditioner
-    gives for the decoded frame, `fit_keyframes` on its canvas: 16 image tokens of 8 x 8 pixels + the vision
+    does not present): each clip's caption and the dropout's "" are cached presented with that clip's first frame
+    (what the conditioner gives for the decoded frame, `fit_keyframes` on its canvas: 16 image tokens of 8 x 8 pixels + the vision
     start / end), the plain captions beside them; the latent entries hold the keyframe's latents; the step's
     loss is finite. (A DeepSpeed rank in a subprocess: -m slow, docs/tests.md 'Kept out of CI'.)"""
     from safetensors import safe_open
@@ -220,7 +220,7 @@ def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_
                             samples=[helpers.holdout_sample(tmp_path / "data")], sample_every=1,
                             sample={"num_frames": FRAMES, "fps": 24})
     ranks.run_jobs(tmp_path, [{"config": str(job)}], 1, timeout=300)
-    # the preview from the held-out first frame (fl2va: its prompt presented with it, or the pipeline refuses), with sound
+    # the preview from the held-out first frame (fl2va: its prompt presented with it, else the pipeline refuses)
     with av.open(str(tmp_path / "out/k/samples/000000001_0.mp4")) as c:
         assert c.streams.video[0].frames == FRAMES and c.streams.audio[0].rate == 32000
     loss = [r["loss"] for r in read_metrics(tmp_path / "out/k/metrics.jsonl") if r.get("loss") is not None]
@@ -246,3 +246,25 @@ def test_one_rank_do_i2v_job_caches_each_clips_caption_with_its_first_frame(tmp_
     for path in (tmp_path / "data/_latent_cache").glob("*.safetensors"):
         side = WIDTH // H3_VAE_TINY.spatial_compression
         assert load_file(str(path))["first_frame_latents"].shape == (TINY_DIT.in_channels, 1, side, side)
+
+
+def test_a_presented_captions_text_entry_is_keyed_on_its_clip(tmp_path):
+    """`data.cache.item_text_path`: with a conditioner that presents the clip's first frame (`keyframe_text`), a
+    conditioned clip's caption entry is keyed on the clip (another clip, or the same file touched or cropped
+    otherwise, with the same caption: another entry), a still's (trained as t2v) and any entry of a job without it on
+    the caption alone."""
+    from dataclasses import replace
+
+    from video_dit.data.cache import item_text_path, text_path
+    from video_dit.data.dataset import DataItem
+
+    clip = DataItem(path=str(tmp_path / "a.mp4"), kind="video", caption=PROMPT, bucket=(FRAMES, HEIGHT, WIDTH),
+                    frames=tuple(range(FRAMES)), resize=(HEIGHT, WIDTH), crop=(0, 0),
+                    source=(FRAMES, WIDTH, HEIGHT, 24.0), size=100, mtime_ns=1, do_i2v=True, cache_root=str(tmp_path))
+    still = replace(clip, kind="image", bucket=(1, HEIGHT, WIDTH), frames=(0,))
+    plain = text_path(tmp_path, PROMPT, "space")
+    keyed = {item_text_path(c, PROMPT, "space", keyframe_text=True) for c in (
+        clip, replace(clip, path=str(tmp_path / "b.mp4")), replace(clip, mtime_ns=2), replace(clip, crop=(1, 0)))}
+    assert len(keyed) == 4 and plain not in keyed
+    assert item_text_path(still, PROMPT, "space", keyframe_text=True) == plain
+    assert item_text_path(clip, PROMPT, "space", keyframe_text=False) == plain

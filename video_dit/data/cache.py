@@ -278,9 +278,9 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
     `has_audio`), stored in the same entry. `keyframe_text_fn(captions, first frame (3, H, W) in [-1, 1])` (a
     conditioner that presents a clip's first frame with its caption: MiniMax H3): per conditioned item, its
     caption and the dropout's "" encoded with its first frame, each entry as `text_fn`'s, keyed on the item too
-    (`item_text_path`; read back by `CachedDataset(keyframe_text=True)`). `cache_dir` overrides every dataset's own cache root. A file
-    whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
-    other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
+    (`item_text_path`; read back by `CachedDataset(keyframe_text=True)`). `cache_dir` overrides every dataset's own
+    cache root. A file whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json`
+    every rank reads); other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
     that every rank sees every entry before building its `CachedDataset`.
     """
     text_space_version = space_version if text_space_version is None else text_space_version
