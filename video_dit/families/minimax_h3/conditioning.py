@@ -12,7 +12,8 @@ builds a training sample, and the same rows the pipeline (`pipeline.py`, diffuse
       DiT(x_t, t, text, keyframes=, keyframe_anchors=("first",), keyframe_timestep=) -> the target rows' velocity
 
 Sources ("[A]" ai-toolkit at 27a03a91, extensions_built_in/diffusion_models/minimax_h3/minimax_h3.py; "[T]"
-toolkit/dataloader_mixins.py there):
+toolkit/dataloader_mixins.py there; MiniMax publishes no trainer, its repository holds the weights, configs and
+request scripts):
   - [A] `_build_condition`: do_i2v and a clip of more than one frame: the first frame's latents
     (`encode_keyframe_latents`: seed 42, float16-rounded, what diffusers' pipeline encodes a keyframe with), mixed
     `KEYFRAME_NOISE_AUG_T * z + (1 - KEYFRAME_NOISE_AUG_T) * randn_like(z)` (0.999) with fresh noise per step,
