@@ -281,8 +281,9 @@ def test_registry_codec_and_training_record(parts):
     with pytest.raises(ValueError, match="24 fps clips only"):
         ours.dit(x, torch.tensor([500.0, 200.0]), context, audio=torch.randn(2, 2, 8, 37),
                  audio_timestep=torch.tensor([100.0, 900.0]), fps=16.0, **kwargs)
-    with pytest.raises(ValueError, match="does not train yet"):
-        H3.training.conditioning("replace", TINY_DIT.patch_size, None, False)
+    # first-frame conditioning trains (tests/test_h3_keyframe_train.py); a last keyframe is sampled, not trained
+    with pytest.raises(ValueError, match="first keyframe only"):
+        H3.training.conditioning(None, TINY_DIT.patch_size, None, True)
     assert H3.audio.tied_map is audio_timesteps and H3.audio.loss_weight == 1.0
     # a LoRA file in the keys ComfyUI and diffusers' MiniMaxH3LoraLoaderMixin read reads back to the adapters
     from video_dit.lora import from_comfy

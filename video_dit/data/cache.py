@@ -5,6 +5,8 @@ Layout (next to the data, or under `cache_dir`), following ai-toolkit's `_latent
                                                                         (e.g. `latents`, `first_frame_latents`)
   <root>/_latent_cache/<file name>_<item key>.skip.json                 a file that failed to decode
   <root>/_text_cache/<caption key>_<space key>.safetensors              `text_embeds` (Lt, D)
+                                          (a conditioner that presents a clip's first frame with its caption: the
+                                          caption key hashes the caption and the clip's item key, `item_text_path`)
 The item key hashes the file identity (absolute path, size, mtime), the frame selection, the
 bucket/resize/crop and `do_i2v`, and in a job with sound whether the item trains sound and its
 audio span (the rate, channels, audio codec and the datasets' fps are the space's); the space key
@@ -124,12 +126,23 @@ def skip_path(item: DataItem, cache_dir=None) -> Path:
     return cache_root_of(item, cache_dir) / LATENT_DIR / f"{Path(item.path).name}_{item_key(item)}.skip.json"
 
 
-def caption_key(caption: str) -> str:
-    return _sha(["caption", caption])[:16]
+def caption_key(caption: str, keyframe: str | None = None) -> str:
+    """16 hex digits of a caption, and of the clip whose first frame a conditioner presents with it (`keyframe`: its
+    `item_key`, which hashes what decides that frame's pixels); None: the caption alone."""
+    return _sha(["caption", caption] if keyframe is None else ["caption", caption, "keyframe", keyframe])[:16]
 
 
-def text_path(root, caption: str, text_space_version: str) -> Path:
-    return Path(root) / TEXT_DIR / f"{caption_key(caption)}_{space_key(text_space_version)}.safetensors"
+def text_path(root, caption: str, text_space_version: str, keyframe: str | None = None) -> Path:
+    return Path(root) / TEXT_DIR / f"{caption_key(caption, keyframe)}_{space_key(text_space_version)}.safetensors"
+
+
+def item_text_path(item: DataItem, caption: str, text_space_version: str, cache_dir=None,
+                   keyframe_text: bool = False) -> Path:
+    """The text entry `item` trains with for `caption` (its own or the dropout's ""): keyed on the item's first frame
+    as well when the conditioner presents it (`keyframe_text`, a job whose family's conditioner reads the keyframe:
+    `Family.prompt_images`) and the item is trained on it (`DataItem.conditioned`), else the caption's alone."""
+    keyframe = item_key(item) if keyframe_text and item.conditioned else None
+    return text_path(cache_root_of(item, cache_dir), caption, text_space_version, keyframe)
 
 
 def text_cached_any(root, caption: str) -> bool:
@@ -238,12 +251,22 @@ def _text_jobs(scan: ScanResult, text_space_version: str, cache_dir) -> list[tup
     return sorted(jobs.items(), key=lambda kv: str(kv[0]))
 
 
+def _keyframe_text_jobs(scan: ScanResult, text_space_version: str, cache_dir) -> list[tuple[DataItem, list]]:
+    """Per conditioned item (`DataItem.conditioned`), its (path, caption) entries presented with its first frame."""
+    jobs = {}
+    for item in scan.items:
+        if item.conditioned:
+            entries = [(item_text_path(item, c, text_space_version, cache_dir, True), c) for c in (item.caption, "")]
+            jobs.setdefault(str(entries[0][0]), (item, entries))
+    return [jobs[k] for k in sorted(jobs)]
+
+
 def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, torch.Tensor]],
                 text_fn: Callable[[list[str]], list[torch.Tensor]], rank: int = 0, world_size: int = 1,
                 cache_dir=None, *, space_version: str, text_space_version: str | None = None,
                 barrier: Callable[[], None] | None = None, text_batch_size: int = 16,
-                verbose: bool = True, audio_fn: Callable[[DataItem], dict[str, torch.Tensor]] | None = None
-                ) -> CacheReport:
+                verbose: bool = True, audio_fn: Callable[[DataItem], dict[str, torch.Tensor]] | None = None,
+                keyframe_text_fn: Callable[[list[str], torch.Tensor], list] | None = None) -> CacheReport:
     """Compute the missing latent and text entries of `scan`; this rank does entries `rank::world_size`.
 
     `encode_fn(video)`: `video` is `(1, 3, F, H, W)` float32 in [-1, 1] on CPU; returns a dict of
@@ -252,9 +275,12 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
     per caption one `(Lt, D)` tensor (stored as `text_embeds`) or a dict of such tensors (the family's
     names; HunyuanVideo 1.5: `text_embeds` and `glyph_embeds`, which may have 0 rows). `audio_fn(item)`
     (a job with sound): the item's audio entries, with the same leading batch dim (`audio_latents`, and
-    `has_audio`), stored in the same entry. `cache_dir` overrides every dataset's own cache root. A file
-    whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json` every rank reads);
-    other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
+    `has_audio`), stored in the same entry. `keyframe_text_fn(captions, first frame (3, H, W) in [-1, 1])` (a
+    conditioner that presents a clip's first frame with its caption: MiniMax H3): per conditioned item, its
+    caption and the dropout's "" encoded with its first frame, each entry as `text_fn`'s, keyed on the item too
+    (`item_text_path`; read back by `CachedDataset(keyframe_text=True)`). `cache_dir` overrides every dataset's own
+    cache root. A file whose pixels or track fail to decode (`MediaError`) is recorded as skipped (a `.skip.json`
+    every rank reads); other errors propagate. `barrier` (e.g. `torch.distributed.barrier`) is called at the end so
     that every rank sees every entry before building its `CachedDataset`.
     """
     text_space_version = space_version if text_space_version is None else text_space_version
@@ -308,15 +334,23 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
         if len(embeds) != len(chunk):
             raise ValueError(f"text_fn returned {len(embeds)} embeddings for {len(chunk)} captions")
         for (path, caption), e in zip(chunk, embeds):
-            entry = {"text_embeds": e} if isinstance(e, torch.Tensor) else e
-            bad = [k for k, t in entry.items() if not isinstance(t, torch.Tensor) or t.ndim != 2] \
-                if isinstance(entry, dict) and entry else ["?"]
-            if bad:
-                raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a non-empty dict of them, got "
-                                 f"{type(e).__name__} ({bad})")
-            _atomic_save({k: t.contiguous() for k, t in entry.items()}, path,
-                         {"caption": caption, "space_version": text_space_version, "format": "video_dit.text.v1"})
+            _save_text(path, e, caption, text_space_version)
         report.text_misses += len(chunk)
+    if keyframe_text_fn is not None:
+        for item, entries in _keyframe_text_jobs(scan, text_space_version, cache_dir)[rank::world_size]:
+            todo = [(path, caption) for path, caption in entries if not _valid_entry(path)]
+            report.text_hits += len(entries) - len(todo)
+            if not todo or skip_path(item, cache_dir).is_file():  # a clip that failed to decode trains nothing
+                continue
+            try:
+                first = load_item_pixels(item)[0]  # (3, H, W): the frame its latents' first frame is encoded from
+            except media.MediaError:  # recorded by the rank that caches its latents (a `.skip.json`); dropped
+                continue
+            with torch.no_grad():
+                embeds = keyframe_text_fn([c for _, c in todo], first)
+            for (path, caption), e in zip(todo, embeds, strict=True):
+                _save_text(path, e, caption, text_space_version)
+            report.text_misses += len(todo)
     if verbose:
         print(f"cache: rank {rank}/{world_size}: latents {report.hits} hit, {report.misses} computed, "
               f"{len(report.skipped)} skipped; text {report.text_hits} hit, {report.text_misses} computed",
@@ -324,6 +358,18 @@ def build_cache(scan: ScanResult, encode_fn: Callable[[torch.Tensor], dict[str, 
     if barrier is not None:
         barrier()
     return report
+
+
+def _save_text(path: Path, e, caption: str, text_space_version: str) -> None:
+    """One caption's text entry: an (Lt, D) tensor (stored as `text_embeds`) or a non-empty dict of 2-D tensors."""
+    entry = {"text_embeds": e} if isinstance(e, torch.Tensor) else e
+    bad = [k for k, t in entry.items() if not isinstance(t, torch.Tensor) or t.ndim != 2] \
+        if isinstance(entry, dict) and entry else ["?"]
+    if bad:
+        raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a non-empty dict of them, got "
+                         f"{type(e).__name__} ({bad})")
+    _atomic_save({k: t.contiguous() for k, t in entry.items()}, path,
+                 {"caption": caption, "space_version": text_space_version, "format": "video_dit.text.v1"})
 
 
 class CachedDataset(torch.utils.data.Dataset):
@@ -339,8 +385,8 @@ class CachedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, scan: ScanResult, cache_dir=None, *, space_version: str,
-                 text_space_version: str | None = None, seed: int = 0):
-        self.cache_dir = cache_dir
+                 text_space_version: str | None = None, seed: int = 0, keyframe_text: bool = False):
+        self.cache_dir, self.keyframe_text = cache_dir, keyframe_text  # (`item_text_path`)
         self.space_version = space_version
         self.text_space_version = space_version if text_space_version is None else text_space_version
         self.seed, self.epoch = seed, 0
@@ -355,7 +401,7 @@ class CachedDataset(torch.utils.data.Dataset):
                 raise DataError(f"{item.path}: no latent cache entry {latent_path(item, space_version, cache_dir)}; "
                                 f"run build_cache on every rank (same cache_dir and space_version) first")
             for caption in (item.caption, ""):
-                tp = text_path(cache_root_of(item, cache_dir), caption, self.text_space_version)
+                tp = item_text_path(item, caption, self.text_space_version, cache_dir, keyframe_text)
                 if not tp.is_file():
                     raise DataError(f"{item.path}: no text cache entry {tp} for caption {caption!r}; "
                                     f"run build_cache first")
@@ -388,7 +434,7 @@ class CachedDataset(torch.utils.data.Dataset):
         out: dict = dict(load_file(str(latent_path(item, self.space_version, self.cache_dir))))
         dropped = self.caption_dropped(index)
         caption = "" if dropped else item.caption
-        tp = text_path(cache_root_of(item, self.cache_dir), caption, self.text_space_version)
+        tp = item_text_path(item, caption, self.text_space_version, self.cache_dir, self.keyframe_text)
         text = load_file(str(tp))  # the family's text entry (Wan: text_embeds)
         out.update(text)
         out[TEXT_NAMES] = tuple(sorted(text))

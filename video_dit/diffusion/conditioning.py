@@ -149,10 +149,12 @@ class FirstFrameConditioning:
         model_input = torch.cat([noisy, mask, cond_latents.to(noisy.dtype)], dim=1)  # (B, C + 4 + 16, F', h, w)
         return model_input, t, loss_mask
 
-    def dit_kwargs(self, cond: dict[str, torch.Tensor], active: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def dit_kwargs(self, cond: dict[str, torch.Tensor], active: torch.Tensor | None = None, *,
+                   t: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The DiT's keyword inputs from `cond`: {"clip_fea": (B, Li, C)} when it holds CLIP features
         (a DiT with the image branch needs them; one without refuses them), else {}. `active` (the
-        interface's, for HunyuanVideo 1.5's image mask): Wan's image branch reads every sample's features."""
+        interface's, for HunyuanVideo 1.5's image mask): Wan's image branch reads every sample's features.
+        `t`, `noise` (the interface's, for MiniMax H3's keyframe rows at the step's t): not read here."""
         return {"clip_fea": cond["clip_features"]} if "clip_features" in cond else {}
 
     def restore(self, x: torch.Tensor, cond: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -82,18 +82,21 @@ def flow_matching_loss(model: Callable, x0: torch.Tensor, context, t: torch.Tens
                        conditioning: FirstFrameConditioning | None = None, cond: dict | None = None,
                        active: torch.Tensor | None = None, weight: torch.Tensor | None = None,
                        text_kwargs: dict | None = None, audio: AudioBatch | None = None,
-                       parts: dict | None = None) -> torch.Tensor:
+                       parts: dict | None = None, cond_noise: torch.Tensor | None = None) -> torch.Tensor:
     """The training loss of one batch at given timesteps and noise: `model(model_in, timestep, context,
-    **text_kwargs, **conditioning.dit_kwargs(cond, active))` (a DiT or a DeepSpeed engine) on
+    **text_kwargs, **conditioning.dit_kwargs(cond, active, t=t, noise=cond_noise))` (a DiT or a DeepSpeed engine) on
     `training_inputs`, reduced by `weighted_loss`; with `audio`, both streams (module docstring).
 
     x0: (B, C, F', h, w) float32; context: the DiT's text argument (Wan: B embeddings (Lt_i, D);
     HunyuanVideo 1.5: (B, Lt, D) padded, its mask and glyphs in `text_kwargs`); t: (B,); noise: like x0;
     weight: (B,) per-sample loss weights (`TimestepSampler.loss_weight(t)`) or None. `parts`: a dict that
-    receives each stream's loss (detached floats: "video", and with audio "audio").
+    receives each stream's loss (detached floats: "video", and with audio "audio"). `cond_noise`: (B, C, 1, h, w)
+    the conditioning's own noise of this step (MiniMax H3's keyframe rows, held at 0.999 z + 0.001 noise), drawn by
+    the caller like `noise`; the conditioning reads it and t in `dit_kwargs`.
     """
     model_in, timestep, target, mask = training_inputs(x0, t, noise, conditioning, cond, active)
-    extra = conditioning.dit_kwargs(cond, active) if conditioning is not None else {}  # the image branch's embeds
+    # the image branch's embeds (Wan, HunyuanVideo 1.5); MiniMax H3's keyframe rows at this step's t
+    extra = conditioning.dit_kwargs(cond, active, t=t, noise=cond_noise) if conditioning is not None else {}
     kwargs = {**(text_kwargs or {}), **extra}
     if audio is None:
         pred = model(model_in, timestep, context, **kwargs)  # (B, C, F', h, w)

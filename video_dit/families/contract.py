@@ -139,7 +139,9 @@ class Training:
     conditions the DiT, and how a batch's cached text becomes the DiT's arguments.
 
       conditioning(i2v_mode, patch_size, mask_first_frame_loss, last_frame) -> the conditioning object
-          (`apply`, `dit_kwargs`); a ValueError names a setting it cannot take
+          (`apply(x_t, t, cond, active)`, `dit_kwargs(cond, active, t=, noise=)`: t the step's timesteps, noise
+          its own draw (B, C, 1, h, w), `objective.flow_matching_loss`'s cond_noise); a ValueError names a setting
+          it cannot take
       conditions_t2v: whether text-to-video jobs run through it too (the DiT always reads its channels)
       cache_item(vae, video (B, 3, F, H, W) in [-1, 1], i2v_mode, last_frame, image_encoder) -> {key: (B, ...)}:
           what an i2v clip conditions on beside its latents (the first frame's latents, the image embeds)

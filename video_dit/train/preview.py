@@ -79,17 +79,28 @@ def job_scheduler(process):
     return read_scheduler_config(process.model.name_or_path, scheduler_classes())
 
 
-def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None) -> list[PreviewJob]:
+def encode_prompts(sample_cfg, text_encoder, preset=None, scheduler=None, prompt_images=None) -> list[PreviewJob]:
     """One `PreviewJob` per configured sample, with its embeds on CPU. preset, scheduler: the job's
-    `Preset` and its model folder's `read_scheduler_config`, for the settings the job leaves out."""
+    `Preset` and its model folder's `read_scheduler_config`, for the settings the job leaves out.
+    prompt_images: the family's `Family.prompt_images` (a conditioner that presents the keyframes with the prompt,
+    MiniMax H3): a sample's ctrl_img (and ctrl_img_2) encoded with its prompt, as `video-dit sample` does."""
     jobs = []
     if sample_cfg is None:
         return jobs
     for i, s in enumerate(sample_cfg.samples):
         settings = sample_settings(sample_cfg, i, preset, scheduler)
         guided = settings.guided
+        prompts = [s.prompt] + ([settings.negative] if guided else [])
+        shown = None
+        if prompt_images is not None and s.ctrl_img:
+            try:
+                shown = prompt_images(load_image(s.ctrl_img), load_image(s.ctrl_img_2) if s.ctrl_img_2 else None,
+                                      s.height or sample_cfg.height, s.width or sample_cfg.width)
+            except MediaError:  # the preview fails at render time with the file named; training goes on
+                shown = None
         with torch.no_grad():
-            embeds = text_encoder.encode([s.prompt] + ([settings.negative] if guided else []))
+            embeds = text_encoder.encode(prompts) if shown is None else text_encoder.encode(
+                prompts, images=[shown] * len(prompts))
         seed = s.seed if s.seed is not None else sample_cfg.seed + (i if sample_cfg.walk_seed else 0)
         jobs.append(PreviewJob(
             index=i, prompt=s.prompt, embeds=_cpu_float(embeds[0]),

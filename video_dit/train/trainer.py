@@ -50,6 +50,7 @@ from video_dit.devices import device_peak_flops, local_device, pin_memory, to_de
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at, expert_range
 from video_dit.diffusion.flow import TimestepSampler
 from video_dit.diffusion.objective import AudioBatch, flow_matching_loss
+from video_dit.media import tensor_to_pil
 from video_dit.models.common import te_quantization
 from video_dit.models.layouts import mixed_outputs, write_sources
 from video_dit.models.saved import dit_folder
@@ -175,7 +176,7 @@ class Trainer:
         self.audio_codec = (family.audio.load_codec(spec.audio, dtype=vae_dtype, device=self.device, seed=p.model.seed)
                             if family.audio is not None else None)
         self._build_data(text_encoder, image_encoder)
-        self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p))
+        self.previews = (encode_prompts(p.sample, text_encoder, self.preset, job_scheduler(p), family.prompt_images)
                          if self._sampling_enabled() else [])
         # the image encoder once per preview image (Wan's CLIP, HunyuanVideo 1.5's SigLIP)
         encode_preview_images(self.previews, image_encoder, family.image_embeds, log=self.log)
@@ -355,6 +356,15 @@ class Trainer:
         def text_fn(captions):  # {key: (L, D)} per caption (`Training.text_entry`)
             return [training.text_entry(e) for e in text_encoder.encode(captions)]
 
+        # a conditioner that presents a clip's first frame with its caption (`Family.prompt_images`: MiniMax H3): the
+        # captions of do_i2v clips encoded with it, keyed on the clip (`data.cache.item_text_path`)
+        keyframe_text = self.any_i2v and self.family.prompt_images is not None
+
+        def keyframe_text_fn(captions, first):  # first (3, H, W) in [-1, 1] -> {key: (L, D)} per caption
+            image = tensor_to_pil(first)[0]  # uint8-rounded, as ai-toolkit hands the frame to its conditioner
+            shown = self.family.prompt_images(image, None, image.height, image.width)
+            return [training.text_entry(e) for e in text_encoder.encode(captions, images=[shown] * len(captions))]
+
         def audio_fn(item):  # a DiT with sound: the clip's track over its frames' span, encoded (zeros without)
             return audio_entry(item, self.audio_codec, sound, p.datasets[item.dataset].fps, self.device, vae.dtype)
 
@@ -362,12 +372,15 @@ class Trainer:
         everything = scan if val_scan is None else ScanResult.merge([scan, val_scan])
         build_cache(everything, encode_fn, text_fn, rank=self.rank, world_size=self.world, space_version=space,
                     text_space_version=text_space, barrier=dist.barrier, verbose=self.rank0,
-                    audio_fn=audio_fn if sound is not None else None)
+                    audio_fn=audio_fn if sound is not None else None,
+                    keyframe_text_fn=keyframe_text_fn if keyframe_text else None)
         self.log(f"caches ready in {time.perf_counter() - t0:.1f}s")
-        self.dataset = CachedDataset(scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
+        self.dataset = CachedDataset(scan, space_version=space, text_space_version=text_space, seed=p.train.seed,
+                                     keyframe_text=keyframe_text)
         self.validator = None
         if val_scan is not None:
-            val_set = CachedDataset(val_scan, space_version=space, text_space_version=text_space, seed=p.train.seed)
+            val_set = CachedDataset(val_scan, space_version=space, text_space_version=text_space, seed=p.train.seed,
+                                    keyframe_text=keyframe_text)
             self.validator = validation.Validator(
                 p.train.validation_config, val_set, dp_rank=self.dp_rank, dp_size=self.dp_world,
                 sp_rank=self.sp_info.sp_rank, device=self.device,
@@ -400,6 +413,9 @@ class Trainer:
                 for i in range(B)]
         t = torch.cat([self.timesteps.sample(1, g) for g in gens])  # (B,) on [min_t, max_t]
         noise = torch.cat([torch.randn(shape, generator=g) for g in gens])  # (B, C, F', h, w)
+        # the conditioning's own noise of this step (MiniMax H3's keyframe rows), after the video's from each generator
+        cond_noise = None if self.conditioning is None else torch.cat(
+            [torch.randn((*shape[:2], 1, *shape[3:]), generator=g) for g in gens])  # (B, C, 1, h, w)
         self._drawn_t.extend(t.tolist())
         audio_t = audio_noise = None
         if "audio_latents" in batch:  # a DiT with sound: the audio stream's own generators (tied: the video's t)
@@ -409,15 +425,17 @@ class Trainer:
                                                                               for g in agens])
             a_shape = (1, *batch["audio_latents"].shape[1:])
             audio_noise = torch.cat([torch.randn(a_shape, generator=g) for g in agens])
-        return self.loss_at(batch, t, noise, audio_t=audio_t, audio_noise=audio_noise, parts=self._parts)
+        return self.loss_at(batch, t, noise, audio_t=audio_t, audio_noise=audio_noise, parts=self._parts,
+                            cond_noise=cond_noise)
 
     def loss_at(self, batch: dict, t: torch.Tensor, noise: torch.Tensor, model=None, audio_t=None, audio_noise=None,
-                parts: dict | None = None) -> torch.Tensor:
+                parts: dict | None = None, cond_noise: torch.Tensor | None = None) -> torch.Tensor:
         """The training loss of `batch` at given timesteps t (B,) and noise (B, C, F', h, w): what
         `loss_of` computes after drawing them (a validation loss calls this with fixed ones). `model`:
         the DiT to run (default: the engine being trained; a two-expert validation picks by t). A batch with
         sound (`audio_latents`): `audio_t` (B,) (None: tied, t or `AudioPath.tied_map(t)`) and `audio_noise`
-        like its latents; `parts` receives each stream's loss (`flow_matching_loss`)."""
+        like its latents; `parts` receives each stream's loss (`flow_matching_loss`); `cond_noise` (B, C, 1, h, w): the
+        conditioning's own noise (MiniMax H3's keyframe rows; None for the others)."""
         dev = self.device
         x0 = to_device(batch["latents"], dev, torch.float32)  # (B, C, F', h, w)
         t, noise = to_device(t, dev, torch.float32), to_device(noise, dev, torch.float32)
@@ -445,7 +463,8 @@ class Trainer:
         return flow_matching_loss(self.engine if model is None else model, x0, context, t, noise,
                                   conditioning=self.conditioning, cond=cond, active=active,
                                   weight=self.timesteps.loss_weight(t), text_kwargs=text_kwargs, audio=audio,
-                                  parts=parts)
+                                  parts=parts,
+                                  cond_noise=None if cond_noise is None else to_device(cond_noise, dev, torch.float32))
 
     def _checkpoint_for(self, batch: dict) -> None:
         """`gradient_checkpointing: auto`: the plan's blocks for this batch's bucket, the most any rank needs

@@ -156,6 +156,8 @@ class Validator:
                 noise = self.noise(k, sample["latents"].shape)
                 sound = {"audio_noise": self.noise(k, sample["audio_latents"].shape, "audio")} \
                     if "audio_latents" in sample else {}
+                if "first_frame_latents" in sample:  # a conditioning's own noise (MiniMax H3's keyframe rows)
+                    sound["cond_noise"] = self.noise(k, sample["first_frame_latents"].shape, "keyframe")
                 for j, s in enumerate(self.sigmas):
                     parts: dict = {}
                     loss = loss_at(batch, torch.tensor([1000.0 * s]), noise, parts=parts, **sound)

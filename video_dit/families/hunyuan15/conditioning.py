@@ -50,8 +50,10 @@ class HY15Conditioning:
         loss_mask = torch.ones(B, 1, Fl, h, w, device=noisy.device, dtype=torch.float32)
         return torch.cat([noisy, latents, mask], dim=1), t, loss_mask  # (B, 2C + 1, F', h, w)
 
-    def dit_kwargs(self, cond: dict[str, torch.Tensor] | None, active: torch.Tensor | None = None) -> dict:
-        """{"image_embeds": (B, Li, D)[, "image_mask": (B, Li)]} when `cond` holds SigLIP embeds, else {}."""
+    def dit_kwargs(self, cond: dict[str, torch.Tensor] | None, active: torch.Tensor | None = None, *,
+                   t: torch.Tensor | None = None, noise: torch.Tensor | None = None) -> dict:
+        """{"image_embeds": (B, Li, D)[, "image_mask": (B, Li)]} when `cond` holds SigLIP embeds, else {}. `t`, `noise`
+        (the interface's, for MiniMax H3's keyframe rows): not read here."""
         if cond is None or "image_embeds" not in cond:
             return {}
         embeds = cond["image_embeds"]

@@ -7,6 +7,7 @@ video rows, as one family. Its files:
     convert.py     the DiT's key layouts and the LoRA keys          loading.py  the loaders, detection
     presets.py     the released partitions and the tiny model       pipeline.py t2va / fl2va sampling with sound
     memory.py      the activation model (an upper bound so far)
+    conditioning.py  the first keyframe in training (a do_i2v dataset), as ai-toolkit's H3 trainer builds it
 
 `FAMILY` is its record (`video_dit.families.contract.Family`), registered by `video_dit.families`.
 """
@@ -21,7 +22,8 @@ from video_dit.families.minimax_h3 import loading as h3_load
 from video_dit.families.minimax_h3.convert import h3_lora_from_file, h3_lora_to_comfy
 from video_dit.families.minimax_h3.dit import (FLOAT32_MODULES, LORA_TARGETS, H3DiT, cast_h3_dit, h3_dit_flops,
                                                init_parameter, param_dtypes)
-from video_dit.families.minimax_h3.encoders import TEXT_TAG, H3PromptEmbeds
+from video_dit.families.minimax_h3.conditioning import (H3KeyframeConditioning, batch_tags, keyframe_latents, prompt,
+                                                       text_entry)
 from video_dit.families.minimax_h3.memory import PLAN_TEXT_TOKENS, h3_activation_bytes
 from video_dit.families.minimax_h3.pipeline import GRIDS, H3Pipeline, fit_keyframes, h3_schedule
 from video_dit.families.minimax_h3.presets import (AUDIO, H3_PRESETS, SAMPLE_STEPS, TINY_PRESETS, VIDEO_SHIFT,
@@ -46,35 +48,32 @@ def _pad_stack(rows: list[torch.Tensor], device) -> tuple[torch.Tensor, torch.Te
     return out, None if same else torch.stack([torch.arange(n) < r.shape[0] for r in rows]).to(device)
 
 
-def _text_entry(e: H3PromptEmbeds) -> dict:
-    """What a caption caches: its rows (Lt, D). A caption is presented alone (no keyframe: its tags all text)."""
-    if bool((e.tags != TEXT_TAG).any()):
-        raise ValueError("a cached caption holds a vision block; MiniMax H3 trains text-to-video+audio here (a "
-                         "caption is encoded alone)")
-    return {"text_embeds": e.embeds.float()}
-
-
 def _text_inputs(batch, device, dit_config):
-    """A batch's cached captions as the DiT takes them: the rows right-padded (B, Lt, D) and their mask (each
-    sample's padded rows masked as keys and its media clock at its own length, as its request alone)."""
-    text, mask = _pad_stack(list(batch["text_embeds"]), device)
-    return text, {"text_mask": mask}
+    """A batch's cached captions as the DiT takes them: the rows right-padded (B, Lt, D), their mask (each sample's
+    padded rows masked as keys and its media clock at its own length, as its request alone) and, for captions
+    presented with their clip's keyframe, the rows' modality tags (Lt,) the batch shares (`batch_tags`)."""
+    rows = list(batch["text_embeds"])
+    text, mask = _pad_stack(rows, device)
+    tags = batch_tags(batch.get("text_tags"), [r.shape[0] for r in rows])
+    return text, {"text_mask": mask, **({} if tags is None else {"text_tags": tags.to(device)})}
 
 
-def _no_keyframe_training(i2v_mode, patch_size, mask_first_frame_loss, last_frame):
-    # ai-toolkit's H3 trainer conditions on a clip's first frame as the pipeline does (a keyframe row held at
-    # t = 0.999, its vision block in the caption's presentation): a text cache per caption and keyframe, not built
-    raise ValueError("MiniMax H3's keyframe conditioning (fl2va) samples here but does not train yet (its captions "
-                     "would be cached with each clip's first frame in their presentation); accepted: do_i2v false "
-                     "(text-to-video+audio)")
+def _conditioning(i2v_mode, patch_size, mask_first_frame_loss, last_frame):
+    """The first keyframe's rows (conditioning.py); the job's i2v mode is None (the keyframe is rows of its own, no
+    input channels or frame replaced)."""
+    if last_frame:
+        raise ValueError("MiniMax H3 trains the first keyframe only (ai-toolkit's H3 trainer's fl2va; a last "
+                         "keyframe is sampled, not trained here); accepted: do_flf2v false")
+    return H3KeyframeConditioning(mask_first_frame_loss)
 
 
+# ai-toolkit's H3 trainer: a do_i2v clip's first frame as a keyframe row held at t = 0.999, its caption presented with
+# that frame (conditioning.py; the conditioner's presentation: `Family.prompt_images`, which the trainer's text cache
+# asks for each conditioned clip)
 TRAINING = Training(
-    conditioning=_no_keyframe_training, conditions_t2v=False,
-    cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: _no_keyframe_training(i2v_mode, None, None,
-                                                                                            last_frame),
-    cond_keys=(), text_entry=_text_entry, text_inputs=_text_inputs,
-    prompt=lambda entry: H3PromptEmbeds(entry["text_embeds"], torch.full((entry["text_embeds"].shape[0],), TEXT_TAG)),
+    conditioning=_conditioning, conditions_t2v=False,
+    cache_item=lambda vae, video, i2v_mode, last_frame, image_encoder: keyframe_latents(vae, video),
+    cond_keys=("first_frame_latents",), text_entry=text_entry, text_inputs=_text_inputs, prompt=prompt,
 )
 
 
@@ -147,7 +146,8 @@ FAMILY = Family(
            "text_folder": "no text_encoder/ + tokenizer/ folders in it",
            "no_images": "is a MiniMax H3 model (it reads no image encoder)",
            "audio": "its audio VAE (the DiT generates sound with the picture)"},
-    # keyframes are sampled (fl2va: `video-dit sample --image / --last-image`), not trained: no first-frame mode
+    # keyframes are sampled (fl2va: `video-dit sample --image / --last-image`) and the first one trained (a do_i2v
+    # dataset: conditioning.py), as rows of their own: no first-frame mode of the input
     natural_i2v=lambda cfg, task, z_dim=None: None, i2v_only=lambda cfg: False,
     reads_images=lambda spec: False, last_frame=lambda cfg, i2v_mode: "no",
     image_encoder_fits=lambda source, cfg: "MiniMax H3 reads no image encoder",
