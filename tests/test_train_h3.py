@@ -9,7 +9,9 @@ each with its own copy of the data (their caches are built at once):
            z0  z under ZeRO-0 (whose engine reports no gradient norm)
            z3  z under ZeRO-3 with the first block checkpointed
            b   z in bf16 (`train.cpu_bf16`) with every block checkpointed, 1 step
-           f   full fine-tune, ZeRO-2 data parallel (SP 1), `gradient_checkpointing: auto`, 2 steps, exported
+           f   first-frame (fl2va) training from a `do_i2v` dataset (the clip's first frame a keyframe row, its
+               caption cached presented with it: conditioning.py), full fine-tune, ZeRO-2 data parallel (SP 1),
+               `gradient_checkpointing: auto`, 2 steps, exported
   1 rank   one z on one rank, SP 1, every block checkpointed
 Then z's LoRA file (ComfyUI's keys) is read back to the trained adapters and `video-dit sample --lora` renders
 it with its sound.
@@ -36,9 +38,9 @@ PRESET = "tiny-h3"
 FRAMES, SIZE, FPS = 22, 32, 24
 
 
-def h3_job(root: Path, name: str, data: str, *, sp: int = 1, **kw) -> Path:
+def h3_job(root: Path, name: str, data: str, *, sp: int = 1, do_i2v: bool = False, **kw) -> Path:
     dataset = {"folder_path": str(root / data), "num_frames": FRAMES, "fps": FPS, "resolution": [SIZE],
-               "do_i2v": False, "shrink_video_to_frames": False, "caption_ext": "txt"}
+               "do_i2v": do_i2v, "shrink_video_to_frames": False, "caption_ext": "txt"}
     train = {"seed": 3, "warmup_steps": 1, "lr_scheduler": "constant", **kw.pop("train", {})}
     return helpers.write_job(root, name, datasets=[dataset], size=SIZE, keep=2, lr=kw.pop("lr", 1e-2), train=train,
                              model={"preset": PRESET, "name_or_path": str(root / "base.safetensors")},
@@ -60,7 +62,7 @@ def runs(tmp_path_factory):
                                  train={"gradient_checkpointing": 1}))},
            {"config": str(h3_job(root, "b", "data2", sp=2, steps=1, save_every=1,
                                  train={"dtype": "bf16", "cpu_bf16": True, "gradient_checkpointing": True}))},
-           {"config": str(h3_job(root, "f", "data2", lora=False, steps=2, save_every=2,
+           {"config": str(h3_job(root, "f", "data2", do_i2v=True, lora=False, steps=2, save_every=2,
                                  train={"gradient_checkpointing": "auto"}))}]
     one = [{"config": str(h3_job(root, "one", "data1", steps=4, save_every=4,
                                  train={"gradient_checkpointing": True}))}]
@@ -164,8 +166,9 @@ def test_bf16_lora_keeps_the_float32_islands(runs):
     assert b[0]["loss"] == pytest.approx(z[0]["loss"], rel=7e-5)  # measured 3.6e-6: ~20x
 
 
-def test_full_fine_tune_auto_checkpointing_exports(runs):
-    """The full fine-tune: `auto` chose from the plan; the export loads as the H3 DiT it trained."""
+def test_first_frame_full_fine_tune_auto_checkpointing_exports(runs):
+    """The first-frame full fine-tune on 2 data-parallel ranks: the keyframe latents and the presented captions
+    cached beside the plain ones; `auto` chose from the plan; the export loads as the H3 DiT it trained."""
     from video_dit.families.minimax_h3.dit import H3DiT
     from video_dit.families.minimax_h3.loading import load_h3_dit
 
@@ -174,7 +177,9 @@ def test_full_fine_tune_auto_checkpointing_exports(runs):
     log = "".join(p.read_text() for p in runs.glob("spec_*_rank0.log"))
     assert "gradient_checkpointing auto: latents 7x8x8 (112 tokens): 0 of 2 blocks checkpointed" in log  # the plan's
     cached = [load_file(str(p)) for p in (runs / "data2").rglob("*.safetensors")]
-    assert any("audio_latents" in t for t in cached)
+    assert any("audio_latents" in t and "first_frame_latents" in t for t in cached)
+    tags = [t["text_tags"] for t in cached if "text_tags" in t]  # a presented caption: a vision block in its rows
+    assert tags and all(bool((g != packing.TEXT_TAG).any()) for g in tags)
     dit = load_h3_dit(runs / "out/f/f")
     assert isinstance(dit, H3DiT)
     base = load_file(str(runs / "base.safetensors"))
