@@ -271,3 +271,24 @@ def test_a_presented_captions_text_entry_is_keyed_on_its_clip(tmp_path):
     assert len(keyed) == 4 and plain not in keyed
     assert item_text_path(still, PROMPT, "space", keyframe_text=True) == plain
     assert item_text_path(clip, PROMPT, "space", keyframe_text=False) == plain
+
+
+def test_an_unmasked_first_frame_is_accepted_as_the_reference_trains(tmp_path):
+    """`mask_first_frame_loss: false` on a MiniMax H3 do_i2v job: its keyframe is rows of their own (nothing in the
+    target overwritten), so every target frame in the loss is the reference's rule and false is accepted; on a
+    replace-mode Wan preset the same key is refused (its frame 0 has no target)."""
+    from video_dit.train.config import parse_job
+    from video_dit.typed_config import ConfigError
+
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips/a.png").write_bytes(b"")  # a name to list: the job is parsed, not its data read
+
+    def job(preset: str, frames: int) -> dict:
+        return {"job": "extension", "config": {"name": "j", "process": [{
+            "datasets": [{"folder_path": str(tmp_path / "clips"), "do_i2v": True, "num_frames": frames, "fps": 24,
+                          "shrink_video_to_frames": False}],
+            "model": {"name_or_path": f"preset:{preset}", "model_kwargs": {"mask_first_frame_loss": False}}}]}}
+
+    assert parse_job(job("tiny-h3", 22)).process.model.mask_first_frame_loss is False
+    with pytest.raises(ConfigError, match=r"model\.mask_first_frame_loss.*needs i2v_mode 'concat'"):
+        parse_job(job("tiny", 17))

@@ -945,7 +945,9 @@ class ProcessConfig:
     def _check_i2v(self, path: str, preset) -> None:
         """The first-frame conditioning: the mode the DiT takes, its datasets, first-last frame."""
         i2v = i2v_mode_of(preset, self.model.i2v_mode, f"{path}.model.i2v_mode")
-        if i2v != "concat" and self.model.mask_first_frame_loss is False:
+        # replace mode alone: a model that takes no first frame in its input (t2v, or MiniMax H3's keyframe rows,
+        # whose every target frame is in the reference's loss) has nothing overwritten, so false is its default
+        if i2v == "replace" and self.model.mask_first_frame_loss is False:
             raise ConfigError(f"{path}.model.mask_first_frame_loss",
                               "false needs i2v_mode 'concat': in replace mode latent frame 0 is overwritten by the "
                               "clean first frame, so its prediction has no target to learn; accepted here: true "
