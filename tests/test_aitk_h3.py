@@ -195,6 +195,9 @@ def test_audio_timesteps_key(aitk):
         independent.add_after_sample_image_hook(Job(TrainConfig(timestep_type="shift", content_or_style="style")).hook)
     with pytest.raises(ConfigError, match=r"train\.timestep_type: 'lognorm_blend' .* accepted: shift, linear"):
         independent.add_after_sample_image_hook(Job(TrainConfig(timestep_type="lognorm_blend")).hook)
+    with pytest.raises(ConfigError, match=r"train\.min_denoising_steps: 100 .* accepted: 0 \(the whole schedule\)"):
+        independent.add_after_sample_image_hook(Job(TrainConfig(timestep_type="shift", min_denoising_steps=100)).hook)
+    arch(aitk).add_after_sample_image_hook(Job(TrainConfig(timestep_type="lognorm_blend")).hook)  # tied: no draw
 
 
 def test_do_i2v_is_refused_in_the_familys_words(sd):
