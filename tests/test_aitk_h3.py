@@ -94,6 +94,21 @@ def test_the_arch_names_h3s_modules_and_its_sound(sd):
     assert z.shape == (1, *sd.audio_codec.latent_shape(T, FPS)) == (1, 2, 8, 37)
 
 
+def test_tracks_reach_the_codec_at_its_rate():
+    """ai-toolkit's 16 kHz track resampled to the codec's 32 kHz is the same tones sampled at 32 kHz, in time (no
+    resampler delay; measured 1.7e-4 inside, the last 200 samples are the resampler's flushed tail); a mono track
+    goes to both stereo channels."""
+    from video_dit.integrations.ai_toolkit.model import codec_wave
+
+    item = track(440.0)
+    out = codec_wave(item["waveform"], RATE, 32000, 2)
+    s = torch.arange(out.shape[1]) / 32000
+    want = torch.stack([0.5 * torch.sin(2 * math.pi * 440 * s), 0.3 * torch.sin(2 * math.pi * 880 * s)])
+    assert out.shape == (2, 2 * item["waveform"].shape[1]) and (out - want)[:, 200:-200].abs().max() < 2e-3
+    mono = codec_wave(item["waveform"][:1], RATE, 32000, 2)
+    assert torch.equal(mono[0], mono[1]) and torch.allclose(mono[0], out[0])
+
+
 CASES = {  # name: (audio_timesteps, per clip: a track's frequency or None, the audio cached as ai-toolkit caches it)
     "sound": ("tied", [440.0], False),
     "cached_one_clip_without_a_track": ("tied", [330.0, None], True),
@@ -211,6 +226,12 @@ def test_do_i2v_is_refused_in_the_familys_words(sd):
     with pytest.raises(ConfigError, match=r"datasets\[\]\.do_i2v") as refused:
         sd.get_noise_prediction(batch.latents, torch.tensor([500.0]), sd.get_prompt_embeds(["a"]), batch=batch)
     assert str(family.value) in str(refused.value) and "accepted: do_i2v false" in str(refused.value)
+    job = Job(None)  # before step 1: ai-toolkit's trainer registering its preview hook hands the arch its datasets
+    job.sample_config, job.dataset_configs = types.SimpleNamespace(samples=[]), [
+        types.SimpleNamespace(do_i2v=False, num_frames=T, folder_path="a"),
+        types.SimpleNamespace(do_i2v=True, num_frames=T, folder_path="b")]
+    with pytest.raises(ConfigError, match=r"datasets\[1\]\.do_i2v: MiniMax H3's keyframe conditioning"):
+        sd.add_after_sample_image_hook(job.hook)
 
 
 def test_preview_is_an_mp4_with_the_models_sound(sd, tmp_path):

@@ -13,12 +13,15 @@
     LoRA state dict (`transformer.` peft)   <->  convert_lora_weights_before_save/load: our one LoRA file
     sample(): GenerateImageConfig            ->  generate_single_image: VideoPipeline -> PIL frames -> MP4
 
-A model with sound (LTX-2, `Family.audio`) trains its audio stream through ai-toolkit's own channel for it
-(its `do_audio` datasets, read from its ltx2 model at 27a03a91):
-    file_item.audio_data {waveform (C, S), sample_rate}  ->  encode_audio: the family's audio codec
+A model with sound (LTX-2, MiniMax H3: `Family.audio`) trains its audio stream through ai-toolkit's own channel
+for it (its `do_audio` datasets, read from its ltx2 model at 27a03a91):
+    file_item.audio_data {waveform (C, S), sample_rate}  ->  encode_audio: resampled to the codec's rate and
+                                                             channels (`codec_wave`), the family's audio codec
                                                              -> normalized audio latents (B, ...) (cached)
-    batch.audio_latents / batch.audio_data           ->  get_noise_prediction: the audio at the video's t
-                                                         (tied, as ltx-trainer), the DiT's audio prediction
+    batch.audio_latents / batch.audio_data           ->  get_noise_prediction: the audio at its t (tied: the
+                                                         video's through `AudioPath.tied_map`; independent: its
+                                                         own draw, `model_kwargs.audio_timesteps`), the DiT's
+                                                         audio prediction
     batch.audio_pred, batch.audio_target             ->  SDTrainer adds mse(audio_pred, audio_target) x
                                                          train.audio_loss_multiplier to the loss
 A sample without sound (a `do_audio: false` dataset, an image, a clip without an audio stream) trains the
