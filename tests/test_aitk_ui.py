@@ -111,7 +111,8 @@ def test_generated_entries_equal_the_registry(installed):
     """Every number of every entry, derived here from the preset, its family and its VAE."""
     root, entries, _ = installed
     trained = [p for p in PRESETS.values() if untrainable(p, "ai-toolkit") is None]
-    assert sorted(entries) == sorted(f"video_dit:{p.name}" for p in trained) and len(trained) == 29  # 21 + LTX-2's five (the AV demo's preset too) + MiniMax H3's three
+    # 21 + LTX-2's five (the AV demo's preset too) + MiniMax H3's three
+    assert sorted(entries) == sorted(f"video_dit:{p.name}" for p in trained) and len(trained) == 29
     counted = {}
     for preset in trained:
         e = entries[f"video_dit:{preset.name}"]
