@@ -19,6 +19,7 @@ import helpers
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from test_aitk_adapter import aitk_lora_state_dict, merged
 
 from video_dit.diffusion.flow import add_noise
@@ -27,6 +28,7 @@ from video_dit.families.minimax_h3 import FAMILY as H3
 from video_dit.families.minimax_h3.presets import audio_timesteps
 from video_dit.lora import load_lora
 from video_dit.models.weights import read_state_dict
+from video_dit.train.config import parse_job
 from video_dit.typed_config import ConfigError
 
 T, H, W, FPS, RATE = 22, 32, 32, 24, 16000  # pixels (1, 22, 3, 32, 32) -> latents (1, 4, 7, 8, 8), tiny H3 VAE
@@ -187,7 +189,7 @@ def test_the_same_loss_as_our_trainer(sd, case, monkeypatch):
         assert torch.equal(batch.audio_target[1], batch.audio_pred[1].detach().float())
 
 
-def test_audio_timesteps_key(aitk):
+def test_audio_timesteps_key(aitk, tmp_path):
     """`model_kwargs.audio_timesteps`: the family's (tied) by default, independent when asked; an unknown value and
     a model without sound are refused naming the key; a job whose timesteps the arch cannot draw alike for the audio
     is refused naming its key before step 1 (at the preview hook)."""
@@ -205,6 +207,19 @@ def test_audio_timesteps_key(aitk):
     with pytest.raises(ConfigError, match=r"model\.model_kwargs\.audio_timesteps: preset 'tiny' generates no sound"):
         aitk.VideoDiTModel(device="cpu", model_config=silent, dtype="fp32")
     independent = arch(aitk, audio_timesteps="independent")
+    # our trainer reads the same key there, as its train.audio_timesteps
+    Image.new("RGB", (W, H)).save(tmp_path / "a.png")  # (a dataset folder holds media)
+    process = {"model": {"arch": "video_dit", "name_or_path": "preset:tiny-h3", "model_kwargs": {
+        "audio_timesteps": "independent"}}, "datasets": [{"folder_path": str(tmp_path), "num_frames": T,
+                                                          "shrink_video_to_frames": False}]}
+
+    def job(**extra):
+        return {"job": "extension", "config": {"name": "h3", "process": [{**process, **extra}]}}
+
+    assert parse_job(job()).process.train.audio_timesteps == "independent"
+    with pytest.raises(ConfigError, match=r"model\.model_kwargs\.audio_timesteps: 'independent' conflicts with "
+                                          r"train\.audio_timesteps 'tied'"):
+        parse_job(job(train={"audio_timesteps": "tied"}))
     with pytest.raises(ConfigError, match=r"train\.content_or_style: 'style' with model_kwargs\.audio_timesteps "
                                           r"independent .* accepted: balanced"):
         independent.add_after_sample_image_hook(Job(TrainConfig(timestep_type="shift", content_or_style="style")).hook)

@@ -133,7 +133,8 @@ class ModelKwargs:
     audio_path: a model with sound (LTX-2, MiniMax H3): its audio codec (LTX-2: a diffusers folder with audio_vae/ +
         vocoder/, or Lightricks' single file); default: the model's own (`video-dit sample --audio-codec`).
     audio_timesteps: a model with sound: the audio stream's timesteps, our trainer's `train.audio_timesteps`
-        (ai-toolkit's TrainConfig would drop an unknown train key, so the arch reads it here): "tied" (each
+        (ai-toolkit's TrainConfig would drop an unknown train key, so the arch reads it here; our trainer reads
+        it here too): "tied" (each
         sample's audio at the video's t, through the family's coupling of the two schedules where it has one,
         `AudioPath.tied_map`) or "independent" (its own draw from the job's timestep distribution,
         `audio_timestep_sampler`); None: the family's reference trainer's (`AudioPath.timesteps`).
