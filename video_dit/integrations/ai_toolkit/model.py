@@ -134,10 +134,9 @@ class ModelKwargs:
         vocoder/, or Lightricks' single file); default: the model's own (`video-dit sample --audio-codec`).
     audio_timesteps: a model with sound: the audio stream's timesteps, our trainer's `train.audio_timesteps`
         (ai-toolkit's TrainConfig would drop an unknown train key, so the arch reads it here; our trainer reads
-        it here too): "tied" (each
-        sample's audio at the video's t, through the family's coupling of the two schedules where it has one,
-        `AudioPath.tied_map`) or "independent" (its own draw from the job's timestep distribution,
-        `audio_timestep_sampler`); None: the family's reference trainer's (`AudioPath.timesteps`).
+        it here too): "tied" (each sample's audio at the video's t, through the family's coupling of the two
+        schedules where it has one, `AudioPath.tied_map`) or "independent" (its own draw from the job's timestep
+        distribution, `audio_timestep_sampler`); None: the family's reference trainer's (`AudioPath.timesteps`).
     """
 
     preset: str | None = None
