@@ -111,7 +111,8 @@ def test_generated_entries_equal_the_registry(installed):
     """Every number of every entry, derived here from the preset, its family and its VAE."""
     root, entries, _ = installed
     trained = [p for p in PRESETS.values() if untrainable(p, "ai-toolkit") is None]
-    assert sorted(entries) == sorted(f"video_dit:{p.name}" for p in trained) and len(trained) == 26  # 21 + LTX-2's five (the AV demo's preset too)
+    # 21 + LTX-2's five (the AV demo's preset too) + MiniMax H3's three
+    assert sorted(entries) == sorted(f"video_dit:{p.name}" for p in trained) and len(trained) == 29
     counted = {}
     for preset in trained:
         e = entries[f"video_dit:{preset.name}"]
@@ -182,8 +183,8 @@ def test_smoke_test_entries_point_at_a_base_a_lora_trains_on(installed):
     _, entries, _ = installed
     smoke = {n.split(":", 1)[1]: selected(e)["model.name_or_path"] for n, e in entries.items()
              if aitk_ui.smoke_test(PRESETS[n.split(":", 1)[1]])}
-    assert sorted(smoke) == ["tiny", "tiny-a14b", "tiny-clip-flf2v", "tiny-clip-i2v", "tiny-hy15-i2v", "tiny-hy15-t2v",
-                            "tiny-ltx2-t2v"]
+    assert sorted(smoke) == ["tiny", "tiny-a14b", "tiny-clip-flf2v", "tiny-clip-i2v", "tiny-h3", "tiny-hy15-i2v",
+                            "tiny-hy15-t2v", "tiny-ltx2-t2v"]
     for name, base in smoke.items():
         check_lora(base, True)  # no refusal
         spec = resolve(Request(base, preset=name))

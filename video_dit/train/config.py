@@ -490,7 +490,7 @@ def checkpointed_blocks_of(train, blocks: int) -> int | None:
 # `model.model_kwargs` keys (ai-toolkit hands model_kwargs to the arch untouched; ours reads these,
 # video_dit/integrations/ai_toolkit/model.py `ModelKwargs`); each is also accepted as `model.<key>`.
 MODEL_KWARGS = ("preset", "i2v_mode", "attention_backend", "mask_first_frame_loss", "image_encoder_path",
-                "quantize_image_encoder", "train_high_noise", "train_low_noise", "boundary_ratio")
+                "quantize_image_encoder", "train_high_noise", "train_low_noise", "boundary_ratio", "audio_timesteps")
 
 
 @dataclass
@@ -532,6 +532,7 @@ class ModelConfig:
     image_encoder_path: str | None = None
     quantize_image_encoder: bool | None = None  # None: false
     audio_path: str | None = None  # the audio codec of a model with sound (`Family.audio`; spec.py resolves it)
+    audio_timesteps: str | None = None  # where the arch reads train.audio_timesteps (model_kwargs); merged into it
     vae_dtype: Literal["float32", "fp32", "bf16", "bfloat16", "float16", "fp16"] = "float32"
     seed: int = 0
     low_vram: bool = False         # ai-toolkit key; ignored (ZeRO offload is the lever here)
@@ -888,6 +889,17 @@ class ProcessConfig:
         """The sound keys: for a model with sound only; its clips' tracks cut by the span of consecutive
         frames (`shrink_video_to_frames: false`), so every clip of a bucket has one audio length."""
         sound = family_of(preset).audio
+        given = self.model.audio_timesteps  # the arch's spelling of train.audio_timesteps (model_kwargs)
+        if given is not None:
+            key = f"{path}.model.model_kwargs.audio_timesteps"
+            if sound is None:
+                raise ConfigError(key, f"preset {preset.name!r} generates no sound; remove it")
+            if given not in ("tied", "independent"):
+                raise ConfigError(key, f"{given!r} is not accepted; accepted: 'tied' | 'independent'")
+            if self.train.audio_timesteps not in (None, given):
+                raise ConfigError(key, f"{given!r} conflicts with train.audio_timesteps "
+                                       f"{self.train.audio_timesteps!r}; give one")
+            self.train.audio_timesteps = given
         if sound is None:
             for key in ("audio_timesteps", "audio_loss_weight"):
                 if getattr(self.train, key) is not None:

@@ -129,7 +129,7 @@ def _no_image_encoder(*args, **kwargs):
 
 FAMILY = Family(
     name="minimax_h3", title="MiniMax H3", presets=H3_PRESETS,
-    trains=("video_dit",),
+    trains=("video_dit", "ai-toolkit"),
     load_dit=h3_load.load_h3_dit, load_vae=h3_load.load_vae, load_text_encoder=h3_load.load_text_encoder,
     load_image_encoder=_no_image_encoder, dit_config=h3_load.dit_config, claims=h3_load.claims,
     claims_config=h3_load.claims_config, claim_order=0,  # the strict key test (every DiT key mapped)

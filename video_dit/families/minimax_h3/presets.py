@@ -38,7 +38,8 @@ _RELEASED = dict(family="minimax_h3", vae=H3_VAE, vae_name="minimax-h3", text_en
                  sample_solver="euler", sample_steps=SAMPLE_STEPS, sample_shift=VIDEO_SHIFT,
                  sample_guidance=1.0, sample_negative="",  # [M][D] guidance-distilled: no unconditional pass
                  train_shift=VIDEO_SHIFT,                  # [A] (no trainer of MiniMax's own is published)
-                 fps=FPS)                                  # [M][D] 24 fps only
+                 fps=FPS,                                  # [M][D] 24 fps only
+                 sample_size=(NUM_FRAMES, 768, 1344))      # [D] the default request, its 16:9 canvas
 
 # The tiny model: every part random and small, its widths fitted to one another: the DiT reads the tiny video
 # VAE's 4 latent channels, the tiny audio VAE's 8, the tiny Qwen3-VL's 32-wide rows.
@@ -53,7 +54,9 @@ H3_PRESETS: dict[str, Preset] = {
     "minimax-h3-ref2va": Preset(name="minimax-h3-ref2va", dit=H3_DIT_CONFIGS["ref2va"], **_RELEASED),
     # ours (no reference): the release's sampling at 8 steps
     "tiny-h3": Preset(name="tiny-h3", dit=TINY_DIT, **{**_RELEASED, "vae": H3_VAE_TINY, "vae_name": "minimax-h3-tiny",
-                                                        "text_encoder": TINY_QWEN3VL, "sample_steps": 8}),
+                                                        "text_encoder": TINY_QWEN3VL, "sample_steps": 8,
+                                                        # the other tiny presets' 64 px clip, at 17 n + 5 frames
+                                                        "sample_size": (22, 64, 64)}),
 }
 
 # The audio VAE of each preset

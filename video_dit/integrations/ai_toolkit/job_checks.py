@@ -13,7 +13,8 @@ trainer checks them before any rank starts and in its words (`video_dit.spec`):
     step 1, or at `sample_every` with skip_first_sample); refused, not rendered from some other frame;
   - datasets: an image-to-video-only DiT trains on `do_i2v` datasets only (`spec.check_dataset_i2v`), and a
     concat model's `do_i2v` dataset of one frame per item (the UI's "Add Dataset" writes `num_frames: 1`)
-    would skip every item (`diffusion.conditioning.stills_skipped`): nothing would train.
+    would skip every item (`diffusion.conditioning.stills_skipped`): nothing would train; a `do_i2v` dataset on
+    a model that builds no first-frame conditioning is refused in its family's words (`refuse_first_frame`).
 
 `check_generation` checks the same of the previews ai-toolkit asks for at any time (`generate_images`),
 for a trainer that registers no hook of its own. Nothing here imports ai-toolkit: the objects are read by
@@ -49,6 +50,8 @@ def check_job(model, process) -> None:
     skipping = stills_skipped(model.i2v_mode)
     for i, d in enumerate(getattr(process, "dataset_configs", None) or []):
         check_dataset_i2v(model.preset, bool(d.do_i2v), f"datasets[{i}].do_i2v")
+        if d.do_i2v and model.conditioning is None:  # a model that builds no first-frame conditioning (MiniMax H3)
+            model.refuse_first_frame(f"datasets[{i}].do_i2v")
         if skipping and d.do_i2v and d.num_frames == 1 and not getattr(d, "auto_frame_count", False):
             size = model.preset.sample_size
             raise ConfigError(f"datasets[{i}].num_frames",

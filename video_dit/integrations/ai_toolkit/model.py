@@ -13,12 +13,15 @@
     LoRA state dict (`transformer.` peft)   <->  convert_lora_weights_before_save/load: our one LoRA file
     sample(): GenerateImageConfig            ->  generate_single_image: VideoPipeline -> PIL frames -> MP4
 
-A model with sound (LTX-2, `Family.audio`) trains its audio stream through ai-toolkit's own channel for it
-(its `do_audio` datasets, read from its ltx2 model at 27a03a91):
-    file_item.audio_data {waveform (C, S), sample_rate}  ->  encode_audio: the family's audio codec
+A model with sound (LTX-2, MiniMax H3: `Family.audio`) trains its audio stream through ai-toolkit's own channel
+for it (its `do_audio` datasets, read from its ltx2 model at 27a03a91):
+    file_item.audio_data {waveform (C, S), sample_rate}  ->  encode_audio: resampled to the codec's rate and
+                                                             channels (`codec_wave`), the family's audio codec
                                                              -> normalized audio latents (B, ...) (cached)
-    batch.audio_latents / batch.audio_data           ->  get_noise_prediction: the audio at the video's t
-                                                         (tied, as ltx-trainer), the DiT's audio prediction
+    batch.audio_latents / batch.audio_data           ->  get_noise_prediction: the audio at its t (tied: the
+                                                         video's through `AudioPath.tied_map`; independent: its
+                                                         own draw, `model_kwargs.audio_timesteps`), the DiT's
+                                                         audio prediction
     batch.audio_pred, batch.audio_target             ->  SDTrainer adds mse(audio_pred, audio_target) x
                                                          train.audio_loss_multiplier to the loss
 A sample without sound (a `do_audio: false` dataset, an image, a clip without an audio stream) trains the
@@ -58,14 +61,17 @@ import warnings
 from dataclasses import dataclass
 from typing import Literal
 
+import av
+import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 
 from video_dit.data.cache import latent_space, source_identity, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
 from video_dit.diffusion.experts import EXPERTS, TwoExperts, expert_at
-from video_dit.diffusion.flow import NUM_TRAIN_TIMESTEPS, add_noise, velocity_target
+from video_dit.diffusion.flow import NUM_TRAIN_TIMESTEPS, TimestepSampler, add_noise, velocity_target
 from video_dit.families import PRESETS, Preset
 from video_dit.integrations.ai_toolkit.job_checks import check_generation, check_job
 from video_dit.lora import check_targets, from_comfy
@@ -124,8 +130,13 @@ class ModelKwargs:
         Both keys are our DeepSpeed trainer's too (ai-toolkit's ModelConfig would drop them elsewhere).
     train_high_noise / train_low_noise: a two-expert preset's experts to train (ai-toolkit's wan22_14b
         keys; None = true); boundary_ratio (ours): default the folder's model_index.json, else the preset's.
-    audio_path: a model with sound (LTX-2): its audio VAE and vocoder (a diffusers folder with audio_vae/ +
+    audio_path: a model with sound (LTX-2, MiniMax H3): its audio codec (LTX-2: a diffusers folder with audio_vae/ +
         vocoder/, or Lightricks' single file); default: the model's own (`video-dit sample --audio-codec`).
+    audio_timesteps: a model with sound: the audio stream's timesteps, our trainer's `train.audio_timesteps`
+        (ai-toolkit's TrainConfig would drop an unknown train key, so the arch reads it here; our trainer reads
+        it here too): "tied" (each sample's audio at the video's t, through the family's coupling of the two
+        schedules where it has one, `AudioPath.tied_map`) or "independent" (its own draw from the job's timestep
+        distribution, `audio_timestep_sampler`); None: the family's reference trainer's (`AudioPath.timesteps`).
     """
 
     preset: str | None = None
@@ -138,10 +149,67 @@ class ModelKwargs:
     train_low_noise: bool | None = None
     boundary_ratio: float | None = None
     audio_path: str | None = None
+    audio_timesteps: Literal["tied", "independent"] | None = None
 
     def validate(self, path: str) -> None:
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"{path}.preset", f"unknown preset {self.preset!r}; accepted: {', '.join(PRESETS)}")
+
+
+# The independent audio timesteps of a batch, kept on ai-toolkit's batch object for the step's other passes
+AUDIO_T_ATTR = "video_dit_audio_timesteps"
+# ai-toolkit's `train.timestep_type` values whose distribution our `TimestepSampler` draws (diffusion/flow.py: the
+# same distributions, continuous where ai-toolkit picks a point of its 1000-point grid): shift (the scheduler's at
+# the preset's `train_shift`), linear / weighted (uniform), sigmoid (logit-normal, mean 0, std 1)
+AUDIO_T_KINDS = ("shift", "linear", "weighted", "sigmoid")
+
+
+def audio_timestep_sampler(train, preset: Preset) -> TimestepSampler:
+    """The distribution `model_kwargs.audio_timesteps: independent` draws the audio's timesteps from: the one
+    ai-toolkit's trainer draws the video's from (`train` is its TrainConfig: `timestep_type`, `linear_timesteps`,
+    BaseSDTrainProcess L1195-1225; its flowmatch scheduler at the preset's `train_shift`, `load_model`), as our
+    trainer's sampler for the same keys (`train.trainer.timestep_sampler`: `timestep_type` at the preset's shift on
+    0..1000). What the arch cannot draw alike is a ConfigError naming the key: a timestep_type outside
+    `AUDIO_T_KINDS`, `content_or_style` other than balanced, a narrowed min / max_denoising_steps."""
+    why = "with model_kwargs.audio_timesteps independent (the audio's own draw from the video's distribution)"
+    linear = getattr(train, "linear_timesteps", False) or getattr(train, "linear_timesteps2", False)
+    kind = "linear" if linear else getattr(train, "timestep_type", "sigmoid")
+    if kind not in AUDIO_T_KINDS:
+        raise ConfigError("train.timestep_type", f"{kind!r} {why}; accepted: {', '.join(AUDIO_T_KINDS)}, or "
+                                                 "model_kwargs.audio_timesteps tied")
+    if getattr(train, "content_or_style", "balanced") != "balanced":
+        raise ConfigError("train.content_or_style", f"{train.content_or_style!r} {why}; accepted: balanced, or "
+                                                    "model_kwargs.audio_timesteps tied")
+    for key, full in (("min_denoising_steps", 0), ("max_denoising_steps", 999)):
+        if getattr(train, key, full) != full:
+            raise ConfigError(f"train.{key}", f"{getattr(train, key)!r} {why}; accepted: {full} (the whole "
+                                              "schedule), or model_kwargs.audio_timesteps tied")
+    return TimestepSampler(kind, shift=preset.train_shift)
+
+
+def codec_wave(wave: torch.Tensor, rate: int, out_rate: int, channels: int) -> torch.Tensor:
+    """ai-toolkit's track (C, S) float at `rate` -> (channels, round(S x out_rate / rate)) float32 at `out_rate`:
+    what a family's codec reads (`AudioPath.rate` / `channels`), through PyAV's resampler as our data path reads a
+    clip's track (data/audio.py `read_audio`: fltp, a downmix at unit gain, a mono track twice for stereo). A
+    track already at the codec's rate and channels is returned as it is."""
+    C, S = wave.shape
+    if rate == out_rate and C == channels:
+        return wave.float()
+    if C not in (1, 2) or channels not in (1, 2):
+        raise ValueError(f"an audio item of {C} channels for a codec of {channels}: mono and stereo are accepted")
+    duplicate = channels == 2 and C == 1
+    mixed = C if duplicate else channels
+    layouts = {1: "mono", 2: "stereo"}
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave.detach().float().cpu().numpy()), format="fltp",
+                                       layout=layouts[C])
+    frame.sample_rate = rate
+    resampler = av.AudioResampler(format="fltp", layout=layouts[mixed], rate=out_rate,
+                                  options={"rematrix_maxval": "1.0"})
+    parts = [o.to_ndarray() for o in (*resampler.resample(frame), *resampler.resample(None))]  # flushed
+    out = torch.from_numpy(np.concatenate(parts, axis=1)) if parts else torch.zeros(mixed, 0)
+    n = round(S * out_rate / rate)
+    out = F.pad(out[:, :n], (0, max(0, n - out.shape[1])))  # (mixed, n): the resampler's length to the span's
+    return out.repeat(2, 1) if duplicate else out
 
 
 def plain_meta(meta) -> dict:
@@ -270,6 +338,8 @@ class VideoDiTModel(BaseModel):
         self.target_lora_modules = [self.family.arch.cls.__name__]  # compared with type(module).__name__
         self._configure(self.spec.preset)
         self.audio_codec = None  # a model with sound: its audio VAE and vocoder (load_model)
+        self.audio_timesteps = self._audio_timesteps_choice()  # a model with sound: tied | independent
+        self._audio_t_sampler = None  # independent: the job's timestep distribution (add_after_sample_image_hook)
         self._i2v_loss_mask = None  # set by get_noise_prediction, consumed by scale_loss
         self._skip_loss = False  # set by get_noise_prediction for a batch it skips, consumed by scale_loss
         self.skipped_stills = 0  # still items skipped (`diffusion.conditioning.stills_skipped`), counted over the run
@@ -304,6 +374,17 @@ class VideoDiTModel(BaseModel):
                                              "ignore_if_contains) that keep or drop whole modules the file can "
                                              "hold") from exc
         self._network = net
+
+    def _audio_timesteps_choice(self) -> str | None:
+        """`model_kwargs.audio_timesteps`, else the family's reference trainer's (`AudioPath.timesteps`); refused for
+        a model without sound, as our trainer refuses `train.audio_timesteps` there."""
+        sound, given = self.family.audio, self.options.audio_timesteps
+        if sound is None:
+            if given is not None:
+                raise ConfigError("model.model_kwargs.audio_timesteps", f"preset {self.spec.preset.name!r} "
+                                                                         "generates no sound; remove it")
+            return None
+        return given or sound.timesteps
 
     def _request(self, cfg) -> Request:
         """What ai-toolkit's `model` block and our `model_kwargs` ask for (`video_dit.spec.Request`)."""
@@ -546,6 +627,18 @@ class VideoDiTModel(BaseModel):
             print(f"[video_dit] warning: {skipped_stills(folder, names, every=not clips)}", file=sys.stderr, flush=True)
         return True
 
+    def refuse_first_frame(self, key: str) -> None:
+        """A `do_i2v` dataset on a model that builds no first-frame conditioning: a ConfigError naming `key`, in
+        its family's words where its training record refuses one (`Training.conditioning`: MiniMax H3's keyframes
+        sample but do not train), as our trainer's `job_conditioning` refuses the job."""
+        try:
+            self.family.training.conditioning(self.i2v_mode, self.preset.dit.patch_size,
+                                              self.options.mask_first_frame_loss, self.last_frame)
+        except ValueError as exc:
+            raise ConfigError(key, str(exc)) from exc
+        raise ConfigError(key, f"preset {self.preset.name!r} takes no first frame (its family builds no first-frame "
+                               "conditioning); accepted: false")
+
     def _first_frame_condition(self, batch, x: torch.Tensor) -> dict | None:
         """Conditioning latents for this batch, or None (plain t2v / image items / no batch).
 
@@ -560,9 +653,7 @@ class VideoDiTModel(BaseModel):
             check_dataset_i2v(self.preset, False, f"datasets[].do_i2v ({folder})")  # as our trainer's check
         if batch is not None and batch.dataset_config.do_i2v and self.conditioning is None:
             folder = getattr(batch.dataset_config, "folder_path", None)
-            raise ConfigError(f"datasets[].do_i2v ({folder})", f"preset {self.preset.name!r} takes no first frame "
-                                                               "(its family builds no first-frame conditioning); "
-                                                               "accepted: false")
+            self.refuse_first_frame(f"datasets[].do_i2v ({folder})")
         if batch is None or not batch.dataset_config.do_i2v or x.shape[2] == 1:
             if self.family.i2v_only(self.preset.dit):
                 raise ValueError(f"preset {self.preset.name!r} is an image-to-video DiT (i2v_mode concat): it has "
@@ -648,8 +739,8 @@ class VideoDiTModel(BaseModel):
 
     @torch.no_grad()
     def encode_audio(self, audio_data_list) -> torch.Tensor:
-        """ai-toolkit's audio items -> normalized audio latents (B, ...) float32 (the family's codec resamples and
-        mixes each track to what it reads). An item is `file_item.audio_data`: {"waveform": (C, S) float in
+        """ai-toolkit's audio items -> normalized audio latents (B, ...) float32 (each track resampled and mixed to
+        what the family's codec reads, `codec_wave`). An item is `file_item.audio_data`: {"waveform": (C, S) float in
         [-1, 1], "sample_rate": int}, the clip's track over its frames' span (ai-toolkit stretches it to
         num_frames / fps seconds); ai-toolkit calls this when it caches a `do_audio` dataset's latents."""
         if self.audio_codec is None:
@@ -662,8 +753,9 @@ class VideoDiTModel(BaseModel):
             if not torch.is_tensor(wave) or wave.dim() != 2:
                 raise ValueError(f"audio item {i}: expected ai-toolkit's {{'waveform': (channels, samples), "
                                  f"'sample_rate': int}}, got {type(item).__name__}")
-            wave = wave[None].to(self.vae_device_torch, torch.float32)  # (1, C, S)
-            out.append(self.audio_codec.encode(wave, rate=int(item["sample_rate"])))  # (1, z, T', M')
+            wave = codec_wave(wave, int(item["sample_rate"]), self.audio_codec.rate, self.audio_codec.channels)
+            wave = wave[None].to(self.vae_device_torch, torch.float32)  # (1, channels, S') at the codec's rate
+            out.append(self.audio_codec.encode(wave))  # (1, ...): LTX-2's (z, T', M'), MiniMax H3's (2, z, T')
         return torch.cat(out)
 
     def _audio_latents(self, batch, x: torch.Tensor, fps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -690,15 +782,21 @@ class VideoDiTModel(BaseModel):
                 torch.tensor([e is not None for e in encoded], device=dev))
 
     def _audio_inputs(self, batch, x: torch.Tensor, t: torch.Tensor) -> tuple[dict, tuple]:
-        """The DiT's audio keywords for latents x (B, C, F', h, w) at per-sample timesteps t (B,): `audio` at the
-        video's t where the sample has sound (tied, as ltx-trainer and ai-toolkit's ltx2), pure noise at t = 1000
-        where it has none (objective.py), `audio_timestep`, `fps` (the dataset's: the positions are seconds);
-        and (x0, noise, present) for `_audio_outputs`. The noise is ai-toolkit's `batch.audio_noise` when a pass
-        of this step drew it (its other passes reuse it), else drawn and kept there."""
+        """The DiT's audio keywords for latents x (B, C, F', h, w) at per-sample timesteps t (B,): `audio` where
+        the sample has sound at the audio's t (`audio_timesteps`: tied, the video's t through the family's
+        `tied_map` where it has one, as ltx-trainer, ai-toolkit's ltx2 and minimax_h3 `remap_sigma`; independent,
+        its own draw, `_independent_audio_t`), pure noise at t = 1000 where it has none (objective.py),
+        `audio_timestep`, `fps` (the dataset's: the positions are seconds); and (x0, noise, present) for
+        `_audio_outputs`. The noise is ai-toolkit's `batch.audio_noise` when a pass of this step drew it (its
+        other passes reuse it), else drawn and kept there."""
         fps = float(batch.dataset_config.fps) if batch is not None else float(self.preset.fps)
         x0, present = self._audio_latents(batch, x, fps)
+        t_a = None  # tied
+        if self.audio_timesteps == "independent" and bool(present.any()):
+            t_a = self._independent_audio_t(batch, x0.shape[0]).to(x0.device)  # (n,)
         if x0.shape[0] * 2 == x.shape[0]:  # predict_noise doubles the latents for CFG (uncond, cond)
             x0, present = torch.cat([x0, x0]), torch.cat([present, present])
+            t_a = None if t_a is None else torch.cat([t_a, t_a])
         elif x0.shape[0] != x.shape[0]:
             raise ValueError(f"{x0.shape[0]} audio latents for a batch of {x.shape[0]} video latents")
         noise = getattr(batch, "audio_noise", None) if batch is not None else None
@@ -707,9 +805,28 @@ class VideoDiTModel(BaseModel):
             if batch is not None:
                 batch.audio_noise = noise
         noise = noise.to(x0.device, torch.float32)
-        t_a = torch.where(present, t.to(x0.device), torch.full_like(t, NUM_TRAIN_TIMESTEPS, device=x0.device))
+        if t_a is None:  # tied: the video's t, through the family's coupling of the two schedules where it has one
+            tied = self.family.audio.tied_map
+            t_a = t.to(x0.device) if tied is None else tied(t.to(x0.device, torch.float32))
+        t_a = torch.where(present, t_a, torch.full_like(t_a, NUM_TRAIN_TIMESTEPS))
         audio = add_noise(x0, noise, t_a).to(self.torch_dtype)
         return {"audio": audio, "audio_timestep": t_a, "fps": fps}, (x0, noise, present)
+
+    def _independent_audio_t(self, batch, n: int) -> torch.Tensor:
+        """(n,) float32 audio timesteps of `audio_timesteps: independent`: drawn once per batch from the job's
+        timestep distribution (`audio_timestep_sampler`) with torch's global generator (ai-toolkit's own draws
+        use it) and kept on the batch (`AUDIO_T_ATTR`) for the step's other passes, as its `audio_noise`."""
+        drawn = getattr(batch, AUDIO_T_ATTR, None) if batch is not None else None
+        if drawn is not None and drawn.shape == (n,):
+            return drawn
+        if self._audio_t_sampler is None:
+            raise RuntimeError("model_kwargs.audio_timesteps independent draws from the job's timestep distribution, "
+                               "which the arch reads from ai-toolkit's trainer (its train config, handed with the "
+                               "preview hook before step 1): none was registered")
+        drawn = self._audio_t_sampler.sample(n)
+        if batch is not None:
+            setattr(batch, AUDIO_T_ATTR, drawn)
+        return drawn
 
     @staticmethod
     def _audio_outputs(batch, a_pred: torch.Tensor, state: tuple) -> None:
@@ -753,7 +870,11 @@ class VideoDiTModel(BaseModel):
         """ai-toolkit's trainer registers its per-preview hook here right after `load_model()`, before the
         network, the data or any preview: the job's previews and datasets are checked now (`job_checks`)."""
         super().add_after_sample_image_hook(func)
-        check_job(self, getattr(func, "__self__", None))
+        process = getattr(func, "__self__", None)
+        check_job(self, process)
+        train = getattr(process, "train_config", None)
+        if self.audio_timesteps == "independent" and train is not None:
+            self._audio_t_sampler = audio_timestep_sampler(train, self.preset)
 
     def generate_images(self, image_configs, *args, **kwargs):
         check_generation(self, image_configs)  # before a preview of the round renders (`job_checks`)
@@ -797,6 +918,8 @@ class VideoDiTModel(BaseModel):
         _ensure_on(self.vae, self.vae_device_torch)
         if self.image_encoder is not None:
             _ensure_on(self.image_encoder, self.te_device_torch)
+        if gen_config.guidance_scale == 1.0:  # every family's pipeline runs the conditional pass alone at guidance
+            unconditional_embeds = None        # 1; a guidance-distilled one (MiniMax H3) refuses a negative outright
         prompts, negative = (None if e is None else self._pipeline_prompts(e)
                              for e in (conditional_embeds, unconditional_embeds))
         codec = self.audio_codec  # a model with sound: its track too, at the preview's frame rate (its positions)
