@@ -3,9 +3,9 @@ the stand-in of the ai-toolkit types it touches (tests/aitk_standin), its sound 
 LTX-2's (tests/test_aitk_ltx2.py): the same loss as our DeepSpeed trainer for a clip with sound (the audio at the
 video's t moved onto the audio's schedule, `presets.audio_timesteps`, as ai-toolkit's minimax_h3 `remap_sigma`), a
 cached batch where one clip has no track, and `model_kwargs.audio_timesteps: independent` (the audio's own draw, the
-one our trainer's sampler makes for the same keys and seed); a `do_i2v` dataset refused in the family's words; a
-preview MP4 with its AAC track; ai-toolkit's LoRA saved in ComfyUI's keys (which diffusers' H3 LoRA reader takes)
-and loaded back unchanged; the UI's H3 entries."""
+one our trainer's sampler makes for the same keys and seed); a `do_i2v` dataset refused naming the trainer that
+takes it; a preview MP4 with its AAC track; ai-toolkit's LoRA saved in ComfyUI's keys (which diffusers' H3 LoRA
+reader takes) and loaded back unchanged; the UI's H3 entries."""
 
 from __future__ import annotations
 
@@ -230,23 +230,27 @@ def test_audio_timesteps_key(aitk, tmp_path):
     arch(aitk).add_after_sample_image_hook(Job(TrainConfig(timestep_type="lognorm_blend")).hook)  # tied: no draw
 
 
-def test_do_i2v_is_refused_in_the_familys_words(sd):
-    """Keyframe training is not built (t2va only): a `do_i2v` batch is a ConfigError naming the dataset key, in the
-    words of the family's training record (as our trainer's `job_conditioning` refuses the job)."""
+def test_do_i2v_is_refused_naming_the_trainer_that_takes_it(sd):
+    """H3's first-frame training presents the frame with the caption (`Family.prompt_images`), which ai-toolkit
+    encodes and caches alone: a `do_i2v` batch is a ConfigError naming the dataset key and our trainer (which trains
+    it: tests/test_h3_keyframe_train.py), at the batch and before step 1 at the preview hook; a last frame in the
+    family's words."""
     from toolkit.data_transfer_object.data_loader import DataLoaderBatchDTO
 
     batch = DataLoaderBatchDTO(tensor=clip(0), latents=torch.zeros(1, 4, 7, 8, 8), do_i2v=True, num_frames=T, fps=FPS)
-    with pytest.raises(ValueError) as family:
-        H3.training.conditioning(None, (1, 2, 2), None, "no")
-    with pytest.raises(ConfigError, match=r"datasets\[\]\.do_i2v") as refused:
+    with pytest.raises(ConfigError, match=r"datasets\[\]\.do_i2v \(None\): .*presents the frame with the caption.*"
+                                          r"video-dit train.*accepted here: false"):
         sd.get_noise_prediction(batch.latents, torch.tensor([500.0]), sd.get_prompt_embeds(["a"]), batch=batch)
-    assert str(family.value) in str(refused.value) and "accepted: do_i2v false" in str(refused.value)
     job = Job(None)  # before step 1: ai-toolkit's trainer registering its preview hook hands the arch its datasets
     job.sample_config, job.dataset_configs = types.SimpleNamespace(samples=[]), [
         types.SimpleNamespace(do_i2v=False, num_frames=T, folder_path="a"),
         types.SimpleNamespace(do_i2v=True, num_frames=T, folder_path="b")]
-    with pytest.raises(ConfigError, match=r"datasets\[1\]\.do_i2v: MiniMax H3's keyframe conditioning"):
+    with pytest.raises(ConfigError, match=r"datasets\[1\]\.do_i2v: preset 'tiny-h3' conditions on a first frame"):
         sd.add_after_sample_image_hook(job.hook)
+    sd.last_frame = True
+    with pytest.raises(ConfigError, match="first keyframe only"):
+        sd.refuse_first_frame("datasets[0].do_i2v")
+    sd.last_frame = False
 
 
 def test_preview_is_an_mp4_with_the_models_sound(sd, tmp_path):

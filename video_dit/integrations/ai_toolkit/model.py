@@ -628,14 +628,21 @@ class VideoDiTModel(BaseModel):
         return True
 
     def refuse_first_frame(self, key: str) -> None:
-        """A `do_i2v` dataset on a model that builds no first-frame conditioning: a ConfigError naming `key`, in
-        its family's words where its training record refuses one (`Training.conditioning`: MiniMax H3's keyframes
-        sample but do not train), as our trainer's `job_conditioning` refuses the job."""
+        """A `do_i2v` dataset on a model the arch builds no first-frame conditioning for: a ConfigError naming
+        `key`, in its family's words where its training record refuses one (`Training.conditioning`), as our
+        trainer's `job_conditioning` refuses the job. A family whose conditioner presents the first frame with the
+        caption (`Family.prompt_images`: MiniMax H3) trains it in our trainer alone: ai-toolkit encodes and caches
+        each caption by itself, so the caption the keyframe needs is not there."""
         try:
             self.family.training.conditioning(self.i2v_mode, self.preset.dit.patch_size,
                                               self.options.mask_first_frame_loss, self.last_frame)
         except ValueError as exc:
             raise ConfigError(key, str(exc)) from exc
+        if self.family.prompt_images is not None:
+            raise ConfigError(key, f"preset {self.preset.name!r} conditions on a first frame through its caption too "
+                                   f"(its text encoder presents the frame with the caption), which ai-toolkit encodes "
+                                   f"and caches alone: its first-frame training runs in video_dit's trainer "
+                                   f"(`video-dit train` on the same job file); accepted here: false")
         raise ConfigError(key, f"preset {self.preset.name!r} takes no first frame (its family builds no first-frame "
                                "conditioning); accepted: false")
 
