@@ -6,7 +6,7 @@ video rows, as one family. Its files:
     encoders.py    the Qwen3-VL conditioner (`H3TextEncoder`)
     convert.py     the DiT's key layouts and the LoRA keys          loading.py  the loaders, detection
     presets.py     the released partitions and the tiny model       pipeline.py t2va / fl2va sampling with sound
-    memory.py      the activation model (an upper bound so far)
+    memory.py      the activation model (exact on CPU ranks: tests/test_plan_h3.py)
 
 `FAMILY` is its record (`video_dit.families.contract.Family`), registered by `video_dit.families`.
 """
