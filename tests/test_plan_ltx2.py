@@ -160,3 +160,31 @@ def test_an_ltx2_job_is_planned_and_auto_checkpoints_from_the_plan(tmp_path):
     assert one < none
     gpu = plan.CUDA_CONTEXT_BYTES + int((one + none) / 2 / (1 - plan.AUTO_MARGIN))
     assert plan.AutoCheckpointing(job, Machine(ranks=1, nodes=1, device="cuda", gpu_mem=gpu)).choose(grid).blocks == 1
+
+
+@pytest.mark.parametrize("streams", ["audio", "video"])
+def test_a_one_stream_lora_is_planned_with_its_adapters_only(tmp_path, streams):
+    """`network.streams: audio` / `video` (issue 47): the plan's trainable parameters (the optimizer's states, the
+    gradients) are the adapters the trainer's build puts on that stream, fewer than both streams'."""
+    from video_dit.devices import Machine
+    from video_dit.families.ltx2 import FAMILY as LTX2
+    from video_dit.train.build import make_trainable
+    from video_dit.train.config import parse_job
+
+    job = _job(tmp_path)
+    process = helpers.train_process(tmp_path, network={"type": "lora", "linear": 4, "linear_alpha": 4,
+                                                       "streams": streams},
+                                    datasets=[{"folder_path": str(tmp_path / "data"), "num_frames": 17, "fps": 16,
+                                               "resolution": [64], "shrink_video_to_frames": False,
+                                               "caption_ext": "txt"}],
+                                    model={"name_or_path": str(tmp_path / "base.safetensors"),
+                                           "preset": "tiny-ltx2-t2v"})
+    one = parse_job({"job": "extension", "config": {"name": "j", "process": [process]}})
+    preset = plan.get_preset("tiny-ltx2-t2v")
+    with torch.device("meta"):
+        built = make_trainable(LTX2DiT(preset.dit), one.process, torch.float32, family=LTX2)
+    trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
+    machine = Machine(ranks=1, nodes=1, device="cuda", gpu_mem=64 * GiB)
+    sizes = plan.AutoCheckpointing(one, machine).sizes
+    both = plan.AutoCheckpointing(job, machine).sizes
+    assert sizes.trainable == sizes.lora == trainable < both.trainable
