@@ -2,8 +2,9 @@
 autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones of
 `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_h3.py: full and LoRA, fp32 and the
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
-step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too). Not yet measured: sequence parallelism (rows per rank and the
-exchange's output are counted as the seam's layout implies) and keyframe rows (t2va is what trains).
+step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too). Not yet measured:
+sequence parallelism (rows per rank and the exchange's output are counted as the seam's layout implies) and
+keyframe rows (t2va is what trains); nor against a GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
 RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
