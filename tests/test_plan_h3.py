@@ -99,3 +99,25 @@ def test_a_wrong_term_fails_the_equality():
     for other in (_plan(4, BF16, 2, 1, True), _plan(4, BF16, 1, 1, False), _plan(8, BF16, 1, 1, True),
                   _plan(4, BF16, 1, 1, True, cfg=replace(CFG, num_layers=4))):
         assert other.saved != saved
+
+
+def test_the_example_job_plans_without_its_files(capsys):
+    """Without the Qwen3-VL's files, the plan counts the released conditioner from its config on the meta device
+    (`qwen3vl_parameters`): one decoder layer of it is the count derived here from the config's numbers; the
+    example job (configs/minimax_h3_lora_124x704x1280_8gpu.yaml) then plans with no file of it here, and prints the
+    row the README quotes."""
+    from pathlib import Path
+
+    from video_dit import cli
+    from video_dit.families.minimax_h3 import QWEN3VL_TEXT, qwen3vl_parameters
+
+    c = QWEN3VL_TEXT
+    D, Dh, q, kv, inner = (c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"],
+                           c["intermediate_size"])
+    layer = D * q * Dh + 2 * D * kv * Dh + q * Dh * D + 2 * Dh + 3 * D * inner + 2 * D  # attention, q / k norms, MLP, norms
+    assert qwen3vl_parameters(2) - qwen3vl_parameters(1) == layer
+    root = Path(__file__).resolve().parents[1]
+    assert cli.main(["plan", str(root / "configs" / "minimax_h3_lora_124x704x1280_8gpu.yaml"), "--gpus", "8",
+                     "--gpu-mem", "80", "--host-mem", "1024", "--bucket", "124x704x1280"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("124x704x1280"))
+    assert row in (root / "README.md").read_text()
