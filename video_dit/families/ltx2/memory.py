@@ -3,7 +3,10 @@ autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's stat
 of `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_ltx2.py: full and LoRA,
 fp32 and the bf16 of a GPU job, no / some / every block checkpointed, t2v and i2v, batches of 1 and 2, the
 2.0 / 2.3 / 2.5 flags, RecomputeSaved on and off; tests/test_ltx2_sequence_parallel.py: SP 2), the step's peak
-within 10%.
+within 10%. A one-stream LoRA (`network.streams`: the plan's parameters count its adapters only) is planned here
+as both streams': over by the other stream's lora_A outputs in each plain block and what its attentions keep in
+an unchecked first block (its input needs no gradient, nor, until the cross-modal attention, do they); exact when
+every block is checkpointed. Not yet derived.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (residual streams,
 norms, modulation, RoPE, gates), w the compute-dtype copy autocast makes of a float32 trainable weight (s in
