@@ -129,11 +129,11 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     per_batch = 2 * n * R * 4 * (B if text_masked else 1)  # the RoPE tables (per sample: each text length's clock)
     if text_masked and n_ckpt:
         per_batch += B * n  # the bool key mask, a checkpoint argument
-    weights = cfg.num_refiner_layers * (4 * I * D + 3 * Fd * D) * w if full else 0
+    refiner_weights = cfg.num_refiner_layers * (4 * I * D + 3 * Fd * D) * w if full else 0
     plain = range(n_ckpt, layers)
-    kept = n_ckpt * n * D * a
+    kept = n_ckpt * n * D * a  # the checkpointed blocks' inputs
     saved = sum(block(i == 0) for i in plain) + kept + final + loss + embed
-    weights += sum(block_weights(i == 0) for i in plain)
+    weights = refiner_weights + sum(block_weights(i == 0) for i in plain)
     total = saved * B + per_batch + weights
 
     # The peak, the highest of:
@@ -154,7 +154,7 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     #   embeddings' tensors, the re-run block and its weight copies, the stream's gradient and its addends
     if n_ckpt:
         peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
-                     + (weights - sum(block_weights(i == 0) for i in plain)))
+                     + refiner_weights)
     parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
              "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "peaks": peaks}
     return Activations(saved=total, peak=max(peaks), parts=parts)
