@@ -114,7 +114,8 @@ def test_the_example_job_plans_without_its_files(capsys):
     c = QWEN3VL_TEXT
     D, Dh, q, kv, inner = (c["hidden_size"], c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"],
                            c["intermediate_size"])
-    layer = D * q * Dh + 2 * D * kv * Dh + q * Dh * D + 2 * Dh + 3 * D * inner + 2 * D  # attention, q / k norms, MLP, norms
+    # q, k, v, o (no biases), the q / k norms, gate / up / down, two RMSNorms
+    layer = D * q * Dh + 2 * D * kv * Dh + q * Dh * D + 2 * Dh + 3 * D * inner + 2 * D
     assert qwen3vl_parameters(2) - qwen3vl_parameters(1) == layer
     root = Path(__file__).resolve().parents[1]
     assert cli.main(["plan", str(root / "configs" / "minimax_h3_lora_124x704x1280_8gpu.yaml"), "--gpus", "8",
