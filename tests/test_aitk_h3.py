@@ -25,7 +25,6 @@ from test_aitk_adapter import aitk_lora_state_dict, merged
 from video_dit.diffusion.flow import add_noise
 from video_dit.families import PRESETS
 from video_dit.families.minimax_h3 import FAMILY as H3
-from video_dit.families.minimax_h3.presets import audio_timesteps
 from video_dit.lora import load_lora
 from video_dit.models.weights import read_state_dict
 from video_dit.train.config import parse_job

@@ -22,7 +22,7 @@ from video_dit.families.minimax_h3.codec import H3AudioCodec
 from video_dit.families.minimax_h3.dit import H3DiT
 from video_dit.families.minimax_h3.encoders import VIDEO_TAG, tiny_h3_text_encoder
 from video_dit.families.minimax_h3.pipeline import H3Pipeline, fit_keyframes
-from video_dit.families.minimax_h3.presets import TINY_DIT, audio_timesteps
+from video_dit.families.minimax_h3.presets import TINY_DIT
 from video_dit.families.minimax_h3.vae import H3VideoVAE
 from video_dit.families.minimax_h3.vae_config import H3_VAE_TINY
 from video_dit.media import array_to_tensor, tensor_to_pil

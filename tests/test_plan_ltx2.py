@@ -15,6 +15,7 @@ import helpers
 import pytest
 import torch
 
+from video_dit.families.ltx2 import FAMILY as LTX2
 from video_dit.families.ltx2.dit import LORA_TARGETS, LTX2DiT, cast_ltx2_dit
 from video_dit.families.ltx2.dit_config import LTX2_DIT_CONFIGS
 from video_dit.families.ltx2.memory import audio_tokens_of, ltx2_activation_bytes
@@ -27,13 +28,13 @@ GRID, AUDIO, TEXT = (3, 4, 8), 20, 16  # 96 video tokens, 20 audio tokens, 16 te
 GiB = 2 ** 30
 
 
-def _measure(cfg, lora, dtype, checkpointing, per_token, batch, masked, recompute=True):
+def _measure(cfg, lora, dtype, checkpointing, per_token, batch, masked, recompute=True, streams="both"):
     """(bytes kept after the forward, the step's peak) of a tiny DiT of `cfg` trained as the trainer stores it
-    (`recompute`: `train.recompute_saved`)."""
+    (`recompute`: `train.recompute_saved`; `streams`: `network.streams`)."""
     model = helpers.randomize_all(LTX2DiT(cfg, init_seed=0), seed=1).train()
     model.set_recompute_saved(recompute)
     if lora:
-        add_lora(model, lora, targets=LORA_TARGETS)
+        add_lora(model, lora, targets=LTX2.stream_lora_targets(False, streams))
     else:
         model.requires_grad_(True)
     cast_ltx2_dit(model, dtype, masters=True)  # trainable float32, the frozen bulk in dtype, the islands float32
@@ -103,6 +104,27 @@ def test_activation_model_without_recompute_saved(checkpointing, lora, dtype, pe
     assert with_recipes.saved < saved  # the recipes' saving is planned only where the blocks keep them
 
 
+@pytest.mark.parametrize("streams,dtype,per_token", [("audio", F32, False), ("video", BF16, True)])
+def test_a_one_stream_loras_activations(streams, dtype, per_token):
+    """`network.streams`: with the first block checkpointed, what the forward leaves equals the plan of that stream's
+    adapters (the other stream's lora_A outputs, adapter copies and its text keys' rstd gone), the peak within 10%;
+    the both-streams plan differs. Without checkpointing the plan counts the first block as both streams' (over,
+    never under)."""
+    cfg = replace(LTX2_DIT_CONFIGS["tiny_2.3"], num_layers=3)
+
+    def planned(ckpt, lora_streams):
+        return ltx2_activation_bytes(cfg, GRID, Setting(0, checkpointing=ckpt > 0, checkpoint_blocks=ckpt), lora_rank=4,
+                                     s=dtype.itemsize, text_len=TEXT, audio_tokens=AUDIO, per_token=per_token,
+                                     text_masked=True, lora_streams=lora_streams)
+
+    saved, peak = _measure(cfg, 4, dtype, 1, per_token, 1, True, streams=streams)
+    one = planned(1, streams)
+    assert one.saved == saved and planned(1, "both").saved != saved, one.parts
+    assert one.peak == pytest.approx(peak, rel=0.1)
+    saved, _ = _measure(cfg, 4, dtype, 0, per_token, 1, True, streams=streams)
+    assert saved < planned(0, streams).saved < planned(0, "both").saved
+
+
 def test_a_wrong_term_fails_the_equality():
     """The equality can fail: the same step with one more checkpointed block, or planned as per-token, differs."""
     cfg = replace(LTX2_DIT_CONFIGS["tiny_2.3"], num_layers=3)
@@ -137,7 +159,8 @@ def test_an_ltx2_job_is_planned_and_auto_checkpoints_from_the_plan(tmp_path):
     job = _job(tmp_path, gradient_checkpointing="auto", dtype="bf16")
     preset = plan.get_preset("tiny-ltx2-t2v")
     inputs = plan.job_inputs(job, preset)
-    assert inputs == {"text_len": 32, "fps": 16, "temporal": preset.vae.temporal_compression, "per_token": True}
+    assert inputs == {"text_len": 32, "fps": 16, "temporal": preset.vae.temporal_compression, "per_token": True,
+                      "streams": "both"}
     sizes = plan.model_sizes(preset.dit, 4, torch.bfloat16, plan.family_of(preset))
     with torch.device("meta"):
         model = LTX2DiT(preset.dit)
@@ -160,3 +183,31 @@ def test_an_ltx2_job_is_planned_and_auto_checkpoints_from_the_plan(tmp_path):
     assert one < none
     gpu = plan.CUDA_CONTEXT_BYTES + int((one + none) / 2 / (1 - plan.AUTO_MARGIN))
     assert plan.AutoCheckpointing(job, Machine(ranks=1, nodes=1, device="cuda", gpu_mem=gpu)).choose(grid).blocks == 1
+
+
+@pytest.mark.parametrize("streams", ["audio", "video"])
+def test_a_one_stream_lora_is_planned_with_its_adapters_only(tmp_path, streams):
+    """`network.streams: audio` / `video` (issue 47): the plan's trainable parameters (the optimizer's states, the
+    gradients) are the adapters the trainer's build puts on that stream, fewer than both streams'."""
+    from video_dit.devices import Machine
+    from video_dit.families.ltx2 import FAMILY as LTX2
+    from video_dit.train.build import make_trainable
+    from video_dit.train.config import parse_job
+
+    job = _job(tmp_path)
+    process = helpers.train_process(tmp_path, network={"type": "lora", "linear": 4, "linear_alpha": 4,
+                                                       "streams": streams},
+                                    datasets=[{"folder_path": str(tmp_path / "data"), "num_frames": 17, "fps": 16,
+                                               "resolution": [64], "shrink_video_to_frames": False,
+                                               "caption_ext": "txt"}],
+                                    model={"name_or_path": str(tmp_path / "base.safetensors"),
+                                           "preset": "tiny-ltx2-t2v"})
+    one = parse_job({"job": "extension", "config": {"name": "j", "process": [process]}})
+    preset = plan.get_preset("tiny-ltx2-t2v")
+    with torch.device("meta"):
+        built = make_trainable(LTX2DiT(preset.dit), one.process, torch.float32, family=LTX2)
+    trainable = sum(p.numel() for p in built.parameters() if p.requires_grad)
+    machine = Machine(ranks=1, nodes=1, device="cuda", gpu_mem=64 * GiB)
+    sizes = plan.AutoCheckpointing(one, machine).sizes
+    both = plan.AutoCheckpointing(job, machine).sizes
+    assert sizes.trainable == sizes.lora == trainable < both.trainable

@@ -132,14 +132,16 @@ class ModelSizes:
     # parameters stored frozen (no master weights): what a frozen expert holds
 
 
-def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, family, lora_img_emb: bool = False) -> ModelSizes:
+def model_sizes(dit_config, lora_rank: int | None, dtype: torch.dtype, family, lora_img_emb: bool = False,
+                lora_streams: str = "both") -> ModelSizes:
     """Counts of `family`'s DiT (a `families.Family`) built on the meta device (and its LoRA adapters, on the
-    trainer's targets: `Family.lora_targets(network.include_img_emb)`): nothing allocated."""
+    trainer's targets: `Family.stream_lora_targets(network.include_img_emb, network.streams)`, one stream's
+    only where the job adapts one): nothing allocated."""
     fam = family
     with torch.device("meta"):
         model = fam.arch.cls(dit_config)
         if lora_rank:
-            add_lora(model, lora_rank, targets=fam.lora_targets(lora_img_emb))
+            add_lora(model, lora_rank, targets=fam.stream_lora_targets(lora_img_emb, lora_streams))
     param_dtypes = fam.arch.param_dtypes
     # the trainer's storage (`engine.cast_for_training`): trainable float32, frozen bulk in `dtype`,
     # the float32 islands float32
@@ -552,10 +554,11 @@ class AutoCheckpointing:
         self.dtype = planned_dtype(job, machine.device)
         self.lora = p.network.linear if p.network is not None else None
         self.img_emb = bool(p.network is not None and p.network.include_img_emb)
+        self.streams = p.network.lora_streams if p.network is not None else "both"  # `network.streams`
         self.ds = ds_config(job, machine.ranks, cuda=self.cuda)
         self.family = family_of(self.preset)
         self.inputs = job_inputs(job, self.preset)
-        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.family, self.img_emb)
+        self.sizes = model_sizes(self.cfg, self.lora, self.dtype, self.family, self.img_emb, self.streams)
         self.experts = job_experts(job)
         self.capacity = capacity_of(machine)
         self.budget = int(self.capacity * (1 - AUTO_MARGIN))

@@ -80,17 +80,18 @@ def _activations(cfg, grid, setting, *, lora_rank, s, fused, inputs):
     return ltx2_activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, text_len=inputs["text_len"],
                                  audio_tokens=audio_tokens_of(grid, inputs["fps"], inputs["temporal"]),
                                  per_token=inputs["per_token"],
-                                 text_masked=False)
+                                 text_masked=False, lora_streams=inputs["streams"])
 
 
 def _job_inputs(job, preset) -> dict:
     """The connectors' length (every caption padded to the Gemma's max_length), the frame rate the audio's
     length follows (the datasets' lowest: the most audio tokens for a clip's frames) and the VAE's frames per
-    latent frame, per-token timesteps (image-to-video datasets)."""
+    latent frame, per-token timesteps (image-to-video datasets), the streams a LoRA adapts (`network.streams`)."""
     gemma = preset.text_encoder.gemma
     fps = min((d.fps for d in job.process.datasets if d.fps), default=preset.fps)
     return {"text_len": gemma.max_length if gemma is not None else 1024, "fps": fps,
-            "temporal": preset.vae.temporal_compression, "per_token": any(d.do_i2v for d in job.process.datasets)}
+            "temporal": preset.vae.temporal_compression, "per_token": any(d.do_i2v for d in job.process.datasets),
+            "streams": job.process.network.lora_streams if job.process.network is not None else "both"}
 
 
 def _encoder_parameters(preset: Preset, parts) -> dict:

@@ -3,7 +3,11 @@ autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's stat
 of `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_ltx2.py: full and LoRA,
 fp32 and the bf16 of a GPU job, no / some / every block checkpointed, t2v and i2v, batches of 1 and 2, the
 2.0 / 2.3 / 2.5 flags, RecomputeSaved on and off; tests/test_ltx2_sequence_parallel.py: SP 2), the step's peak
-within 10%.
+within 10%. A one-stream LoRA (`network.streams`, `lora_streams`): the other stream's modules have no lora_A
+outputs or adapter copies, and its text attention's keys (the text's) need no gradient, so their rstd is not kept
+(Lt 4); exact when the first block is checkpointed. An unchecked first block is counted as both streams' (an
+over-count: the unadapted stream's attentions there read inputs that need no gradient until the cross-modal
+attention; measured 5.0% / 1.3% of a three-block tiny DiT's saved bytes, audio / video LoRA).
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (residual streams,
 norms, modulation, RoPE, gates), w the compute-dtype copy autocast makes of a float32 trainable weight (s in
@@ -94,12 +98,14 @@ TIME_FREQ = 256  # the timestep sinusoid's width (layers.timestep_sinusoid)
 
 def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
                           text_len: int, audio_tokens: int, per_token: bool = False,
-                          text_masked: bool = False) -> Activations:
+                          text_masked: bool = False, lora_streams: str = "both") -> Activations:
     """Activation memory of one forward + backward of the LTX-2 DiT `cfg` on one rank for video latents of
     `grid` (F', h, w) with `audio_tokens` audio latent frames and `text_len` text tokens (see the module
     docstring for every term). `per_token`: per-token video timesteps (image-to-video); `text_masked`: the
     captions are padded (a key mask reaches the text attentions). `setting.recompute`: the plain blocks and
-    the output layers keep RecomputeSaved's recipes (`LTX2DiT.recompute_saved`); checkpointed blocks never do."""
+    the output layers keep RecomputeSaved's recipes (`LTX2DiT.recompute_saved`); checkpointed blocks never do.
+    `lora_streams`: the streams a LoRA adapts (`network.streams`; the module docstring says what of a one-stream
+    LoRA is counted)."""
     pt, ph, pw = cfg.patch_size
     L = (grid[0] // pt) * (grid[1] // ph) * (grid[2] // pw)
     La = audio_tokens
@@ -116,6 +122,11 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
     C = cfg.out_channels * pt * ph * pw
     m = T if per_token else 1  # the video's modulation rows per sample
 
+    def adapted(stream: str, first: bool) -> bool:
+        """Whether `stream`'s modules carry adapters, as counted: a one-stream LoRA's other stream has none; its
+        first block is counted as both streams' (an over-count: module docstring)."""
+        return full or first or lora_streams in ("both", stream)
+
     def norm(T_, W, rows, grad_in=True, recipes=True) -> int:
         """An adaLN-modulated RMSNorm (`rms_modulate`) of T_ tokens of width W with `rows` modulation rows;
         `grad_in`: its input needs a gradient; `recipes`: its normed x and output are recipes of x."""
@@ -125,13 +136,14 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
         return kept
 
     def attention(Tq, Tk, I, Wq, *, seam=False, masked=False, gate_grad=True, gated_update=True,
-                  recipes=True) -> int:
+                  recipes=True, lora=True, k_grad=True) -> int:
         """One attention: Tq queries of a stream of width Wq, Tk keys, inner width I. `seam`: through the
         sequence-parallel exchange (recomputed in backward: its local q, k, v kept, not SDPA's output);
         `gate_grad`: its gates need a gradient (not in LoRA's first self-attentions); `gated_update`: its
         output is added to the stream through an adaLN gate (2.0's text attention is added as it is);
-        `recipes`: the normed, rotated q / k and the gated output (and its float32 operand) are recipes."""
-        kept = (Tq + Tk) * I * s + (Tq + Tk) * 4 + Tk * I * s  # q, k before their norms (the norms'), rstd; v
+        `recipes`: the normed, rotated q / k and the gated output (and its float32 operand) are recipes; `lora`:
+        its projections carry adapters; `k_grad`: its keys need a gradient (the text's not, without adapters)."""
+        kept = (Tq + Tk) * I * s + (Tq + (Tk if k_grad else 0)) * 4 + Tk * I * s  # q, k before their norms, rstd; v
         if not recipes:
             kept += (Tq + Tk) * I * s  # q, k normed and rotated (SDPA's or the seam's)
         if not seam:
@@ -148,24 +160,25 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
             kept += Tq * I * s  # to_out's input: the exchanged output (without the seam: SDPA's, laid out (T, H, Dh))
         if full:
             kept += Tq * Wq * s if gated_update else 0  # to_out's output, kept for the gate's gradient
-        else:
+        elif lora:
             kept += (2 * Tq + 2 * Tk) * r * s  # the lora_A outputs
         return kept
 
-    def ffn(T_, W, rows, recipes) -> int:
+    def ffn(T_, W, rows, recipes, lora=True) -> int:
         """The FFN: its rows, norm, the hidden layer (GELU's input) and, without recipes, the GELU output."""
         return 3 * rows * W * a + norm(T_, W, rows, recipes=recipes) + (1 if recipes else 2) * T_ * 4 * W * s \
-            + (T_ * W * s if full else 2 * T_ * r * s) + T_ * W * a
+            + (T_ * W * s if full else 2 * T_ * r * s if lora else 0) + T_ * W * a
 
     def block(first: bool, recipes: bool) -> int:
         """One block, per sample (the B-independent SP key masks: `key_masks`); `recipes`: with RecomputeSaved
         (a plain block), else as autograd keeps it (a checkpointed block re-run, or `recompute_saved` off)."""
         seam = N > 1
         kept = 0
-        for T_, W, rows in ((T, D, m), (Ta, Da, 1)):
+        for T_, W, rows, stream in ((T, D, m, "video"), (Ta, Da, 1, "audio")):
             grad_in = full or not first  # LoRA: the first block's streams need no gradient
+            ad = adapted(stream, first)
             kept += 3 * rows * W * a + norm(T_, W, rows, grad_in, recipes)  # self-attention
-            kept += attention(T_, T_, W, W, seam=seam, gate_grad=grad_in, recipes=recipes) + T_ * W * a
+            kept += attention(T_, T_, W, W, seam=seam, gate_grad=grad_in, recipes=recipes, lora=ad) + T_ * W * a
             if adaln:  # text attention
                 kept += 3 * rows * W * a + norm(T_, W, rows, recipes=recipes)
                 if recipes:  # the modulated text a recipe of the text (`held`) and its shift / scale (B, 1, 2, W)
@@ -174,12 +187,13 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
                     kept += Lt * W * s + (Lt * W * 4 if full and bf16 else 0)  # the modulated text (its float32 copy)
             else:
                 kept += T_ * 4 + (0 if recipes else T_ * W * s)  # the RMSNorm's rstd and (no recipe) output
-            kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln, recipes=recipes) + T_ * W * a
+            kept += attention(T_, Lt, W, W, masked=text_masked, gated_update=adaln, recipes=recipes, lora=ad,
+                              k_grad=ad) + T_ * W * a
             kept += W * a + 2 * norm(T_, W, rows, recipes=recipes)  # audio <-> video: the gate rows, q and k / v inputs
             kept += 4 * rows * W * a if recipes else 0  # ... whose recipes hold the four scale / shift rows
-            kept += ffn(T_, W, rows, recipes)
-        kept += attention(T, Ta, X, D, seam=seam, recipes=recipes) + T * D * a  # a2v
-        kept += attention(Ta, T, X, Da, seam=seam, recipes=recipes) + Ta * Da * a  # v2a
+            kept += ffn(T_, W, rows, recipes, lora=ad)
+        kept += attention(T, Ta, X, D, seam=seam, recipes=recipes, lora=adapted("video", first)) + T * D * a  # a2v
+        kept += attention(Ta, T, X, Da, seam=seam, recipes=recipes, lora=adapted("audio", first)) + Ta * Da * a  # v2a
         return kept
 
     def key_masks() -> int:
@@ -194,13 +208,16 @@ def ltx2_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, 
             return (16 * D * D + 16 * Da * Da + 4 * X * (D + Da)) * w
         # lora_A (r x in) and lora_B (out x r) copies; lora_A's only where its input needs a gradient
         b = 0
-        for W in (D, Da):
+        for W, stream in ((D, "video"), (Da, "audio")):
+            if not adapted(stream, first):
+                continue
             b += 4 * (W + W) * r  # self-attention q, k, v, out
             b += (2 * W + W + W + 2 * W) * r  # text: q (in, out), k and v (out only: the text needs no gradient), out
             b += 2 * (W + 4 * W) * r  # FFN
             if first:
                 b -= 3 * W * r  # the self-attention's q, k, v read a stream that needs no gradient
-        b += 2 * ((D + X) + (Da + X) + (Da + X) + (X + D)) * r  # a2v: q D -> X, k, v Da -> X, out X -> D; v2a
+        # a2v: q D -> X, k, v Da -> X, out X -> D; v2a the same sum
+        b += sum(adapted(stream, first) for stream in ("video", "audio")) * (2 * D + 2 * Da + 4 * X) * r
         return b * w
 
     plain = range(n_ckpt, layers)

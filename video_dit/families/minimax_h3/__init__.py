@@ -6,7 +6,7 @@ video rows, as one family. Its files:
     encoders.py    the Qwen3-VL conditioner (`H3TextEncoder`)
     convert.py     the DiT's key layouts and the LoRA keys          loading.py  the loaders, detection
     presets.py     the released partitions and the tiny model       pipeline.py t2va / fl2va sampling with sound
-    memory.py      the activation model (an upper bound so far)
+    memory.py      the activation model (exact on CPU ranks: tests/test_plan_h3.py)
     conditioning.py  the first keyframe in training (a do_i2v dataset), as ai-toolkit's H3 trainer builds it
 
 `FAMILY` is its record (`video_dit.families.contract.Family`), registered by `video_dit.families`.
@@ -24,6 +24,7 @@ from video_dit.families.minimax_h3.dit import (FLOAT32_MODULES, LORA_TARGETS, H3
                                                init_parameter, param_dtypes)
 from video_dit.families.minimax_h3.conditioning import (H3KeyframeConditioning, batch_tags, keyframe_latents, prompt,
                                                        text_entry)
+from video_dit.families.minimax_h3.encoders import TEXT_LAYER
 from video_dit.families.minimax_h3.memory import PLAN_TEXT_TOKENS, h3_activation_bytes
 from video_dit.families.minimax_h3.pipeline import GRIDS, H3Pipeline, fit_keyframes, h3_schedule
 from video_dit.families.minimax_h3.presets import (AUDIO, H3_PRESETS, SAMPLE_STEPS, TINY_PRESETS, VIDEO_SHIFT,
@@ -93,22 +94,44 @@ def _job_inputs(job, preset) -> dict:
     return {"text_len": PLAN_TEXT_TOKENS, "vae": preset.vae, "fps": preset.fps, "audio": AUDIO[preset.name]}
 
 
-def _encoder_parameters(preset: Preset, parts) -> dict:
-    """The VAE and the tiny preset's Qwen3-VL from their architectures on the meta device; a released Qwen3-VL is
-    counted from its files only (its architecture is not built here)."""
-    from video_dit.models.weights import WeightsError
+# The released conditioner's architecture ([M] FL2VA/text_encoder/config.json, MiniMax-AI/MiniMax-H3 8d8824e: the
+# same in Ref2VA/), what `memory` counts without its files: Qwen3-VL's language model (64 decoder layers of 5120,
+# of which the loader builds `TEXT_LAYER` = 50) and its 27-block vision tower.
+QWEN3VL_TEXT = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                    num_key_value_heads=8, head_dim=128, vocab_size=151936, attention_bias=False, rms_norm_eps=1e-6,
+                    max_position_embeddings=262144, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0,
+                                                                     "mrope_section": [24, 20, 20],
+                                                                     "mrope_interleaved": True})
+QWEN3VL_VISION = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=5120,
+                      patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                      deepstack_visual_indexes=[8, 16, 24], hidden_act="gelu_pytorch_tanh", in_channels=3)
 
+
+def qwen3vl_parameters(layers: int = TEXT_LAYER) -> int:
+    """The parameters of the released Qwen3-VL the loader builds (`encoders.load_h3_text_encoder`: `Qwen3VLModel`
+    with `layers` decoder layers, no LM head), on the meta device."""
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    with torch.device("meta"):
+        model = Qwen3VLModel(Qwen3VLConfig(text_config={**QWEN3VL_TEXT, "num_hidden_layers": layers},
+                                           vision_config=QWEN3VL_VISION))
+    return sum(p.numel() for p in model.parameters())
+
+
+def _encoder_parameters(preset: Preset, parts) -> dict:
+    """The VAE and the Qwen3-VL from their architectures on the meta device: the tiny one, or the released one
+    (`qwen3vl_parameters`)."""
     counts = {}
     if "vae" in parts:
         with torch.device("meta"):
             counts["vae"] = sum(p.numel() for p in H3VideoVAE(preset.vae).parameters())
     if "text_encoder" in parts:
-        if preset.name not in TINY_PRESETS:
-            raise WeightsError(f"preset {preset.name}: its Qwen3-VL is counted from its files' headers; give the text "
-                               f"encoder folder ({h3_load.DOWNLOAD})")
-        from video_dit.families.minimax_h3.encoders import tiny_h3_text_encoder
+        if preset.name in TINY_PRESETS:
+            from video_dit.families.minimax_h3.encoders import tiny_h3_text_encoder
 
-        counts["text_encoder"] = sum(p.numel() for p in tiny_h3_text_encoder(0).parameters())
+            counts["text_encoder"] = sum(p.numel() for p in tiny_h3_text_encoder(0).parameters())
+        else:
+            counts["text_encoder"] = qwen3vl_parameters(preset.text_encoder.layer)
     if "image_encoder" in parts:
         counts["image_encoder"] = 0
     return counts

@@ -1,31 +1,55 @@
-"""Activation memory of the MiniMax H3 DiT in one training step, per rank: a first model, an UPPER BOUND, not yet
-checked to the byte against an allocation tracker (HunyuanVideo's `memory.py` is; a later step makes this one
-exact). Parameters and DeepSpeed's state are the plan's own terms.
+"""Activation memory of the MiniMax H3 DiT in one training step, per rank: what `dit.py` and `layers.py` make
+autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones of
+`plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_h3.py: full and LoRA, fp32 and the
+bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
+step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too). Not yet measured:
+sequence parallelism (rows per rank and the exchange's output are counted as the seam's layout implies) and
+keyframe rows (t2va is what trains); nor against a GPU's allocator.
 
-The bound: every tensor a block's forward creates is counted as kept (what autograd saves is a subset of them).
-Notation as `plan.py`'s: s bytes of the compute dtype, a = max(s, 4) (the float32 islands: the residual stream,
-norms, AdaLN arithmetic, RoPE), w the compute-dtype copy of a float32 trainable weight (s in bf16, 0 in float32);
-B micro-batch. The packed sequence has N = Lt + K h'w' + S T + F' h'w' rows (text, keyframes, audio, video:
-packing.py), N_r = ceil(N / sp) per rank under sequence parallelism (every rank holds rows of every modality),
-D hidden, I = heads x head_dim (wider than D), R the rotated channels, Fd the SwiGLU width, H heads.
-Per row per block, counted op by op in `layers.py` `Block`:
-  AdaLN in  norm1 a, modulate per run (addcmul + cat) 2a, cast s                                     D (3a + s)
-  attention qkv 3s, q / k RMSNorm 2a, RoPE (the rotated halves, cat, products, cat) 2a + 6R/I a,
-            cast of q, k 2s, attention output s (+ 4 H bytes of logsumexp), out_proj D s             I (4a + 6s)
-  residual  gated per run 2a; norm2 a, modulate 2a, cast s                                           D (7a + 2s)
-  MLP       fc1 2 Fd s, SiLU Fd s, product Fd s, fc2 D s, gated residual 2a                     4 Fd s + D (2a + s)
-  -> per row: D (12a + 4s) + I (4a + 6s) + 6 R a + 4 Fd s + 4 H; per sample and block the AdaLN table
-     (G timestep groups x 18 D, and its 4 entries x 6 D) in a.
-A checkpointed block keeps its input (N_r D a) and re-runs once in backward. Outside the blocks: the projections'
-inputs and outputs (video / keyframe rows patch_dim s -> D a, audio rows C_a s -> D a, text rows text_dim s -> D),
-the packed rows (N D a, this rank's N_r after the split), the RoPE tables (2 N_r R a), the final layer (norm,
-modulate, both heads: N_r (3 D + patch_dim + C_a) a, the gathered output N (patch_dim + C_a) a), the loss's
-difference (the video and audio predictions, a). The text refiner runs before the split on the Lt text rows of
-every rank: in a full fine-tune its blocks' tensors, Lt (D (4a + 4s) + I (2a + 6s) + 4 Fd s) each, are kept; a
-LoRA job leaves them frozen and their inputs need no gradient, so autograd keeps none. Weight copies: a full
-fine-tune's every block Linear once per forward (w each: q k v, out, fc1, fc2 and the AdaLN projection, Te x 18 D
-= 96768 x 2688 released: the largest); LoRA r (in + out) w per adapter. The peak adds one block's creations twice
-to what is saved (its gradients, and under checkpointing its recomputed forward).
+Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
+RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
+trainable weight at each call (s in bf16, 0 in fp32); B micro-batch. The packed sequence (packing.py) has N = Lt
++ K h'w' + S T + F' h'w' rows (text, keyframes, audio, video), n = ceil(N / sp) on a rank; D hidden, I = heads x
+head_dim (wider than D), H heads, R rotated channels, Fd the SwiGLU width, Te the timestep embedding, C =
+patch_dim, Ca the audio latent channels, G timestep groups (2, 3 with keyframes), E the runs of rows sharing one
+AdaLN entry on the rank (3: text, audio, video), r the LoRA rank. CPU SDPA (flash) keeps q, k, v, its output
+(laid out (B, n, H, Dh): the output projection reads it without a copy) and its logsumexp; a padded caption
+adds the float key mask it makes of the bool one (n s per attention).
+
+One plain block (`layers.Block`) keeps, per sample:
+  norm1          its input x n D a, rstd n 4; full: its output n D a (the scale's gradient; LoRA: no gradient
+                 reaches the AdaLN rows, so addcmul keeps only (1 + scale))
+  modulate       (1 + scale) per run E D a; the modulated rows cast, h n D s (qkv's, or lora_A's, input)
+  AdaLN table    (4 entries, 6 D) a (the gates are views of it); full bf16: temb cast G Te w (the projection's
+                 input; its bias copy is not kept)
+  attention      qkv's output 3 n I s (kept whole: q_norm / k_norm keep their views, SDPA keeps v), the norms'
+                 rstd 2 n H 4, q and k rotated (and cast) 2 n I s (the rotation keeps only the cos / sin tables),
+                 SDPA's output n I s and logsumexp n H 4; full: out_proj's output n D s (the gate's gradient)
+  residual       the gated sum's cat n D a (norm2's input), rstd n 4; full: norm2's output n D a
+  modulate       (1 + scale) E D a, h2 n D s
+  MLP            fc1's output 2 n Fd s (SiLU keeps the gate half, the product the value half), SiLU's output
+                 n Fd s, the product n Fd s (fc2's input); full: fc2's output n D s
+  LoRA           each adapter's lora_A output 4 x n r s (qkv, out_proj, fc1, fc2); LoRA's first block: no input
+                 x, rstd, (1 + scale1) (its input needs no gradient)
+  weight copies  (bf16) full (4 I D + 3 Fd D + Te 18 D) w; LoRA r (in + out) w per adapter, without qkv's
+                 lora_A copy in the first block (its input needs no gradient)
+A checkpointed block keeps its input n D a (and LoRA, once, temb G Te 4 and a padded caption's bool key mask
+B n, the checkpoints' arguments kept nowhere else).
+Outside the blocks, per sample: the final layer's norm input n D a, rstd n 4, (1 + scale) E D a (full: the
+norm's output and the modulated rows, the heads' input, 2 n D a); the loss's differences (the whole prediction)
+F'h'w' C a + S T Ca a; full: the text refiner's blocks Lt (D (2a + 2s) + 8 + 6 I s + 12 H + 4 Fd s) each (the
+block's keeps without AdaLN, RoPE, gated outputs; + Lt s with a padded caption), its final norm Lt D a + Lt 4,
+condition_proj's cast input Lt text_dim s (bf16), the patch projections' inputs (K + F') h'w' C 4 + S T Ca 4,
+the timestep MLP G (freq 4 + 2 hidden 4 + 2 Te 4); bf16, the refiner's weight copies (4 I D + 3 Fd D) w each.
+Per batch: the RoPE tables 2 n R 4 (per sample with a padded caption: each sample's clock starts at its length).
+
+The peak (traced), the highest of: the forward's end, in the final layer: what the forward leaves but the loss's
+differences, `_forward`'s locals (the refiner's output Lt D a, the patch projections' outputs (K h'w' + F'h'w' +
+S T) D a, the rotary coordinates N 3 8 and entries N 8, the final AdaLN rows and table (G + 4) 2 D a; LoRA: the
+patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a) and its heads (2 n (C +
+Ca) a, LoRA + n D a); with checkpointing, the last checkpointed block's backward after the plain blocks': the
+checkpoints, the embeddings' tensors, the re-run block with its weight copies and the stream's gradient with its
+addends 4 n D a. Released 480p / 720p clips sit far above these tiny sizes: there the saved bytes dominate.
 """
 
 from __future__ import annotations
@@ -40,12 +64,6 @@ from video_dit.models.activation_terms import Activations, Setting, checkpointed
 PLAN_TEXT_TOKENS = 512
 
 
-def block_row_bytes(cfg, a: int, s: int) -> int:
-    """Bytes one block's forward creates per packed row (module docstring)."""
-    D, I, Fd, H = cfg.hidden_size, cfg.inner_dim, cfg.ffn_dim, cfg.num_heads
-    return D * (12 * a + 4 * s) + I * (4 * a + 6 * s) + 6 * cfg.rotary_dim * a + 4 * Fd * s + 4 * H
-
-
 def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, keyframes: int = 0) -> dict[str, int]:
     """The packed sequence's rows of a clip of latent grid (F', h, w): text, keyframe, audio, video, all."""
     pt, ph, pw = cfg.patch_size
@@ -57,37 +75,97 @@ def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, k
 
 
 def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                        text_len: int, audio_frames: int, keyframes: int = 0) -> Activations:
-    """The upper bound of one forward + backward of the H3 DiT `cfg` on one rank for video latents of `grid`
-    (F', h, w) with `audio_frames` audio latents per channel, `text_len` text rows and `keyframes` keyframe
-    latent frames (see the module docstring for every term)."""
+                        text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False) -> Activations:
+    """What one forward of the H3 DiT `cfg` leaves for backward on one rank, and the step's peak, for video
+    latents of `grid` (F', h, w) with `audio_frames` audio latents per channel, `text_len` text rows (padded in
+    some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring)."""
     rows = h3_rows(cfg, grid, text_len, audio_frames, keyframes)
-    N, B = rows["all"], setting.micro_batch
-    Nr = math.ceil(N / setting.sp)
-    D, I, Fd, Te = cfg.hidden_size, cfg.inner_dim, cfg.ffn_dim, cfg.time_embed_dim
+    N, B, Lt = rows["all"], setting.micro_batch, text_len
+    n = math.ceil(N / setting.sp)  # this rank's rows
+    D, I, H, Fd, Te, R = cfg.hidden_size, cfg.inner_dim, cfg.num_heads, cfg.ffn_dim, cfg.time_embed_dim, cfg.rotary_dim
+    C, Ca = cfg.patch_dim, cfg.audio_in_channels
     a, w = float32_bytes(s), weight_copy_bytes(s)
+    full, r = not lora_rank, lora_rank or 0
     G = 3 if keyframes else 2
-    block = Nr * block_row_bytes(cfg, a, s) + (G * 3 * MODALITIES * 2 * D + 4 * 6 * D) * a
-    if setting.sp > 1:  # the all-to-all's exchanged q, k, v and output (all rows, this rank's heads)
-        block += 4 * s * N * I // setting.sp
+    E = _runs(rows, n)
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
-    C, Ca = cfg.patch_dim, cfg.audio_in_channels
-    media = rows["keyframe"] + rows["video"]
-    outside = (media * (C * s + D * a) + rows["audio"] * (Ca * s + D * a) + text_len * (cfg.text_dim * s + D * s)
-               + Nr * D * a + 2 * Nr * cfg.rotary_dim * a + Nr * (3 * D + C + Ca) * a + N * (C + Ca) * a
-               + (rows["video"] * C + rows["audio"] * Ca) * a)
-    refiner = 0
-    if not lora_rank:  # a full fine-tune keeps the text refiner's tensors (LoRA: frozen, no gradient reaches it)
-        refiner = cfg.num_refiner_layers * text_len * (D * (4 * a + 4 * s) + I * (2 * a + 6 * s) + 4 * Fd * s)
-    kept = n_ckpt * Nr * D * a
-    per_block_weights = 3 * I * D + I * D + 3 * D * Fd + Te * 6 * MODALITIES * D
-    if lora_rank:
-        r = lora_rank
-        per_block_weights = r * ((D + 3 * I) + (I + D) + (D + 2 * Fd) + (Fd + D))
-    weights = (layers - n_ckpt) * per_block_weights * w
-    saved = (layers - n_ckpt) * block + kept + outside + refiner
-    peak = saved + 2 * block
-    parts = {"per_block": block, "outside": outside, "refiner": refiner, "weights": weights,
-             "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": Nr, "upper_bound": True}
-    return Activations(saved=saved * B + weights, peak=peak * B + weights + per_block_weights * w, parts=parts)
+    mask = n * s if text_masked else 0  # SDPA's float key mask, per attention (bool -> the query's dtype)
+    seam = n * I * s if setting.sp > 1 else 0  # the sequence-parallel exchange's output (not yet measured)
+
+    def block(first: bool) -> int:
+        """Bytes one plain block keeps, per sample (`first`: LoRA's first block, whose input needs no gradient)."""
+        kept = (n * D * s + 3 * n * I * s + 2 * n * H * 4 + 2 * n * I * s + n * I * s + n * H * 4 + mask + seam
+                + n * D * a + n * 4 + E * D * a + n * D * s + 4 * n * Fd * s  # the residual, norm2, MLP
+                + 4 * 6 * D * a)  # the AdaLN table (its gates kept)
+        if not (first and not full):
+            kept += n * D * a + n * 4 + E * D * a  # the input x and norm1's rstd, (1 + scale1)
+        if full:
+            kept += 2 * n * D * a + 2 * n * D * s + G * Te * w  # the normed x (x2), out_proj / fc2 outputs, temb copy
+        else:
+            kept += 4 * n * r * s  # the lora_A outputs
+        return kept
+
+    def block_weights(first: bool) -> int:
+        """The weight copies one plain block's matmuls keep (bf16; `first` as `block`'s)."""
+        if full:
+            return (4 * I * D + 3 * Fd * D + Te * 6 * MODALITIES * D) * w
+        return r * ((0 if first else D) + 3 * I + (I + D) + (D + 2 * Fd) + (Fd + D)) * w
+
+    # outside the blocks, per sample: the final layer's, the loss's and (full) the text path's and embeddings'
+    final = n * D * a + n * 4 + E * D * a  # the final norm's input and rstd, (1 + scale)
+    if full:
+        final += 2 * n * D * a  # the final norm's output, the modulated rows (the heads' input)
+    loss = rows["video"] * C * a + rows["audio"] * Ca * a  # the loss's differences (the whole prediction)
+    embed = 0
+    if full:
+        refiner = Lt * (D * (2 * a + 2 * s) + 8 + 6 * I * s + 3 * H * 4 + 4 * Fd * s) + (mask and Lt * s)
+        embed += cfg.num_refiner_layers * refiner + Lt * D * a + Lt * 4  # + the refiner's final norm
+        embed += Lt * cfg.text_dim * (s if s < 4 else 0)  # condition_proj's input, cast
+        embed += (rows["video"] + rows["keyframe"]) * C * 4 + rows["audio"] * Ca * 4  # the patch projections' inputs
+        embed += G * (cfg.freq_dim * 4 + 2 * cfg.time_embed_hidden_dim * 4 + 2 * Te * 4)  # the timestep MLP
+    elif n_ckpt:
+        embed += G * Te * 4  # the checkpoints' argument temb (LoRA keeps it nowhere else)
+    per_batch = 2 * n * R * 4 * (B if text_masked else 1)  # the RoPE tables (per sample: each text length's clock)
+    if text_masked and n_ckpt:
+        per_batch += B * n  # the bool key mask, a checkpoint argument
+    refiner_weights = cfg.num_refiner_layers * (4 * I * D + 3 * Fd * D) * w if full else 0
+    plain = range(n_ckpt, layers)
+    kept = n_ckpt * n * D * a  # the checkpointed blocks' inputs
+    saved = sum(block(i == 0) for i in plain) + kept + final + loss + embed
+    weights = refiner_weights + sum(block_weights(i == 0) for i in plain)
+    total = saved * B + per_batch + weights
+
+    # The peak, the highest of:
+    #   the forward's end, in the final layer: what the forward leaves but the loss's differences, the forward's
+    #   locals (the refiner's output, the patch projections' outputs, LoRA: the patchified video and temb, the
+    #   rotary coordinates (float64), the rows' entries (int64), the final AdaLN rows and table), and either its
+    #   modulation (full: its parts, LoRA: the norm's output, its parts, their cat) or its heads (their outputs,
+    #   their cat; LoRA: the modulated rows)
+    locals_ = (Lt * D * a + (rows["video"] + rows["keyframe"]) * D * a + rows["audio"] * D * a + G * 4
+               + G * 2 * D * a + 4 * 2 * D * a)
+    if not full:
+        locals_ += (rows["video"] + rows["keyframe"]) * C * 4 + (0 if n_ckpt else G * Te * 4)
+    coords = (B if text_masked else 1) * N * 3 * 8 + N * 8
+    heads = 2 * n * (C + Ca) * a
+    moment = max(n * D * a if full else 3 * n * D * a, heads + (0 if full else n * D * a))
+    peaks = [(saved - loss + locals_ + moment) * B + per_batch + weights + coords]
+    #   the backward of the last checkpointed block, re-run after the plain blocks' backward: the checkpoints, the
+    #   embeddings' tensors, the re-run block and its weight copies, the stream's gradient and its addends
+    if n_ckpt:
+        peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
+                     + refiner_weights)
+    parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
+             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "peaks": peaks}
+    return Activations(saved=total, peak=max(peaks), parts=parts)
+
+
+def _runs(rows: dict[str, int], n: int) -> int:
+    """The most runs of rows sharing one AdaLN entry (text, keyframes, audio, video, in packed order) that one
+    rank's n consecutive rows cover (`packing.row_runs`; every rank's slice, the largest count)."""
+    bounds, start = [], 0
+    for k in ("text", "keyframe", "audio", "video"):
+        if rows[k]:
+            bounds.append((start, start + rows[k]))
+            start += rows[k]
+    return max(sum(1 for a, b in bounds if a < min(lo + n, start) and b > lo) for lo in range(0, start, n))
