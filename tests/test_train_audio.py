@@ -43,7 +43,8 @@ def _draws(sampler: TimestepSampler, audio_timesteps: str) -> tuple[torch.Tensor
     seen = []
     trainer = SimpleNamespace(p=SimpleNamespace(train=SimpleNamespace(seed=7, batch_size=BATCH)), dp_rank=0, step=0,
                               timesteps=sampler, audio_timesteps=audio_timesteps, _drawn_t=[], _parts={},
-                              loss_at=lambda batch, t, noise, audio_t, audio_noise, parts: seen.append(
+                              conditioning=None,
+                              loss_at=lambda batch, t, noise, audio_t, audio_noise, parts, cond_noise: seen.append(
                                       (t, t if audio_t is None else audio_t)))  # None: tied (loss_at: t)
     batch = {"latents": torch.zeros(BATCH, 8, 1, 1, 1), "audio_latents": torch.zeros(BATCH, 2, 1, 4)}
     for step in range(STEPS):
