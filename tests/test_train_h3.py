@@ -7,7 +7,7 @@ each with its own copy of the data (their caches are built at once):
                rows, `packing.rank_order`), no block checkpointing, 4 steps
            r   z resumed from z's step-2 checkpoint: steps 3 and 4
            z0  z under ZeRO-0 (whose engine reports no gradient norm)
-           z3  z under ZeRO-3 with the first block checkpointed
+           z3  z under ZeRO-3 with the first block checkpointed, parameters and optimizer offloaded
            b   z in bf16 (`train.cpu_bf16`) with every block checkpointed, 1 step
            f   first-frame (fl2va) training from a `do_i2v` dataset (the clip's first frame a keyframe row, its
                caption cached presented with it: conditioning.py), full fine-tune, ZeRO-2 data parallel (SP 1),
@@ -59,7 +59,8 @@ def runs(tmp_path_factory):
             "resume": str(root / "out/z/checkpoints/step_000000002")},
            {"config": str(h3_job(root, "z0", "data2", sp=2, zero=0, steps=4, save_every=4))},
            {"config": str(h3_job(root, "z3", "data2", sp=2, zero=3, steps=4, save_every=4,
-                                 train={"gradient_checkpointing": 1}))},
+                                 train={"gradient_checkpointing": 1},
+                                 deepspeed={"offload_optimizer": True, "offload_param": True}))},
            {"config": str(h3_job(root, "b", "data2", sp=2, steps=1, save_every=1,
                                  train={"dtype": "bf16", "cpu_bf16": True, "gradient_checkpointing": True}))},
            {"config": str(h3_job(root, "f", "data2", do_i2v=True, lora=False, steps=2, save_every=2,
@@ -77,8 +78,9 @@ def rows(root: Path, name: str) -> list[dict]:
 
 
 # Not bit-exact: the sequence-parallel exchange and ZeRO-3's partitions sum fp32 terms in another order.
-# Measured (z vs one; z3 vs z0 and z; both streams' losses): losses 2.1e-7; 0 and 0, gradient norms 9.4e-8; 4.3e-8
-# (vs z), the trained LoRA (`helpers.assert_trained_close`) 2.9e-7; 0 and 0; the tolerances are ~20x the largest.
+# Measured (z vs one; z3 vs z0 and z; both streams' losses): losses 2.1e-7; 0 and 0, gradient norms 9.4e-8; 0 (vs
+# z: 4.3e-8 before z3 offloaded), the trained LoRA (`helpers.assert_trained_close`) 2.9e-7; 0 and 0; the
+# tolerances are ~20x the largest.
 LOSS_RTOL, GRAD_RTOL, LORA_RTOL = 4e-6, 2e-6, 6e-6
 
 
@@ -118,10 +120,15 @@ def test_sp2_trains_as_sp1_with_every_modality_on_each_rank(runs):
 
 
 def test_zero3_trains_as_zero0_and_zero2(runs):
-    """The SP 2 job under ZeRO-3 (partitioned parameters, the first block checkpointed) against ZeRO-0 (losses of
-    both streams, trained adapters: its engine reports no gradient norm) and ZeRO-2 (gradient norms too)."""
+    """The SP 2 job under ZeRO-3 (partitioned parameters offloaded with the optimizer, the first block checkpointed)
+    against ZeRO-0 (losses of both streams, trained adapters: its engine reports no gradient norm) and ZeRO-2
+    (gradient norms too)."""
     z3, z0, z = rows(runs, "z3"), rows(runs, "z0"), rows(runs, "z")
     assert all(r["grad_norm"] is None for r in z0)
+    for rank in (0, 1):  # DeepSpeed's ZeRO-3 optimizer really offloads (on CPU ranks: to host buffers)
+        got = ranks.result(runs / "out" / "z3", rank)
+        assert (got["offload_optimizer"], got["offload_param"]) == (True, True), got
+        assert not ranks.result(runs / "out" / "z", rank)["offload_optimizer"]
     _assert_same_training(z3, z0, "ZeRO-3 vs ZeRO-0", grad_norms=False)
     _assert_same_training(z3, z, "ZeRO-3 vs ZeRO-2")
     a, b, c = (load_file(str(runs / "out" / n / f"{n}.safetensors")) for n in ("z3", "z0", "z"))
