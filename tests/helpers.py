@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -271,6 +272,28 @@ def losses(out_dir: Path) -> dict[int, float]:
     """step -> training loss of `out_dir/metrics.jsonl` (the last row of a step wins: a relaunch appends;
     a validation-only row, such as step 0's, has no training loss)."""
     return {r["step"]: r["loss"] for r in metrics(out_dir) if r.get("loss") is not None}
+
+
+def step_rows(root: Path, name: str) -> list[dict]:
+    """The training rows (those with a loss) of job `name`'s metrics under `root/out/name`."""
+    return [r for r in metrics(Path(root) / "out" / name) if r.get("loss") is not None]
+
+
+def assert_same_training(a: list[dict], b: list[dict], what: str, *, steps: list[int], loss_rtol: float,
+                         grad_rtol: float | None, keys=("loss", "loss_video", "loss_audio")) -> None:
+    """Two runs' training rows at the same steps with the same losses (each of `keys`, relatively within
+    `loss_rtol`) and gradient norms (within `grad_rtol`; None: not compared, e.g. ZeRO-0 reports none)."""
+    assert [r["step"] for r in a] == [r["step"] for r in b] == steps, what
+    for x, y in zip(a, b):
+        for key in keys:
+            assert x[key] == pytest.approx(y[key], rel=loss_rtol), (what, key, x["step"], x[key], y[key])
+        if grad_rtol is not None:
+            assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=grad_rtol), (what, x["step"])
+
+
+def worst_relative(a: list[dict], b: list[dict], key: str) -> float:
+    """The largest relative difference of `key` between two runs' rows, step by step."""
+    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b))
 
 
 def probe_inputs(in_dim: int = 16, text_dim: int = 64):

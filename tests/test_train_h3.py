@@ -73,28 +73,17 @@ def runs(tmp_path_factory):
     return root
 
 
-def rows(root: Path, name: str) -> list[dict]:
-    return [r for r in helpers.metrics(root / "out" / name) if r.get("loss") is not None]
-
-
 # Not bit-exact: the sequence-parallel exchange and ZeRO-3's partitions sum fp32 terms in another order.
 # Measured (z vs one; z3 vs z0 and z; both streams' losses): losses 2.1e-7; 0 and 0, gradient norms 9.4e-8; 0 (vs
 # z: 4.3e-8 before z3 offloaded), the trained LoRA (`helpers.assert_trained_close`) 2.9e-7; 0 and 0; the
 # tolerances are ~20x the largest.
 LOSS_RTOL, GRAD_RTOL, LORA_RTOL = 4e-6, 2e-6, 6e-6
+rows, _worst = helpers.step_rows, helpers.worst_relative
 
 
 def _assert_same_training(a: list[dict], b: list[dict], what: str, grad_norms: bool = True) -> None:
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4], what
-    for x, y in zip(a, b):
-        for key in ("loss", "loss_video", "loss_audio"):
-            assert x[key] == pytest.approx(y[key], rel=LOSS_RTOL), (what, key, x["step"], x[key], y[key])
-        if grad_norms:
-            assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=GRAD_RTOL), (what, x["step"])
-
-
-def _worst(a: list[dict], b: list[dict], key: str) -> float:
-    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b))
+    helpers.assert_same_training(a, b, what, steps=[1, 2, 3, 4], loss_rtol=LOSS_RTOL,
+                                 grad_rtol=GRAD_RTOL if grad_norms else None)
 
 
 def test_sp2_trains_as_sp1_with_every_modality_on_each_rank(runs):

@@ -70,22 +70,15 @@ def runs(tmp_path_factory):
     return root
 
 
-def rows(root: Path, name: str) -> list[dict]:
-    return [r for r in helpers.metrics(root / "out" / name) if r.get("loss") is not None]
-
-
 # Not bit-exact: the sequence-parallel exchange and ZeRO-3's partitions sum fp32 terms in another order.
 # Measured (z2 vs one, z3 vs z2; both streams' losses): losses 0 / 1.1e-7 relative, gradient norms 9.6e-8 /
 # 5.3e-8, the trained LoRA (`helpers.assert_trained_close`) 2.2e-6 / 9.7e-7; the tolerances are ~20x the largest.
 LOSS_RTOL, GRAD_RTOL, LORA_RTOL = 2e-6, 2e-6, 5e-5
+rows, _worst = helpers.step_rows, helpers.worst_relative
 
 
 def _assert_same_training(a: list[dict], b: list[dict], what: str) -> None:
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4], what
-    for x, y in zip(a, b):
-        for key in ("loss", "loss_video", "loss_audio"):
-            assert x[key] == pytest.approx(y[key], rel=LOSS_RTOL), (what, key, x["step"], x[key], y[key])
-        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=GRAD_RTOL), (what, x["step"])
+    helpers.assert_same_training(a, b, what, steps=[1, 2, 3, 4], loss_rtol=LOSS_RTOL, grad_rtol=GRAD_RTOL)
 
 
 def test_sp2_trains_as_sp1(runs):
@@ -106,10 +99,6 @@ def test_zero3_trains_as_zero2(runs):
     a, b = (load_file(str(runs / "out" / n / f"{n}.safetensors")) for n in ("z3", "z2"))
     print(f"\nZeRO-3 vs ZeRO-2: losses {_worst(z3, z2, 'loss'):.1e}, grad norms {_worst(z3, z2, 'grad_norm'):.1e}, "
           f"LoRA {helpers.assert_trained_close(a, b, rtol=LORA_RTOL):.1e}")
-
-
-def _worst(a: list[dict], b: list[dict], key: str) -> float:
-    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b))
 
 
 def test_resume_gives_the_uninterrupted_losses(runs):
