@@ -18,14 +18,16 @@ from video_dit.families.minimax_h3.presets import TINY_DIT
 from video_dit.lora import add_lora
 from video_dit.models.activation_terms import Setting
 from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.parallel.sequence import attach
 
 # 3 x 2 x 2 video rows, 2 x 5 audio rows, 6 text rows (2 padding in sample 0 when padded): 28 packed rows
 GRID, AUDIO, TEXT = (3, 4, 4), 5, 6
 CFG = replace(TINY_DIT, num_layers=3)
 
 
-def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
-    """(bytes kept after the forward, the step's peak) of a tiny DiT trained as the trainer stores it."""
+def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_info=None):
+    """(bytes kept after the forward, the step's peak) of a tiny DiT trained as the trainer stores it; `sp_info`:
+    this rank's `parallel.sequence.SPInfo` (test_plan_h3_sp.py's ranks), None: one process."""
     model = helpers.randomize_all(H3DiT(cfg, init_seed=0), seed=1).train()
     if lora:
         add_lora(model, lora, targets=LORA_TARGETS)
@@ -33,6 +35,8 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
         model.requires_grad_(True)
     cast_h3_dit(model, dtype, masters=True)  # trainable float32, the frozen bulk in dtype, the islands float32
     model.set_checkpointed_blocks(checkpointing)
+    if sp_info is not None:
+        attach(model, sp_info)
     g = torch.Generator().manual_seed(0)
     B = batch
     video = torch.randn(B, cfg.in_channels, *grid, generator=g)
@@ -50,13 +54,14 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
     loss().backward()  # gradients exist before the measured step
     with CPUAllocationTracker() as tracker:
         step = loss()
-        saved = tracker.live - 4  # 4: the loss itself
+        # 4: the loss itself (settled: a gloo collective's thread lets its tensors go just after it returns)
+        saved = (tracker.live if sp_info is None else tracker.settled_live()) - 4
         step.backward()
     return saved, tracker.peak
 
 
-def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
-    setting = Setting(0, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, micro_batch=batch)
+def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp=1):
+    setting = Setting(0, sp=sp, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, micro_batch=batch)
     return h3_activation_bytes(cfg, grid, setting, lora_rank=lora, s=dtype.itemsize, text_len=TEXT,
                                audio_frames=AUDIO, text_masked=masked)
 

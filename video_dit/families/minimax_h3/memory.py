@@ -57,11 +57,13 @@ from __future__ import annotations
 import math
 
 from video_dit.families.minimax_h3.dit_config import MODALITIES
+from video_dit.families.minimax_h3.packing import E_AUDIO, E_KEYFRAME, E_TEXT, E_VIDEO
 from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
 # The caption length the plan assumes: MiniMax's prompts are paragraphs (its Context-IR prompts, hundreds to a
 # few thousand tokens); ai-toolkit's H3 trainer caps a caption at 512 tokens (`max_text_length`), the figure here.
 PLAN_TEXT_TOKENS = 512
+SEGMENTS = ("text", "keyframe", "audio", "video")  # the packed order (packing.py)
 
 
 def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, keyframes: int = 0) -> dict[str, int]:
@@ -81,21 +83,29 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring)."""
     rows = h3_rows(cfg, grid, text_len, audio_frames, keyframes)
     N, B, Lt = rows["all"], setting.micro_batch, text_len
-    n = math.ceil(N / setting.sp)  # this rank's rows
+    sp = setting.sp
+    segments = [rows[k] for k in SEGMENTS]
+    n = sum(math.ceil(m / sp) for m in segments)  # this rank's rows (`packing.rank_order`: padding included)
+    Np = n * sp  # the reordered sequence, every rank's rows
     D, I, H, Fd, Te, R = cfg.hidden_size, cfg.inner_dim, cfg.num_heads, cfg.ffn_dim, cfg.time_embed_dim, cfg.rotary_dim
     C, Ca = cfg.patch_dim, cfg.audio_in_channels
     a, w = float32_bytes(s), weight_copy_bytes(s)
     full, r = not lora_rank, lora_rank or 0
     G = 3 if keyframes else 2
-    E = _runs(rows, n)
+    E = _runs(rows, sp)
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
-    mask = n * s if text_masked else 0  # SDPA's float key mask, per attention (bool -> the query's dtype)
-    seam = n * I * s if setting.sp > 1 else 0  # the sequence-parallel exchange's output (not yet measured)
+    # the seam recomputes its exchange + attention in backward unless every block is checkpointed (`attach`)
+    recompute = sp > 1 and n_ckpt < layers
+    key_mask = text_masked or Np > N  # a key mask reaches the attentions: padded text or padded rank chunks
+    # per attention: SDPA's float key mask (bool -> the query's dtype) at SP 1; through the seam, the gathered
+    # bool key mask of all Np rows its recomputed exchange holds, and no logsumexp (its attention ran without grad)
+    mask = (Np if key_mask else 0) if sp > 1 else (n * s if text_masked else 0)
+    lse = 0 if sp > 1 else n * H * 4
 
     def block(first: bool) -> int:
         """Bytes one plain block keeps, per sample (`first`: LoRA's first block, whose input needs no gradient)."""
-        kept = (n * D * s + 3 * n * I * s + 2 * n * H * 4 + 2 * n * I * s + n * I * s + n * H * 4 + mask + seam
+        kept = (n * D * s + 3 * n * I * s + 2 * n * H * 4 + 2 * n * I * s + n * I * s + lse + mask
                 + n * D * a + n * 4 + E * D * a + n * D * s + 4 * n * Fd * s  # the residual, norm2, MLP
                 + 4 * 6 * D * a)  # the AdaLN table (its gates kept)
         if not (first and not full):
@@ -119,7 +129,7 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     loss = rows["video"] * C * a + rows["audio"] * Ca * a  # the loss's differences (the whole prediction)
     embed = 0
     if full:
-        refiner = Lt * (D * (2 * a + 2 * s) + 8 + 6 * I * s + 3 * H * 4 + 4 * Fd * s) + (mask and Lt * s)
+        refiner = Lt * (D * (2 * a + 2 * s) + 8 + 6 * I * s + 3 * H * 4 + 4 * Fd * s) + (Lt * s if text_masked else 0)
         embed += cfg.num_refiner_layers * refiner + Lt * D * a + Lt * 4  # + the refiner's final norm
         embed += Lt * cfg.text_dim * (s if s < 4 else 0)  # condition_proj's input, cast
         embed += (rows["video"] + rows["keyframe"]) * C * 4 + rows["audio"] * Ca * 4  # the patch projections' inputs
@@ -127,8 +137,10 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     elif n_ckpt:
         embed += G * Te * 4  # the checkpoints' argument temb (LoRA keeps it nowhere else)
     per_batch = 2 * n * R * 4 * (B if text_masked else 1)  # the RoPE tables (per sample: each text length's clock)
-    if text_masked and n_ckpt:
+    if key_mask and n_ckpt:
         per_batch += B * n  # the bool key mask, a checkpoint argument
+    if key_mask and recompute:
+        per_batch += n_ckpt * B * Np  # a checkpointed block's seam: its gathered key mask (an autograd node's)
     refiner_weights = cfg.num_refiner_layers * (4 * I * D + 3 * Fd * D) * w if full else 0
     plain = range(n_ckpt, layers)
     kept = n_ckpt * n * D * a  # the checkpointed blocks' inputs
@@ -146,9 +158,11 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
                + G * 2 * D * a + 4 * 2 * D * a)
     if not full:
         locals_ += (rows["video"] + rows["keyframe"]) * C * 4 + (0 if n_ckpt else G * Te * 4)
-    coords = (B if text_masked else 1) * N * 3 * 8 + N * 8
+    coords = (B if text_masked else 1) * N * 3 * 8 + (N if sp == 1 else n) * 8
     heads = 2 * n * (C + Ca) * a
     moment = max(n * D * a if full else 3 * n * D * a, heads + (0 if full else n * D * a))
+    if sp > 1:  # the output gathered: this rank's, every rank's (the all-gather's parts, their cat), restored
+        moment = max(moment, (n + 2 * Np) * (C + Ca) * a)
     peaks = [(saved - loss + locals_ + moment) * B + per_batch + weights + coords]
     #   the backward of the last checkpointed block, re-run after the plain blocks' backward: the checkpoints, the
     #   embeddings' tensors, the re-run block and its weight copies, the stream's gradient and its addends
@@ -160,12 +174,17 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     return Activations(saved=total, peak=max(peaks), parts=parts)
 
 
-def _runs(rows: dict[str, int], n: int) -> int:
-    """The most runs of rows sharing one AdaLN entry (text, keyframes, audio, video, in packed order) that one
-    rank's n consecutive rows cover (`packing.row_runs`; every rank's slice, the largest count)."""
-    bounds, start = [], 0
-    for k in ("text", "keyframe", "audio", "video"):
-        if rows[k]:
-            bounds.append((start, start + rows[k]))
-            start += rows[k]
-    return max(sum(1 for a, b in bounds if a < min(lo + n, start) and b > lo) for lo in range(0, start, n))
+def _runs(rows: dict[str, int], sp: int) -> int:
+    """The most runs of rows sharing one AdaLN entry on one rank (`packing.row_runs` of its share of
+    `packing.rank_order`): each segment's chunk (text, keyframes, audio, video: one entry each, the text taken as
+    text-tagged), a padded chunk's zero rows taking entry 0 (video's, `RankOrder.reorder`), adjacent equal entries
+    one run; the largest count over the ranks."""
+    most = 0
+    for r in range(sp):
+        entries = []
+        for k, entry in zip(SEGMENTS, (E_TEXT, E_KEYFRAME, E_AUDIO, E_VIDEO)):
+            per = math.ceil(rows[k] / sp)
+            real = min(rows[k], (r + 1) * per) - min(rows[k], r * per)
+            entries += [entry] * (real > 0) + [E_VIDEO] * (per > real)
+        most = max(most, sum(1 for i, e in enumerate(entries) if i == 0 or e != entries[i - 1]))
+    return most

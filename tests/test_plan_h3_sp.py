@@ -1,0 +1,65 @@
+"""The memory plan of the MiniMax H3 DiT under Ulysses sequence parallelism (`minimax_h3.memory` at sp=2), against
+what an SP=2 rank really keeps: 2 CPU ranks over gloo, each measuring its own forward with `CPUAllocationTracker`
+as test_plan_h3.py does at SP 1 (whose `_measure` / `_plan` these are).
+
+The layout: 6 text rows, 2 x 5 audio rows, 3 x 1 x 3 = 9 video rows: 25 packed rows, reordered to 3 + 5 + 5 = 13
+per rank (`packing.rank_order`: rank 1's video chunk holds a padded row, a masked key), so every rank's rows make
+the same runs (text, audio, video) and both ranks keep the same bytes. Full fine-tuning and LoRA, fp32 and bf16,
+no / the first / every block checkpointed (every block: the seam exchanges without its recompute), padded and
+unpadded text, batches of 1 and 2. What the forward leaves equals the plan to the byte on each rank.
+Run this file as a script (`--worker OUT`) to be one rank of a launch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import ranks
+import torch
+
+# (checkpointed blocks of 3, LoRA rank, dtype, batch, text padded), as test_plan_h3.CASES
+CASES = {"full_f32": (0, None, "float32", 1, False), "full_bf16_one_ckpt_masked": (1, None, "bfloat16", 1, True),
+         "full_f32_all_ckpt_b2_masked": (3, None, "float32", 2, True), "lora_f32_b2_masked": (0, 4, "float32", 2, True),
+         "lora_bf16_one_ckpt": (1, 4, "bfloat16", 1, False), "lora_bf16_all_ckpt_masked": (3, 4, "bfloat16", 1, True)}
+GRID = (3, 2, 6)  # 9 video rows: rank 1 pads one
+
+
+def test_h3_plan_at_sp2_to_the_byte(tmp_path):
+    procs = ranks.start([__file__, "--worker", str(tmp_path)], cwd=tmp_path, log_prefix=tmp_path / "h3sp", world=2)
+    ranks.wait(procs, tmp_path / "h3sp", timeout=300)
+    for rank in range(2):
+        res = json.loads((tmp_path / f"h3sp_rank{rank}.json").read_text())
+        assert sorted(res) == sorted(CASES), res
+        for name, m in res.items():
+            print(f"rank {rank} {name}: saved {m['saved']} (planned {m['planned']}), rows {m['rows']}, "
+                  f"peak {m['peak']} (planned {m['planned_peak'] / m['peak']:.3f} x)")
+        for name, m in res.items():
+            assert m["rows"] == 13, (rank, name, m)  # 3 + 5 + 5: the reordered rows of a rank
+            assert m["saved"] == m["planned"], (rank, name, m)
+
+
+def _worker(out: Path) -> None:
+    import deepspeed  # the ranks only: a slow import the test process does not need
+    import torch.distributed as dist
+
+    from test_plan_h3 import _measure, _plan
+    from video_dit.parallel.sequence import init_sequence_parallel
+
+    deepspeed.init_distributed("gloo")
+    info = init_sequence_parallel(2)
+    results = {}
+    for name, (ckpt, lora, dtype, batch, masked) in CASES.items():
+        dtype = getattr(torch, dtype)
+        saved, peak = _measure(lora, dtype, ckpt, batch, masked, grid=GRID, sp_info=info)
+        planned = _plan(lora, dtype, ckpt, batch, masked, grid=GRID, sp=2)
+        results[name] = {"saved": saved, "planned": planned.saved, "peak": peak, "planned_peak": planned.peak,
+                         "rows": planned.parts["rows_per_rank"]}
+    (out / f"h3sp_rank{dist.get_rank()}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__" and len(sys.argv) >= 3 and sys.argv[1] == "--worker":
+    torch.set_num_threads(1)
+    _worker(Path(sys.argv[2]))
