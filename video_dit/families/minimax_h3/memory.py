@@ -77,10 +77,13 @@ def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, k
 
 
 def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                        text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False) -> Activations:
+                        text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False,
+                        rank: int | None = None) -> Activations:
     """What one forward of the H3 DiT `cfg` leaves for backward on one rank, and the step's peak, for video
     latents of `grid` (F', h, w) with `audio_frames` audio latents per channel, `text_len` text rows (padded in
-    some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring)."""
+    some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring). Under
+    sequence parallelism the ranks' shares differ only in their runs of AdaLN entries (a padded chunk's rows take
+    video's entry): `rank` None plans the rank with the most, an int that rank of the `setting.sp`."""
     rows = h3_rows(cfg, grid, text_len, audio_frames, keyframes)
     N, B, Lt = rows["all"], setting.micro_batch, text_len
     sp = setting.sp
@@ -92,7 +95,7 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     a, w = float32_bytes(s), weight_copy_bytes(s)
     full, r = not lora_rank, lora_rank or 0
     G = 3 if keyframes else 2
-    E = _runs(rows, sp)
+    E = _runs(rows, sp, rank)
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
     # the seam recomputes its exchange + attention in backward unless every block is checkpointed (`attach`)
@@ -170,17 +173,19 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
         peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
                      + refiner_weights)
     parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
-             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "peaks": peaks}
+             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "runs": E, "peaks": peaks}
     return Activations(saved=total, peak=max(peaks), parts=parts)
 
 
-def _runs(rows: dict[str, int], sp: int) -> int:
+def _runs(rows: dict[str, int], sp: int, rank: int | None = None) -> int:
     """The most runs of rows sharing one AdaLN entry on one rank (`packing.row_runs` of its share of
     `packing.rank_order`): each segment's chunk (text, keyframes, audio, video: one entry each, the text taken as
     text-tagged), a padded chunk's zero rows taking entry 0 (video's, `RankOrder.reorder`), adjacent equal entries
-    one run; the largest count over the ranks."""
+    one run; the largest count over the ranks, or `rank`'s."""
+    if rank is not None and not 0 <= rank < sp:
+        raise ValueError(f"rank={rank}: not a rank of sequence-parallel degree {sp} (0..{sp - 1})")
     most = 0
-    for r in range(sp):
+    for r in range(sp) if rank is None else (rank,):
         entries = []
         for k, entry in zip(SEGMENTS, (E_TEXT, E_KEYFRAME, E_AUDIO, E_VIDEO)):
             per = math.ceil(rows[k] / sp)
