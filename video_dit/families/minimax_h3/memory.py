@@ -2,19 +2,22 @@
 autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones of
 `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_h3.py: full and LoRA, fp32 and the
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
-step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too). Not yet measured:
-sequence parallelism (rows per rank and the exchange's output are counted as the seam's layout implies) and
-keyframe rows (t2va is what trains); nor against a GPU's allocator.
+step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too); under Ulysses sequence
+parallelism 2 on 2 CPU ranks over gloo, each rank's to the byte (tests/test_plan_h3_sp.py, the same settings, the
+peak 0.944-1.021). Not yet measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked
+against `packing.rank_order`), SP above 2, and anything against a GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
 RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
 trainable weight at each call (s in bf16, 0 in fp32); B micro-batch. The packed sequence (packing.py) has N = Lt
-+ K h'w' + S T + F' h'w' rows (text, keyframes, audio, video), n = ceil(N / sp) on a rank; D hidden, I = heads x
-head_dim (wider than D), H heads, R rotated channels, Fd the SwiGLU width, Te the timestep embedding, C =
-patch_dim, Ca the audio latent channels, G timestep groups (2, 3 with keyframes), E the runs of rows sharing one
-AdaLN entry on the rank (3: text, audio, video), r the LoRA rank. CPU SDPA (flash) keeps q, k, v, its output
-(laid out (B, n, H, Dh): the output projection reads it without a copy) and its logsumexp; a padded caption
-adds the float key mask it makes of the bool one (n s per attention).
++ K h'w' + S T + F' h'w' rows (text, keyframes, audio, video); a rank holds n = the sum over these segments of
+ceil(segment / sp) (`packing.rank_order`: each segment cut into sp chunks, the last ones zero-padded), Np = n sp;
+D hidden, I = heads x head_dim (wider than D), H heads, R rotated channels, Fd the SwiGLU width, Te the timestep
+embedding, C = patch_dim, Ca the audio latent channels, G timestep groups (2, 3 with keyframes), E the runs of
+rows sharing one AdaLN entry on the rank (3: text, audio, video; under SP a padded chunk's rows take video's
+entry: rank 1 of 7 text rows at SP 2 has 4), r the LoRA rank. CPU SDPA (flash) keeps q, k, v, its output (laid
+out (B, n, H, Dh): the output projection reads it without a copy) and its logsumexp; a padded caption adds the
+float key mask it makes of the bool one (n s per attention).
 
 One plain block (`layers.Block`) keeps, per sample:
   norm1          its input x n D a, rstd n 4; full: its output n D a (the scale's gradient; LoRA: no gradient
@@ -35,6 +38,15 @@ One plain block (`layers.Block`) keeps, per sample:
                  lora_A copy in the first block (its input needs no gradient)
 A checkpointed block keeps its input n D a (and LoRA, once, temb G Te 4 and a padded caption's bool key mask
 B n, the checkpoints' arguments kept nowhere else).
+Sequence parallelism (`parallel.sequence.UlyssesSequenceParallel.attention`, the one seam): the blocks keep what
+they keep at SP 1 on their n rows but for the attention's core. Unless every block is checkpointed the seam
+recomputes its exchange and attention in backward (`_RecomputedExchange`): it saves this rank's q, k, v (the
+tensors above, no copy), its output is out_proj's input as SDPA's was, and neither SDPA's logsumexp nor its float
+key mask is kept; instead each block's node holds the gathered bool key mask B Np (with padded text or padded
+chunks: a key mask exists), checkpointed blocks too (an attribute of the node, not a saved tensor). Every block
+checkpointed: the seam runs under the checkpoint with autograd, nothing of it kept. With a key mask and
+checkpointing, the local mask B n is a checkpoint argument. The RoPE tables and the rows' entries are split (n
+rows); the final layer's output is gathered (B, Np, C + Ca) and restored to (B, N, ...): a peak term only.
 Outside the blocks, per sample: the final layer's norm input n D a, rstd n 4, (1 + scale) E D a (full: the
 norm's output and the modulated rows, the heads' input, 2 n D a); the loss's differences (the whole prediction)
 F'h'w' C a + S T Ca a; full: the text refiner's blocks Lt (D (2a + 2s) + 8 + 6 I s + 12 H + 4 Fd s) each (the
@@ -45,11 +57,11 @@ Per batch: the RoPE tables 2 n R 4 (per sample with a padded caption: each sampl
 
 The peak (traced), the highest of: the forward's end, in the final layer: what the forward leaves but the loss's
 differences, `_forward`'s locals (the refiner's output Lt D a, the patch projections' outputs (K h'w' + F'h'w' +
-S T) D a, the rotary coordinates N 3 8 and entries N 8, the final AdaLN rows and table (G + 4) 2 D a; LoRA: the
-patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a) and its heads (2 n (C +
-Ca) a, LoRA + n D a); with checkpointing, the last checkpointed block's backward after the plain blocks': the
-checkpoints, the embeddings' tensors, the re-run block with its weight copies and the stream's gradient with its
-addends 4 n D a. Released 480p / 720p clips sit far above these tiny sizes: there the saved bytes dominate.
+S T) D a, the rotary coordinates N 3 8 and entries N 8 (n 8 under SP), the final AdaLN rows and table (G + 4) 2
+D a; LoRA: the patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a), its heads
+(2 n (C + Ca) a, LoRA + n D a) and, under SP, the gathered output (n + 2 Np) (C + Ca) a; with checkpointing,
+the last checkpointed block's backward after the plain blocks': the checkpoints, the embeddings' tensors, the
+re-run block with its weight copies and the stream's gradient with its addends 4 n D a. Released 480p / 720p clips sit far above these tiny sizes: there the saved bytes dominate.
 """
 
 from __future__ import annotations
@@ -173,7 +185,8 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
         peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
                      + refiner_weights)
     parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
-             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "runs": E, "peaks": peaks}
+             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "runs": E,
+             "peaks": peaks}
     return Activations(saved=total, peak=max(peaks), parts=parts)
 
 
