@@ -61,7 +61,8 @@ S T) D a, the rotary coordinates N 3 8 and entries N 8 (n 8 under SP), the final
 D a; LoRA: the patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a), its heads
 (2 n (C + Ca) a, LoRA + n D a) and, under SP, the gathered output (n + 2 Np) (C + Ca) a; with checkpointing,
 the last checkpointed block's backward after the plain blocks': the checkpoints, the embeddings' tensors, the
-re-run block with its weight copies and the stream's gradient with its addends 4 n D a. Released 480p / 720p clips sit far above these tiny sizes: there the saved bytes dominate.
+re-run block with its weight copies and the stream's gradient with its addends 4 n D a. Released 480p / 720p
+clips sit far above these tiny sizes: there the saved bytes dominate.
 """
 
 from __future__ import annotations
