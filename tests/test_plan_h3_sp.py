@@ -30,7 +30,7 @@ CASES = {"full_f32": (0, None, "float32", 1, False), "full_bf16_one_ckpt_masked"
 GRID, TEXT = (3, 2, 6), 7  # 9 video rows, 7 text rows: rank 1 pads one of each
 
 
-# a 2-rank launch costs ~7 s (the ranks' imports and gloo), over this suite's budget for one check
+# ~13 s, ~7 s of it the 2-rank launch (imports, gloo); in CI: test_plan_h3.py (docs/tests.md, "Kept out of CI")
 @pytest.mark.slow
 @pytest.mark.multirank
 
