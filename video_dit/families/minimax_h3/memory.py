@@ -4,7 +4,7 @@ autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's stat
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
 step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too); under Ulysses sequence
 parallelism 2 on 2 CPU ranks over gloo, each rank's to the byte (tests/test_plan_h3_sp.py, the same settings, the
-peak 0.944-1.021). Not yet measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked
+peak 0.970-1.021). Not yet measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked
 against `packing.rank_order`), SP above 2, and anything against a GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
@@ -61,7 +61,9 @@ S T) D a, the rotary coordinates N 3 8 and entries N 8 (n 8 under SP), the final
 D a; LoRA: the patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a), its heads
 (2 n (C + Ca) a, LoRA + n D a) and, under SP, the gathered output (n + 2 Np) (C + Ca) a; with checkpointing,
 the last checkpointed block's backward after the plain blocks': the checkpoints, the embeddings' tensors, the
-re-run block with its weight copies and the stream's gradient with its addends 4 n D a. Released 480p / 720p
+re-run block with its weight copies (under SP with every block checkpointed, its seam under autograd: the
+exchanged attention's output n I s, logsumexp n H 4 and float key mask) and the stream's gradient with its
+addends 4 n D a. Released 480p / 720p
 clips sit far above these tiny sizes: there the saved bytes dominate.
 """
 
@@ -183,7 +185,10 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     #   the backward of the last checkpointed block, re-run after the plain blocks' backward: the checkpoints, the
     #   embeddings' tensors, the re-run block and its weight copies, the stream's gradient and its addends
     if n_ckpt:
-        peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
+        rerun = block(n_ckpt == 1)
+        if sp > 1 and not recompute:  # the seam under autograd: the exchanged SDPA's output, logsumexp, float mask
+            rerun += n * I * s + n * H * 4 + (Np * (s - 1) if key_mask else 0)
+        peaks.append((kept + embed + rerun + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
                      + refiner_weights)
     parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
              "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "runs": E,
