@@ -4,8 +4,9 @@ autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's stat
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
 step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too); under Ulysses sequence
 parallelism 2 on 2 CPU ranks over gloo, each rank's to the byte (tests/test_plan_h3_sp.py, the same settings, the
-peak 0.970-1.021). Not yet measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked
-against `packing.rank_order`), SP above 2, and anything against a GPU's allocator.
+peak 0.943-1.021: a run's peak moves by ~3%, gloo's thread letting go of a collective's tensors late). Not yet
+measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked against
+`packing.rank_order`), SP above 2, and anything against a GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
 RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
