@@ -12,20 +12,23 @@ import helpers
 import pytest
 import torch
 
+from video_dit.families.minimax_h3 import packing
 from video_dit.families.minimax_h3.dit import LORA_TARGETS, H3DiT, cast_h3_dit
 from video_dit.families.minimax_h3.memory import h3_activation_bytes
 from video_dit.families.minimax_h3.presets import TINY_DIT
 from video_dit.lora import add_lora
 from video_dit.models.activation_terms import Setting
 from video_dit.parallel.memory import CPUAllocationTracker
+from video_dit.parallel.sequence import attach
 
 # 3 x 2 x 2 video rows, 2 x 5 audio rows, 6 text rows (2 padding in sample 0 when padded): 28 packed rows
 GRID, AUDIO, TEXT = (3, 4, 4), 5, 6
 CFG = replace(TINY_DIT, num_layers=3)
 
 
-def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
-    """(bytes kept after the forward, the step's peak) of a tiny DiT trained as the trainer stores it."""
+def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_info=None, text_len=TEXT):
+    """(bytes kept after the forward, the step's peak) of a tiny DiT trained as the trainer stores it; `sp_info`:
+    this rank's `parallel.sequence.SPInfo` (test_plan_h3_sp.py's ranks), None: one process."""
     model = helpers.randomize_all(H3DiT(cfg, init_seed=0), seed=1).train()
     if lora:
         add_lora(model, lora, targets=LORA_TARGETS)
@@ -33,14 +36,16 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
         model.requires_grad_(True)
     cast_h3_dit(model, dtype, masters=True)  # trainable float32, the frozen bulk in dtype, the islands float32
     model.set_checkpointed_blocks(checkpointing)
+    if sp_info is not None:
+        attach(model, sp_info)
     g = torch.Generator().manual_seed(0)
     B = batch
     video = torch.randn(B, cfg.in_channels, *grid, generator=g)
     audio = torch.randn(B, cfg.audio_channels, cfg.audio_in_channels, AUDIO, generator=g)
-    text = torch.randn(B, TEXT, cfg.text_dim, generator=g)
+    text = torch.randn(B, text_len, cfg.text_dim, generator=g)
     kw = dict(audio=audio, audio_timestep=torch.tensor([300.0, 700.0][:B]))
     if masked:
-        kw["text_mask"] = torch.arange(TEXT)[None] < torch.tensor([TEXT - 2, TEXT][:B])[:, None]
+        kw["text_mask"] = torch.arange(text_len)[None] < torch.tensor([text_len - 2, text_len][:B])[:, None]
     targets = (torch.randn(video.shape, generator=g), torch.randn(audio.shape, generator=g))
 
     def loss():
@@ -50,15 +55,16 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
     loss().backward()  # gradients exist before the measured step
     with CPUAllocationTracker() as tracker:
         step = loss()
-        saved = tracker.live - 4  # 4: the loss itself
+        # 4: the loss itself (settled: a gloo collective's thread lets its tensors go just after it returns)
+        saved = (tracker.live if sp_info is None else tracker.settled_live()) - 4
         step.backward()
     return saved, tracker.peak
 
 
-def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID):
-    setting = Setting(0, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, micro_batch=batch)
-    return h3_activation_bytes(cfg, grid, setting, lora_rank=lora, s=dtype.itemsize, text_len=TEXT,
-                               audio_frames=AUDIO, text_masked=masked)
+def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp=1, text_len=TEXT, rank=None):
+    setting = Setting(0, sp=sp, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, micro_batch=batch)
+    return h3_activation_bytes(cfg, grid, setting, lora_rank=lora, s=dtype.itemsize, text_len=text_len,
+                               audio_frames=AUDIO, text_masked=masked, rank=rank)
 
 
 # (checkpointed blocks of 3, LoRA rank, dtype, batch, text padded)
@@ -122,3 +128,35 @@ def test_the_example_job_plans_without_its_files(capsys):
                      "--gpu-mem", "80", "--host-mem", "1024", "--bucket", "124x704x1280"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("124x704x1280"))
     assert row in (root / "README.md").read_text()
+
+
+
+# (text rows, keyframes, audio latents a channel, latent grid (F', h, w), SP degree)
+LAYOUTS = [(6, 0, 5, (3, 4, 4), 1), (7, 0, 5, (3, 2, 6), 2), (7, 1, 5, (3, 2, 6), 2), (5, 0, 3, (7, 2, 2), 4),
+           (512, 2, 155, (31, 8, 10), 4)]
+
+
+@pytest.mark.parametrize("text,keyframes,audio,grid,sp", LAYOUTS)
+def test_rows_and_runs_per_rank_are_the_rank_orders(text, keyframes, audio, grid, sp):
+    """The SP layout the plan counts, against the DiT's own: each rank's rows (padding included) and runs of AdaLN
+    entries are those of its share of `packing.rank_order` over `Layout.entries()` (`row_runs`), the plan's
+    default the most; not ceil(N / sp) rows where chunks pad (7 text, 10 audio, 9 video rows at SP 2: 14 a rank,
+    not 13). test_plan_h3_sp.py measures what such a rank keeps (`-m slow`: a launch of 2 ranks)."""
+    pt, ph, pw = CFG.patch_size
+    layout = packing.Layout(text_len=text, text_tags=(packing.TEXT_TAG,) * text, anchors=("first",) * keyframes,
+                            grid=(grid[0] // pt, grid[1] // ph, grid[2] // pw), latent_hw=grid[1:],
+                            audio_channels=CFG.audio_channels, audio_frames=audio)
+    shares = packing.rank_order(layout.segments, sp).reorder(layout.entries(), 0).chunk(sp)
+    runs = [len(packing.row_runs(share)) for share in shares]
+    setting = Setting(0, sp=sp)
+
+    def plan(rank):
+        parts = h3_activation_bytes(CFG, grid, setting, lora_rank=None, s=2, text_len=text, audio_frames=audio,
+                                    keyframes=keyframes, rank=rank).parts
+        return parts["rows_per_rank"], parts["runs"]
+
+    for rank in range(sp):
+        assert plan(rank) == (shares[rank].numel(), runs[rank]), (rank, plan(rank), runs)
+    assert plan(None) == (shares[0].numel(), max(runs))
+    if (text, keyframes, sp) == (7, 0, 2):
+        assert shares[0].numel() == 14 != -(-layout.length // sp)

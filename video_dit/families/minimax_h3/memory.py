@@ -2,19 +2,23 @@
 autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's state, are the family-blind ones of
 `plan.py`). Checked to the byte against `CPUAllocationTracker` (tests/test_plan_h3.py: full and LoRA, fp32 and the
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
-step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too). Not yet measured:
-sequence parallelism (rows per rank and the exchange's output are counted as the seam's layout implies) and
-keyframe rows (t2va is what trains); nor against a GPU's allocator.
+step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too); under Ulysses sequence
+parallelism 2 on 2 CPU ranks over gloo, each rank's to the byte (tests/test_plan_h3_sp.py, the same settings, the
+peak 0.943-1.021: a run's peak moves by ~3%, gloo's thread letting go of a collective's tensors late). Not yet
+measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked against
+`packing.rank_order`), SP above 2, and anything against a GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
 RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
 trainable weight at each call (s in bf16, 0 in fp32); B micro-batch. The packed sequence (packing.py) has N = Lt
-+ K h'w' + S T + F' h'w' rows (text, keyframes, audio, video), n = ceil(N / sp) on a rank; D hidden, I = heads x
-head_dim (wider than D), H heads, R rotated channels, Fd the SwiGLU width, Te the timestep embedding, C =
-patch_dim, Ca the audio latent channels, G timestep groups (2, 3 with keyframes), E the runs of rows sharing one
-AdaLN entry on the rank (3: text, audio, video), r the LoRA rank. CPU SDPA (flash) keeps q, k, v, its output
-(laid out (B, n, H, Dh): the output projection reads it without a copy) and its logsumexp; a padded caption
-adds the float key mask it makes of the bool one (n s per attention).
++ K h'w' + S T + F' h'w' rows (text, keyframes, audio, video); a rank holds n = the sum over these segments of
+ceil(segment / sp) (`packing.rank_order`: each segment cut into sp chunks, the last ones zero-padded), Np = n sp;
+D hidden, I = heads x head_dim (wider than D), H heads, R rotated channels, Fd the SwiGLU width, Te the timestep
+embedding, C = patch_dim, Ca the audio latent channels, G timestep groups (2, 3 with keyframes), E the runs of
+rows sharing one AdaLN entry on the rank (3: text, audio, video; under SP a padded chunk's rows take video's
+entry: rank 1 of 7 text rows at SP 2 has 4), r the LoRA rank. CPU SDPA (flash) keeps q, k, v, its output (laid
+out (B, n, H, Dh): the output projection reads it without a copy) and its logsumexp; a padded caption adds the
+float key mask it makes of the bool one (n s per attention).
 
 One plain block (`layers.Block`) keeps, per sample:
   norm1          its input x n D a, rstd n 4; full: its output n D a (the scale's gradient; LoRA: no gradient
@@ -35,6 +39,15 @@ One plain block (`layers.Block`) keeps, per sample:
                  lora_A copy in the first block (its input needs no gradient)
 A checkpointed block keeps its input n D a (and LoRA, once, temb G Te 4 and a padded caption's bool key mask
 B n, the checkpoints' arguments kept nowhere else).
+Sequence parallelism (`parallel.sequence.UlyssesSequenceParallel.attention`, the one seam): the blocks keep what
+they keep at SP 1 on their n rows but for the attention's core. Unless every block is checkpointed the seam
+recomputes its exchange and attention in backward (`_RecomputedExchange`): it saves this rank's q, k, v (the
+tensors above, no copy), its output is out_proj's input as SDPA's was, and neither SDPA's logsumexp nor its float
+key mask is kept; instead each block's node holds the gathered bool key mask B Np (with padded text or padded
+chunks: a key mask exists), checkpointed blocks too (an attribute of the node, not a saved tensor). Every block
+checkpointed: the seam runs under the checkpoint with autograd, nothing of it kept. With a key mask and
+checkpointing, the local mask B n is a checkpoint argument. The RoPE tables and the rows' entries are split (n
+rows); the final layer's output is gathered (B, Np, C + Ca) and restored to (B, N, ...): a peak term only.
 Outside the blocks, per sample: the final layer's norm input n D a, rstd n 4, (1 + scale) E D a (full: the
 norm's output and the modulated rows, the heads' input, 2 n D a); the loss's differences (the whole prediction)
 F'h'w' C a + S T Ca a; full: the text refiner's blocks Lt (D (2a + 2s) + 8 + 6 I s + 12 H + 4 Fd s) each (the
@@ -45,11 +58,14 @@ Per batch: the RoPE tables 2 n R 4 (per sample with a padded caption: each sampl
 
 The peak (traced), the highest of: the forward's end, in the final layer: what the forward leaves but the loss's
 differences, `_forward`'s locals (the refiner's output Lt D a, the patch projections' outputs (K h'w' + F'h'w' +
-S T) D a, the rotary coordinates N 3 8 and entries N 8, the final AdaLN rows and table (G + 4) 2 D a; LoRA: the
-patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a) and its heads (2 n (C +
-Ca) a, LoRA + n D a); with checkpointing, the last checkpointed block's backward after the plain blocks': the
-checkpoints, the embeddings' tensors, the re-run block with its weight copies and the stream's gradient with its
-addends 4 n D a. Released 480p / 720p clips sit far above these tiny sizes: there the saved bytes dominate.
+S T) D a, the rotary coordinates N 3 8 and entries N 8 (n 8 under SP), the final AdaLN rows and table (G + 4) 2
+D a; LoRA: the patchified video and temb) and the larger of its modulation (full n D a, LoRA 3 n D a), its heads
+(2 n (C + Ca) a, LoRA + n D a) and, under SP, the gathered output (n + 2 Np) (C + Ca) a; with checkpointing,
+the last checkpointed block's backward after the plain blocks': the checkpoints, the embeddings' tensors, the
+re-run block with its weight copies (under SP with every block checkpointed, its seam under autograd: the
+exchanged attention's output n I s, logsumexp n H 4 and float key mask) and the stream's gradient with its
+addends 4 n D a. Released 480p / 720p
+clips sit far above these tiny sizes: there the saved bytes dominate.
 """
 
 from __future__ import annotations
@@ -57,11 +73,13 @@ from __future__ import annotations
 import math
 
 from video_dit.families.minimax_h3.dit_config import MODALITIES
+from video_dit.families.minimax_h3.packing import E_AUDIO, E_KEYFRAME, E_TEXT, E_VIDEO
 from video_dit.models.activation_terms import Activations, Setting, checkpointed_count, float32_bytes, weight_copy_bytes
 
 # The caption length the plan assumes: MiniMax's prompts are paragraphs (its Context-IR prompts, hundreds to a
 # few thousand tokens); ai-toolkit's H3 trainer caps a caption at 512 tokens (`max_text_length`), the figure here.
 PLAN_TEXT_TOKENS = 512
+SEGMENTS = ("text", "keyframe", "audio", "video")  # the packed order (packing.py)
 
 
 def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, keyframes: int = 0) -> dict[str, int]:
@@ -75,27 +93,38 @@ def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, k
 
 
 def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
-                        text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False) -> Activations:
+                        text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False,
+                        rank: int | None = None) -> Activations:
     """What one forward of the H3 DiT `cfg` leaves for backward on one rank, and the step's peak, for video
     latents of `grid` (F', h, w) with `audio_frames` audio latents per channel, `text_len` text rows (padded in
-    some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring)."""
+    some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring). Under
+    sequence parallelism the ranks' shares differ only in their runs of AdaLN entries (a padded chunk's rows take
+    video's entry): `rank` None plans the rank with the most, an int that rank of the `setting.sp`."""
     rows = h3_rows(cfg, grid, text_len, audio_frames, keyframes)
     N, B, Lt = rows["all"], setting.micro_batch, text_len
-    n = math.ceil(N / setting.sp)  # this rank's rows
+    sp = setting.sp
+    segments = [rows[k] for k in SEGMENTS]
+    n = sum(math.ceil(m / sp) for m in segments)  # this rank's rows (`packing.rank_order`: padding included)
+    Np = n * sp  # the reordered sequence, every rank's rows
     D, I, H, Fd, Te, R = cfg.hidden_size, cfg.inner_dim, cfg.num_heads, cfg.ffn_dim, cfg.time_embed_dim, cfg.rotary_dim
     C, Ca = cfg.patch_dim, cfg.audio_in_channels
     a, w = float32_bytes(s), weight_copy_bytes(s)
     full, r = not lora_rank, lora_rank or 0
     G = 3 if keyframes else 2
-    E = _runs(rows, n)
+    E = _runs(rows, sp, rank)
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
-    mask = n * s if text_masked else 0  # SDPA's float key mask, per attention (bool -> the query's dtype)
-    seam = n * I * s if setting.sp > 1 else 0  # the sequence-parallel exchange's output (not yet measured)
+    # the seam recomputes its exchange + attention in backward unless every block is checkpointed (`attach`)
+    recompute = sp > 1 and n_ckpt < layers
+    key_mask = text_masked or Np > N  # a key mask reaches the attentions: padded text or padded rank chunks
+    # per attention: SDPA's float key mask (bool -> the query's dtype) at SP 1; through the seam, the gathered
+    # bool key mask of all Np rows its recomputed exchange holds, and no logsumexp (its attention ran without grad)
+    mask = (Np if key_mask else 0) if sp > 1 else (n * s if text_masked else 0)
+    lse = 0 if sp > 1 else n * H * 4
 
     def block(first: bool) -> int:
         """Bytes one plain block keeps, per sample (`first`: LoRA's first block, whose input needs no gradient)."""
-        kept = (n * D * s + 3 * n * I * s + 2 * n * H * 4 + 2 * n * I * s + n * I * s + n * H * 4 + mask + seam
+        kept = (n * D * s + 3 * n * I * s + 2 * n * H * 4 + 2 * n * I * s + n * I * s + lse + mask
                 + n * D * a + n * 4 + E * D * a + n * D * s + 4 * n * Fd * s  # the residual, norm2, MLP
                 + 4 * 6 * D * a)  # the AdaLN table (its gates kept)
         if not (first and not full):
@@ -119,7 +148,7 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     loss = rows["video"] * C * a + rows["audio"] * Ca * a  # the loss's differences (the whole prediction)
     embed = 0
     if full:
-        refiner = Lt * (D * (2 * a + 2 * s) + 8 + 6 * I * s + 3 * H * 4 + 4 * Fd * s) + (mask and Lt * s)
+        refiner = Lt * (D * (2 * a + 2 * s) + 8 + 6 * I * s + 3 * H * 4 + 4 * Fd * s) + (Lt * s if text_masked else 0)
         embed += cfg.num_refiner_layers * refiner + Lt * D * a + Lt * 4  # + the refiner's final norm
         embed += Lt * cfg.text_dim * (s if s < 4 else 0)  # condition_proj's input, cast
         embed += (rows["video"] + rows["keyframe"]) * C * 4 + rows["audio"] * Ca * 4  # the patch projections' inputs
@@ -127,8 +156,10 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     elif n_ckpt:
         embed += G * Te * 4  # the checkpoints' argument temb (LoRA keeps it nowhere else)
     per_batch = 2 * n * R * 4 * (B if text_masked else 1)  # the RoPE tables (per sample: each text length's clock)
-    if text_masked and n_ckpt:
+    if key_mask and n_ckpt:
         per_batch += B * n  # the bool key mask, a checkpoint argument
+    if key_mask and recompute:
+        per_batch += n_ckpt * B * Np  # a checkpointed block's seam: its gathered key mask (an autograd node's)
     refiner_weights = cfg.num_refiner_layers * (4 * I * D + 3 * Fd * D) * w if full else 0
     plain = range(n_ckpt, layers)
     kept = n_ckpt * n * D * a  # the checkpointed blocks' inputs
@@ -146,26 +177,39 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
                + G * 2 * D * a + 4 * 2 * D * a)
     if not full:
         locals_ += (rows["video"] + rows["keyframe"]) * C * 4 + (0 if n_ckpt else G * Te * 4)
-    coords = (B if text_masked else 1) * N * 3 * 8 + N * 8
+    coords = (B if text_masked else 1) * N * 3 * 8 + (N if sp == 1 else n) * 8
     heads = 2 * n * (C + Ca) * a
     moment = max(n * D * a if full else 3 * n * D * a, heads + (0 if full else n * D * a))
+    if sp > 1:  # the output gathered: this rank's, every rank's (the all-gather's parts, their cat), restored
+        moment = max(moment, (n + 2 * Np) * (C + Ca) * a)
     peaks = [(saved - loss + locals_ + moment) * B + per_batch + weights + coords]
     #   the backward of the last checkpointed block, re-run after the plain blocks' backward: the checkpoints, the
     #   embeddings' tensors, the re-run block and its weight copies, the stream's gradient and its addends
     if n_ckpt:
-        peaks.append((kept + embed + block(n_ckpt == 1) + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
+        rerun = block(n_ckpt == 1)
+        if sp > 1 and not recompute:  # the seam under autograd: the exchanged SDPA's output, logsumexp, float mask
+            rerun += n * I * s + n * H * 4 + (Np * (s - 1) if key_mask else 0)
+        peaks.append((kept + embed + rerun + 4 * n * D * a) * B + per_batch + block_weights(n_ckpt == 1)
                      + refiner_weights)
     parts = {"per_block": block(False), "final": final, "loss": loss, "embeddings": embed, "weights": weights,
-             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "peaks": peaks}
+             "per_batch": per_batch, "checkpointed_blocks": n_ckpt, "rows": rows, "rows_per_rank": n, "runs": E,
+             "peaks": peaks}
     return Activations(saved=total, peak=max(peaks), parts=parts)
 
 
-def _runs(rows: dict[str, int], n: int) -> int:
-    """The most runs of rows sharing one AdaLN entry (text, keyframes, audio, video, in packed order) that one
-    rank's n consecutive rows cover (`packing.row_runs`; every rank's slice, the largest count)."""
-    bounds, start = [], 0
-    for k in ("text", "keyframe", "audio", "video"):
-        if rows[k]:
-            bounds.append((start, start + rows[k]))
-            start += rows[k]
-    return max(sum(1 for a, b in bounds if a < min(lo + n, start) and b > lo) for lo in range(0, start, n))
+def _runs(rows: dict[str, int], sp: int, rank: int | None = None) -> int:
+    """The most runs of rows sharing one AdaLN entry on one rank (`packing.row_runs` of its share of
+    `packing.rank_order`): each segment's chunk (text, keyframes, audio, video: one entry each, the text taken as
+    text-tagged), a padded chunk's zero rows taking entry 0 (video's, `RankOrder.reorder`), adjacent equal entries
+    one run; the largest count over the ranks, or `rank`'s."""
+    if rank is not None and not 0 <= rank < sp:
+        raise ValueError(f"rank={rank}: not a rank of sequence-parallel degree {sp} (0..{sp - 1})")
+    most = 0
+    for r in range(sp) if rank is None else (rank,):
+        entries = []
+        for k, entry in zip(SEGMENTS, (E_TEXT, E_KEYFRAME, E_AUDIO, E_VIDEO)):
+            per = math.ceil(rows[k] / sp)
+            real = min(rows[k], (r + 1) * per) - min(rows[k], r * per)
+            entries += [entry] * (real > 0) + [E_VIDEO] * (per > real)
+        most = max(most, sum(1 for i, e in enumerate(entries) if i == 0 or e != entries[i - 1]))
+    return most
