@@ -26,7 +26,8 @@ GRID, AUDIO, TEXT = (3, 4, 4), 5, 6
 CFG = replace(TINY_DIT, num_layers=3)
 
 
-def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_info=None, text_len=TEXT):
+def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_info=None, text_len=TEXT,
+             keyframe=False):
     """(bytes kept after the forward, the step's peak) of a tiny DiT trained as the trainer stores it; `sp_info`:
     this rank's `parallel.sequence.SPInfo` (test_plan_h3_sp.py's ranks), None: one process."""
     model = helpers.randomize_all(H3DiT(cfg, init_seed=0), seed=1).train()
@@ -46,6 +47,12 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_i
     kw = dict(audio=audio, audio_timestep=torch.tensor([300.0, 700.0][:B]))
     if masked:
         kw["text_mask"] = torch.arange(text_len)[None] < torch.tensor([text_len - 2, text_len][:B])[:, None]
+    if keyframe:  # a first-frame job's step (conditioning.py): the first keyframe's rows, the caption presenting it
+        kw["keyframes"] = torch.randn(B, cfg.in_channels, 1, *grid[1:], generator=g)
+        kw["keyframe_anchors"], kw["keyframe_timestep"] = ("first",), torch.ones(B)
+        tags = torch.full((text_len,), packing.TEXT_TAG)
+        tags[1:4] = packing.VIDEO_TAG  # a vision block's rows
+        kw["text_tags"] = tags
     targets = (torch.randn(video.shape, generator=g), torch.randn(audio.shape, generator=g))
 
     def loss():
@@ -61,10 +68,12 @@ def _measure(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp_i
     return saved, tracker.peak
 
 
-def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp=1, text_len=TEXT, rank=None):
+def _plan(lora, dtype, checkpointing, batch, masked, cfg=CFG, grid=GRID, sp=1, text_len=TEXT, rank=None,
+          keyframe=False):
     setting = Setting(0, sp=sp, checkpointing=checkpointing > 0, checkpoint_blocks=checkpointing, micro_batch=batch)
     return h3_activation_bytes(cfg, grid, setting, lora_rank=lora, s=dtype.itemsize, text_len=text_len,
-                               audio_frames=AUDIO, text_masked=masked, rank=rank)
+                               audio_frames=AUDIO, text_masked=masked, rank=rank, keyframes=int(keyframe),
+                               presented=keyframe)
 
 
 # (checkpointed blocks of 3, LoRA rank, dtype, batch, text padded)
@@ -81,6 +90,18 @@ def test_activation_model_equals_what_autograd_keeps(checkpointing, lora, dtype,
     print(f"\nsaved {saved} (planned {predicted.saved}), peak {peak} (planned {predicted.peak / peak:.3f} x)")
     assert predicted.saved == saved, predicted.parts
     assert predicted.peak == pytest.approx(peak, rel=0.1), (predicted.parts, peak)
+
+
+@pytest.mark.parametrize("checkpointing,lora,dtype,batch,masked", [(0, None, F32, 1, False), (1, 4, BF16, 2, True)])
+def test_a_first_frame_step_equals_what_autograd_keeps(checkpointing, lora, dtype, batch, masked):
+    """A `do_i2v` job's step: the keyframe's rows (one latent frame, its own timestep group) and a caption with a
+    vision block (text rows tagged as video), what the forward keeps to the byte, the peak within 10%."""
+    saved, peak = _measure(lora, dtype, checkpointing, batch, masked, keyframe=True)
+    predicted = _plan(lora, dtype, checkpointing, batch, masked, keyframe=True)
+    print(f"\nsaved {saved} (planned {predicted.saved}), peak {peak} (planned {predicted.peak / peak:.3f} x)")
+    assert predicted.saved == saved, predicted.parts
+    assert predicted.peak == pytest.approx(peak, rel=0.1), (predicted.parts, peak)
+    assert _plan(lora, dtype, checkpointing, batch, masked).saved != saved  # the keyframe's rows count
 
 
 def test_the_released_proportions():
@@ -160,3 +181,30 @@ def test_rows_and_runs_per_rank_are_the_rank_orders(text, keyframes, audio, grid
     assert plan(None) == (shares[0].numel(), max(runs))
     if (text, keyframes, sp) == (7, 0, 2):
         assert shares[0].numel() == 14 != -(-layout.length // sp)
+
+
+def test_a_first_frame_job_plans_the_keyframe_and_its_vision_block():
+    """A `do_i2v` job's plan adds one latent frame of keyframe rows and the vision block the caption presents:
+    `vision_block_rows` against the block the tiny conditioner's own image processor (transformers') makes for
+    images it keeps, rounds and scales down, and the released processor's for a 704 x 1280 frame (no resize: 22 x
+    40 image tokens and the two markers)."""
+    from PIL import Image
+
+    from video_dit.families import get_preset
+    from video_dit.families.minimax_h3 import FAMILY
+    from video_dit.families.minimax_h3.encoders import H3_QWEN3VL, TINY_QWEN3VL, tiny_h3_text_encoder, vision_block_rows
+    from video_dit.families.minimax_h3.presets import AUDIO as AUDIO_VAES
+
+    encoder = tiny_h3_text_encoder(0)
+    for height, width in ((32, 32), (24, 40), (64, 96), (128, 64)):
+        shown = encoder.encode(["a"], images=[[Image.new("RGB", (width, height))]])[0]
+        assert vision_block_rows(TINY_QWEN3VL, height, width) == int((shown.tags == packing.VIDEO_TAG).sum())
+    assert vision_block_rows(H3_QWEN3VL, 704, 1280) == 22 * 40 + 2
+    preset = get_preset("tiny-h3")
+    inputs = {"text_len": TEXT, "vae": preset.vae, "fps": 24.0, "audio": AUDIO_VAES["tiny-h3"], "keyframes": 1,
+              "text_encoder": TINY_QWEN3VL}
+    grid, cell = (7, 4, 4), preset.vae.spatial_compression
+    plan = FAMILY.memory.activations(CFG, grid, Setting(0), lora_rank=None, s=4, fused=False, inputs=inputs)
+    rows = plan.parts["rows"]
+    assert rows["keyframe"] == rows["video"] // grid[0]  # one latent frame
+    assert rows["text"] == TEXT + vision_block_rows(TINY_QWEN3VL, grid[1] * cell, grid[2] * cell)

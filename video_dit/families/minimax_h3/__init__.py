@@ -24,7 +24,7 @@ from video_dit.families.minimax_h3.dit import (FLOAT32_MODULES, LORA_TARGETS, H3
                                                init_parameter, param_dtypes)
 from video_dit.families.minimax_h3.conditioning import (H3KeyframeConditioning, batch_tags, keyframe_latents, prompt,
                                                        text_entry)
-from video_dit.families.minimax_h3.encoders import TEXT_LAYER
+from video_dit.families.minimax_h3.encoders import TEXT_LAYER, vision_block_rows
 from video_dit.families.minimax_h3.memory import PLAN_TEXT_TOKENS, h3_activation_bytes
 from video_dit.families.minimax_h3.pipeline import GRIDS, H3Pipeline, fit_keyframes, h3_schedule
 from video_dit.families.minimax_h3.presets import (AUDIO, H3_PRESETS, SAMPLE_STEPS, TINY_PRESETS, VIDEO_SHIFT,
@@ -84,14 +84,24 @@ def _audio_frames(grid, vae, fps: float, audio) -> int:
 
 
 def _activations(cfg, grid, setting, *, lora_rank, s, fused, inputs):
-    return h3_activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, text_len=inputs["text_len"],
-                               audio_frames=_audio_frames(grid, inputs["vae"], inputs["fps"], inputs["audio"]))
+    """A first-frame job's step (the most rows): one keyframe latent frame of rows, and its caption presented with
+    the frame: the vision block's rows beside the caption's (`encoders.vision_block_rows`)."""
+    keyframes, text_len = inputs["keyframes"], inputs["text_len"]
+    if keyframes:
+        cell = inputs["vae"].spatial_compression
+        text_len += vision_block_rows(inputs["text_encoder"], grid[1] * cell, grid[2] * cell)
+    return h3_activation_bytes(cfg, grid, setting, lora_rank=lora_rank, s=s, text_len=text_len,
+                               audio_frames=_audio_frames(grid, inputs["vae"], inputs["fps"], inputs["audio"]),
+                               keyframes=keyframes, presented=bool(keyframes))
 
 
 def _job_inputs(job, preset) -> dict:
     """The caption rows the plan assumes (`memory.PLAN_TEXT_TOKENS`), the VAE's frame rule and the audio VAE's
-    rate (the sound's latents follow the clip's frames at 24 fps)."""
-    return {"text_len": PLAN_TEXT_TOKENS, "vae": preset.vae, "fps": preset.fps, "audio": AUDIO[preset.name]}
+    rate (the sound's latents follow the clip's frames at 24 fps); with a `do_i2v` dataset, the first keyframe
+    (conditioning.py) and the conditioner that presents it."""
+    keyframes = 1 if any(d.do_i2v for d in job.process.datasets) else 0
+    return {"text_len": PLAN_TEXT_TOKENS, "vae": preset.vae, "fps": preset.fps, "audio": AUDIO[preset.name],
+            "keyframes": keyframes, "text_encoder": preset.text_encoder}
 
 
 # The released conditioner's architecture ([M] FL2VA/text_encoder/config.json, MiniMax-AI/MiniMax-H3 8d8824e: the

@@ -29,6 +29,7 @@ Loaders read only local folders through transformers' `from_pretrained`, never t
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,33 @@ class H3TextEncoderConfig:
     hidden_size: int = 5120
     layer: int = TEXT_LAYER
     tiny: bool = False
+    # its image processor: pixels a side per image token (patch x merge) and the area an image is resized into
+    # ([M] FL2VA/processor/preprocessor_config.json: patch_size 16, merge_size 2; shortest_edge 65,536 and
+    # longest_edge 16,777,216 pixels of area)
+    vision_cell: int = 32
+    vision_area: tuple[int, int] = (65536, 16777216)
 
 
 H3_QWEN3VL = H3TextEncoderConfig()  # MiniMaxAI/MiniMax-H3 text_encoder/: Qwen3-VL, 64 layers of 5120, vision 27 x 1152
-TINY_QWEN3VL = H3TextEncoderConfig(hidden_size=32, tiny=True)  # 51 layers of 32: layer 50 is read, as released
+# 51 layers of 32: layer 50 is read, as released; its processor `tiny_qwen3vl_image_processor`
+TINY_QWEN3VL = H3TextEncoderConfig(hidden_size=32, tiny=True, vision_cell=8, vision_area=(64, 1024))
+
+
+def vision_block_rows(config: H3TextEncoderConfig, height: int, width: int) -> int:
+    """The rows of one keyframe's vision block in a presented prompt: <|vision_start|>, one <|image_pad|> per image
+    token, <|vision_end|> (`H3TextEncoder.presentation`), for a height x width image resized as Qwen2-VL's image
+    processor resizes it (transformers `qwen2_vl.image_processing_qwen2_vl.smart_resize`: each side rounded to a
+    multiple of the token's pixels, the area then scaled into the processor's bounds). Its label ("<Picture 1>: ")
+    is text rows, not counted here."""
+    cell, (lo, hi) = config.vision_cell, config.vision_area
+    h, w = round(height / cell) * cell, round(width / cell) * cell
+    if h * w > hi:
+        beta = math.sqrt(height * width / hi)
+        h, w = max(cell, math.floor(height / beta / cell) * cell), max(cell, math.floor(width / beta / cell) * cell)
+    elif h * w < lo:
+        beta = math.sqrt(lo / (height * width))
+        h, w = math.ceil(height * beta / cell) * cell, math.ceil(width * beta / cell) * cell
+    return (h // cell) * (w // cell) + 2
 
 
 class H3PromptEmbeds(NamedTuple):
@@ -185,8 +209,9 @@ def tiny_qwen3vl_image_processor():
     64 .. 1024 pixels of area."""
     from transformers import Qwen2VLImageProcessor  # without torchvision, transformers serves its PIL backend
 
+    lo, hi = TINY_QWEN3VL.vision_area  # the tiny conditioner's record: 4 x 2 = its 8-pixel `vision_cell`
     return Qwen2VLImageProcessor(patch_size=4, merge_size=2, temporal_patch_size=2,
-                                 size={"shortest_edge": 64, "longest_edge": 1024})
+                                 size={"shortest_edge": lo, "longest_edge": hi})
 
 
 def tiny_qwen3vl_config(layers: int = TEXT_LAYER + 1):

@@ -4,9 +4,10 @@ autograd keep, op by op (the plan's other terms, parameters and DeepSpeed's stat
 bf16 of a GPU job, no / the first / every block checkpointed, padded and unpadded text, batches of 1 and 2), the
 step's peak within 10% (planned / measured 0.996-1.024; the released widths / 32 too); under Ulysses sequence
 parallelism 2 on 2 CPU ranks over gloo, each rank's to the byte (tests/test_plan_h3_sp.py, the same settings, the
-peak 0.943-1.021: a run's peak moves by ~3%, gloo's thread letting go of a collective's tensors late). Not yet
-measured: keyframe rows (t2va is what trains; their rows and runs per rank are checked against
-`packing.rank_order`), SP above 2, and anything against a GPU's allocator.
+peak 0.943-1.021: a run's peak moves by ~3%, gloo's thread letting go of a collective's tensors late); a
+first-frame step (the keyframe's rows, a caption presenting it) at SP 1 too. Not yet measured: keyframe rows under
+SP (their rows and runs per rank are checked against `packing.rank_order`), SP above 2, and anything against a
+GPU's allocator.
 
 Notation as in `plan.py`: s bytes of the compute dtype, a = max(s, 4) the float32 islands (the residual stream,
 RMSNorms, AdaLN arithmetic, RoPE, the final layer), w the compute-dtype copy autocast makes of a float32
@@ -94,12 +95,13 @@ def h3_rows(cfg, grid: tuple[int, int, int], text_len: int, audio_frames: int, k
 
 def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lora_rank: int | None, s: int,
                         text_len: int, audio_frames: int, keyframes: int = 0, text_masked: bool = False,
-                        rank: int | None = None) -> Activations:
+                        rank: int | None = None, presented: bool = False) -> Activations:
     """What one forward of the H3 DiT `cfg` leaves for backward on one rank, and the step's peak, for video
     latents of `grid` (F', h, w) with `audio_frames` audio latents per channel, `text_len` text rows (padded in
     some sample: `text_masked`) and `keyframes` keyframe latent frames (every term: the module docstring). Under
     sequence parallelism the ranks' shares differ only in their runs of AdaLN entries (a padded chunk's rows take
-    video's entry): `rank` None plans the rank with the most, an int that rank of the `setting.sp`."""
+    video's entry): `rank` None plans the rank with the most, an int that rank of the `setting.sp`. `presented`: the
+    caption presents a keyframe (a first-frame job: its label, vision block and caption, three runs of entries)."""
     rows = h3_rows(cfg, grid, text_len, audio_frames, keyframes)
     N, B, Lt = rows["all"], setting.micro_batch, text_len
     sp = setting.sp
@@ -111,7 +113,7 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     a, w = float32_bytes(s), weight_copy_bytes(s)
     full, r = not lora_rank, lora_rank or 0
     G = 3 if keyframes else 2
-    E = _runs(rows, sp, rank)
+    E = _runs(rows, sp, rank, presented)
     layers = cfg.num_layers
     n_ckpt = checkpointed_count(setting, layers)
     # the seam recomputes its exchange + attention in backward unless every block is checkpointed (`attach`)
@@ -197,11 +199,13 @@ def h3_activation_bytes(cfg, grid: tuple[int, int, int], setting: Setting, *, lo
     return Activations(saved=total, peak=max(peaks), parts=parts)
 
 
-def _runs(rows: dict[str, int], sp: int, rank: int | None = None) -> int:
+def _runs(rows: dict[str, int], sp: int, rank: int | None = None, presented: bool = False) -> int:
     """The most runs of rows sharing one AdaLN entry on one rank (`packing.row_runs` of its share of
     `packing.rank_order`): each segment's chunk (text, keyframes, audio, video: one entry each, the text taken as
     text-tagged), a padded chunk's zero rows taking entry 0 (video's, `RankOrder.reorder`), adjacent equal entries
-    one run; the largest count over the ranks, or `rank`'s."""
+    one run; the largest count over the ranks, or `rank`'s. A `presented` caption (a keyframe's label, its vision
+    block tagged as video, the caption) is three runs in its chunk: exact at SP 1; under SP a rank's text chunk may
+    hold fewer (at most two runs, 2 D a bytes a modulation, over)."""
     if rank is not None and not 0 <= rank < sp:
         raise ValueError(f"rank={rank}: not a rank of sequence-parallel degree {sp} (0..{sp - 1})")
     most = 0
@@ -210,6 +214,7 @@ def _runs(rows: dict[str, int], sp: int, rank: int | None = None) -> int:
         for k, entry in zip(SEGMENTS, (E_TEXT, E_KEYFRAME, E_AUDIO, E_VIDEO)):
             per = math.ceil(rows[k] / sp)
             real = min(rows[k], (r + 1) * per) - min(rows[k], r * per)
-            entries += [entry] * (real > 0) + [E_VIDEO] * (per > real)
+            held = [E_TEXT, E_VIDEO, E_TEXT] if k == "text" and presented else [entry]
+            entries += held * (real > 0) + [E_VIDEO] * (per > real)
         most = max(most, sum(1 for i, e in enumerate(entries) if i == 0 or e != entries[i - 1]))
     return most
