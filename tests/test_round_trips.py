@@ -10,7 +10,7 @@ DiT generates it (`Family.audio`: consecutive frames, `shrink_video_to_frames: f
 
     writers                                       readers (each cell: the loaded weights equal the saved ones)
     ours    full fine-tune from preset:NAME  ->   video-dit sample --model (another cwd, no model flags)
-            LoRA on that export               ->   video-dit sample --lora (and its frame differs from the base's)
+            LoRA on that export               ->   video-dit sample --lora (its DiT predicts otherwise than the base)
     arch    full fine-tune from preset:NAME  ->   resume in the same trainer (ours: DeepSpeed's checkpoint,
             LoRA on that save, each target         dumped as resumed; the arch: name_or_path / load_weights)
             set ai-toolkit's network offers:  ->   the other trainer (ours: the build the trainer runs,
@@ -23,9 +23,11 @@ DiT generates it (`Family.audio`: consecutive frames, `shrink_video_to_frames: f
 Our trainer's cells run in ONE 2-rank launch (every preset's full fine-tune, its resume, the LoRA on its
 export and that LoRA's resume: four jobs per preset, in order); the arch's in this process, through the
 stand-in (tests/aitk_standin: its `LoRASpecialNetwork` picks modules as ai-toolkit 27a03a91 does; a family with
-sound gets each clip's track as ai-toolkit's `do_audio` batch). Renders are 1 frame of two latent cells a side in
-2 steps (an i2v cell's with its `--image`, which H3's pipeline presents with the prompt). The cells the CI suite runs are `CI_CELLS`; the rest
-are `slow` (measured durations in docs/tests.md)."""
+sound gets each clip's track as ai-toolkit's `do_audio` batch). Renders are 1 frame (H3: its shortest, 22) of two
+latent cells a side in 2 steps, an i2v cell's with its `--image` (which H3's pipeline presents with the prompt); a
+LoRA's render is told from its base's by the DiT's first prediction in it (float32: a tiny H3 2 steps from its
+zero-initialised AdaLN gates and heads changes no 8-bit pixel). The cells the CI suite runs are `CI_CELLS`; the
+rest are `slow` (measured durations in docs/tests.md)."""
 
 from __future__ import annotations
 
@@ -458,8 +460,8 @@ def test_our_full_fine_tune_round_trips(cell, world, aitk, tmp_path, monkeypatch
 @pytest.mark.multirank
 @pytest.mark.parametrize("cell", _cells("ours"))
 def test_our_lora_round_trips(cell, world, aitk, tmp_path, monkeypatch):
-    """Our trainer's LoRA on its export: `video-dit sample --lora` loads exactly the file's update and renders
-    another frame than the base; our resume restores it; the arch loads it as its network's starting
+    """Our trainer's LoRA on its export: `video-dit sample --lora` loads exactly the file's update and its render's
+    DiT predicts otherwise than the base's; our resume restores it; the arch loads it as its network's starting
     weights (the same update); its ComfyUI keys are complete."""
     preset = CELLS[cell].preset
     family, two = _family(cell), get_preset(preset).two_experts
@@ -530,8 +532,8 @@ def test_arch_full_fine_tune_round_trips(cell, arch, aitk, root, tmp_path, monke
 @pytest.mark.parametrize("cell", _cells("arch"))
 def test_arch_lora_round_trips(cell, target_set, arch, aitk, root, tmp_path, monkeypatch):
     """The arch's LoRA of each target set ai-toolkit's network offers: `video-dit sample --lora` loads exactly
-    its update (adapters on the modules it holds) and renders another frame than the base; the arch resumes
-    it (load_weights: the network's weights as saved); our trainer starts from it
+    its update (adapters on the modules it holds) and its render's DiT predicts otherwise than the base's; the
+    arch resumes it (load_weights: the network's weights as saved); our trainer starts from it
     (`network.pretrained_lora_path`: the file's modules beside the family's, the same update); its ComfyUI
     keys are complete."""
     from video_dit.train.build import build_dit, make_trainable
