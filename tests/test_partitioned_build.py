@@ -179,6 +179,8 @@ def lora_report(preset: str, source: str, ds: dict) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds,
                                       optimizer=torch.optim.AdamW(params, lr=1e-3))
+    with torch.no_grad():
+        base = predict(full, preset)  # before the adapters are non-zero
     with deepspeed.zero.GatheredParameters([p for n, p in engine.module.named_parameters() if "lora_B" in n],
                                            modifier_rank=0), torch.no_grad():
         for (n, p), (_, q) in zip(engine.module.named_parameters(), full.named_parameters()):
@@ -186,8 +188,9 @@ def lora_report(preset: str, source: str, ds: dict) -> dict:
                 p.normal_(std=0.1, generator=torch.Generator().manual_seed(len(n)))
                 q.copy_(p)
     with torch.no_grad():
-        diff = (predict(engine, preset) - predict(full, preset)).abs().max().item()
-    return {"lora_engine_vs_full": diff,
+        adapted = predict(full, preset)
+        diff = (predict(engine, preset) - adapted).abs().max().item()
+    return {"lora_engine_vs_full": diff, "lora_effect": (adapted - base).abs().max().item(),
             "lora_is_partitioned": all(hasattr(p, "ds_tensor") for p in engine.module.parameters())}
 
 
@@ -232,7 +235,8 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
             preset, kind = name.split(":")[:2]
             if kind == "lora":
                 assert r["lora_is_partitioned"], (rank, name)
-                assert r["lora_engine_vs_full"] < 1e-5, (rank, name, r["lora_engine_vs_full"])
+                # measured 4.2e-7 (Wan), 0 (H3) against adapters that move the output by > 1e-2
+                assert r["lora_engine_vs_full"] < 1e-5 and r["lora_effect"] > 1e-3, (rank, name, r)
                 continue
             assert r["sizes_ok"], (rank, name)
             assert r["dtypes_equal"], (rank, name)
@@ -242,7 +246,7 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
                 assert all(2 * h == n for h, n in r["named"].values()), (rank, name, r["named"])
             # never the whole model: what this rank allocated while building stayed below half of
             # the model (its partitions) plus one module group read in full
-            assert r["peak"] <= r["half_plus_group"] * 1.05 and r["peak"] < 0.85 * r["full_bytes"], (rank, name, r)
+            assert r["peak"] <= r["half_plus_group"] * 1.05 and r["peak"] < 0.8 * r["full_bytes"], (rank, name, r)
             if kind == "preset":
                 continue  # the preset's zero output layer (its parameters were compared above)
             tol = 5e-2 if "bfloat16" in name else 1e-6
@@ -274,6 +278,32 @@ def test_weights_are_opened_renamed_and_checked_before_any_tensor_is_read(tmp_pa
     legacy = weights_io.open_weights(tmp_path / "legacy.pth")
     assert legacy.held_bytes == sum(v.numel() * v.element_size() for v in sd.values())
     assert torch.equal(legacy.read(["head.head.weight"])["head.head.weight"], sd["head.head.weight"])
+
+
+def test_h3_converted_layouts_are_read_one_native_tensor_at_a_time(tmp_path, monkeypatch):
+    """MiniMax H3's diffusers folder and MiniMax's own (qkv interleaved) are opened without a tensor read, and a
+    native tensor read is its own sources only (a fused qkv_proj: to_q / to_k / to_v), converted to what the
+    unpartitioned load holds; read as stored, an interleaved qkv_proj would be other weights."""
+    from video_dit.families.minimax_h3.loading import open_h3_dit
+    from video_dit.models import weights as weights_io
+
+    sd = {k: v.contiguous() for k, v in reference_model("tiny-h3").state_dict().items()}
+    sources = write_h3(tmp_path, sd)
+    reads = []
+    real = weights_io._read_safetensors
+    monkeypatch.setattr(weights_io, "_read_safetensors", lambda path, keys: reads.append(sorted(keys)) or real(path, keys))
+    qkv, adaln = "blocks.1.attn.qkv_proj.weight", "blocks.1.adaln_proj.linear.weight"
+    for kind, read_for_qkv in (("diffusers", [f"transformer_blocks.1.attn.to_{x}.weight" for x in "kqv"]),
+                               ("original", [qkv])):
+        reads.clear()
+        weights, config, description = open_h3_dit(sources[kind])
+        assert reads == [] and set(weights.keys()) == set(sd) and config == get_preset("tiny-h3").dit, description
+        got = weights.read([qkv, adaln])
+        assert sorted(k for r in reads for k in r) == sorted([*read_for_qkv, "transformer_blocks.1.adaln_proj.linear.weight"
+                                                              if kind == "diffusers" else adaln]), (kind, reads)
+        assert torch.equal(got[qkv], sd[qkv]) and torch.equal(got[adaln], sd[adaln]), kind
+    assert not torch.equal(real(Path(sources["original"]) / "transformer" / "diffusion_pytorch_model.safetensors",
+                                {qkv: qkv})[qkv], sd[qkv])  # stored interleaved: the conversion was needed
 
 
 if __name__ == "__main__":
