@@ -235,7 +235,7 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
             preset, kind = name.split(":")[:2]
             if kind == "lora":
                 assert r["lora_is_partitioned"], (rank, name)
-                # measured 4.2e-7 (Wan), 0 (H3) against adapters that move the output by > 1e-2
+                # measured 4.2e-7 (Wan), 0 (H3); the adapters move the output by 0.077 (Wan), 0.012 (H3)
                 assert r["lora_engine_vs_full"] < 1e-5 and r["lora_effect"] > 1e-3, (rank, name, r)
                 continue
             assert r["sizes_ok"], (rank, name)
@@ -249,6 +249,7 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
             assert r["peak"] <= r["half_plus_group"] * 1.05 and r["peak"] < 0.8 * r["full_bytes"], (rank, name, r)
             if kind == "preset":
                 continue  # the preset's zero output layer (its parameters were compared above)
+            # of max |reference|: measured 3.0e-7 (Wan) / 1.2e-7 (H3) in float32, 3.8e-3 / 1.7e-3 in bf16
             tol = 5e-2 if "bfloat16" in name else 1e-6
             torch.testing.assert_close(torch.tensor(r["out"]), expected[preset], rtol=0,
                                        atol=tol * expected[preset].abs().max().item())
