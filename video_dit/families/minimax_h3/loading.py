@@ -28,7 +28,8 @@ import torch
 
 from video_dit.families.minimax_h3.audio_vae import load_h3_audio_vae
 from video_dit.families.minimax_h3.codec import H3AudioCodec
-from video_dit.families.minimax_h3.convert import (ROPE_BUFFER, h3_key_layout, h3_to_native, infer_h3_config,
+from video_dit.families.minimax_h3.convert import (ROPE_BUFFER, deinterleave_qkv, h3_from_diffusers, h3_key_layout,
+                                                   h3_to_diffusers, h3_to_native, infer_h3_config,
                                                    qkv_layout_of_config)
 from video_dit.families.minimax_h3.dit import H3DiT, cast_h3_dit, param_dtypes
 from video_dit.families.minimax_h3.dit_config import H3DiTConfig
@@ -38,7 +39,7 @@ from video_dit.families.minimax_h3.vae import H3VideoVAE
 from video_dit.families.minimax_h3.vae_config import PRESETS as VAE_PRESETS
 from video_dit.families.minimax_h3.vae_convert import load_h3_vae
 from video_dit.models.layouts import dit_path, preset_name
-from video_dit.models.weights import (HeldWeights, LazyWeights, WeightsError, materialize, open_weights,
+from video_dit.models.weights import (LazyWeights, WeightsError, materialize, open_weights,
                                      strip_dit_prefix)
 
 DIT_CLASSES = ("MiniMaxH3Transformer3DModel", "MiniMaxH3DiTModel")
@@ -119,11 +120,57 @@ def dit_config(source: str | os.PathLike) -> H3DiTConfig:
 # ---------------------------------------------------------------- the DiT
 
 
+class ConvertedWeights:
+    """A layout whose tensors are fused, split or reordered on the way to the native names (diffusers' q / k / v
+    split and fc1's halves swapped; MiniMax's shards' qkv interleaved per head), read one native tensor at a time
+    behind `LazyWeights`' reading interface (`keys`, `meta`, `read`, `read_all`): each native tensor's source
+    tensors are read from the file, converted and let go, so a module group read holds that group plus one
+    tensor's sources, never the model (a ZeRO-3 build's rank 0, `parallel/partition.py`).
+
+    `sources`: {native name: its source names in `lazy`}; `convert(native name, {source name: tensor})`: the
+    native tensor; `meta`: the native names' meta tensors (the whole file converted on the meta device)."""
+
+    def __init__(self, lazy: LazyWeights, sources: dict, convert, meta: dict, source: str):
+        self.lazy, self.sources, self.convert, self._meta, self.source = lazy, sources, convert, meta, source
+
+    def keys(self):
+        return self._meta.keys()
+
+    def meta(self) -> dict[str, torch.Tensor]:
+        return dict(self._meta)
+
+    def read(self, names) -> dict[str, torch.Tensor]:
+        return {n: self.convert(n, self.lazy.read(self.sources[n])) for n in names}
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        return self.read(list(self._meta))
+
+
+def _converted(lazy: LazyWeights, qkv: str, layout: str, path: Path) -> ConvertedWeights:
+    """`ConvertedWeights` of a diffusers-names file (each native tensor's sources: `h3_to_diffusers` of that one
+    name, on a meta stand-in) or of MiniMax's shards (qkv interleaved: each qkv_proj de-interleaved at its block's
+    head_dim, read from its q_norm's shape; every other tensor as stored)."""
+    native = h3_to_native(lazy.meta(), str(path), qkv)  # every key converted and checked on the meta device
+    if layout == "diffusers":
+        sources = {n: list(h3_to_diffusers({n: torch.empty(6, device="meta")})) for n in native}
+
+        def convert(name, tensors):
+            return h3_from_diffusers(tensors)[name]
+    else:
+        sources = {n: [n] for n in native}
+        head_dim = {n: native[n.replace("qkv_proj", "q_norm")].shape[0] for n in native
+                    if n.endswith(".attn.qkv_proj.weight")}
+
+        def convert(name, tensors):
+            return deinterleave_qkv(tensors[name], head_dim[name]) if name in head_dim else tensors[name]
+    return ConvertedWeights(lazy, sources, convert, native, str(path))
+
+
 def open_h3_dit(source: str | os.PathLike, config: H3DiTConfig | None = None):
     """(weights under native names, config, description) of a DiT source, for a build that reads one module group
-    at a time (ZeRO-3, `parallel/partition.py`): a stacked original-names file stays on disk until each group is
-    read (`LazyWeights`); diffusers' (q / k / v split, fc1's halves swapped) and MiniMax's own shards (qkv
-    interleaved) are converted, so they are read whole once (`HeldWeights`: the model's size in host memory)."""
+    at a time (ZeRO-3, `parallel/partition.py`), no tensor read yet: a stacked original-names file is renamed
+    (`LazyWeights`); diffusers' (q / k / v split, fc1's halves swapped) and MiniMax's own shards (qkv interleaved)
+    are converted one native tensor at a time as they are read (`ConvertedWeights`)."""
     path = dit_path(source)
     weights = open_weights(path)
     qkv = _qkv_layout(path)
@@ -133,15 +180,16 @@ def open_h3_dit(source: str | os.PathLike, config: H3DiTConfig | None = None):
     if config is None and _config_json(path).is_file():
         config = config_from_json(_config_json(path))
     try:
+        names = strip_dit_prefix({k: k for k in weights.keys()})  # native name -> stored name
+        rope = {ROPE_BUFFER: meta[names.pop(ROPE_BUFFER)]} if ROPE_BUFFER in names else {}
+        weights = weights.renamed(names)
         if layout.startswith("original names"):
-            names = {k: v for k, v in strip_dit_prefix({k: k for k in weights.keys()}).items() if k != ROPE_BUFFER}
-            h3_to_native({k: meta[v] for k, v in names.items()}, str(path))  # every key checked, none read
-            weights = weights.renamed(names)
+            h3_to_native(weights.meta(), str(path))  # every key checked, none read
         else:
-            weights = HeldWeights(h3_to_native(weights.read_all(), str(path), qkv), description)
-        # the shapes with the original file's `rope.inv_freq` (its length: the rotary width), which the renamed
-        # weights leave out (it is computed, not loaded)
-        config = config or infer_h3_config({**weights.meta(), **{k: v for k, v in meta.items() if k == ROPE_BUFFER}})
+            weights = _converted(weights, qkv, layout, path)
+        # the shapes with the file's `rope.inv_freq` (its length: the rotary width; prefixed or not), which the
+        # renamed weights leave out (it is computed, not loaded)
+        config = config or infer_h3_config({**weights.meta(), **rope})
     except ValueError as exc:
         raise WeightsError(f"{path}: {exc}") from exc
     return weights, config, description
@@ -162,7 +210,7 @@ def load_h3_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, dev
             model = H3DiT(config, init_seed=seed)
         return cast_h3_dit(model, dtype) if dtype is not None else model
     weights, config, description = open_h3_dit(source, config)
-    sd = weights if isinstance(weights, LazyWeights) else weights.read_all()  # converted: read whole already
+    sd = weights if isinstance(weights, LazyWeights) else weights.read_all()  # converted (the whole model is built)
     model = materialize(H3DiT, config, sd, description, dtype, device, storage=param_dtypes)
     return cast_h3_dit(model, dtype) if dtype is not None else model
 
