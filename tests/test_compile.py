@@ -286,3 +286,49 @@ def test_h3_compiled_blocks_train_like_eager(backend):
     eager = helpers.randomize_zeros(load_h3_dit("preset:tiny-h3", seed=0))
     kw = h3_inputs(eager.config, frames=2, side=4, audio_frames=4)
     assert_sound_family_compiles(eager, kw, backend, H3_GRAD_ATOL, "final_layer.audio_out.weight")
+
+
+def cuda_sound_runs(base, kw: dict, cast) -> dict:
+    """`base` (on CUDA) cast by `cast` (float32 masters, the family's float32 islands) and trained one step on
+    `kw` three ways: compiled bf16, eager bf16 (torch) and eager float32; per run both outputs (the video's as
+    "out") and every gradient (a parameter without one as zeros), on the CPU."""
+    runs = {}
+    for name, dtype, compiled in (("compiled", torch.bfloat16, True), ("torch", torch.bfloat16, False),
+                                  ("float32", torch.float32, False)):
+        model = cast(copy.deepcopy(base), dtype, masters=True)
+        if compiled:
+            model.compile_blocks()
+        video, audio = model(**kw)
+        sound_loss(video, audio).backward()
+        runs[name] = {"out": video.detach().float().cpu().bfloat16(), "audio_out": audio.detach().float().cpu(),
+                      **{n: (p.grad if p.grad is not None else torch.zeros_like(p)).cpu()
+                         for n, p in model.named_parameters()}}
+    return runs
+
+
+@pytest.mark.gpu
+def test_cuda_ltx2_compiled_blocks_train_like_eager():
+    """LTX-2 on CUDA in bf16: compiled blocks (Inductor) against eager bf16 and a float32 run, at 4,096 video and
+    64 audio tokens, both outputs and every gradient within bf16 noise (`kc.assert_dit_tracks`; the audio output
+    held to it as a gradient is)."""
+    from video_dit.families.ltx2.dit import cast_ltx2_dit
+    from video_dit.families.ltx2.loading import load_ltx2_dit
+
+    torch._dynamo.reset()
+    base = helpers.randomize_zeros(load_ltx2_dit("preset:tiny-ltx2-t2v", seed=0)).cuda()
+    kw = ltx2_inputs(base.config, frames=4, side=32, audio_frames=64, device="cuda")  # 4 x 32 x 32 = 4,096 tokens
+    kc.assert_dit_tracks(cuda_sound_runs(base, kw, cast_ltx2_dit), "bfloat16", "compiled")
+
+
+@pytest.mark.gpu
+def test_cuda_h3_compiled_blocks_train_like_eager():
+    """MiniMax H3 on CUDA in bf16: compiled blocks (Inductor) against eager bf16 and a float32 run over the packed
+    sequence of 7 text rows (one caption padded), 128 audio rows and 4,096 video rows, both outputs and every
+    gradient within bf16 noise."""
+    from video_dit.families.minimax_h3.dit import cast_h3_dit
+    from video_dit.families.minimax_h3.loading import load_h3_dit
+
+    torch._dynamo.reset()
+    base = helpers.randomize_zeros(load_h3_dit("preset:tiny-h3", seed=0)).cuda()
+    kw = h3_inputs(base.config, frames=4, side=64, audio_frames=64, device="cuda")  # 4 x 32 x 32 video rows
+    kc.assert_dit_tracks(cuda_sound_runs(base, kw, cast_h3_dit), "bfloat16", "compiled")
