@@ -1,15 +1,21 @@
 """`compile_blocks` (`train.compile: auto` compiles every family's blocks on GPU ranks under ZeRO 0-2): each
 block compiled in place trains like the eager model (loss and every gradient to float32 rounding), for each
 family: Wan over a long sequence with per-token (scale, shift) through the fused ops (opaque custom ops
-inside the graph), HunyuanVideo 1.5's double blocks with padded text; the Inductor option that produced wrong
-gradients is off.
+inside the graph), HunyuanVideo 1.5's double blocks with padded text, LTX-2's two streams (video and audio
+outputs in the loss, the audio stream's gradients compared too) and MiniMax H3's packed sequence of text (a
+padded caption), audio and video rows; the Inductor option that produced wrong gradients is off. The sound
+families' blocks must compile to one graph (`fullgraph`: LTX-2's recorded recipes once broke it 74 times), and a
+nudged audio weight must fail their check.
 
 Inductor on CPU compiles C++ per kernel, so CI pays one compile per family (one shape): measured with a cold
 Inductor cache on the 2-core machine (load ~3), forward and backward, Wan's 41 s (the first also starts
 Inductor) and HunyuanVideo's 43 s; HunyuanVideo's two blocks share one graph, so one block would cost the
 same (a second Wan shape reuses most kernels: 8 s). Wan's one (scale, shift) per sample, its torch path and
 HunyuanVideo at 1,024 tokens run with -m slow on CPU; on CUDA (`gpu`) every combination runs, and
-tests/test_gpu.py trains each family with compile on and off."""
+tests/test_gpu.py trains each family with compile on and off. The sound families in CI: MiniMax H3 through
+Inductor's decompositions and partitioner without code generation (2-4 s); its Inductor case (19 s after
+LTX-2's) and both of LTX-2's (decompositions 10-11 s, ~8 of them Dynamo tracing the two-stream block; Inductor
+118 s cold) with -m slow (measured with --durations on the shared 2 cores, load ~3)."""
 
 from __future__ import annotations
 
