@@ -206,7 +206,8 @@ def ltx2_inputs(cfg, frames: int, side: int, audio_frames: int, seed: int = 1, d
               video_timestep=torch.tensor([700.0, 300.0]),
               audio=torch.randn(2, 2, audio_frames, cfg.audio_in_channels // 2, generator=g),
               audio_timestep=torch.tensor([800.0, 200.0]),
-              video_context=torch.randn(2, 6, width[0], generator=g), audio_context=torch.randn(2, 6, width[1], generator=g),
+              video_context=torch.randn(2, 6, width[0], generator=g),
+              audio_context=torch.randn(2, 6, width[1], generator=g),
               video_context_mask=mask, audio_context_mask=mask)
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in kw.items()}
 
@@ -220,7 +221,8 @@ def h3_inputs(cfg, frames: int, side: int, audio_frames: int, seed: int = 1, dev
               timestep=torch.tensor([700.0, 300.0]),
               audio=torch.randn(2, cfg.audio_channels, cfg.audio_in_channels, audio_frames, generator=g),
               audio_timestep=torch.tensor([800.0, 200.0]),
-              text=torch.randn(2, 7, cfg.text_dim, generator=g), text_mask=torch.tensor([[1] * 5 + [0] * 2, [1] * 7]).bool())
+              text=torch.randn(2, 7, cfg.text_dim, generator=g),
+              text_mask=torch.tensor([[1] * 5 + [0] * 2, [1] * 7]).bool())
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in kw.items()}
 
 
@@ -228,8 +230,8 @@ def assert_sound_family_compiles(eager, kw: dict, backend: str, atol: float, nud
     """`eager` (float32, every zero-initialised weight drawn) and its copy with `compile_blocks` (Dynamo's one
     graph per block shape: `fullgraph`) trained one step on `kw`: the same loss and every gradient (the audio
     stream's included) within GRAD_RTOL / `atol`; then the could-fail sibling: parameter `nudged` (an audio
-    output weight) of the compiled copy scaled by 1 + 1e-3 must fail the gradient check. Returns the worst
-    gradient error."""
+    output weight) of the compiled copy scaled by 1 + 1e-3 must fail the gradient check (measured: it moves the
+    worst gradient by 5.1e-3 (LTX-2) and 2.2e-3 (H3), 100-140x the tolerances). Returns the worst gradient error."""
     torch._dynamo.reset()
     compiled = copy.deepcopy(eager)
     loss = sound_loss(*eager(**kw))
@@ -257,8 +259,8 @@ def assert_sound_family_compiles(eager, kw: dict, backend: str, atol: float, nud
 
 
 # LTX-2, max |diff| / max |grad| (float32, one thread): Inductor 3.0e-6 (the audio self-attention's k / q norm
-# scales), decompositions 1.6e-6; eager float32 itself is 4.4e-6 from a float64 run on the same tensors (the
-# compiled 6.5e-6): rounding of cancelling sums. The check allows 5e-5 (~17x).
+# scales), decompositions 1.6e-6; on one sample, eager float32 itself is 4.4e-6 from a float64 run on those
+# tensors (the compiled 6.5e-6): rounding of cancelling sums. The check allows 5e-5 (~17x).
 LTX2_GRAD_ATOL = 5e-5
 
 
@@ -285,8 +287,8 @@ H3_GRAD_ATOL = 1.5e-5
 def test_h3_compiled_blocks_train_like_eager(backend):
     """MiniMax H3's blocks (tiny-h3, every zero-initialised weight drawn) compiled in place train like the eager
     model over the packed sequence of text (a padded caption: masked keys), audio and video rows: the loss over
-    both outputs and every gradient. The rows' AdaLN runs are Python ints the graph is specialised on (one
-    layout, one graph)."""
+    both outputs and every gradient. The rows' AdaLN runs are Python ints in the graph's guards: another layout
+    recompiles (measured: 3 graphs for 4 layouts, sizes then symbolic; no graph break)."""
     from video_dit.families.minimax_h3.loading import load_h3_dit
 
     eager = helpers.randomize_zeros(load_h3_dit("preset:tiny-h3", seed=0))
