@@ -97,12 +97,17 @@ class RecomputeSaved:
     any module (LoRA, quanto) because it only swaps what autograd stores, not what runs.
 
     Only active outside activation checkpointing (which already stores nothing inside a block).
+    `active=False` (a checkpointed or compiled block, no grad): `add` records nothing (its strides and
+    storage offset are what torch.compile cannot trace: one graph break per recipe).
     """
 
-    def __init__(self):
+    def __init__(self, active: bool = True):
+        self.active = active
         self.entries: list[tuple[weakref.ref, object, tuple, tuple, int]] = []
 
     def add(self, out: torch.Tensor, fn, *inputs) -> torch.Tensor:
+        if not self.active:
+            return out
         # followed through the tensor that owns the storage: a registered view (the fused q norm's
         # `.flatten(2)`) is often dropped at once for a further view of the same base (`.unflatten`),
         # and a weak reference to the dropped object would miss what autograd then saves
