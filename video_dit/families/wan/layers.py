@@ -199,8 +199,11 @@ class Block(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             # float32 region: the six adaLN vectors (Wan: `with autocast(dtype=float32)`)
             shift1, scale1, gate1, shift2, scale2, gate2 = (f32(self.modulation).unsqueeze(1) + e0).unbind(2)
-        eps, rc, fused = self.eps, RecomputeSaved(), use_fused(self.kernels, x)
-        with rc.hooks() if self.recompute and torch.is_grad_enabled() else contextlib.nullcontext():
+        # recipes only when kept (`recompute`, grad on): a compiled block records none, whose strides and storage
+        # offsets torch.compile cannot trace (a graph break per recipe: 12 breaks, 17 graphs in one block)
+        eps, fused = self.eps, use_fused(self.kernels, x)
+        rc = RecomputeSaved(active=self.recompute and torch.is_grad_enabled())
+        with rc.hooks() if rc.active else contextlib.nullcontext():
             h = modulate(x, shift1, scale1, eps, cdt, rc, fused)
             h = rc.add(h, modulate, x, shift1, scale1, eps, cdt, None, fused)
             y = self.self_attn(h, rope, seq_parallel, rc)
