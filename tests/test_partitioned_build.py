@@ -184,26 +184,35 @@ def build_report(preset: str, source: str, dtype, ds: dict, world: int) -> dict:
     """One partitioned build of `source` against the family's `load_dit` of it (this rank's view)."""
     import deepspeed
 
+    from video_dit.models import weights as weights_io
     from video_dit.models.weights import module_groups
     from video_dit.parallel.memory import CPUAllocationTracker
     from video_dit.train.build import build_dit
 
     family = family_of(get_preset(preset))
-    with CPUAllocationTracker() as tracker:
-        model = build_dit(source, preset_of(preset), zero_stage=3, dtype=dtype, seed=3, ds_config=ds)
+    real = weights_io._read_safetensors
+    with CPUAllocationTracker() as tracker:  # safetensors' reads are made outside torch's dispatch: counted here
+        weights_io._read_safetensors = lambda path, keys: (out := real(path, keys), tracker.count(out.values()))[0]
+        try:
+            model = build_dit(source, preset_of(preset), zero_stage=3, dtype=dtype, seed=3, ds_config=ds)
+        finally:
+            weights_io._read_safetensors = real
     full = load_full(preset, source, dtype=dtype, seed=3)
     params = dict(full.named_parameters())
     held = {n: p.ds_tensor.numel() for n, p in model.named_parameters()}
     expected = {n: math.ceil(p.numel() / world) for n, p in params.items()}
     sizes = {n: p.numel() * p.element_size() for n, p in params.items()}
     group = max(sum(sizes[n] for n in g) for g in module_groups(sizes, family.arch.block_list))
+    stored = {n: p.numel() * 4 for n, p in params.items()}  # every file here is float32 (`write_sources`)
+    # a group read at the file's float32 and cast: both at once when the build's dtype is another
+    read = max(sum(stored[n] for n in g) for g in module_groups(sizes, family.arch.block_list)) if dtype != torch.float32 else 0
     named = [n for n in params if NAMED[preset] and re.fullmatch(NAMED[preset], n)]
     with deepspeed.zero.GatheredParameters(list(model.parameters())), torch.no_grad():
         out = predict(model, preset, dtype)
         param_diff = max((p.float() - params[n].float()).abs().max().item() for n, p in model.named_parameters())
     return {"sizes_ok": held == expected, "named": {n: [held[n], params[n].numel()] for n in named},
-            "peak": tracker.peak, "half_plus_group": sum(sizes.values()) / world + group, "group": group,
-            "full_bytes": sum(sizes.values()), "param_diff": param_diff, "out": out.tolist(),
+            "peak": tracker.peak, "half_plus_group": sum(sizes.values()) / world + group + read, "group": group,
+            "full_bytes": sum(sizes.values()), "stored_bytes": sum(stored.values()), "param_diff": param_diff, "out": out.tolist(),
             "dtypes_equal": all(p.dtype == params[n].dtype for n, p in model.named_parameters())}
 
 
@@ -267,6 +276,10 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
     spec.write_text(json.dumps({"sources": sources, "out": str(tmp_path)}))
     procs = ranks.start([__file__, "--worker", str(spec)], cwd=tmp_path, log_prefix=tmp_path / "build")
     ranks.wait(procs, tmp_path / "build", timeout=600)
+    for rank in (0, 1):
+        for name, r in json.loads((tmp_path / f"rank{rank}.json").read_text()).items():
+            if "peak" in r:
+                print("PEAK", rank, name, r["peak"], r["half_plus_group"], r["stored_bytes"], r["group"])
 
     expected = {}
     for preset in WRITERS:
@@ -290,9 +303,10 @@ def test_zero3_build_partitions_every_layout_and_equals_the_full_model(tmp_path)
             if NAMED[preset]:  # e.g. every block's AdaLN projection: half of it on each rank
                 assert len(r["named"]) == get_preset(preset).dit.num_layers, (rank, name, r["named"])
                 assert all(2 * h == n for h, n in r["named"].values()), (rank, name, r["named"])
-            # never the whole model: what this rank allocated while building stayed below half of
-            # the model (its partitions) plus one module group read in full
-            assert r["peak"] <= r["half_plus_group"] * 1.05 and r["peak"] < 0.8 * r["full_bytes"], (rank, name, r)
+            # never the whole model: what this rank allocated while building (safetensors' reads counted) stayed
+            # below half of the model (its partitions) plus one module group read in full (and, at bf16, the
+            # group as read from the float32 file), and below 0.8 of the model as stored
+            assert r["peak"] <= r["half_plus_group"] * 1.05 and r["peak"] < 0.8 * r["stored_bytes"], (rank, name, r)
             if kind == "preset":
                 continue  # the preset's zero output layer (its parameters were compared above)
             # of max |reference|: measured 3.0e-7 (Wan) / 1.2e-7 (H3) / 2.4e-7 (HunyuanVideo 1.5) in float32,
