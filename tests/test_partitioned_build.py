@@ -1,11 +1,14 @@
-"""`build_dit` under ZeRO-3: the DiT built partitioned on 2 gloo ranks from every weights layout, of two families.
+"""`build_dit` under ZeRO-3: the DiT built partitioned on 2 gloo ranks from every weights layout, of three families.
 
 One launch checks, for Wan's diffusers sharded folder, ComfyUI-keyed single file, original zip `.pth` and preset,
-and MiniMax H3's diffusers sharded folder (q / k / v split, fc1's halves swapped: converted tensor by tensor as
-read), ComfyUI file, MiniMax's original folder (qkv interleaved per head) and preset: each rank holds
-ceil(numel / 2) elements of every parameter (H3's per-block AdaLN projection, the largest Linear of its block
-and ~13B of the released 30B, named), the tensors a rank allocated while building never exceeded half the
-model plus one module group (one block: at most one block's AdaLN projection whole at a time), the per-
+MiniMax H3's diffusers sharded folder (q / k / v split, fc1's halves swapped: converted tensor by tensor as
+read), ComfyUI file, MiniMax's original folder (qkv interleaved per head) and preset, and HunyuanVideo 1.5's
+diffusers sharded folder (the refiner's qkv split, the final adaLN's halves swapped), ComfyUI file (each double
+block's q / k / v fused), Tencent's transformer/<variant>/ folder and preset (its ByT5 projection narrowed,
+`CHANGED`): each rank holds ceil(numel / 2) elements of every parameter (H3's per-block AdaLN projection, the
+largest Linear of its block and ~13B of the released 30B, named), the tensors a rank allocated while building
+(safetensors' reads counted, `CPUAllocationTracker.count`) never exceeded half the model plus one module group
+(one block: at most one block's AdaLN projection whole at a time) nor 0.8 of the model as stored, the per-
 parameter dtypes equal the family's `load_dit`'s, and the gathered model computes what `load_dit`'s does (the
 reference output is computed in the test process from the model the files were written from). Then a LoRA
 (the family's targets) on each family's partitioned build goes through `deepspeed.initialize` (ZeRO-3 hooks)
