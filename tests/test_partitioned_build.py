@@ -208,14 +208,16 @@ def build_report(preset: str, source: str, dtype, ds: dict, world: int) -> dict:
     group = max(sum(sizes[n] for n in g) for g in module_groups(sizes, family.arch.block_list))
     stored = {n: p.numel() * 4 for n, p in params.items()}  # every file here is float32 (`write_sources`)
     # a group read at the file's float32 and cast: both at once when the build's dtype is another
-    read = max(sum(stored[n] for n in g) for g in module_groups(sizes, family.arch.block_list)) if dtype != torch.float32 else 0
+    groups = module_groups(sizes, family.arch.block_list)
+    read = max(sum(stored[n] for n in g) for g in groups) if dtype != torch.float32 else 0
     named = [n for n in params if NAMED[preset] and re.fullmatch(NAMED[preset], n)]
     with deepspeed.zero.GatheredParameters(list(model.parameters())), torch.no_grad():
         out = predict(model, preset, dtype)
         param_diff = max((p.float() - params[n].float()).abs().max().item() for n, p in model.named_parameters())
     return {"sizes_ok": held == expected, "named": {n: [held[n], params[n].numel()] for n in named},
             "peak": tracker.peak, "half_plus_group": sum(sizes.values()) / world + group + read, "group": group,
-            "full_bytes": sum(sizes.values()), "stored_bytes": sum(stored.values()), "param_diff": param_diff, "out": out.tolist(),
+            "full_bytes": sum(sizes.values()), "stored_bytes": sum(stored.values()), "param_diff": param_diff,
+            "out": out.tolist(),
             "dtypes_equal": all(p.dtype == params[n].dtype for n, p in model.named_parameters())}
 
 
