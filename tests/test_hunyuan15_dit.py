@@ -1,5 +1,6 @@
 """HunyuanVideo15DiT: parity with diffusers' HunyuanVideo15Transformer3DModel in every key layout, the
-conversions, config inference, seeded init, gradient checkpointing, bf16, LoRA and the sequence-parallel seam."""
+conversions, config inference, seeded init, gradient checkpointing, bf16, LoRA and the sequence-parallel seam; the
+converted layouts opened without a tensor read and read one native tensor's sources at a time."""
 
 import copy
 import threading
@@ -22,6 +23,8 @@ from video_dit.families.hunyuan15.convert import (
     infer_hy15_config,
 )
 from video_dit.families.hunyuan15.dit import LORA_TARGETS, HunyuanVideo15DiT, cast_hy15_dit, hy15_dit_flops
+from video_dit.families.hunyuan15.loading import open_hy15_dit
+from video_dit.models import weights as weights_io
 from video_dit.models.attention import attention
 
 diffusers = pytest.importorskip("diffusers")
@@ -215,6 +218,41 @@ def test_unknown_layouts_and_keys_are_named():
     with pytest.raises(ValueError, match="transformer_blocks.0.attn.to_qkv.weight"):
         hy15_to_native({**hy15_to_diffusers(native), "transformer_blocks.0.attn.to_qkv.weight": torch.zeros(1)})
     assert hy15_to_native(native).keys() == native.keys()
+
+
+def test_converted_layouts_are_read_one_native_tensor_at_a_time(tmp_path, monkeypatch):
+    """diffusers' and ComfyUI's files are opened (names converted and checked, config inferred) without a tensor
+    read, and a native tensor read is its own sources only: the refiner's fused self_attn_qkv its to_q / to_k /
+    to_v, the final adaLN its swapped norm_out.linear, a double block's q / k / v one read of their fused qkv (each
+    its own copy, not a view holding the fused tensor); converted to the model's tensors, which the stored ones
+    are not (a read without the conversion would be other weights)."""
+    from safetensors.torch import save_file
+
+    model = helpers.randomize_zeros(HunyuanVideo15DiT(TINY, init_seed=0))  # the final adaLN's halves differ
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(hy15_to_diffusers(sd), str(tmp_path / "diffusers.safetensors"))
+    save_file(hy15_to_comfy(sd, "model.diffusion_model."), str(tmp_path / "comfy.safetensors"))
+    reads = []
+    real = weights_io._read_safetensors
+    monkeypatch.setattr(weights_io, "_read_safetensors",
+                        lambda path, keys: reads.append(sorted(keys.values())) or real(path, keys))
+    refiner = "txt_in.individual_token_refiner.blocks.1.self_attn_qkv.weight"
+    final = "final_layer.adaLN_modulation.1.weight"
+    qkv = [f"double_blocks.1.img_attn_{x}.weight" for x in "qkv"]
+    for kind, names, expected_reads in (
+            ("diffusers", [refiner, final], [[f"context_embedder.token_refiner.refiner_blocks.1.attn.to_{x}.weight"
+                                              for x in "kqv"], ["norm_out.linear.weight"]]),
+            ("comfy", qkv, [["model.diffusion_model.double_blocks.1.img_attn_qkv.weight"]])):
+        reads.clear()
+        weights, config, description = open_hy15_dit(tmp_path / f"{kind}.safetensors")
+        assert reads == [] and set(weights.keys()) == set(sd) and config == TINY, description
+        got = weights.read(names)
+        assert reads == expected_reads, (kind, reads)
+        for name in names:
+            assert torch.equal(got[name], sd[name]), (kind, name)
+            assert got[name].untyped_storage().nbytes() == got[name].nbytes, (kind, name)  # not a view of its source
+    stored = real(tmp_path / "diffusers.safetensors", {final: "norm_out.linear.weight"})[final]
+    assert not torch.equal(stored, sd[final])  # halves swapped as stored: the conversion was needed
 
 
 def test_config_inference_and_config_files():

@@ -115,25 +115,56 @@ class LazyWeights:
         return self.read(list(self.entries))
 
 
-class HeldWeights:
-    """Tensors already in memory behind `LazyWeights`' reading interface (`keys`, `meta`, `read`): a
-    layout whose tensors must be fused or split before they are the model's (read whole, converted,
-    then handed out group by group; each tensor is let go once it has been read)."""
+class ConvertedWeights:
+    """A layout whose tensors are fused, split or reordered on the way to the native names, read one native
+    tensor at a time behind `LazyWeights`' reading interface (`keys`, `meta`, `read`, `read_all`): each native
+    tensor's source tensors are read from the file, converted and let go, so a module group read holds that
+    group plus one tensor's sources, never the model (a ZeRO-3 build calls the family's `arch.open` on every
+    rank, `parallel/partition.py`).
 
-    def __init__(self, tensors: dict[str, torch.Tensor], source: str):
-        self.tensors, self.source = dict(tensors), source
+    `sources`: {native name: its source names in `lazy`}; `convert(native name, {source name: tensor})`: the
+    native tensor; `meta`: the native names' meta tensors (the whole file converted on the meta device).
+    Natives sharing their sources (q / k / v split from one fused qkv) are converted from one read; a native
+    that is a view into a larger source (a chunk of it) is copied, so the source is let go."""
+
+    def __init__(self, lazy: LazyWeights, sources: dict, convert, meta: dict, source: str):
+        missing = sorted({s for names in sources.values() for s in names} - set(lazy.keys()))
+        if missing:
+            raise WeightsError(f"{source}: the conversion reads tensors the file does not hold: {len(missing)}, "
+                               f"first: {', '.join(missing[:5])}")
+        unsourced = sorted(set(meta) - set(sources))
+        if unsourced:
+            raise WeightsError(f"{source}: no source tensors for {len(unsourced)} converted names, first: "
+                               f"{', '.join(unsourced[:5])}")
+        self.lazy, self.sources, self.convert, self._meta, self.source = lazy, sources, convert, meta, source
 
     def keys(self):
-        return self.tensors.keys()
+        return self._meta.keys()
+
+    def __contains__(self, name) -> bool:
+        return name in self._meta
+
+    def __len__(self) -> int:
+        return len(self._meta)
 
     def meta(self) -> dict[str, torch.Tensor]:
-        return {k: torch.empty(t.shape, dtype=t.dtype, device="meta") for k, t in self.tensors.items()}
+        return dict(self._meta)
 
     def read(self, names) -> dict[str, torch.Tensor]:
-        return {n: self.tensors.pop(n) for n in names}
+        by_sources: dict[tuple, list[str]] = {}
+        for name in names:
+            by_sources.setdefault(tuple(self.sources[name]), []).append(name)
+        out = {}
+        for sources, group in by_sources.items():
+            tensors = self.lazy.read(list(sources))
+            for name in group:
+                t = self.convert(name, tensors)
+                out[name] = t.clone() if t.untyped_storage().nbytes() > t.nbytes else t  # a chunk: its own copy
+            del tensors
+        return out
 
     def read_all(self) -> dict[str, torch.Tensor]:
-        return self.read(list(self.tensors))
+        return self.read(list(self._meta))
 
 
 def _safetensors_error(path: Path, exc: Exception) -> WeightsError:

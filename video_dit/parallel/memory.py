@@ -51,10 +51,11 @@ class CPUAllocationTracker(TorchDispatchMode):
         if self._refs.pop(key, None) is not None:
             self.live -= nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        seen = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if _plain_cpu(t)}
-        for t in tree_flatten(out)[0]:
+    def count(self, tensors, seen=()) -> None:
+        """Count the new CPU storages of `tensors` (those not in `seen`, data pointers) until they are freed: what
+        ops create, and what is made outside torch's dispatch (safetensors' `get_tensor`) when a caller hands it in."""
+        seen = set(seen)
+        for t in tensors:
             if not _plain_cpu(t):
                 continue
             st = t.untyped_storage()
@@ -65,6 +66,11 @@ class CPUAllocationTracker(TorchDispatchMode):
             self._refs[key] = weakref.ref(st, lambda _, key=key, nbytes=nbytes: self._freed(key, nbytes))
             self.live += nbytes
             self.peak = max(self.peak, self.live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.count(tree_flatten(out)[0],
+                   {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if _plain_cpu(t)})
         return out
 
 

@@ -25,14 +25,18 @@ import torch
 from video_dit.families.hunyuan15.config import HY15DiTConfig
 from video_dit.families.hunyuan15.convert import (
     hy15_config_from_diffusers,
+    hy15_from_comfy,
+    hy15_from_diffusers,
     hy15_key_layout,
+    hy15_to_diffusers,
     hy15_to_native,
     infer_hy15_config,
 )
 from video_dit.families.hunyuan15.dit import HunyuanVideo15DiT, cast_hy15_dit, param_dtypes
 from video_dit.families.hunyuan15.presets import get_preset
 from video_dit.models.layouts import dit_path, preset_name
-from video_dit.models.weights import HeldWeights, WeightsError, materialize, open_weights, strip_dit_prefix
+from video_dit.models.weights import (ConvertedWeights, LazyWeights, WeightsError, materialize, open_weights,
+                                     strip_dit_prefix)
 
 DIT_CLASSES = ("HunyuanVideo15Transformer3DModel", "HunyuanVideo_1_5_DiffusionTransformer")
 PIPELINE_TASKS = {"HunyuanVideo15Pipeline": "t2v", "HunyuanVideo15ImageToVideoPipeline": "i2v"}
@@ -131,8 +135,8 @@ def load_hy15_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, d
       a file             .safetensors / .pth in Tencent's, diffusers' or ComfyUI's key names.
     The config: `config`, else config.json, else the weights' shapes. dtype None keeps the stored dtype;
     a dtype casts as `cast_hy15_dit` (bf16 keeps the float32 islands). The layouts other than Tencent's
-    fuse or split tensors, so the whole state dict is read once before the model takes it (not one
-    module at a time, as the Wan DiT is: enough for sampling; ZeRO-3 training will need the lazy path).
+    fuse or split tensors: converted whole before the model takes them (the whole model is built here; a
+    ZeRO-3 build reads one module group at a time through `open_hy15_dit`).
     """
     src = str(source)
     name = preset_name(src)
@@ -143,25 +147,38 @@ def load_hy15_dit(source: str | os.PathLike, dtype: torch.dtype | None = None, d
         with torch.device(device or "cpu"):
             model = HunyuanVideo15DiT(config, init_seed=seed)
         return cast_hy15_dit(model, dtype) if dtype is not None else model
-    path = dit_path(src)
-    weights = open_weights(path)
-    description = f"{path} ({_layout(weights.meta(), path)} layout)"
-    if config is None:
-        config = config_from_json(_config_json(path)) if _config_json(path).is_file() else None
-    try:
-        sd = hy15_to_native(weights.read_all())
-        config = config or infer_hy15_config(sd)
-    except ValueError as exc:
-        raise WeightsError(f"{path}: {exc}") from exc
+    weights, config, description = open_hy15_dit(src, config)
+    sd = weights if isinstance(weights, LazyWeights) else weights.read_all()  # converted (the whole model is built)
     model = materialize(HunyuanVideo15DiT, config, sd, description, dtype, device, storage=param_dtypes)
     return cast_hy15_dit(model, dtype) if dtype is not None else model
 
 
+def _converted(lazy: LazyWeights, layout: str, description: str) -> ConvertedWeights:
+    """`ConvertedWeights` of a diffusers- or ComfyUI-names file (prefix stripped), every key converted and checked
+    on the meta device. Each native tensor's sources: diffusers', `hy15_to_diffusers` of that one name on a meta
+    stand-in (the refiner's self_attn_qkv: its to_q / to_k / to_v); ComfyUI's, the stored tensor whose
+    `hy15_from_comfy` gives it (a double block's q, k and v: its fused qkv, read once for the three)."""
+    meta = lazy.meta()
+    native = hy15_to_native(meta)
+    if layout == "diffusers":
+        sources = {n: list(hy15_to_diffusers({n: torch.empty(6, device="meta")})) for n in native}
+
+        def convert(name, tensors):
+            return hy15_from_diffusers(tensors)[name]
+    else:
+        sources = {n: [key] for key in meta for n in hy15_from_comfy({key: meta[key]})}
+
+        def convert(name, tensors):
+            return hy15_from_comfy(tensors)[name]
+    return ConvertedWeights(lazy, sources, convert, native, description)
+
+
 def open_hy15_dit(source: str | os.PathLike, config: HY15DiTConfig | None = None):
     """(weights under native names, config, description) of a DiT source, for a build that reads one
-    module group at a time (ZeRO-3, `parallel/partition.py`): Tencent's layout stays on disk until each
-    group is read (`LazyWeights`); diffusers' and ComfyUI's fuse or split tensors, so they are read whole
-    once and converted (`HeldWeights`: on the rank that reads them, the model's size in host memory)."""
+    module group at a time (ZeRO-3, `parallel/partition.py`, on every rank), no tensor read yet: Tencent's
+    layout is renamed (`LazyWeights`); diffusers' and ComfyUI's fuse or split tensors, so they are converted
+    one native tensor at a time as they are read (`ConvertedWeights`: a group read holds that group plus one
+    tensor's sources, never the model)."""
     path = dit_path(source)
     weights = open_weights(path)
     layout = _layout(weights.meta(), path)
@@ -169,10 +186,11 @@ def open_hy15_dit(source: str | os.PathLike, config: HY15DiTConfig | None = None
     if config is None and _config_json(path).is_file():
         config = config_from_json(_config_json(path))
     try:
-        if layout == "Tencent":  # native names, perhaps under a `diffusion_model.` prefix
-            weights = weights.renamed(strip_dit_prefix({k: k for k in weights.keys()}))
+        weights = weights.renamed(strip_dit_prefix({k: k for k in weights.keys()}))  # native name -> stored
+        if layout == "Tencent":
+            hy15_to_native(weights.meta())  # every key checked, none read
         else:
-            weights = HeldWeights(hy15_to_native(weights.read_all()), description)
+            weights = _converted(weights, layout, description)
         config = config or infer_hy15_config(weights.meta())
     except ValueError as exc:
         raise WeightsError(f"{path}: {exc}") from exc

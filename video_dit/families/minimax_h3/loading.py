@@ -39,7 +39,7 @@ from video_dit.families.minimax_h3.vae import H3VideoVAE
 from video_dit.families.minimax_h3.vae_config import PRESETS as VAE_PRESETS
 from video_dit.families.minimax_h3.vae_convert import load_h3_vae
 from video_dit.models.layouts import dit_path, preset_name
-from video_dit.models.weights import (LazyWeights, WeightsError, materialize, open_weights,
+from video_dit.models.weights import (ConvertedWeights, LazyWeights, WeightsError, materialize, open_weights,
                                      strip_dit_prefix)
 
 DIT_CLASSES = ("MiniMaxH3Transformer3DModel", "MiniMaxH3DiTModel")
@@ -118,32 +118,6 @@ def dit_config(source: str | os.PathLike) -> H3DiTConfig:
 
 
 # ---------------------------------------------------------------- the DiT
-
-
-class ConvertedWeights:
-    """A layout whose tensors are fused, split or reordered on the way to the native names (diffusers' q / k / v
-    split and fc1's halves swapped; MiniMax's shards' qkv interleaved per head), read one native tensor at a time
-    behind `LazyWeights`' reading interface (`keys`, `meta`, `read`, `read_all`): each native tensor's source
-    tensors are read from the file, converted and let go, so a module group read holds that group plus one
-    tensor's sources, never the model (a ZeRO-3 build's rank 0, `parallel/partition.py`).
-
-    `sources`: {native name: its source names in `lazy`}; `convert(native name, {source name: tensor})`: the
-    native tensor; `meta`: the native names' meta tensors (the whole file converted on the meta device)."""
-
-    def __init__(self, lazy: LazyWeights, sources: dict, convert, meta: dict, source: str):
-        self.lazy, self.sources, self.convert, self._meta, self.source = lazy, sources, convert, meta, source
-
-    def keys(self):
-        return self._meta.keys()
-
-    def meta(self) -> dict[str, torch.Tensor]:
-        return dict(self._meta)
-
-    def read(self, names) -> dict[str, torch.Tensor]:
-        return {n: self.convert(n, self.lazy.read(self.sources[n])) for n in names}
-
-    def read_all(self) -> dict[str, torch.Tensor]:
-        return self.read(list(self._meta))
 
 
 def _converted(lazy: LazyWeights, qkv: str, layout: str, path: Path) -> ConvertedWeights:
