@@ -302,8 +302,9 @@ def test_dit_layouts_load_the_same_weights_and_bad_files_are_named(parts, tmp_pa
     """ComfyUI's DiT file (native names under `model.diffusion_model.`, qkv stacked) and MiniMax's own transformer
     folder (its config.json `MiniMaxH3DiTModel` with the original names, qkv interleaved per head, `rope.inv_freq`
     stored) are identified as MiniMax H3 and load as the same weights, lazily (ComfyUI: read group by group;
-    MiniMax's: each qkv de-interleaved as it is read, `models.weights.ConvertedWeights`); read as stacked, MiniMax's shards would be other weights. A file with a foreign
-    key is refused naming the file and the key; the released presets' parts are never random."""
+    MiniMax's: each qkv de-interleaved as it is read, `models.weights.ConvertedWeights`); read as stacked,
+    MiniMax's shards would be other weights. A file with a foreign key is refused naming the file and the key;
+    the released presets' parts are never random."""
     from safetensors.torch import save_file
 
     from video_dit.families.minimax_h3.convert import interleave_qkv

@@ -193,6 +193,8 @@ CONFIGS = {"lora_z2": (2, True), "lora_z3": (3, True), "full_z2": (2, False), "h
 
 
 @pytest.mark.multirank
+@pytest.mark.slow(reason="20 s of the CI budget: SP 2 = SP 1 through the trainer stays in CI for the stand-in, LTX-2 "
+                         "and MiniMax H3; Wan's and HunyuanVideo 1.5's seams in CI forward and backward")
 def test_training_sp2_gives_the_losses_of_sp1(tmp_path):
     """The real trainer, i2v (per-token timesteps), ZeRO-2 LoRA, ZeRO-3 LoRA and a ZeRO-2 full fine-tune, and
     HunyuanVideo 1.5's i2v ZeRO-2 LoRA: 2 ranks x SP=2 (one data-parallel rank) against 1 rank x SP=1 on the
