@@ -7,15 +7,14 @@ padded caption), audio and video rows; the Inductor option that produced wrong g
 block must compile to one graph (`fullgraph`: recorded recompute recipes once broke LTX-2's 74 times and Wan's
 12), and a nudged audio weight must fail the sound families' check.
 
-Inductor on CPU compiles C++ per kernel, so CI pays one compile per family (one shape): measured with a cold
-Inductor cache on the 2-core machine (load ~3), forward and backward, Wan's 41 s (the first also starts
-Inductor) and HunyuanVideo's 43 s; HunyuanVideo's two blocks share one graph, so one block would cost the
-same (a second Wan shape reuses most kernels: 8 s). Wan's one (scale, shift) per sample, its torch path and
-HunyuanVideo at 1,024 tokens run with -m slow on CPU; on CUDA (`gpu`) every combination runs, and
-tests/test_gpu.py trains each family with compile on and off. The sound families in CI: MiniMax H3 through
-Inductor's decompositions and partitioner without code generation (1.7-4.1 s); its Inductor case (19 s after
-LTX-2's) and both of LTX-2's (decompositions 10-11 s, ~8 of them Dynamo tracing the two-stream block; Inductor
-95-118 s cold) with -m slow (measured with --durations on the shared 2 cores, load ~3)."""
+CI compiles Wan's, HunyuanVideo 1.5's and MiniMax H3's blocks once through Inductor's decompositions and
+partitioner without code generation (`aot_eager_decomp_partition`: Dynamo's whole-block graph, the backward graph
+and its partition, a few seconds);
+Inductor itself (CPU Inductor compiles C++ per kernel: Wan's 18.5 s and HunyuanVideo's 15.3 s in the CI run of
+2026-12-07, 41 s and 43 s with a cold cache; MiniMax H3's 19 s; LTX-2's 95-118 s cold, and its decompositions
+10-11 s, ~8 of them Dynamo tracing the two-stream block) runs with -m slow, as do Wan's one (scale, shift) per
+sample, its torch path and HunyuanVideo at 1,024 tokens; on CUDA (`gpu`) every combination runs, and
+tests/test_gpu.py trains each family with compile on and off."""
 
 from __future__ import annotations
 
@@ -61,20 +60,25 @@ def worst_gradient_error(eager, compiled) -> float:
                for p, q in zip(eager.parameters(), compiled.parameters()) if p.grad is not None and p.grad.any())
 
 
-# CI compiles Wan once (per-token timesteps, the fused ops); one (scale, shift) per sample, whose T = 1 is the
-# reduction Inductor got wrong on CUDA (see COMPILE_OPTIONS; CPU Inductor cannot reproduce it), and the torch
-# path run with -m slow here and on CUDA in test_cuda_compiled_blocks_train_like_eager.
-@pytest.mark.parametrize("per_token, fused", [
-    pytest.param(False, True, marks=pytest.mark.slow), (True, True),
-    pytest.param(False, False, marks=pytest.mark.slow)])
-def test_compiled_blocks_train_like_eager(per_token, fused):
+# CI compiles Wan once (per-token timesteps, the fused ops) through Inductor's decompositions and partitioner
+# without code generation (DECOMP); Inductor itself, one (scale, shift) per sample (whose T = 1 is the reduction
+# Inductor got wrong on CUDA: see COMPILE_OPTIONS; CPU Inductor cannot reproduce it) and the torch path run with
+# -m slow here, and on CUDA in test_cuda_compiled_blocks_train_like_eager.
+DECOMP = "aot_eager_decomp_partition"
+
+
+@pytest.mark.parametrize("per_token, fused, backend", [
+    (True, True, DECOMP), pytest.param(True, True, "inductor", marks=pytest.mark.slow),
+    pytest.param(False, True, "inductor", marks=pytest.mark.slow),
+    pytest.param(False, False, "inductor", marks=pytest.mark.slow)])
+def test_compiled_blocks_train_like_eager(per_token, fused, backend):
     """Wan's block, compiled in place, at 4,096 tokens."""
     torch._dynamo.reset()  # a first compile (static shapes), not the dynamic recompile of another test's shapes
     eager = kc.flag(helpers.tiny_dit(num_layers=1), "triton" if fused else "torch")
     inputs = long_inputs(per_token)
     compiled = copy.deepcopy(eager)
     eager(*inputs).square().mean().backward()
-    seconds = compiled.compile_blocks(example=inputs, fullgraph=True)  # a graph break fails
+    seconds = compiled.compile_blocks(example=inputs, fullgraph=True, backend=backend)  # a graph break fails
     assert seconds > 0 and all(p.grad is None for p in compiled.parameters())  # the example step left no grads
     assert compiled.blocks[0]._compiled_call_impl is not None and not compiled.blocks[0].recompute
     assert compiled.state_dict().keys() == eager.state_dict().keys()  # compiled in place: same names
@@ -123,11 +127,12 @@ def hy15_inputs(model, frames: int, side: int, seed: int = 1):
     return x, torch.tensor([700.0]), text, mask
 
 
-@pytest.mark.parametrize("frames, side", [(2, 8), pytest.param(4, 16, marks=pytest.mark.slow)])
-def test_hunyuan15_compiled_blocks_train_like_eager(frames, side):
+@pytest.mark.parametrize("frames, side, backend", [(2, 8, DECOMP), pytest.param(2, 8, "inductor", marks=pytest.mark.slow),
+                                                   pytest.param(4, 16, "inductor", marks=pytest.mark.slow)])
+def test_hunyuan15_compiled_blocks_train_like_eager(frames, side, backend):
     """HunyuanVideo 1.5's double blocks (the tiny preset's two, every zero-initialised weight drawn) compiled in
     place (`BlockTraining.compile_blocks`, the same options) train like the eager model: every gradient, at
-    128 video tokens in CI and 1,024 with -m slow. (The slow one found the ~5% gradient error Inductor gave
+    128 video tokens in CI (through DECOMP) and with Inductor, and 1,024 with -m slow. (The slow one found the ~5% gradient error Inductor gave
     for the transposed, non-contiguous patch tokens the blocks once read.) Both blocks share one graph: the
     compile costs what one block's does."""
     from video_dit.families.hunyuan15.loading import load_hy15_dit
@@ -137,7 +142,7 @@ def test_hunyuan15_compiled_blocks_train_like_eager(frames, side):
     inputs = hy15_inputs(eager, frames, side)
     compiled = copy.deepcopy(eager)
     eager(*inputs).square().mean().backward()
-    assert compiled.compile_blocks(example=inputs, fullgraph=True) > 0  # a graph break fails
+    assert compiled.compile_blocks(example=inputs, fullgraph=True, backend=backend) > 0  # a graph break fails
     assert all(p.grad is None for p in compiled.parameters())
     assert all(b._compiled_call_impl is not None for b in compiled.blocks)
     compiled(*inputs).square().mean().backward()

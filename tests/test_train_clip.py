@@ -52,6 +52,8 @@ def _job(root: Path, name: str, preset: str, base: str, *, flf2v: bool = False, 
     return helpers.write_job(root, name, process)
 
 
+@pytest.mark.slow(reason="15 s of the CI budget: the CLIP branch's encoder, conditioning and the arch's steps on "
+                         "tiny-clip-i2v / flf2v stay in CI (test_image_encoder, test_conditioning, test_aitk_adapter)")
 def test_clip_i2v_trains_caches_resumes_and_exports(world):
     jobs = [
         {"config": str(_job(world, "a", "tiny-clip-i2v", "i2v.safetensors", steps=16, save_every=8,
