@@ -127,14 +127,15 @@ def hy15_inputs(model, frames: int, side: int, seed: int = 1):
     return x, torch.tensor([700.0]), text, mask
 
 
-@pytest.mark.parametrize("frames, side, backend", [(2, 8, DECOMP), pytest.param(2, 8, "inductor", marks=pytest.mark.slow),
-                                                   pytest.param(4, 16, "inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("frames, side, backend", [
+    (2, 8, DECOMP), pytest.param(2, 8, "inductor", marks=pytest.mark.slow),
+    pytest.param(4, 16, "inductor", marks=pytest.mark.slow)])
 def test_hunyuan15_compiled_blocks_train_like_eager(frames, side, backend):
     """HunyuanVideo 1.5's double blocks (the tiny preset's two, every zero-initialised weight drawn) compiled in
     place (`BlockTraining.compile_blocks`, the same options) train like the eager model: every gradient, at
-    128 video tokens in CI (through DECOMP) and with Inductor, and 1,024 with -m slow. (The slow one found the ~5% gradient error Inductor gave
-    for the transposed, non-contiguous patch tokens the blocks once read.) Both blocks share one graph: the
-    compile costs what one block's does."""
+    128 video tokens (CI: through DECOMP; Inductor with -m slow) and 1,024 with -m slow. (The slow one found the
+    ~5% gradient error Inductor gave for the transposed, non-contiguous patch tokens the blocks once read.) Both
+    blocks share one graph: the compile costs what one block's does."""
     from video_dit.families.hunyuan15.loading import load_hy15_dit
 
     torch._dynamo.reset()
