@@ -296,6 +296,30 @@ def worst_relative(a: list[dict], b: list[dict], key: str) -> float:
     return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(a, b))
 
 
+def assert_trained_comfy_lora(path: Path, dit_class, preset: str, targets, prefix: str, key: str,
+                              rank: int = 4, alpha: float = 4.0) -> dict:
+    """A trainer's LoRA file in ComfyUI's keys: every key under `prefix` (`key` among them), `rank` / `alpha` read
+    back, exactly the adapters `add_lora(targets)` puts on `dit_class` of `preset` (none other), each tensor the
+    file's, every lora_B trained (it starts at zero). Returns the native adapters."""
+    from safetensors.torch import load_file
+
+    from video_dit.families import get_preset
+    from video_dit.lora import add_lora, read_lora
+
+    raw = load_file(str(path))
+    assert raw and all(k.startswith(prefix) for k in raw) and key in raw, sorted(raw)[:4]
+    native, file_alpha, file_rank, _ = read_lora(path)
+    assert (file_rank, file_alpha) == (rank, alpha)
+    with torch.device("meta"):  # every adapter the job trained (the family's LoRA targets), none other
+        model = dit_class(get_preset(preset).dit)
+        add_lora(model, rank, targets=targets)
+    adapters = {n.replace(".default", "") for n, _ in model.named_parameters() if ".lora_" in n}
+    assert set(native) == adapters
+    assert all(torch.equal(native[k.removeprefix("diffusion_model.")], v) for k, v in raw.items() if ".lora_" in k)
+    assert all(v.any() for k, v in native.items() if ".lora_B." in k)  # trained (lora_B starts at zero)
+    return native
+
+
 def probe_inputs(in_dim: int = 16, text_dim: int = 64):
     """A fixed (x, t, context) for preset:tiny-shaped DiTs: latents (1, in_dim, 3, 4, 4), 5 text tokens."""
     g = torch.Generator().manual_seed(3)

@@ -145,23 +145,11 @@ def test_lora_file_is_comfyuis_and_samples_with_sound(runs, tmp_path):
     """z2's LoRA file: ComfyUI's LTX-2 keys (Lightricks' module names under `diffusion_model.`), read back to the
     trained adapters; `video-dit sample --lora` renders it with its audio track."""
     from video_dit.cli import main as cli
-    from video_dit.families import get_preset
     from video_dit.families.ltx2.dit import LORA_TARGETS, LTX2DiT
-    from video_dit.lora import add_lora, read_lora
 
     path = runs / "out/z2/z2.safetensors"
-    raw = load_file(str(path))
-    assert raw and all(k.startswith("diffusion_model.transformer_blocks.") for k in raw)
-    assert "diffusion_model.transformer_blocks.0.audio_to_video_attn.to_q.lora_A.weight" in raw
-    native, alpha, rank, _ = read_lora(path)
-    assert (rank, alpha) == (4, 4.0)
-    with torch.device("meta"):  # every adapter the job trained (the family's LoRA targets), none other
-        model = LTX2DiT(get_preset(PRESET).dit)
-        add_lora(model, 4, targets=LORA_TARGETS)
-    adapters = {n.replace(".default", "") for n, _ in model.named_parameters() if ".lora_" in n}
-    assert set(native) == adapters
-    assert all(torch.equal(native[k.removeprefix("diffusion_model.")], v) for k, v in raw.items() if ".lora_" in k)
-    assert all(v.any() for k, v in native.items() if ".lora_B." in k)  # trained (lora_B starts at zero)
+    helpers.assert_trained_comfy_lora(path, LTX2DiT, PRESET, LORA_TARGETS, "diffusion_model.transformer_blocks.",
+                                      "diffusion_model.transformer_blocks.0.audio_to_video_attn.to_q.lora_A.weight")
     # `load_lora` puts adapters on exactly the file's modules and refuses a key the DiT lacks
     out = tmp_path / "lora.mp4"
     code = cli(["sample", "--model", str(runs / "base.safetensors"), "--preset", PRESET, "--lora", str(path),
