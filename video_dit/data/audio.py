@@ -103,6 +103,19 @@ def _info(stream) -> AudioInfo:
                      codec=stream.codec_context.name, start=start)
 
 
+def resampler_for(source_channels: int, rate: int, channels: int | None):
+    """(PyAV resampler, channels it writes, duplicate): fltp at `rate`, mixed to `channels` (None: the source's;
+    more than 2 kept) at unit gain (`rematrix_maxval` 1: stereo -> (L + R) / 2, not +3 dB); a mono source asked for
+    stereo is resampled as mono and `duplicate` says to write its one channel twice (ltx-trainer's rule)."""
+    import av
+
+    duplicate = channels == 2 and source_channels == 1
+    mixed = source_channels if channels is None or duplicate else channels
+    layout = {1: "mono", 2: "stereo"}.get(mixed)  # None: keep the source's layout
+    return av.AudioResampler(format="fltp", layout=layout, rate=rate, options={"rematrix_maxval": "1.0"}), mixed, \
+        duplicate
+
+
 def read_audio(path, span: AudioSpan, rate: int | None = None, channels: int | None = None) -> np.ndarray | None:
     """The audio of `span` in `path`'s first audio stream: `(C, span.samples(rate))` float32 in the
     codec's range (about [-1, 1]), at `rate` (default: the stream's), with `channels` channels (1 or 2;
@@ -124,11 +137,7 @@ def read_audio(path, span: AudioSpan, rate: int | None = None, channels: int | N
         if info.rate < 1 or info.channels < 1:
             raise MediaError(path, f"corrupt audio stream: its header gives {info.rate} Hz, {info.channels} channels")
         out_rate = rate or info.rate
-        duplicate = channels == 2 and info.channels == 1  # mono -> stereo: the one channel twice (ltx-trainer's rule)
-        mixed = info.channels if channels is None or duplicate else channels
-        layout = {1: "mono", 2: "stereo"}.get(mixed)  # None: keep the source's layout (more than 2 channels kept)
-        resampler = av.AudioResampler(format="fltp", layout=layout, rate=out_rate,
-                                      options={"rematrix_maxval": "1.0"})  # downmixes at unit gain, not +3 dB
+        resampler, mixed, duplicate = resampler_for(info.channels, out_rate, channels)
         cut = _Cut(span, out_rate, mixed)
         end = span.start + span.duration + MARGIN_S
         try:

@@ -154,13 +154,13 @@ class Validator:
                 batch = collate([sample])
                 batch["do_i2v"] = torch.tensor([self.dataset.item(k).conditioned])  # stills: as t2v
                 noise = self.noise(k, sample["latents"].shape)
-                sound = {"audio_noise": self.noise(k, sample["audio_latents"].shape, "audio")} \
+                extra = {"audio_noise": self.noise(k, sample["audio_latents"].shape, "audio")} \
                     if "audio_latents" in sample else {}
                 if "first_frame_latents" in sample:  # a conditioning's own noise (MiniMax H3's keyframe rows)
-                    sound["cond_noise"] = self.noise(k, sample["first_frame_latents"].shape, "keyframe")
+                    extra["cond_noise"] = self.noise(k, sample["first_frame_latents"].shape, "keyframe")
                 for j, s in enumerate(self.sigmas):
                     parts: dict = {}
-                    loss = loss_at(batch, torch.tensor([1000.0 * s]), noise, parts=parts, **sound)
+                    loss = loss_at(batch, torch.tensor([1000.0 * s]), noise, parts=parts, **extra)
                     if real and self.sp_rank == 0:
                         sums[j, 0] += float(loss)
                         sums[j, 1] += 1.0

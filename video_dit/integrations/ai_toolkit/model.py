@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from video_dit.data.audio import resampler_for
 from video_dit.data.cache import latent_space, source_identity, text_space
 from video_dit.data.dataset import VIDEO_EXTS, list_media
 from video_dit.diffusion.conditioning import skipped_stills, stills_skipped
@@ -197,14 +198,10 @@ def codec_wave(wave: torch.Tensor, rate: int, out_rate: int, channels: int) -> t
         return wave.float()
     if C not in (1, 2) or channels not in (1, 2):
         raise ValueError(f"an audio item of {C} channels for a codec of {channels}: mono and stereo are accepted")
-    duplicate = channels == 2 and C == 1
-    mixed = C if duplicate else channels
-    layouts = {1: "mono", 2: "stereo"}
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave.detach().float().cpu().numpy()), format="fltp",
-                                       layout=layouts[C])
+                                       layout={1: "mono", 2: "stereo"}[C])
     frame.sample_rate = rate
-    resampler = av.AudioResampler(format="fltp", layout=layouts[mixed], rate=out_rate,
-                                  options={"rematrix_maxval": "1.0"})
+    resampler, mixed, duplicate = resampler_for(C, out_rate, channels)
     parts = [o.to_ndarray() for o in (*resampler.resample(frame), *resampler.resample(None))]  # flushed
     out = torch.from_numpy(np.concatenate(parts, axis=1)) if parts else torch.zeros(mixed, 0)
     n = round(S * out_rate / rate)
