@@ -21,7 +21,7 @@ from PIL import Image
 
 from video_dit import media
 from video_dit.data.audio import AudioSpan
-from video_dit.data.cache import build_cache, item_key, source_identity
+from video_dit.data.cache import TEXT_FORMAT, build_cache, item_key, source_identity
 from video_dit.data.dataset import scan_datasets
 from video_dit.families import get_preset
 from video_dit.families.registry import FAMILIES, get_family
@@ -155,6 +155,23 @@ def test_a_changed_space_misses_the_cache_and_an_equal_one_hits(world):
     touch(model / "vae" / "diffusion_pytorch_model.safetensors")
     assert build(spaces(raw)) == (1, 0)
     assert build(spaces(raw)) == (0, 0)
+
+
+def test_a_text_cache_of_the_earlier_layout_is_not_read(world):
+    """Text entries of the v1 layout (before LTX-2's video context was stored as `text_embeds`) sat at the key
+    of the space string without its format; a job of today misses them and encodes its captions again (it
+    read them before, and an LTX-2 job then failed with KeyError 'text_embeds')."""
+    model, data, raw = world
+    p = parse_job(copy.deepcopy(raw)).process
+    scan = scan_datasets(p.datasets, 16, verbose=False)
+    latent, text = spaces(raw)
+    assert text.startswith(f"format={TEXT_FORMAT};") and TEXT_FORMAT.endswith(".v2")
+    enc = Counting()
+    v1 = text.replace(f"format={TEXT_FORMAT};", "")  # the v1 code's string for the same job
+    build_cache(scan, enc.encode, enc.text, space_version=latent, text_space_version=v1, verbose=False)
+    assert enc.texts == 2
+    build_cache(scan, enc.encode, enc.text, space_version=latent, text_space_version=text, verbose=False)
+    assert (enc.latents, enc.texts) == (1, 4)  # the latents hit; both captions encoded again
 
 
 def test_the_ai_toolkit_arch_keys_its_caches_alike():

@@ -98,13 +98,19 @@ def latent_space(preset: str, vae_source: str, vae_dtype, stores: str = "latents
     return f"preset={preset};vae={source_identity(vae_source, 'vae')};vae_dtype={vae_dtype};stores={stores}"
 
 
+# What a text entry holds, by version; part of the text space, so an entry of another layout is never read.
+# v2: LTX-2's video context is stored as `text_embeds` (6457217; v1 entries of an LTX-2 job hold it as
+# `video_context`, which today's reader does not know).
+TEXT_FORMAT = "video_dit.text.v2"
+
+
 def text_space(preset: str, te_source: str, tokenizer: str | None, te_dtype, quantization: str | None) -> str:
-    """The text cache's space string: the preset, the text encoder weights, its tokenizer (a folder,
-    or None: the one beside a model folder's `text_encoder/`, or the preset's), the dtype it ran in
-    and its quantization (None, "qfloat8", "qint8")."""
+    """The text cache's space string: the entry layout (`TEXT_FORMAT`), the preset, the text encoder weights,
+    its tokenizer (a folder, or None: the one beside a model folder's `text_encoder/`, or the preset's), the
+    dtype it ran in and its quantization (None, "qfloat8", "qint8")."""
     if tokenizer is None:
         tokenizer = str(Path(te_source) / "tokenizer") if Path(te_source).is_dir() else "none"
-    return (f"preset={preset};te={source_identity(te_source, 'text_encoder')};"
+    return (f"format={TEXT_FORMAT};preset={preset};te={source_identity(te_source, 'text_encoder')};"
             f"tokenizer={source_identity(tokenizer)};te_dtype={te_dtype};quant={quantization}")
 
 
@@ -369,7 +375,7 @@ def _save_text(path: Path, e, caption: str, text_space_version: str) -> None:
         raise ValueError(f"text_fn must return per caption an (Lt, D) tensor or a non-empty dict of them, got "
                          f"{type(e).__name__} ({bad})")
     _atomic_save({k: t.contiguous() for k, t in entry.items()}, path,
-                 {"caption": caption, "space_version": text_space_version, "format": "video_dit.text.v1"})
+                 {"caption": caption, "space_version": text_space_version, "format": TEXT_FORMAT})
 
 
 class CachedDataset(torch.utils.data.Dataset):
