@@ -259,3 +259,21 @@ def check_launch(tmp_path: Path) -> None:
     assert max((got[n] - full[n]).abs().max().item() for n in full) < 1e-6
     assert max((got[n] - raw[n]).abs().max().item() for n in full) > 1e-4
 
+
+
+def test_validation_items_carry_their_sound_in_a_job_with_sound(tmp_path):
+    """A validation item with an audio track, in a job whose model generates sound, is read with it (its audio
+    loss validated: `val_loss_audio`); in a job without sound it is the picture alone."""
+    from video_dit.data.demo_av import make_demo_av_data
+    from video_dit.train.config import ValidationConfig
+    from video_dit.train.validation import item_scan
+    from video_dit.typed_config import parse
+
+    make_demo_av_data(tmp_path / "data", count=2, frames=9, size=32, seed=0, holdout=1, audio_rate=8000)
+    cfg = parse(ValidationConfig, {"validation_items": [
+        {"image_path": str(tmp_path / "data_holdout/000.mp4"), "prompt": "a red square moving right"}]}, "v")
+    ds = [_dataset(tmp_path / "data", do_i2v=True)]
+    with_sound = item_scan(cfg, ds, 16, "replace", verbose=False, audio=True)
+    assert [(it.has_audio, it.audio_span is not None) for it in with_sound] == [(True, True)]
+    silent_job = item_scan(cfg, ds, 16, "replace", verbose=False)
+    assert [(it.has_audio, it.audio_span) for it in silent_job] == [(False, None)]

@@ -340,7 +340,8 @@ class Trainer:
         p, spec, sound = self.p, self.spec, self.family.audio
         scan = scan_datasets(p.datasets, self.preset.divisibility, verbose=self.rank0,
                              i2v_mode=self.i2v_mode if self.any_i2v else None, audio=sound is not None)
-        scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0)
+        scan, val_scan = validation.collect(p, scan, self.preset.divisibility, verbose=self.rank0,
+                                            audio=sound is not None)
         space, text_space = cache_spaces(p, self.preset, spec.vae, spec.text_encoder, next(self.vae.parameters()).dtype,
                                          text_encoder.dtype, spec.image_encoder, image_encoder,
                                          spec.audio if sound is not None else None)

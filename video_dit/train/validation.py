@@ -52,10 +52,11 @@ def split_scan(scan: ScanResult, datasets, seed: int) -> tuple[ScanResult, list]
     return dataclasses.replace(scan, items=train), val
 
 
-def item_scan(cfg, datasets, divisibility: int, i2v_mode: str | None, verbose: bool) -> list:
+def item_scan(cfg, datasets, divisibility: int, i2v_mode: str | None, verbose: bool, audio: bool = False) -> list:
     """DataItems of `validation_config.validation_items`: each file read with the first training
-    dataset's settings (at `resolution` / `num_frames` when given) and captioned with its prompt.
-    A missing or unreadable file is skipped with a warning naming it."""
+    dataset's settings (at `resolution` / `num_frames` when given) and captioned with its prompt; in a job
+    whose model generates sound (`audio`), a clip's track too, as that dataset reads it (so the item's
+    audio loss is validated). A missing or unreadable file is skipped with a warning naming it."""
     base = next((d for d in datasets if d.validation_split < 1.0), datasets[0])
     items = []
     for i, entry in enumerate(cfg.validation_items):
@@ -83,7 +84,7 @@ def item_scan(cfg, datasets, divisibility: int, i2v_mode: str | None, verbose: b
         ds.config_path, ds.validated = where, True
         try:
             found = scan_dataset(ds, divisibility, dataset_index=base_index(datasets, base), verbose=False,
-                                 files=[path.absolute()])
+                                 files=[path.absolute()], audio=audio)
         except DataError:
             found = None
         if found is None or not found.items:
@@ -99,15 +100,17 @@ def base_index(datasets, base) -> int:
     return next(i for i, d in enumerate(datasets) if d is base)
 
 
-def collect(process, scan: ScanResult, divisibility: int, verbose: bool) -> tuple[ScanResult, ScanResult | None]:
+def collect(process, scan: ScanResult, divisibility: int, verbose: bool,
+            audio: bool = False) -> tuple[ScanResult, ScanResult | None]:
     """(training scan, validation scan or None) of a job; DataError when validation is configured
-    but no item is usable."""
+    but no item is usable. `audio`: the job's model generates sound (`item_scan`)."""
     cfg = process.train.validation_config
     train, held = split_scan(scan, process.datasets, process.train.seed)
     if cfg is None:
         return train, None
     any_i2v = any(d.do_i2v for d in process.datasets)
-    items = item_scan(cfg, process.datasets, divisibility, process.i2v_mode if any_i2v else None, verbose) + held
+    items = item_scan(cfg, process.datasets, divisibility, process.i2v_mode if any_i2v else None, verbose,
+                      audio) + held
     if not items:
         raise DataError("train.validation_config: no usable validation item (every validation_items file is "
                         "missing or unreadable and no dataset has validation_split > 0); fix the paths or "
