@@ -797,7 +797,6 @@ class TinyAudioStage:
     batch_size: int = 8  # clips per step
     lr: float = 2e-3
     vocoder_lr: float = 3e-4
-    level_weight: float = 0.0  # the audio VAE's loss on each mel frame's level (loudness), beside its bin-wise L1
     segment_frames: int | None = None  # the vocoder trains on windows of this many mel frames (None: whole clips)
     seed: int = 0
 

@@ -14,11 +14,10 @@ nothing, so the DiT would learn to move noise). Two stages, each skipped when it
     train_tiny_codec(DIR, FOLDER, preset=...)      the audio codec (`AudioPath.codec_stage`, `prepare.tiny_audio`)
       each clip's track (`read_sounds`: the sound alone, no picture decoded) --the codec's mel front end
       (`mel.py`)--> log-mel (B, 2, T, M)
-        1. the audio VAE: encode -> mean -> decode, L1 on the log-mel, + `level_weight` x L1 on each frame's
-           level (log-sum-exp over the bins: the loudness the demo's sound carries) (+ 1e-4 KL); its
-           per-channel token statistics over the clips
-        2. the vocoder on the trained audio VAE's reconstructions (the round trip the pipeline runs), on
-           windows of `segment_frames` mel frames (`vocode_frames`: with the context its receptive field
+        1. the audio VAE: encode -> mean -> decode, L1 on the log-mel (+ 1e-4 KL); its per-channel token
+           statistics over the clips
+        2. the vocoder on the clips' log-mels (not the audio VAE's reconstructions: `train_tiny_codec_result`
+           says why), on windows of `segment_frames` mel frames (`vocode_frames`: with the context its receptive field
            needs, so a window's output is the whole clip's there): multi-resolution STFT magnitude loss,
            normalised per window, against the clip's waveform at the vocoder's rate over the window
       -> the held-out clips' pitch and loudness trend through the round trip against their own
@@ -551,17 +550,20 @@ def train_tiny_codec(data_dir, out_dir, *, force: bool = False, verbose: bool = 
 
 def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300, vocoder_steps: int = 400,
                             batch_size: int = 8, lr: float = 2e-3, vocoder_lr: float = 3e-4,
-                            level_weight: float = 0.0, segment_frames: int | None = None, seed: int = 0,
-                            threads: int | None = None,
+                            segment_frames: int | None = None, seed: int = 0, threads: int | None = None,
                             verbose: bool = True, log_every: int = 100) -> StageResult:
     """`train_tiny_codec` without the skip: trains the audio codec of the LTX-2 preset `preset` (`presets.AUDIO`: audio VAE + vocoder) on the tracks
     of the clips under `data_dir` and save it to the folder `out_dir` (audio_vae/ + vocoder/, diffusers'
     layout, which `load_codec(out_dir)` reads) and returns the losses, the codec and the held-out figures.
     `prepare.tiny_audio`'s keywords (`TinyAudioStage`): `steps` of the audio VAE (AdamW at
-    `lr`, L1 on the log-mel of `batch_size` random clips, + 1e-4 KL), then `vocoder_steps` of the vocoder (AdamW
-    at `vocoder_lr`, betas (0.8, 0.99) as HiFi-GAN's, on the audio VAE's reconstructions of `batch_size` random
-    clips, `stft_loss` against their waveforms resampled to the vocoder's rate), both with `_schedule`;
-    `threads` torch threads (None: torch's)."""
+    `lr`, L1 on the log-mel of `batch_size` random clips, + 1e-4 KL), then `vocoder_steps` of the vocoder (AdamW at `vocoder_lr`, betas (0.8, 0.99) as HiFi-GAN's, on the
+    clips' own log-mels of `batch_size` random clips, over one random window of `segment_frames` mel frames a
+    step (None: the whole clips), `stft_loss` against their waveforms resampled to the vocoder's rate over that
+    window), both with `_schedule`; `threads` torch threads (None: torch's). The vocoder trains on the clips'
+    log-mels, not the audio VAE's reconstructions (what the pipeline vocodes): the reconstructions' frame
+    levels are a noisy copy of the clips' (a few dB a frame after this short fit), and a vocoder fit on them
+    learnt to ignore the level (the held-out clips' loudness trends through the codec +1.9 and +0.3 dB for
+    +7.6 and -7.6; on the clips' own log-mels +3.9 and -0.9, the pitch as close: docs/demo_recipe.md)."""
     out_dir = Path(out_dir)
     if preset not in AUDIO:
         raise KeyError(f"unknown LTX-2 preset {preset!r}; valid: {', '.join(AUDIO)}")
@@ -569,8 +571,6 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
     if not config.tiny:
         raise ValueError(f"preset {preset!r}: a released model's codec is not trained here (its weights are "
                          "Lightricks'); the stage trains a tiny preset's")
-    if not level_weight >= 0:
-        raise ValueError(f"level_weight={level_weight}: must be >= 0 (0: no level term)")
     if segment_frames is not None and segment_frames < 2:
         raise ValueError(f"segment_frames={segment_frames}: the vocoder's training window needs at least 2 mel "
                          "frames (None: whole clips)")
@@ -583,7 +583,7 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
     try:
         return _train_codec(Path(data_dir), out_dir, config, SimpleNamespace(
             preset=preset, steps=steps, vocoder_steps=vocoder_steps, batch_size=batch_size, lr=lr,
-            vocoder_lr=vocoder_lr, level_weight=level_weight, segment_frames=segment_frames, seed=seed, verbose=verbose, log_every=log_every))
+            vocoder_lr=vocoder_lr, segment_frames=segment_frames, seed=seed, verbose=verbose, log_every=log_every))
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -640,26 +640,24 @@ def _train_codec(data_dir: Path, out_dir: Path, config, r) -> StageResult:
     mels = _log_mels(sounds, mel_config)                                          # (N, 2, T, M)
     gen = torch.Generator().manual_seed(r.seed)
     losses = _fit(vae.parameters(), r.steps, r.lr, (0.9, 0.99), r, "audio VAE", start,
-                  lambda: _audio_vae_loss(vae, mels[torch.randint(len(mels), (r.batch_size,), generator=gen)],
-                                          r.level_weight))
+                  lambda: _audio_vae_loss(vae, mels[torch.randint(len(mels), (r.batch_size,), generator=gen)]))
     vae.eval()
     with torch.no_grad():  # the per-channel statistics of the mean latents' tokens: the DiT's normalisation
         tokens = torch.cat([audio_tokens(vae.moments(mels[i:i + 32])[0]) for i in range(0, STATS_CLIPS, 32)])
         stats = vae.per_channel_statistics
         stats.get_buffer("mean-of-means").copy_(tokens.mean((0, 1)))
         stats.get_buffer("std-of-means").copy_(tokens.std((0, 1)).clamp_min(1e-6))
-        recon = torch.cat([vae.decode(vae.encode(mels[i:i + 32])) for i in range(0, len(mels), 32)])  # (N, 2, T', M)
     vocoder = LTX2Vocoder(config.vocoder, seed=r.seed + 1).train()
     rate, hop = config.vocoder.output_sampling_rate, config.vocoder.hop
     waves = torch.stack([resample(torch.from_numpy(w).float().mean(0), sr, rate) for w, sr in sounds])  # (N, S)
-    frames = min(recon.shape[2], waves.shape[1] // hop)               # mel frames with a whole target span
+    frames = min(mels.shape[2], waves.shape[1] // hop)                # mel frames with a whole target span
     length = min(r.segment_frames or frames, frames)
     sizes = tuple(n for n in (128, 256, 512) if n <= length * hop)
 
     def vocoder_loss():  # `length` frames of `batch_size` random clips, one random start for the batch
-        idx = torch.randint(len(recon), (r.batch_size,), generator=gen)
+        idx = torch.randint(len(mels), (r.batch_size,), generator=gen)
         a = int(torch.randint(frames - length + 1, (), generator=gen))
-        y = vocode_frames(vocoder, recon[idx], a, length)                         # (B, C, length * hop)
+        y = vocode_frames(vocoder, mels[idx], a, length)                          # (B, C, length * hop)
         x = waves[idx, None, a * hop:(a + length) * hop].expand(-1, y.shape[1], -1)  # every channel: the mix
         return stft_loss(y.flatten(0, 1), x.flatten(0, 1), sizes)
 
@@ -690,19 +688,13 @@ def _train_codec(data_dir: Path, out_dir: Path, config, r) -> StageResult:
     return StageResult(out_dir, losses, seconds, codec, figures)
 
 
-def _audio_vae_loss(vae: LTX2AudioVAE, mel: torch.Tensor, level_weight: float = 0.0) -> torch.Tensor:
-    """L1 between the log-mel (B, 2, T, M) and its reconstruction from the posterior mean, + `level_weight` x the
-    L1 of each frame's level (its log-sum-exp over the bins: the frame's loudness, which the bin-wise L1 over
-    mostly empty bins weighs little), + KL_WEIGHT x KL."""
+def _audio_vae_loss(vae: LTX2AudioVAE, mel: torch.Tensor) -> torch.Tensor:
+    """L1 between the log-mel (B, 2, T, M) and its reconstruction from the posterior mean, + KL_WEIGHT x KL."""
     mean, logvar = vae.moments(mel)
     recon = vae.decoder(mean)                                                     # (B, 2, ~T, ~M)
     frames, bins = min(recon.shape[2], mel.shape[2]), mel.shape[3]
-    recon, mel = recon[:, :, :frames, :bins], mel[:, :, :frames]
     kl = 0.5 * (mean.pow(2) + logvar.exp() - 1.0 - logvar).mean()
-    loss = (recon - mel).abs().mean() + KL_WEIGHT * kl
-    if level_weight:
-        loss = loss + level_weight * (recon.logsumexp(-1) - mel.logsumexp(-1)).abs().mean()   # (B, 2, T) levels
-    return loss
+    return (recon[:, :, :frames, :bins] - mel[:, :, :frames]).abs().mean() + KL_WEIGHT * kl
 
 
 def _fit(params, steps: int, lr: float, betas, r, what: str, start: float, loss_fn) -> list[float]:
