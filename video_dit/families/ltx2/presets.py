@@ -194,7 +194,7 @@ DEMO_LTX2_TEXT = LTX2TextConfig(TINY_GEMMA, replace(
     TINY_LTX2_CONNECTORS, video=StreamConfig(heads=4, head_dim=32, layers=1, registers=8, gated_attention=True),
     audio=StreamConfig(heads=4, head_dim=16, layers=1, registers=8, gated_attention=True)))
 # 64 mel bins (the release's) at 25 frames a second, 4 latent channels x 16 bins; a HiFi-GAN vocoder writing 8 kHz
-# (every note and glide below 1.3 kHz) in one 320x upsample: the frame's waveform from a learned table
+# (every note below 1.2 kHz) in one 320x upsample: the frame's waveform from a learned table
 DEMO_LTX2_AUDIO = LTX2AudioConfig(
     AudioVAEConfig(ch=16, num_res_blocks=1, z_channels=4, mel_bins=64, mel_hop_length=DEMO_MEL_HOP, resolution=16),
     VocoderConfig(in_channels=128, upsample_initial_channel=64, upsample_rates=(320,), upsample_kernel_sizes=(640,),
