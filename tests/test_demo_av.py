@@ -215,7 +215,7 @@ def test_a_preview_at_the_codecs_rate_is_heard_by_the_checker(tmp_path):
     check, the same tone under another colour's caption fails on pitch, and silence fails as inaudible."""
     rate = DEMO_LTX2_AUDIO.out_rate
     caption = "a blue triangle moving up on a black background"
-    tone = D.render_sound("blue", "up", 17, 16, rate, np.random.default_rng(0))        # (1, 8500)
+    tone = D.render_sound("blue", 17, 16, rate, np.random.default_rng(0))              # (1, 8500)
     wave = np.repeat(tone[:, :8000], 2, 0)                                           # what the codec writes: 1 s
     frames = np.zeros((17, 64, 64, 3), np.uint8)
     path = save_preview(frames, tmp_path / "000000800_0.mp4", 16, audio=wave, audio_rate=rate)

@@ -182,8 +182,8 @@ _TINY = dict(sample_solver="euler", sample_steps=8, sample_shift=LTX2_SHIFT, sam
 # so on a steady tone, whose log-mel is the same in every frame, it writes a signal that repeats every hop: its
 # pitch can only sit on a multiple of the frame rate (measured: a tiny vocoder at the release's 100 frames a
 # second sounded 300, 400 and 1000 Hz for notes of 220 to 1109 Hz). At 25 frames a second (hop 640 at 16 kHz)
-# every demo note (demo_av.NOTES) is within 0.4 semitone of a multiple of 25 Hz, the glides step by 25 Hz, and
-# a clip's 17 frames at 16 fps hold 7 audio latent frames.
+# every demo note (demo_av.NOTES) is within 0.4 semitone of a multiple of 25 Hz, and a clip's 17 frames at 16 fps
+# hold 7 audio latent frames.
 DEMO_MEL_HOP = 640
 DEMO_LTX2_DIT = replace(
     TINY_LTX2_DIT, in_channels=16, out_channels=16, patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32,

@@ -20,8 +20,7 @@ nothing, so the DiT would learn to move noise). Two stages, each skipped when it
            says why), on windows of `segment_frames` mel frames (`vocode_frames`: with the context its receptive field
            needs, so a window's output is the whole clip's there): multi-resolution STFT magnitude loss,
            normalised per window, against the clip's waveform at the vocoder's rate over the window
-      -> the held-out clips' pitch and loudness trend through the round trip against their own
-         (`demo_av.estimate_pitch`)
+      -> the held-out clips' pitch through the round trip against their own (`demo_av.estimate_pitch`)
       -> FOLDER/audio_vae/ + FOLDER/vocoder/ (diffusers' layout), which `load_codec(FOLDER)` reads
 
 Clips are read as a dataset folder is (`dataset.list_media`, recursively); the demo's held-out clips sit
@@ -486,8 +485,8 @@ def _save_video(vae, averaged, clips, losses, r, data_dir: Path, out_path: Path,
 def stft_loss(y: torch.Tensor, x: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
     """The vocoder's loss: per STFT size n (Hann window n, hop n / 4) and per row, the spectral convergence
     ||Y| - |X||_F / ||X||_F plus the mean |Y - X| of the magnitudes over the mean |X|; averaged over the rows,
-    summed over the sizes; y, x (B, S). Each row normalised by its own target, so a quiet window (the demo's
-    sound rises and falls 12 dB) counts as much as a loud one and its level is learnt too. Linear magnitudes on
+    summed over the sizes; y, x (B, S). Each row normalised by its own target, so a quiet window counts as much
+    as a loud one and its level is learnt too. Linear magnitudes on
     purpose: a log-magnitude term with the usual 1e-5 floor (Parallel WaveGAN's) spends the steps silencing the
     bins a pure tone leaves empty and the vocoder never learnt a pitch (measured: one frequency for every note
     after 400 steps, where this loss put all five held-out notes within 0.4 semitone in 100)."""
@@ -505,19 +504,16 @@ def stft_loss(y: torch.Tensor, x: torch.Tensor, sizes: tuple[int, ...]) -> torch
 def codec_figures(codec, mels: torch.Tensor, sounds: list, captions: list[str]) -> dict:
     """Per held-out clip, the dominant pitch (`demo_av.estimate_pitch`) of its own track and of the round trip
     through the codec (its log-mel `mels` (N, 2, T, M) encoded, decoded, vocoded), in Hz, the difference in
-    semitones and the loudness trend of each (dB, the last third's RMS minus the first's), and whether the round
-    trip sounds as the clip's caption says (`demo_av.check_sound`; None for a caption that is not a demo
-    caption)."""
+    semitones, and whether the round trip sounds as the clip's caption says (`demo_av.check_sound`: audible, the
+    colour's note within a semitone; None for a caption that is not a demo caption)."""
     with torch.no_grad():
         waves = codec.decode(codec.vae.encode(mels)).numpy()                         # (N, 2, S) at out_rate
-    out = {"clip_hz": [], "codec_hz": [], "error_st": [], "clip_loudness_db": [], "codec_loudness_db": [], "ok": []}
+    out = {"clip_hz": [], "codec_hz": [], "error_st": [], "ok": []}
     for (wave, rate), wave_out, caption in zip(sounds, waves, captions):
         a, b = estimate_pitch(wave, rate), estimate_pitch(wave_out, codec.out_rate)
         out["clip_hz"].append(round(a["pitch_hz"], 1))
         out["codec_hz"].append(round(b["pitch_hz"], 1))
         out["error_st"].append(round(b["pitch_midi"] - a["pitch_midi"], 2))
-        out["clip_loudness_db"].append(round(a["loudness_db"], 1))
-        out["codec_loudness_db"].append(round(b["loudness_db"], 1))
         try:
             out["ok"].append(check_sound(wave_out, codec.out_rate, caption)["ok"])
         except ValueError:
@@ -528,9 +524,9 @@ def codec_figures(codec, mels: torch.Tensor, sounds: list, captions: list[str]) 
 def format_codec_figures(fig: dict) -> str:
     worst = max(abs(e) for e in fig["error_st"])
     return (f"pitch through the codec within {worst:.2f} semitone of the clip's; {sum(bool(k) for k in fig['ok'])}/"
-            f"{len(fig['ok'])} sound as their captions say; per clip (Hz, loudness trend in dB): "
-            + ", ".join(f"{a:g} -> {b:g} ({la:+.1f} -> {lb:+.1f})" for a, b, la, lb in zip(
-                fig["clip_hz"], fig["codec_hz"], fig["clip_loudness_db"], fig["codec_loudness_db"])))
+            f"{len(fig['ok'])} sound as their captions say; per clip (Hz): "
+            + ", ".join(f"{a:g} -> {b:g} ({e:+.2f} st)" for a, b, e in zip(
+                fig["clip_hz"], fig["codec_hz"], fig["error_st"])))
 
 
 # ---------------------------------------------------------------- the audio codec: the stage
@@ -562,8 +558,9 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
     window), both with `_schedule`; `threads` torch threads (None: torch's). The vocoder trains on the clips'
     log-mels, not the audio VAE's reconstructions (what the pipeline vocodes): the reconstructions' frame
     levels are a noisy copy of the clips' (a few dB a frame after this short fit), and a vocoder fit on them
-    learnt to ignore the level (the held-out clips' loudness trends through the codec +1.9 and +0.3 dB for
-    +7.6 and -7.6; on the clips' own log-mels +3.9 and -0.9, the pitch as close: docs/demo_recipe.md)."""
+    learnt to ignore the level (measured on an earlier demo sound whose loudness followed the motion: the held-out
+    clips' loudness trends through the codec +1.9 and +0.3 dB for +7.6 and -7.6; on the clips' own log-mels +3.9
+    and -0.9, the pitch as close: docs/demo_recipe.md)."""
     out_dir = Path(out_dir)
     if preset not in AUDIO:
         raise KeyError(f"unknown LTX-2 preset {preset!r}; valid: {', '.join(AUDIO)}")
