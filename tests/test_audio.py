@@ -364,8 +364,8 @@ def test_av_demo_data_sounds_as_its_captions_say(tmp_path, capsys):
     assert len(clips) == 10
     captions = [p.with_suffix(".txt").read_text().strip() for p in clips]
     for path, caption in zip(clips, captions):
-        r = D.check_clip_sound(path, caption)
-        assert r["ok"], D.format_sound_check(r)
+        r = D.check_clip_sound(path, caption)  # its colour's note through AAC: measured 0.00 st off (rounded)
+        assert r["ok"] and abs(r["pitch_error_st"]) < 0.05, D.format_sound_check(r)
         wave, rate = A.clip_audio(path)
         assert rate == 16000 and wave.shape == (1, 17000)  # 17 frames at 16 fps
         assert check_clip(media.read_video_frames(path), caption)["ok"]  # and the picture still as before
