@@ -8,9 +8,9 @@ MP4). Prints one line per preview and a count per step; the embedded default's t
 same report at the end of its run. Exit 0 when every preview of the last step passes, 1 otherwise,
 2 when the config or the previews cannot be read.
 
-Previews with sound (the audio-video demo's) are heard too (`demo_av.sound_report`: each preview's dominant
-pitch within a semitone of its caption colour's note, its glide in the caption's direction, from the
-MP4's audio track; `video_dit.data.demo_av.check_sound`), and the exit status asks both halves to pass.
+Previews with sound (the audio-video demo's) are heard too (`demo_av.sound_report`: each preview's track
+audible and its dominant pitch within a semitone of its caption colour's note, from the MP4's audio track;
+`video_dit.data.demo_av.check_sound`), and the exit status asks both halves to pass.
 
 `--seeds N` also renders every preview prompt at N further seeds (`sample.seed` + 1000 + k, one per
 round) from the job's latest full fine-tune export, with the settings its previews used (`video-dit

@@ -797,6 +797,7 @@ class TinyAudioStage:
     batch_size: int = 8  # clips per step
     lr: float = 2e-3
     vocoder_lr: float = 3e-4
+    segment_frames: int | None = None  # the vocoder trains on windows of this many mel frames (None: whole clips)
     seed: int = 0
 
 

@@ -127,6 +127,9 @@ def _prepare_audio(stage, model, log) -> None:
     for key in ("lr", "vocoder_lr"):
         if not getattr(stage, key) > 0:
             raise ConfigError(f"{PROCESS}.prepare.tiny_audio.{key}", f"must be > 0, got {getattr(stage, key)}")
+    if stage.segment_frames is not None and not stage.segment_frames >= 2:
+        raise ConfigError(f"{PROCESS}.prepare.tiny_audio.segment_frames",
+                          f"must be >= 2 (mel frames) or absent (whole clips), got {stage.segment_frames}")
     out = Path(model.audio_path)
     if out.exists():
         log(f"[video_dit] audio codec: {out} exists")

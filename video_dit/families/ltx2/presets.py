@@ -182,8 +182,8 @@ _TINY = dict(sample_solver="euler", sample_steps=8, sample_shift=LTX2_SHIFT, sam
 # so on a steady tone, whose log-mel is the same in every frame, it writes a signal that repeats every hop: its
 # pitch can only sit on a multiple of the frame rate (measured: a tiny vocoder at the release's 100 frames a
 # second sounded 300, 400 and 1000 Hz for notes of 220 to 1109 Hz). At 25 frames a second (hop 640 at 16 kHz)
-# every demo note (demo_av.NOTES) is within 0.4 semitone of a multiple of 25 Hz, the glides step by 25 Hz, and
-# a clip's 17 frames at 16 fps hold 7 audio latent frames.
+# every demo note (demo_av.NOTES) is within 0.4 semitone of a multiple of 25 Hz, and a clip's 17 frames at 16 fps
+# hold 7 audio latent frames.
 DEMO_MEL_HOP = 640
 DEMO_LTX2_DIT = replace(
     TINY_LTX2_DIT, in_channels=16, out_channels=16, patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32,
@@ -194,7 +194,7 @@ DEMO_LTX2_TEXT = LTX2TextConfig(TINY_GEMMA, replace(
     TINY_LTX2_CONNECTORS, video=StreamConfig(heads=4, head_dim=32, layers=1, registers=8, gated_attention=True),
     audio=StreamConfig(heads=4, head_dim=16, layers=1, registers=8, gated_attention=True)))
 # 64 mel bins (the release's) at 25 frames a second, 4 latent channels x 16 bins; a HiFi-GAN vocoder writing 8 kHz
-# (every note and glide below 1.3 kHz) in one 320x upsample: the frame's waveform from a learned table
+# (every note below 1.2 kHz) in one 320x upsample: the frame's waveform from a learned table
 DEMO_LTX2_AUDIO = LTX2AudioConfig(
     AudioVAEConfig(ch=16, num_res_blocks=1, z_channels=4, mel_bins=64, mel_hop_length=DEMO_MEL_HOP, resolution=16),
     VocoderConfig(in_channels=128, upsample_initial_channel=64, upsample_rates=(320,), upsample_kernel_sizes=(640,),

@@ -12,11 +12,14 @@ nothing, so the DiT would learn to move noise). Two stages, each skipped when it
          the held-out clips' PSNR and shape-colour error -> FILE (Lightricks' names) + config.json beside
          it (diffusers' `AutoencoderKLLTX2Video` names), which `load_vae(FILE)` reads
     train_tiny_codec(DIR, FOLDER, preset=...)      the audio codec (`AudioPath.codec_stage`, `prepare.tiny_audio`)
-      each clip's track --the codec's mel front end (`mel.py`)--> log-mel (B, 2, T, M)
+      each clip's track (`read_sounds`: the sound alone, no picture decoded) --the codec's mel front end
+      (`mel.py`)--> log-mel (B, 2, T, M)
         1. the audio VAE: encode -> mean -> decode, L1 on the log-mel (+ 1e-4 KL); its per-channel token
            statistics over the clips
-        2. the vocoder on the trained audio VAE's reconstructions (the round trip the pipeline runs):
-           multi-resolution STFT magnitude loss against the clip's waveform at the vocoder's rate
+        2. the vocoder on the clips' log-mels (not the audio VAE's reconstructions: `train_tiny_codec_result`
+           says why), on windows of `segment_frames` mel frames (`vocode_frames`: with the context its receptive field
+           needs, so a window's output is the whole clip's there): multi-resolution STFT magnitude loss,
+           normalised per window, against the clip's waveform at the vocoder's rate over the window
       -> the held-out clips' pitch through the round trip against their own (`demo_av.estimate_pitch`)
       -> FOLDER/audio_vae/ + FOLDER/vocoder/ (diffusers' layout), which `load_codec(FOLDER)` reads
 
@@ -480,36 +483,37 @@ def _save_video(vae, averaged, clips, losses, r, data_dir: Path, out_path: Path,
 
 
 def stft_loss(y: torch.Tensor, x: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
-    """The vocoder's loss: per STFT size n (Hann window n, hop n / 4) the spectral convergence
-    ||Y| - |X||_F / ||X||_F plus the mean |Y - X| of the magnitudes over the mean |X|, summed over the sizes;
-    y, x (B, S). Linear magnitudes on purpose: a log-magnitude term with the usual 1e-5 floor (Parallel
-    WaveGAN's) spends the steps silencing the bins a pure tone leaves empty and the vocoder never learnt a
-    pitch (measured: one frequency for every note after 400 steps, where this loss put all five held-out
-    notes within 0.4 semitone in 100)."""
+    """The vocoder's loss: per STFT size n (Hann window n, hop n / 4) and per row, the spectral convergence
+    ||Y| - |X||_F / ||X||_F plus the mean |Y - X| of the magnitudes over the mean |X|; averaged over the rows,
+    summed over the sizes; y, x (B, S). Each row normalised by its own target, so a quiet window counts as much
+    as a loud one and its level is learnt too. Linear magnitudes on
+    purpose: a log-magnitude term with the usual 1e-5 floor (Parallel WaveGAN's) spends the steps silencing the
+    bins a pure tone leaves empty and the vocoder never learnt a pitch (measured: one frequency for every note
+    after 400 steps, where this loss put all five held-out notes within 0.4 semitone in 100)."""
     loss = y.new_zeros(())
     for n in sizes:
         window = torch.hann_window(n, device=y.device)
-        Y = torch.stft(y, n, n // 4, window=window, return_complex=True).abs()    # (B, n / 2 + 1, frames)
-        X = torch.stft(x, n, n // 4, window=window, return_complex=True).abs()
-        loss = loss + (Y - X).norm() / X.norm().clamp_min(1e-6) + (Y - X).abs().mean() / X.mean().clamp_min(1e-6)
+        Y = torch.stft(y, n, n // 4, window=window, return_complex=True).abs().flatten(1)  # (B, bins x frames)
+        X = torch.stft(x, n, n // 4, window=window, return_complex=True).abs().flatten(1)
+        converge = (Y - X).norm(dim=1) / X.norm(dim=1).clamp_min(1e-6)
+        magnitude = (Y - X).abs().mean(1) / X.mean(1).clamp_min(1e-6)
+        loss = loss + (converge + magnitude).mean()
     return loss
 
 
 def codec_figures(codec, mels: torch.Tensor, sounds: list, captions: list[str]) -> dict:
     """Per held-out clip, the dominant pitch (`demo_av.estimate_pitch`) of its own track and of the round trip
     through the codec (its log-mel `mels` (N, 2, T, M) encoded, decoded, vocoded), in Hz, the difference in
-    semitones and the glide of each (semitones, last third minus first), and whether the round trip sounds
-    as the clip's caption says (`demo_av.check_sound`; None for a caption that is not a demo caption)."""
+    semitones, and whether the round trip sounds as the clip's caption says (`demo_av.check_sound`: audible, the
+    colour's note within a semitone; None for a caption that is not a demo caption)."""
     with torch.no_grad():
         waves = codec.decode(codec.vae.encode(mels)).numpy()                         # (N, 2, S) at out_rate
-    out = {"clip_hz": [], "codec_hz": [], "error_st": [], "clip_glide_st": [], "codec_glide_st": [], "ok": []}
+    out = {"clip_hz": [], "codec_hz": [], "error_st": [], "ok": []}
     for (wave, rate), wave_out, caption in zip(sounds, waves, captions):
         a, b = estimate_pitch(wave, rate), estimate_pitch(wave_out, codec.out_rate)
         out["clip_hz"].append(round(a["pitch_hz"], 1))
         out["codec_hz"].append(round(b["pitch_hz"], 1))
         out["error_st"].append(round(b["pitch_midi"] - a["pitch_midi"], 2))
-        out["clip_glide_st"].append(round(a["glide_st"], 2))
-        out["codec_glide_st"].append(round(b["glide_st"], 2))
         try:
             out["ok"].append(check_sound(wave_out, codec.out_rate, caption)["ok"])
         except ValueError:
@@ -520,9 +524,9 @@ def codec_figures(codec, mels: torch.Tensor, sounds: list, captions: list[str]) 
 def format_codec_figures(fig: dict) -> str:
     worst = max(abs(e) for e in fig["error_st"])
     return (f"pitch through the codec within {worst:.2f} semitone of the clip's; {sum(bool(k) for k in fig['ok'])}/"
-            f"{len(fig['ok'])} sound as their captions say; per clip (Hz, glide in st): "
-            + ", ".join(f"{a:g} -> {b:g} ({ga:+.1f} -> {gb:+.1f})" for a, b, ga, gb in zip(
-                fig["clip_hz"], fig["codec_hz"], fig["clip_glide_st"], fig["codec_glide_st"])))
+            f"{len(fig['ok'])} sound as their captions say; per clip (Hz): "
+            + ", ".join(f"{a:g} -> {b:g} ({e:+.2f} st)" for a, b, e in zip(
+                fig["clip_hz"], fig["codec_hz"], fig["error_st"])))
 
 
 # ---------------------------------------------------------------- the audio codec: the stage
@@ -541,16 +545,22 @@ def train_tiny_codec(data_dir, out_dir, *, force: bool = False, verbose: bool = 
 
 
 def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300, vocoder_steps: int = 400,
-                            batch_size: int = 8, lr: float = 2e-3, vocoder_lr: float = 3e-4, seed: int = 0,
-                            threads: int | None = None, verbose: bool = True, log_every: int = 100) -> StageResult:
+                            batch_size: int = 8, lr: float = 2e-3, vocoder_lr: float = 3e-4,
+                            segment_frames: int | None = None, seed: int = 0, threads: int | None = None,
+                            verbose: bool = True, log_every: int = 100) -> StageResult:
     """`train_tiny_codec` without the skip: trains the audio codec of the LTX-2 preset `preset` (`presets.AUDIO`: audio VAE + vocoder) on the tracks
     of the clips under `data_dir` and save it to the folder `out_dir` (audio_vae/ + vocoder/, diffusers'
     layout, which `load_codec(out_dir)` reads) and returns the losses, the codec and the held-out figures.
     `prepare.tiny_audio`'s keywords (`TinyAudioStage`): `steps` of the audio VAE (AdamW at
-    `lr`, L1 on the log-mel of `batch_size` random clips, + 1e-4 KL), then `vocoder_steps` of the vocoder (AdamW
-    at `vocoder_lr`, betas (0.8, 0.99) as HiFi-GAN's, on the audio VAE's reconstructions of `batch_size` random
-    clips, `stft_loss` against their waveforms resampled to the vocoder's rate), both with `_schedule`;
-    `threads` torch threads (None: torch's)."""
+    `lr`, L1 on the log-mel of `batch_size` random clips, + 1e-4 KL), then `vocoder_steps` of the vocoder (AdamW at `vocoder_lr`, betas (0.8, 0.99) as HiFi-GAN's, on the
+    clips' own log-mels of `batch_size` random clips, over one random window of `segment_frames` mel frames a
+    step (None: the whole clips), `stft_loss` against their waveforms resampled to the vocoder's rate over that
+    window), both with `_schedule`; `threads` torch threads (None: torch's). The vocoder trains on the clips'
+    log-mels, not the audio VAE's reconstructions (what the pipeline vocodes): the reconstructions' frame
+    levels are a noisy copy of the clips' (a few dB a frame after this short fit), and a vocoder fit on them
+    learnt to ignore the level (measured on an earlier demo sound whose loudness followed the motion: the held-out
+    clips' loudness trends through the codec +1.9 and +0.3 dB for +7.6 and -7.6; on the clips' own log-mels +3.9
+    and -0.9, the pitch as close: docs/demo_recipe.md)."""
     out_dir = Path(out_dir)
     if preset not in AUDIO:
         raise KeyError(f"unknown LTX-2 preset {preset!r}; valid: {', '.join(AUDIO)}")
@@ -558,6 +568,9 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
     if not config.tiny:
         raise ValueError(f"preset {preset!r}: a released model's codec is not trained here (its weights are "
                          "Lightricks'); the stage trains a tiny preset's")
+    if segment_frames is not None and segment_frames < 2:
+        raise ValueError(f"segment_frames={segment_frames}: the vocoder's training window needs at least 2 mel "
+                         "frames (None: whole clips)")
     if min(steps, vocoder_steps, batch_size) < 1 or not (lr > 0 and vocoder_lr > 0):
         raise ValueError(f"need steps, vocoder_steps, batch_size >= 1 and rates > 0; got steps={steps}, "
                          f"vocoder_steps={vocoder_steps}, batch_size={batch_size}, lr={lr}, vocoder_lr={vocoder_lr}")
@@ -567,9 +580,32 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
     try:
         return _train_codec(Path(data_dir), out_dir, config, SimpleNamespace(
             preset=preset, steps=steps, vocoder_steps=vocoder_steps, batch_size=batch_size, lr=lr,
-            vocoder_lr=vocoder_lr, seed=seed, verbose=verbose, log_every=log_every))
+            vocoder_lr=vocoder_lr, segment_frames=segment_frames, seed=seed, verbose=verbose, log_every=log_every))
     finally:
         torch.set_num_threads(previous_threads)
+
+
+def read_sounds(data_dir) -> tuple[list[tuple[np.ndarray, int]], list[str]]:
+    """((audio (C, S) float32, its rate), caption) of every video under `data_dir` (read as a dataset folder is):
+    `read_clips`' sound without decoding the pictures (the codec stage's input; the pictures' decoding was
+    most of its reading time). A clip without sound or one that cannot be read is a `ValueError` naming it."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"{data_dir}: not a folder, so no clips to train on")
+    paths = [p for p in list_media(data_dir)[0] if p.suffix.lower() in VIDEO_EXTS]
+    if not paths:
+        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) in it or its sub-folders")
+    sounds, captions = [], []
+    for path in paths:
+        try:
+            got = audio_mod.clip_audio(path)
+        except MediaError as exc:
+            raise ValueError(f"{path}: cannot be read ({exc.reason})") from exc
+        if got is None:
+            raise ValueError(f"{path}: no audio stream; the audio codec trains on clips with sound")
+        sounds.append(got)
+        caption = path.with_suffix(".txt")
+        captions.append(caption.read_text(encoding="utf-8").strip() if caption.is_file() else "")
+    return sounds, captions
 
 
 def _log_mels(sounds: list, mel: MelConfig) -> torch.Tensor:
@@ -577,11 +613,25 @@ def _log_mels(sounds: list, mel: MelConfig) -> torch.Tensor:
     return torch.cat([waveform_to_mel(torch.from_numpy(w)[None].float(), rate, mel) for w, rate in sounds])
 
 
+VOCODER_CONTEXT = 4  # mel frames either side that a demo vocoder's output over a frame depends on (`vocode_frames`)
+
+
+def vocode_frames(vocoder: LTX2Vocoder, mel: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """The vocoder's waveform over mel frames [start, start + length) of `mel` (B, C, T, M), as vocoding the
+    whole of `mel` gives it: the frames with up to `VOCODER_CONTEXT` frames of context either side (its
+    receptive field: conv_pre's 7 frames, the transposed conv's 2 frames a sample, the res blocks' few samples;
+    the clip's own edge where it is nearer) -> (B, out_channels, length * hop). How the stage trains the vocoder
+    on short segments (HiFi-GAN trains on segments too), each step a fraction of a whole clip's cost."""
+    lo, hi = max(0, start - VOCODER_CONTEXT), min(mel.shape[2], start + length + VOCODER_CONTEXT)
+    hop = vocoder.config.hop
+    return vocoder(mel[:, :, lo:hi])[:, :, (start - lo) * hop:(start - lo + length) * hop]
+
+
 def _train_codec(data_dir: Path, out_dir: Path, config, r) -> StageResult:
     from video_dit.families.ltx2.codec import LTX2AudioCodec
 
     start = time.perf_counter()
-    _, sounds, _ = read_clips(data_dir, sound=True)
+    sounds, _ = read_sounds(data_dir)
     vae = LTX2AudioVAE(config.vae, seed=r.seed).train()
     mel_config = MelConfig.from_audio_vae(config.vae)
     mels = _log_mels(sounds, mel_config)                                          # (N, 2, T, M)
@@ -594,24 +644,26 @@ def _train_codec(data_dir: Path, out_dir: Path, config, r) -> StageResult:
         stats = vae.per_channel_statistics
         stats.get_buffer("mean-of-means").copy_(tokens.mean((0, 1)))
         stats.get_buffer("std-of-means").copy_(tokens.std((0, 1)).clamp_min(1e-6))
-        recon = torch.cat([vae.decode(vae.encode(mels[i:i + 32])) for i in range(0, len(mels), 32)])  # (N, 2, T', M)
     vocoder = LTX2Vocoder(config.vocoder, seed=r.seed + 1).train()
-    rate = config.vocoder.output_sampling_rate
+    rate, hop = config.vocoder.output_sampling_rate, config.vocoder.hop
     waves = torch.stack([resample(torch.from_numpy(w).float().mean(0), sr, rate) for w, sr in sounds])  # (N, S)
-    sizes = tuple(n for n in (128, 256, 512) if n <= waves.shape[1])
+    frames = min(mels.shape[2], waves.shape[1] // hop)                # mel frames with a whole target span
+    length = min(r.segment_frames or frames, frames)
+    sizes = tuple(n for n in (128, 256, 512) if n <= length * hop)
 
-    def vocoder_loss():
-        idx = torch.randint(len(recon), (r.batch_size,), generator=gen)
-        y = vocoder(recon[idx])                                                   # (B, C, S')
-        n = min(y.shape[2], waves.shape[1])
-        x = waves[idx, None, :n].expand(-1, y.shape[1], -1)                       # every channel: the clip's mix
-        return stft_loss(y[:, :, :n].flatten(0, 1), x.flatten(0, 1), sizes)
+    def vocoder_loss():  # `length` frames of `batch_size` random clips, one random start for the batch
+        idx = torch.randint(len(mels), (r.batch_size,), generator=gen)
+        a = int(torch.randint(frames - length + 1, (), generator=gen))
+        y = vocode_frames(vocoder, mels[idx], a, length)                          # (B, C, length * hop)
+        x = waves[idx, None, a * hop:(a + length) * hop].expand(-1, y.shape[1], -1)  # every channel: the mix
+        return stft_loss(y.flatten(0, 1), x.flatten(0, 1), sizes)
 
     losses += _fit(vocoder.parameters(), r.vocoder_steps, r.vocoder_lr, (0.8, 0.99), r, "vocoder", start,
                    vocoder_loss)
     codec = LTX2AudioCodec(vae, vocoder.eval())
-    held = _heldout(data_dir, sound=True)
-    figures = codec_figures(codec, _log_mels(held[1], mel_config), held[1], held[2]) if held is not None else None
+    held = holdout_dir(data_dir)
+    held = read_sounds(held) if held.is_dir() and any(p.suffix.lower() in VIDEO_EXTS for p in held.iterdir()) else None
+    figures = codec_figures(codec, _log_mels(held[0], mel_config), *held) if held is not None else None
     if r.verbose and figures is not None:
         print(f"[train-audio] held-out clips ({holdout_dir(data_dir)}): {format_codec_figures(figures)}", flush=True)
     meta = {"format": "pt", "preset": r.preset, "steps": str(r.steps), "vocoder_steps": str(r.vocoder_steps),
