@@ -23,8 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "5 cover every colour, direction and shape (default 5, as the embedded default)")
     parser.add_argument("--fps", type=float, default=16, help="frame rate written to the MP4s (default 16)")
     parser.add_argument("--audio", action="store_true",
-                        help="clips with sound: each colour its own note, gliding up / down with the motion "
-                        "(AAC, mono)")
+                        help="clips with sound: each colour its own steady note (AAC, mono)")
     parser.add_argument("--audio-rate", type=int, default=AUDIO_RATE,
                         help=f"sample rate of the sound with --audio (default {AUDIO_RATE})")
 

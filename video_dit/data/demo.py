@@ -10,7 +10,7 @@ cover every colour, every direction and every shape. A folder written by an earl
 `DIR/holdout/`, is moved to the new place by `move_old_holdout` (which the demo's `prepare` stage,
 `make-demo-data` and `train-vae` call). With sound (`video_dit.data.demo_av.make_demo_av_data`,
 `video-dit make-demo-data --audio`) every clip's MP4 also carries an AAC track whose pitch follows its
-caption (the colour's note, gliding with up / down motion; see demo_av.py).
+caption (the colour's steady note; see demo_av.py).
 The motion is large and simple (a ~size/4 shape crossing most of the frame, 2-3 px per frame at
 64x64x17) so a tiny model trained for minutes visibly learns colour, shape and direction.
 Shapes are drawn as a camera would see them: at sub-pixel positions (a steady 2.75 px per frame,
