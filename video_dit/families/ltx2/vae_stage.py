@@ -87,13 +87,8 @@ def read_clips(data_dir, sound: bool = False) -> tuple[list[torch.Tensor], list[
     video under `data_dir` (read as a dataset folder is); the audio (`sound`) over the frames' span
     (`audio.clip_audio`). A clip that cannot be read is a `ValueError` naming it (the demo's data is
     generated, so a broken clip is a broken folder, not one to skip)."""
-    if not Path(data_dir).is_dir():
-        raise FileNotFoundError(f"{data_dir}: not a folder, so no clips to train on")
-    paths = [p for p in list_media(data_dir)[0] if p.suffix.lower() in VIDEO_EXTS]
-    if not paths:
-        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) in it or its sub-folders")
     frames, sounds, captions = [], [], []
-    for path in paths:
+    for path in _videos(data_dir):
         try:
             array = media.read_video_frames(path)                                   # (F, H, W, 3) uint8
             got = audio_mod.clip_audio(path) if sound else None
@@ -103,8 +98,7 @@ def read_clips(data_dir, sound: bool = False) -> tuple[list[torch.Tensor], list[
             raise ValueError(f"{path}: no audio stream; the audio codec trains on clips with sound")
         frames.append(torch.from_numpy(array).permute(3, 0, 1, 2).float().div(127.5).sub(1.0))  # (3, F, H, W)
         sounds.append(None if got is None else (got[0], got[1]))
-        caption = path.with_suffix(".txt")
-        captions.append(caption.read_text(encoding="utf-8").strip() if caption.is_file() else "")
+        captions.append(_caption(path))
     shapes = {tuple(f.shape) for f in frames}
     if len(shapes) != 1:
         raise ValueError(f"{data_dir}: the clips differ in size or length ({sorted(shapes)[:3]}); the demo stage "
@@ -112,12 +106,31 @@ def read_clips(data_dir, sound: bool = False) -> tuple[list[torch.Tensor], list[
     return frames, sounds, captions
 
 
-def _heldout(data_dir, sound: bool = False):
-    """`read_clips` of the demo's held-out clips (`holdout_dir(data_dir)`), or None when there are none."""
+def _videos(data_dir) -> list[Path]:
+    """The videos under `data_dir`, listed as a dataset folder is; none, or no folder, is a FileNotFoundError."""
+    if not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"{data_dir}: not a folder, so no clips to train on")
+    paths = [p for p in list_media(data_dir)[0] if p.suffix.lower() in VIDEO_EXTS]
+    if not paths:
+        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) in it or its sub-folders")
+    return paths
+
+
+def _caption(path: Path) -> str:
+    caption = path.with_suffix(".txt")
+    return caption.read_text(encoding="utf-8").strip() if caption.is_file() else ""
+
+
+def _heldout_folder(data_dir) -> Path | None:
+    """The demo's held-out clips' folder (`holdout_dir(data_dir)`), or None when it holds no video."""
     folder = holdout_dir(data_dir)
-    if not folder.is_dir() or not any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()):
-        return None
-    return read_clips(folder, sound)
+    return folder if folder.is_dir() and any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()) else None
+
+
+def _heldout(data_dir, sound: bool = False):
+    """`read_clips` of the demo's held-out clips (`_heldout_folder`), or None when there are none."""
+    folder = _heldout_folder(data_dir)
+    return None if folder is None else read_clips(folder, sound)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -589,13 +602,8 @@ def read_sounds(data_dir) -> tuple[list[tuple[np.ndarray, int]], list[str]]:
     """((audio (C, S) float32, its rate), caption) of every video under `data_dir` (read as a dataset folder is):
     `read_clips`' sound without decoding the pictures (the codec stage's input; the pictures' decoding was
     most of its reading time). A clip without sound or one that cannot be read is a `ValueError` naming it."""
-    if not Path(data_dir).is_dir():
-        raise FileNotFoundError(f"{data_dir}: not a folder, so no clips to train on")
-    paths = [p for p in list_media(data_dir)[0] if p.suffix.lower() in VIDEO_EXTS]
-    if not paths:
-        raise FileNotFoundError(f"{data_dir}: no videos ({', '.join(VIDEO_EXTS)}) in it or its sub-folders")
     sounds, captions = [], []
-    for path in paths:
+    for path in _videos(data_dir):
         try:
             got = audio_mod.clip_audio(path)
         except MediaError as exc:
@@ -603,8 +611,7 @@ def read_sounds(data_dir) -> tuple[list[tuple[np.ndarray, int]], list[str]]:
         if got is None:
             raise ValueError(f"{path}: no audio stream; the audio codec trains on clips with sound")
         sounds.append(got)
-        caption = path.with_suffix(".txt")
-        captions.append(caption.read_text(encoding="utf-8").strip() if caption.is_file() else "")
+        captions.append(_caption(path))
     return sounds, captions
 
 
@@ -661,8 +668,8 @@ def _train_codec(data_dir: Path, out_dir: Path, config, r) -> StageResult:
     losses += _fit(vocoder.parameters(), r.vocoder_steps, r.vocoder_lr, (0.8, 0.99), r, "vocoder", start,
                    vocoder_loss)
     codec = LTX2AudioCodec(vae, vocoder.eval())
-    held = holdout_dir(data_dir)
-    held = read_sounds(held) if held.is_dir() and any(p.suffix.lower() in VIDEO_EXTS for p in held.iterdir()) else None
+    held = _heldout_folder(data_dir)
+    held = None if held is None else read_sounds(held)
     figures = codec_figures(codec, _log_mels(held[0], mel_config), *held) if held is not None else None
     if r.verbose and figures is not None:
         print(f"[train-audio] held-out clips ({holdout_dir(data_dir)}): {format_codec_figures(figures)}", flush=True)
