@@ -116,7 +116,7 @@ def test_codec_fit_reduces_its_losses_and_reloads_equal(one_clip, tmp_path):
     result = S.train_tiny_codec_result(one_clip, out, preset=PRESET, steps=40, vocoder_steps=20, batch_size=2,
                                        threads=1, verbose=False)
     config = AUDIO[PRESET]
-    sounds = S.read_clips(one_clip, sound=True)[1]
+    sounds = S.read_sounds(one_clip)[0]
     mel = S._log_mels(sounds, S.MelConfig.from_audio_vae(config.vae))                # (1, 2, T, 64)
     codec = result.model
     vae0 = LTX2AudioVAE(config.vae, seed=0)

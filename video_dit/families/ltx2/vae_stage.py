@@ -82,28 +82,23 @@ class StageResult:
 # ---------------------------------------------------------------- the clips
 
 
-def read_clips(data_dir, sound: bool = False) -> tuple[list[torch.Tensor], list[np.ndarray | None], list[str]]:
-    """(frames (3, F, H, W) float in [-1, 1], audio (C, S) float32 at its own rate or None, captions) of every
-    video under `data_dir` (read as a dataset folder is); the audio (`sound`) over the frames' span
-    (`audio.clip_audio`). A clip that cannot be read is a `ValueError` naming it (the demo's data is
+def read_clips(data_dir) -> tuple[list[torch.Tensor], list[str]]:
+    """(frames (3, F, H, W) float in [-1, 1], captions) of every video under `data_dir` (read as a dataset folder
+    is; the sound: `read_sounds`). A clip that cannot be read is a `ValueError` naming it (the demo's data is
     generated, so a broken clip is a broken folder, not one to skip)."""
-    frames, sounds, captions = [], [], []
+    frames, captions = [], []
     for path in _videos(data_dir):
         try:
             array = media.read_video_frames(path)                                   # (F, H, W, 3) uint8
-            got = audio_mod.clip_audio(path) if sound else None
         except MediaError as exc:
             raise ValueError(f"{path}: cannot be read ({exc.reason})") from exc
-        if sound and got is None:
-            raise ValueError(f"{path}: no audio stream; the audio codec trains on clips with sound")
         frames.append(torch.from_numpy(array).permute(3, 0, 1, 2).float().div(127.5).sub(1.0))  # (3, F, H, W)
-        sounds.append(None if got is None else (got[0], got[1]))
         captions.append(_caption(path))
     shapes = {tuple(f.shape) for f in frames}
     if len(shapes) != 1:
         raise ValueError(f"{data_dir}: the clips differ in size or length ({sorted(shapes)[:3]}); the demo stage "
                          "trains on clips of one shape")
-    return frames, sounds, captions
+    return frames, captions
 
 
 def _videos(data_dir) -> list[Path]:
@@ -127,10 +122,10 @@ def _heldout_folder(data_dir) -> Path | None:
     return folder if folder.is_dir() and any(p.suffix.lower() in VIDEO_EXTS for p in folder.iterdir()) else None
 
 
-def _heldout(data_dir, sound: bool = False):
+def _heldout(data_dir):
     """`read_clips` of the demo's held-out clips (`_heldout_folder`), or None when there are none."""
     folder = _heldout_folder(data_dir)
-    return None if folder is None else read_clips(folder, sound)
+    return None if folder is None else read_clips(folder)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -600,8 +595,8 @@ def train_tiny_codec_result(data_dir, out_dir, *, preset: str, steps: int = 300,
 
 def read_sounds(data_dir) -> tuple[list[tuple[np.ndarray, int]], list[str]]:
     """((audio (C, S) float32, its rate), caption) of every video under `data_dir` (read as a dataset folder is):
-    `read_clips`' sound without decoding the pictures (the codec stage's input; the pictures' decoding was
-    most of its reading time). A clip without sound or one that cannot be read is a `ValueError` naming it."""
+    the sound of `read_clips`' clips without decoding the pictures (the codec stage's input; the pictures'
+    decoding was most of its reading time). A clip without sound or one that cannot be read is a `ValueError` naming it."""
     sounds, captions = [], []
     for path in _videos(data_dir):
         try:
