@@ -247,7 +247,9 @@ def test_two_ranks_build_disjoint_halves_then_share_the_cache(tmp_path):
 
     root = _good_folder(tmp_path / "data", n=6)
     port = free_port()
-    ctx = mp.get_context("fork")
+    # spawn, not fork: a process forked from this one (torch's and the earlier tests' threads running) can hang
+    # on a lock one of those threads held at the fork
+    ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(r, 2, port, root, q)) for r in range(2)]
     for p in procs:
