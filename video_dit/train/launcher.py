@@ -356,4 +356,9 @@ def run_nodes(config: str, argv: list[str], place, log) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Without interpreter finalization: the job has ended and nothing is left open here but stdout and
+    # stderr, while tearing down the torch the plan imported took ~1 s at every job's end (0.06 s now).
+    exit_code = main()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(exit_code)
